@@ -1,0 +1,103 @@
+//! The audit trail: one JSON line per connection attempt in
+//! `~/.airlock/logs/<repo>/audit-<YYYY-MM-DD>.jsonl`, the in-flight journal that makes a crash
+//! visible, settlement of journals left by dead writers, and the reader behind `airlock logs`
+//! (DESIGN §5, SECURITY §5). `docs/audit-format.md` is the field reference.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{LayerKind, Reason};
+
+/// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
+/// the first eight are the product page's format, the rest are ours.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditLine {
+    /// Attempt start, RFC 3339 with milliseconds, UTC (`2026-07-24T18:03:11.482Z`).
+    pub ts: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    pub repo: String,
+    pub host: String,
+    /// `CONNECT`, or the HTTP method of a plain-HTTP request.
+    pub method: String,
+    pub allowed: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_sent: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_recv: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Unique per line: `<session>-<boot>-<seq>` is not required; any globally unique string.
+    pub id: String,
+    /// Globally unique session id.
+    pub session: String,
+    /// The writer instance (daemon boot or standalone proxy run).
+    pub boot: String,
+    /// Per (session, boot), from 1, assigned at attempt start.
+    pub seq: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The address actually dialed (`ip:port`), for allowed attempts that got that far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_path: Option<String>,
+    /// Plain-HTTP requests: the absolute-form target (length-capped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Plain-HTTP requests: the upstream's status code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<LayerKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Set on lines settled from a journal left by a writer that died.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<bool>,
+    /// Set when a hostile or oversized field was cut to fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+}
+
+/// Where the proxy sends its records. Implementations must be cheap to call from many tasks.
+///
+/// Ordering contract (DESIGN §5): a denial is `append`ed before the refusal is sent; an allowed
+/// attempt is `journal_open`ed before anything is forwarded (an error means 503, nothing
+/// forwarded) and `journal_close`d with its final line when it ends (the line is appended to the
+/// audit file and the journal record is marked done; on error the journal record stays, so a
+/// later writer settles it as interrupted).
+pub trait AuditSink: Send + Sync {
+    /// Fresh `id`, `seq` (per session and boot, from 1), `session` and `boot` for a new attempt.
+    fn stamp(&self) -> Stamp;
+    /// Appends a finished line (denials, malformed requests) with one `write(2)`.
+    fn append(&self, line: &AuditLine) -> Result<(), AuditError>;
+    /// Records an allowed attempt as in flight.
+    fn journal_open(&self, line: &AuditLine) -> Result<(), AuditError>;
+    /// Writes the attempt's final line and retires its journal record.
+    fn journal_close(&self, line: &AuditLine) -> Result<(), AuditError>;
+}
+
+/// Identifiers for one attempt, assigned when it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    pub id: String,
+    pub session: String,
+    pub boot: String,
+    pub seq: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(
+        "cannot write audit log {path}: {source}; check the directory's permissions and free space"
+    )]
+    Write {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("audit line for {id} does not fit in one write ({len} bytes)")]
+    TooLarge { id: String, len: usize },
+}

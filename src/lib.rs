@@ -1,0 +1,25 @@
+//! Airlock: run coding agents in a sandbox whose only way out is an audited egress proxy.
+//!
+//! One room per concern (see `docs/architecture.md`):
+//!
+//! ```text
+//! cli/ ─► config/ (layers, trust, identity) ─► client ─► [unix socket] ─► daemon/
+//!   │                                                                       │
+//!   └─► sandbox/ ── listener fd ────────────────────────────────────────────┘
+//!                                                                           ▼
+//!        policy/ (canonicalize, match, verdict; pure) ◄── proxy/ (CONNECT, HTTP, resolver, guard)
+//!                                                                           ▼
+//!                                                  audit/ (journal, JSONL writer, reader)
+//! review/ (ingest, store, detect)
+//! ```
+//!
+//! `unsafe` lives only in [`sys`].
+
+pub mod audit;
+pub mod cli;
+pub mod config;
+pub mod env;
+pub mod paths;
+pub mod policy;
+pub mod repo;
+pub mod sys;

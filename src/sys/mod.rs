@@ -1,0 +1,2 @@
+//! The only place with `unsafe`: socket activation, fd passing, fork/exec and sandbox setup.
+//! Every block carries a `// SAFETY:` comment.
