@@ -18,6 +18,7 @@
 pub mod audit;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod env;
 pub mod paths;
 pub mod policy;
