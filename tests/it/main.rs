@@ -8,3 +8,5 @@ compile_error!(
 );
 
 mod support;
+mod cli_identity;
+mod cli_policy;
