@@ -107,10 +107,8 @@ fn config_error(e: &dyn std::fmt::Display) -> i32 {
 
 /// Notes on stderr: a repo file that does not apply, and warnings of the applied files.
 fn print_notes(loaded: &Loaded) {
-    if let Some(file) = &loaded.repo {
-        if !file.trust.is_trusted() {
-            eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
-        }
+    if let Some(file) = loaded.repo.as_ref().filter(|f| !f.trust.is_trusted()) {
+        eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
     }
     for w in loaded.warnings() {
         eprintln!("airlock: {w}");
@@ -151,7 +149,7 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
         Ok(b) => b,
         Err(e) => return config_error(&e),
     };
-    for w in &built.warnings {
+    for w in built.cross_file_warnings() {
         eprintln!("airlock: warning: {w}");
     }
     // Pure: no interface addresses are read and no name is resolved.
@@ -266,7 +264,8 @@ struct LayerJson {
 /// The effective mode and where it came from: a managed `mode` pins; otherwise user beats repo.
 fn mode_source(applied: &[&LayerDoc]) -> (Mode, ModeSource) {
     let by = |kind| applied.iter().find(|d| d.kind == kind && d.network.mode.is_some());
-    for kind in [LayerKind::Managed, LayerKind::User, LayerKind::Repo, LayerKind::Operator] {
+    // The evaluator's order (policy::eval): managed pins, then user, operator, repo.
+    for kind in [LayerKind::Managed, LayerKind::User, LayerKind::Operator, LayerKind::Repo] {
         if let Some(d) = by(kind) {
             let mode = d.network.mode.unwrap_or_default();
             return (
@@ -367,7 +366,7 @@ fn show(args: &ShowArgs, ctx: &Context<'_>) -> i32 {
     let mut warnings: Vec<String> = loaded.warnings().iter().map(|w| w.to_string()).collect();
     let (shadowed, error) = match &built {
         Ok(b) => {
-            warnings.extend(b.warnings.iter().map(|w| format!("warning: {w}")));
+            warnings.extend(b.cross_file_warnings().map(|w| format!("warning: {w}")));
             (shadowed_lines(&b.policy), None)
         }
         Err(e) => (Vec::new(), Some(e.to_string())),
@@ -391,7 +390,7 @@ fn show(args: &ShowArgs, ctx: &Context<'_>) -> i32 {
 }
 
 fn shadowed_lines(policy: &crate::policy::Policy) -> Vec<String> {
-    policy.shadowed().iter().map(|s| s.to_string()).collect()
+    policy.shadowed().into_iter().map(|(kind, entry)| format!("{entry} ({kind} layer)")).collect()
 }
 
 fn print_show(r: &ShowJson, loaded: &Loaded) {
@@ -438,10 +437,8 @@ fn print_show(r: &ShowJson, loaded: &Loaded) {
             println!("  error: {e}");
         }
     }
-    if let Some(file) = &loaded.repo {
-        if !file.trust.is_trusted() {
-            eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
-        }
+    if let Some(file) = loaded.repo.as_ref().filter(|f| !f.trust.is_trusted()) {
+        eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
     }
     if !r.review_servers.is_empty() {
         println!();

@@ -189,8 +189,19 @@ mod tests {
             assert_eq!(validate_email(ok), Ok(()), "{ok}");
         }
         for bad in [
-            "", "plain", "a@b", "@b.com", "a@@b.com", "a@b@c.com", "a b@c.com", "a@-b.com",
-            "a@b..com", ".a@b.com", "a..b@c.com", "a@b.com\n", "a\"@b.com",
+            "",
+            "plain",
+            "a@b",
+            "@b.com",
+            "a@@b.com",
+            "a@b@c.com",
+            "a b@c.com",
+            "a@-b.com",
+            "a@b..com",
+            ".a@b.com",
+            "a..b@c.com",
+            "a@b.com\n",
+            "a\"@b.com",
         ] {
             assert!(validate_email(bad).is_err(), "{bad:?}");
         }

@@ -87,7 +87,9 @@ impl fmt::Debug for Credential {
     // Literal credentials are secrets: never in logs or panics.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::FromEnv { from_env } => f.debug_struct("FromEnv").field("from_env", from_env).finish(),
+            Self::FromEnv { from_env } => {
+                f.debug_struct("FromEnv").field("from_env", from_env).finish()
+            }
             Self::Value(_) => f.write_str("Value(<redacted>)"),
         }
     }
@@ -172,10 +174,7 @@ impl Walker<'_> {
 
     fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, section: &str, known: &[&str]) {
         let k = key.get_ref();
-        self.error(
-            key.span(),
-            format!("unknown key `{k}` in {section}; {}", suggestion(k, known)),
-        );
+        self.error(key.span(), format!("unknown key `{k}` in {section}; {}", suggestion(k, known)));
     }
 
     fn root(&mut self, root: &DeTable<'_>, doc: &mut LayerDoc) {
@@ -313,7 +312,9 @@ impl Walker<'_> {
                 let (line, _) = line_col(self.text, first.start);
                 self.warn(
                     span.clone(),
-                    format!("{text:?} is listed twice in {list} (first at line {line}); remove one"),
+                    format!(
+                        "{text:?} is listed twice in {list} (first at line {line}); remove one"
+                    ),
                 );
             } else {
                 seen.insert(entry.canonical(), span.clone());
@@ -351,7 +352,9 @@ impl Walker<'_> {
         for (text, span) in self.strings(value, "network.allow_private") {
             match parse_private(&text) {
                 Ok(net) => out.push(net),
-                Err(why) => self.error(span, format!("network.allow_private entry {text:?}: {why}")),
+                Err(why) => {
+                    self.error(span, format!("network.allow_private entry {text:?}: {why}"))
+                }
             }
         }
         out
@@ -622,7 +625,10 @@ OTHER = "literal"
             repo_err("[network]\nallow = [\"a.com\", 7]\n"),
             "/r/.airlock.toml:2:19: network.allow[1] must be a string, found integer"
         );
-        assert_eq!(repo_err("network = 1\n"), "/r/.airlock.toml:1:11: [network] must be a table, found integer");
+        assert_eq!(
+            repo_err("network = 1\n"),
+            "/r/.airlock.toml:1:11: [network] must be a table, found integer"
+        );
         assert_eq!(
             repo_err("[network]\nmode = \"allow\"\n"),
             "/r/.airlock.toml:2:8: network.mode must be \"allowlist\" or \"blocklist\", found \
@@ -667,7 +673,10 @@ OTHER = "literal"
         let e = repo_err("[network]\nblock = [\"-bad.com\"]\n");
         assert!(e.starts_with("/r/.airlock.toml:2:10: network.block entry \"-bad.com\": "), "{e}");
         let e = repo_err("[network]\nallow = [\"10.0.0.1/8\"]\n");
-        assert!(e.starts_with("/r/.airlock.toml:2:10: network.allow entry \"10.0.0.1/8\": "), "{e}");
+        assert!(
+            e.starts_with("/r/.airlock.toml:2:10: network.allow entry \"10.0.0.1/8\": "),
+            "{e}"
+        );
         assert!(e.contains("host bits"), "{e}");
         for port in ["0", "65536", "99999"] {
             let e = repo_err(&format!("[network]\nallow = [\"a.com:{port}\"]\n"));
@@ -702,7 +711,10 @@ OTHER = "literal"
             assert_eq!(p.doc.review_servers, ["https://review.corp.test"]);
         }
         let e = errors(LayerKind::User, "[review]\nservers = [\"ftp://x.test\"]\n");
-        assert!(e.starts_with("/r/.airlock.toml:2:12: review.servers entry \"ftp://x.test\""), "{e}");
+        assert!(
+            e.starts_with("/r/.airlock.toml:2:12: review.servers entry \"ftp://x.test\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -47,11 +47,15 @@ pub enum ConfigError {
     ReviewServer { server: String, file: String, reason: String },
     #[error(
         "refusing to start: the allowlist is empty (no `allow` entry in the user layer \
-         ~/.airlock/config.toml or a trusted repo .airlock.toml); add one, e.g.\n  [network]\n  \
+         ~/.airlock/config.toml or a trusted repo .airlock.toml{}); add one, e.g.\n  [network]\n  \
          allow = [\"api.anthropic.com\"]\nto the repo's .airlock.toml (then run `airlock policy \
-         trust`) or to ~/.airlock/config.toml, or set mode = \"blocklist\""
+         trust`) or to ~/.airlock/config.toml, or set mode = \"blocklist\"",
+        if *.managed_allow { "; the managed layer's allow entries only narrow the list" } else { "" }
     )]
-    EmptyAllowlist,
+    EmptyAllowlist {
+        /// The managed layer has `allow` entries (they gate, they never count toward the list).
+        managed_allow: bool,
+    },
     #[error("{0}")]
     Policy(String),
     #[error(transparent)]
@@ -98,9 +102,9 @@ impl ClientLayers {
                 layers.push(doc);
             }
         }
-        let mut review: Vec<ReviewServer> =
-            managed.map(review_servers_of).unwrap_or_default();
-        review.extend(self.review_servers.iter().filter(|r| r.layer != LayerKind::Managed).cloned());
+        let mut review: Vec<ReviewServer> = managed.map(review_servers_of).unwrap_or_default();
+        review
+            .extend(self.review_servers.iter().filter(|r| r.layer != LayerKind::Managed).cloned());
         build_policy(&layers, &review)
     }
 }
@@ -110,6 +114,21 @@ impl ClientLayers {
 pub struct BuiltPolicy {
     pub policy: Policy,
     pub warnings: Vec<PolicyWarning>,
+}
+
+impl BuiltPolicy {
+    /// Warnings that involve two files. Those within one file are already reported with their
+    /// line and column by the file's [`ParsedLayer::warnings`].
+    pub fn cross_file_warnings(&self) -> impl Iterator<Item = &PolicyWarning> {
+        self.warnings.iter().filter(|w| match w {
+            PolicyWarning::AllowAndBlock { allow_policy, block_policy, .. } => {
+                allow_policy != block_policy
+            }
+            PolicyWarning::Duplicate { first_policy, second_policy, .. } => {
+                first_policy != second_policy
+            }
+        })
+    }
 }
 
 /// The repo's `.airlock.toml` as found on disk.
@@ -151,7 +170,11 @@ impl Loaded {
     /// The layers that apply, in order: managed, user, trusted repo.
     pub fn applied(&self) -> Vec<&LayerDoc> {
         let repo = self.repo.as_ref().and_then(|r| r.parsed.as_ref());
-        [self.managed.as_ref(), self.user.as_ref(), repo].into_iter().flatten().map(|p| &p.doc).collect()
+        [self.managed.as_ref(), self.user.as_ref(), repo]
+            .into_iter()
+            .flatten()
+            .map(|p| &p.doc)
+            .collect()
     }
 
     /// Warnings of the applied files (duplicates, allow+block overlaps), in layer order.
@@ -230,8 +253,8 @@ pub fn load_managed(paths: &Paths) -> Result<Option<LayerDoc>, ConfigError> {
 /// because the operator named it. `[review]` is refused as in a repo file.
 pub fn load_operator(path: &Path) -> Result<ParsedLayer, ConfigError> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path)
-        .map_err(|source| ConfigError::Read { file: name.clone(), source })?;
+    let bytes =
+        std::fs::read(path).map_err(|source| ConfigError::Read { file: name.clone(), source })?;
     parse_layer(LayerKind::Operator, &name, &bytes)
 }
 
@@ -301,9 +324,9 @@ pub fn build_policy(
     }
     match Policy::build(layers, hosts) {
         Ok((policy, warnings)) => Ok(BuiltPolicy { policy, warnings }),
-        Err(PolicyError::EmptyAllowlist) => Err(ConfigError::EmptyAllowlist),
-        #[allow(unreachable_patterns)]
-        Err(e) => Err(ConfigError::Policy(e.to_string())),
+        Err(PolicyError::EmptyAllowlist { managed_allow }) => {
+            Err(ConfigError::EmptyAllowlist { managed_allow })
+        }
     }
 }
 

@@ -113,8 +113,7 @@ pub fn trust(paths: &Paths, repo: &Repo, digest: &str) -> Result<TrustRecord, Tr
     let trusted_at = time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
-    let record =
-        TrustRecord { path: repo.config_file(), digest: digest.to_owned(), trusted_at };
+    let record = TrustRecord { path: repo.config_file(), digest: digest.to_owned(), trusted_at };
     let text = toml::to_string(&record)?;
     let path = record_path(paths, repo);
     fsutil::private_dir(&paths.airlock_dir())

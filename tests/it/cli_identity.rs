@@ -11,8 +11,13 @@ fn login_whoami_logout() {
     let run = world.airlock(&cwd).args(["whoami"]).run().expect_code(1);
     assert!(run.stderr().contains("not logged in"), "{}", run.stderr());
 
-    let run = world.airlock(&cwd).args(["login", "--email", "dev@example.com"]).run().expect_code(0);
-    assert!(run.stdout().starts_with("logged in as dev@example.com (user_id u_"), "{}", run.stdout());
+    let run =
+        world.airlock(&cwd).args(["login", "--email", "dev@example.com"]).run().expect_code(0);
+    assert!(
+        run.stdout().starts_with("logged in as dev@example.com (user_id u_"),
+        "{}",
+        run.stdout()
+    );
     let file = world.home.join(".airlock/identity.toml");
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     let dir = world.home.join(".airlock");
@@ -49,7 +54,8 @@ fn readable_identity_files_are_refused() {
     let run = world.airlock(&cwd).args(["whoami"]).run().expect_code(1);
     assert!(run.stderr().contains(&format!("chmod 600 {}", file.display())), "{}", run.stderr());
     // Login refuses to reuse it too, rather than silently overwriting the id.
-    let run = world.airlock(&cwd).args(["login", "--email", "dev@example.com"]).run().expect_code(1);
+    let run =
+        world.airlock(&cwd).args(["login", "--email", "dev@example.com"]).run().expect_code(1);
     assert!(run.stderr().contains("chmod 600"), "{}", run.stderr());
     // policy check reads the identity (its review server is always blocked): a config error.
     let repo = world.repo("app");

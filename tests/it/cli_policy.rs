@@ -65,10 +65,15 @@ fn done_when_trusted_repo_allows_anthropic() {
 fn done_when_editing_the_file_untrusts_it_until_trusted_again() {
     let (world, repo, file) = world_with_repo(REPO_POLICY);
     // A user-layer entry keeps the allowlist non-empty while the repo file does not apply.
-    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"=example.test\"]\n");
+    world
+        .write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"=example.test\"]\n");
 
     let run = check(&world, &repo, "api.anthropic.com").expect_code(1);
-    assert!(run.stderr().contains(&format!("{} is not trusted", file.display())), "{}", run.stderr());
+    assert!(
+        run.stderr().contains(&format!("{} is not trusted", file.display())),
+        "{}",
+        run.stderr()
+    );
     assert!(run.stderr().contains("airlock policy trust"), "{}", run.stderr());
 
     trust(&world, &repo);
@@ -241,18 +246,21 @@ fn configuration_errors_exit_3_with_file_line_col() {
     world.write(&world.managed, "[network]\nallow = [\"a.test:0\"]\n");
     std::fs::remove_file(&user).unwrap();
     let run = check(&world, &repo, "api.anthropic.com").expect_code(3);
-    let prefix = format!("airlock: {}:2:10: network.allow entry \"a.test:0\"", world.managed.display());
+    let prefix =
+        format!("airlock: {}:2:10: network.allow entry \"a.test:0\"", world.managed.display());
     assert!(run.stderr().starts_with(&prefix), "{}", run.stderr());
 }
 
 #[test]
 fn untrusted_file_errors_show_but_never_exit_3() {
     let (world, repo, file) = world_with_repo("[network]\nallow = [\"a..b\"]\n");
-    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"=example.test\"]\n");
+    world
+        .write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"=example.test\"]\n");
     check(&world, &repo, "example.test").expect_code(0);
     let run = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
     assert!(
-        run.stdout().contains(&format!("error: {}:2:10: network.allow entry \"a..b\"", file.display())),
+        run.stdout()
+            .contains(&format!("error: {}:2:10: network.allow entry \"a..b\"", file.display())),
         "{}",
         run.stdout()
     );
@@ -270,7 +278,13 @@ fn warnings_are_reported_and_evaluation_continues() {
     trust(&world, &repo);
     let run = check(&world, &repo, "pastebin.com").expect_code(1);
     let err = run.stderr();
-    assert!(err.contains(&format!("airlock: {}:2:27: warning: \"anthropic.com\" is listed twice", file.display())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "airlock: {}:2:27: warning: \"anthropic.com\" is listed twice",
+            file.display()
+        )),
+        "{err}"
+    );
     assert!(err.contains("block wins"), "{err}");
     let run = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
     assert!(run.stdout().contains("warnings:"), "{}", run.stdout());
