@@ -337,3 +337,190 @@ pub fn display_path(paths: &Paths, path: &Path) -> String {
         _ => path.display().to_string(),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::policy::{Mode, Reason, Verdict, parse_target};
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        paths: Paths,
+        repo: Repo,
+        managed: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(home.join(".airlock")).unwrap();
+        let managed = tmp.path().join("managed.toml");
+        let env = crate::env::MapEnv::new()
+            .with("HOME", &home)
+            .with(crate::paths::TEST_MANAGED_POLICY_VAR, &managed);
+        let paths = if cfg!(feature = "test-hooks") {
+            Paths::from_env(&env).unwrap()
+        } else {
+            Paths::with_home(home)
+        };
+        std::fs::create_dir_all(tmp.path().join("app")).unwrap();
+        let repo = Repo::resolve(Some(&tmp.path().join("app")), tmp.path()).unwrap();
+        Fixture { _tmp: tmp, paths, repo, managed }
+    }
+
+    fn decide(built: &BuiltPolicy, target: &str) -> crate::policy::Decision {
+        let t = parse_target(target).unwrap();
+        built.policy.decide(&t.host, t.port.unwrap_or(443), &crate::policy::LocalAddrs::none())
+    }
+
+    #[test]
+    fn the_repo_file_applies_only_while_trusted() {
+        let f = fixture();
+        std::fs::write(f.paths.user_config(), "[network]\nallow = [\"=user.test\"]\n").unwrap();
+        let file = f.repo.config_file();
+        std::fs::write(&file, "[network]\nallow = [\"repo.test\"]\n").unwrap();
+
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        let repo = loaded.repo.as_ref().unwrap();
+        assert_eq!(repo.trust, TrustState::Untrusted);
+        assert!(repo.parsed.is_none());
+        assert_eq!(loaded.applied().len(), 1);
+        assert!(loaded.client_layers().repo.is_none());
+        let built = loaded.build_policy().unwrap();
+        assert_eq!(decide(&built, "api.repo.test").reason, Reason::NotAllowed);
+
+        trust::trust(&f.paths, &f.repo, &repo.digest).unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        assert!(loaded.repo.as_ref().unwrap().trust.is_trusted());
+        let kinds: Vec<LayerKind> = loaded.applied().iter().map(|d| d.kind).collect();
+        assert_eq!(kinds, [LayerKind::User, LayerKind::Repo]);
+        let d = decide(&loaded.build_policy().unwrap(), "api.repo.test");
+        assert_eq!(d.verdict, Verdict::Allow);
+        assert_eq!(d.layer, LayerKind::Repo);
+        assert_eq!(d.policy.as_deref(), Some(file.display().to_string().as_str()));
+
+        std::fs::write(&file, "[network]\nallow = [\"repo.test\", \"more.test\"]\n").unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        assert!(matches!(loaded.repo.as_ref().unwrap().trust, TrustState::Changed { .. }));
+        assert_eq!(loaded.applied().len(), 1);
+    }
+
+    #[test]
+    fn an_untrusted_broken_file_is_not_an_error_but_a_trusted_one_is() {
+        let f = fixture();
+        std::fs::write(f.paths.user_config(), "[network]\nallow = [\"a.test\"]\n").unwrap();
+        std::fs::write(f.repo.config_file(), "[network]\nalow = 1\n").unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        let repo = loaded.repo.as_ref().unwrap();
+        assert!(repo.parse().unwrap_err().to_string().contains(":2:1: unknown key `alow`"));
+        trust::trust(&f.paths, &f.repo, &repo.digest).unwrap();
+        let err = load(&f.paths, Some(&f.repo), None).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+    }
+
+    #[test]
+    fn client_layers_round_trip_and_the_daemon_adds_managed() {
+        let f = fixture();
+        if cfg!(feature = "test-hooks") {
+            std::fs::write(
+                &f.managed,
+                "[network]\nmode = \"allowlist\"\nallow = [\"corp.test\"]\n[review]\nservers = [\"https://review.corp.test\"]\n",
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            f.paths.user_config(),
+            "[network]\nmode = \"blocklist\"\nallow = [\"git.corp.test\", \"other.test\"]\n[review]\nservers = [\"r2.corp.test\"]\n",
+        )
+        .unwrap();
+        let identity = Identity {
+            email: "a@b.test".into(),
+            user_id: "u_1".into(),
+            server: Some("https://r3.corp.test:8443".into()),
+        };
+        let loaded = load(&f.paths, Some(&f.repo), Some(&identity)).unwrap();
+        let client = loaded.client_layers();
+        // Managed review servers stay with the daemon, which reads the managed file itself.
+        let servers: Vec<&str> = client.review_servers.iter().map(|r| r.server.as_str()).collect();
+        assert_eq!(servers, ["r2.corp.test", "https://r3.corp.test:8443"]);
+        let json = serde_json::to_string(&client).unwrap();
+        let received: ClientLayers = serde_json::from_str(&json).unwrap();
+        assert_eq!(received, client);
+
+        let managed = load_managed(&f.paths).unwrap();
+        let built = received.build_policy(managed.as_ref()).unwrap();
+        assert_eq!(decide(&built, "r3.corp.test").reason, Reason::ReviewPlane);
+        assert_eq!(decide(&built, "r2.corp.test").reason, Reason::ReviewPlane);
+        if cfg!(feature = "test-hooks") {
+            assert_eq!(built.policy.mode(), Mode::Allowlist, "the managed mode pins");
+            assert_eq!(decide(&built, "review.corp.test").reason, Reason::ReviewPlane);
+            assert_eq!(decide(&built, "other.test").reason, Reason::ManagedNotAllowed);
+            assert_eq!(decide(&built, "git.corp.test").verdict, Verdict::Allow);
+        }
+        // The same evaluator, whether built by the CLI or by the daemon.
+        assert_eq!(built.policy.digest(), loaded.build_policy().unwrap().policy.digest());
+
+        // A client cannot pose as the managed layer.
+        let mut forged = received.clone();
+        if let Some(user) = forged.user.as_mut() {
+            user.kind = LayerKind::Managed;
+        }
+        assert!(matches!(forged.build_policy(None), Err(ConfigError::Policy(_))));
+        // Nor smuggle an invalid entry past validation.
+        let mut forged = received;
+        if let Some(user) = forged.user.as_mut() {
+            user.network.allow.push("a..b".into());
+        }
+        assert!(matches!(forged.build_policy(None), Err(ConfigError::Entry { .. })));
+    }
+
+    #[test]
+    fn operator_files_are_trusted_but_may_not_name_review_servers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("proxy.toml");
+        std::fs::write(&path, "[network]\nallow = [\"a.test\"]\nallow_private = [\"127.0.0.2\"]\n")
+            .unwrap();
+        let parsed = load_operator(&path).unwrap();
+        assert_eq!(parsed.doc.kind, LayerKind::Operator);
+        let built = build_policy(&[&parsed.doc], &[]).unwrap();
+        let d = decide(&built, "a.test");
+        assert_eq!((d.verdict, d.layer), (Verdict::Allow, LayerKind::Operator));
+        std::fs::write(&path, "[review]\nservers = [\"x.test\"]\n").unwrap();
+        assert!(
+            load_operator(&path).unwrap_err().to_string().contains(":1:2: [review] is not allowed")
+        );
+        let missing = load_operator(&tmp.path().join("nope.toml")).unwrap_err();
+        assert!(matches!(missing, ConfigError::Read { .. }));
+    }
+
+    #[test]
+    fn empty_allowlists_refuse_to_start() {
+        let f = fixture();
+        let err = load(&f.paths, Some(&f.repo), None).unwrap().build_policy().unwrap_err();
+        assert!(err.to_string().starts_with("refusing to start: the allowlist is empty"), "{err}");
+        std::fs::write(f.paths.user_config(), "[network]\nmode = \"blocklist\"\n").unwrap();
+        assert!(load(&f.paths, Some(&f.repo), None).unwrap().build_policy().is_ok());
+    }
+
+    #[test]
+    fn bad_identity_servers_are_config_errors() {
+        let f = fixture();
+        let identity =
+            Identity { email: "a@b.test".into(), user_id: "u".into(), server: Some("a..b".into()) };
+        let err = load(&f.paths, None, Some(&identity)).unwrap_err();
+        assert!(err.to_string().contains("~/.airlock/identity.toml"), "{err}");
+    }
+
+    #[test]
+    fn paths_under_home_are_shown_with_a_tilde() {
+        let paths = Paths::with_home(PathBuf::from("/home/dev"));
+        assert_eq!(display_path(&paths, Path::new("/home/dev/.airlock/x")), "~/.airlock/x");
+        assert_eq!(
+            display_path(&paths, Path::new("/etc/airlock/policy.toml")),
+            "/etc/airlock/policy.toml"
+        );
+        let root = Paths::with_home(PathBuf::from("/"));
+        assert_eq!(display_path(&root, Path::new("/etc/x")), "/etc/x");
+    }
+}
