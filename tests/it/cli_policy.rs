@@ -181,6 +181,15 @@ fn managed_layer_pins_the_mode_and_gates_allows() {
 
     check(&world, &repo, "api.anthropic.com").expect_code(0);
     check(&world, &repo, "unlisted.test").expect_code(1);
+    assert_eq!(v["shadowed"], serde_json::json!(["pastebin.com (repo layer)"]));
+    let run = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
+    let out = run.stdout();
+    assert!(out.contains("mode: allowlist (pinned by the managed layer, "), "{out}");
+    assert!(
+        out.contains("shadowed by the managed layer (no effect):\n  pastebin.com (repo layer)"),
+        "{out}"
+    );
+    assert!(out.contains("effective policy sha256: "), "{out}");
     let (code, v) = check_json(&world, &repo, "pastebin.com");
     assert_eq!(code, 1);
     assert_eq!(v["reason"], "managed_not_allowed");
