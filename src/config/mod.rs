@@ -33,7 +33,7 @@ pub enum ConfigError {
     /// One or more problems in a file, each at `file:line:col`.
     #[error("{}", Diagnostics(.0.clone()))]
     Invalid(Vec<Diagnostic>),
-    #[error("cannot read {file}: {source}; check that it exists and you may read it")]
+    #[error("cannot read {file}: {source}")]
     Read {
         file: String,
         #[source]
@@ -144,6 +144,8 @@ pub struct RepoFile {
     pub bytes: Vec<u8>,
     pub digest: String,
     pub trust: TrustState,
+    /// Why the file could not be read (a symlink, not a regular file, too large).
+    pub unreadable: Option<String>,
     /// Parsed only when trusted (an untrusted file is parsed only by `policy show` and
     /// `policy trust`, through [`RepoFile::parse`]).
     pub parsed: Option<ParsedLayer>,
@@ -152,6 +154,12 @@ pub struct RepoFile {
 impl RepoFile {
     /// Parses the file regardless of trust (for `policy show` and `policy trust`).
     pub fn parse(&self) -> Result<ParsedLayer, ConfigError> {
+        if let Some(reason) = &self.unreadable {
+            return Err(ConfigError::Read {
+                file: self.name.clone(),
+                source: std::io::Error::other(reason.clone()),
+            });
+        }
         parse_layer(LayerKind::Repo, &self.name, &self.bytes)
     }
 }
@@ -259,18 +267,33 @@ pub fn load_operator(path: &Path) -> Result<ParsedLayer, ConfigError> {
 }
 
 /// Reads the repo's `.airlock.toml` and its trust state; parses it only when trusted.
+///
+/// The file lives in a tree the agent can write, so it is read without following symlinks,
+/// as a regular file of bounded size. A file that cannot be read that way is reported as
+/// unusable (never trusted, never applied) rather than failing the command.
 pub fn load_repo_file(paths: &Paths, repo: &Repo) -> Result<Option<RepoFile>, ConfigError> {
     let path = repo.config_file();
     let name = display_path(paths, &path);
-    let Some(bytes) = fsutil::read_optional(&path)
-        .map_err(|source| ConfigError::Read { file: name.clone(), source })?
-    else {
-        return Ok(None);
+    let (bytes, unreadable) = match fsutil::read_config(&path, false) {
+        Ok(Some(bytes)) => (bytes, None),
+        Ok(None) => return Ok(None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
     };
     let digest = digest(&bytes);
-    let trust = trust::state(paths, repo, &digest);
-    let mut file =
-        RepoFile { path, name, repo_dir: repo.path.clone(), bytes, digest, trust, parsed: None };
+    let trust = match &unreadable {
+        None => trust::state(paths, repo, &digest),
+        Some(reason) => TrustState::Unreadable { reason: reason.clone() },
+    };
+    let mut file = RepoFile {
+        path,
+        name,
+        repo_dir: repo.path.clone(),
+        bytes,
+        digest,
+        trust,
+        unreadable,
+        parsed: None,
+    };
     if file.trust.is_trusted() {
         file.parsed = Some(file.parse()?);
     }
@@ -283,7 +306,7 @@ fn load_file(
     paths: &Paths,
 ) -> Result<Option<ParsedLayer>, ConfigError> {
     let name = display_path(paths, path);
-    match fsutil::read_optional(path) {
+    match fsutil::read_config(path, true) {
         Ok(Some(bytes)) => parse_layer(kind, &name, &bytes).map(Some),
         Ok(None) => Ok(None),
         Err(source) => Err(ConfigError::Read { file: name, source }),

@@ -388,3 +388,28 @@ fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(bytes))
 }
+
+#[test]
+fn a_symlinked_or_special_repo_file_never_applies_and_cannot_be_trusted() {
+    let world = World::new();
+    let repo = world.repo("app");
+    let target = world.write(world.tmp.path().join("elsewhere.toml"), REPO_POLICY);
+    std::os::unix::fs::symlink(&target, repo.join(".airlock.toml")).unwrap();
+    world
+        .write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"=example.test\"]\n");
+    let run = check(&world, &repo, "api.anthropic.com").expect_code(1);
+    assert!(run.stderr().contains("it is a symlink"), "{}", run.stderr());
+    let run = world.airlock(&repo).args(["policy", "trust"]).run().expect_code(3);
+    assert!(run.stderr().contains("refusing to trust"), "{}", run.stderr());
+    world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
+
+    // A FIFO in its place must not hang the command.
+    std::fs::remove_file(repo.join(".airlock.toml")).unwrap();
+    nix::unistd::mkfifo(
+        &repo.join(".airlock.toml"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let run = check(&world, &repo, "example.test").expect_code(0);
+    assert!(run.stderr().contains("not a regular file"), "{}", run.stderr());
+}
