@@ -26,7 +26,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-use super::addr::{effective, is_special_purpose};
+use super::addr::{effective, is_special_purpose, normalize_net};
 use super::canon::Host;
 use super::entry::{Entry, EntryKind, NameMatch, Pattern, PortSpec, name_covers};
 use super::index::{NameIndex, PrefixIndex, Rule, RuleId};
@@ -206,10 +206,8 @@ impl Policy {
     ) -> Result<(Policy, Vec<PolicyWarning>), PolicyError> {
         let (mode, mode_source) = pick_mode(&layers);
         let is_managed = |k: LayerKind| k == LayerKind::Managed;
-        let user_allows = layers
-            .iter()
-            .filter(|l| !is_managed(l.kind) && l.kind != LayerKind::None)
-            .any(|l| !l.allow.is_empty());
+        let user_allows =
+            layers.iter().filter(|l| !is_managed(l.kind)).any(|l| !l.allow.is_empty());
         let managed_gate = layers.iter().position(|l| is_managed(l.kind) && !l.allow.is_empty());
         if mode == Mode::Allowlist && !user_allows {
             return Err(PolicyError::EmptyAllowlist { managed_allow: managed_gate.is_some() });
@@ -261,7 +259,7 @@ impl Policy {
             }
             for net in &layer.allow_private {
                 let id = RuleId::try_from(li).unwrap_or(RuleId::MAX);
-                let net = normalize_private(*net);
+                let net = normalize_net(*net);
                 p.private.insert(
                     net,
                     Rule { how: NameMatch::Tree, port: PortSpec::Any, kind: EntryKind::Allow, id },
@@ -529,22 +527,6 @@ fn pick_mode(layers: &[PolicyLayer]) -> (Mode, LayerKind) {
         }
     }
     (Mode::default(), LayerKind::None)
-}
-
-/// `allow_private` ranges written in an IPv4-embedding IPv6 form (`::ffff:10.0.0.0/104`) stand
-/// for the IPv4 range, since addresses are decided as their embedded IPv4.
-fn normalize_private(net: IpNet) -> IpNet {
-    if let IpNet::V6(n) = net {
-        let bits = u128::from(n.network());
-        let low96 = [0xffffu128 << 32, 0x0064_ff9b << 96];
-        if n.prefix_len() >= 96 && low96.iter().any(|p| bits >> 32 == p >> 32) {
-            let v4 = std::net::Ipv4Addr::from(bits as u32);
-            if let Ok(v4net) = ipnet::Ipv4Net::new(v4, n.prefix_len() - 96) {
-                return IpNet::V4(v4net);
-            }
-        }
-    }
-    net
 }
 
 /// Some (host, port) matches both entries (both read as allow entries).

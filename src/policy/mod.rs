@@ -12,7 +12,7 @@ mod entry;
 mod eval;
 mod index;
 
-pub use addr::{effective, embedded_ipv4, is_special_purpose};
+pub use addr::{effective, embedded_ipv4, is_special_purpose, normalize_net};
 pub use canon::{
     Host, MAX_LABEL_LEN, MAX_NAME_LEN, Malformed, MalformedKind, Target, canonicalize_host,
     parse_authority, parse_target,
