@@ -87,10 +87,11 @@ pub fn normalize_net(net: IpNet) -> IpNet {
     if let IpNet::V6(n) = net {
         let bits = u128::from(n.network());
         let low96 = [0xffffu128 << 32, 0x0064_ff9b << 96];
-        if n.prefix_len() >= 96 && low96.iter().any(|p| in_prefix128(bits, *p, 96)) {
-            if let Ok(v4) = Ipv4Net::new(Ipv4Addr::from(bits as u32), n.prefix_len() - 96) {
-                return IpNet::V4(v4);
-            }
+        if n.prefix_len() >= 96
+            && low96.iter().any(|p| in_prefix128(bits, *p, 96))
+            && let Ok(v4) = Ipv4Net::new(Ipv4Addr::from(bits as u32), n.prefix_len() - 96)
+        {
+            return IpNet::V4(v4);
         }
     }
     net
