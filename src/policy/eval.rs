@@ -366,11 +366,15 @@ impl Policy {
         }
     }
 
-    fn find_block_ip(&self, ip: IpAddr, port: u16) -> Option<Rule> {
+    /// A block range containing `ip` in its embedded-IPv4 or its own form; `port: None` means
+    /// any block entry, whatever port it names.
+    fn find_block_ip(&self, ip: IpAddr, port: Option<u16>) -> Option<Rule> {
+        let find = |ip| match port {
+            Some(port) => self.block_ips.find(ip, port),
+            None => self.block_ips.find_any_port(ip),
+        };
         let eff = effective(ip);
-        self.block_ips
-            .find(eff, port)
-            .or_else(|| if eff == ip { None } else { self.block_ips.find(ip, port) })
+        find(eff).or_else(|| if eff == ip { None } else { find(ip) })
     }
 
     fn find_review_ip(&self, ip: IpAddr) -> Option<Rule> {
@@ -424,7 +428,7 @@ impl Policy {
         if let Some(r) = self.find_review_ip(ip) {
             return self.review_plane(r.id);
         }
-        if let Some(r) = self.find_block_ip(ip, port) {
+        if let Some(r) = self.find_block_ip(ip, Some(port)) {
             return self.by_rule(Verdict::Deny, Reason::Blocked, r.id);
         }
         let eff = effective(ip);
@@ -441,7 +445,7 @@ impl Policy {
     }
 
     /// Check one resolved answer of an allowed name, ports aside: `None` = it may be dialed.
-    /// Block ranges that name a port apply on every port here; prefer
+    /// A block range applies here whatever port it names (refusing more, never less); prefer
     /// [`Self::check_answer_port`], which knows the port.
     pub fn check_answer(&self, ip: IpAddr, local: &LocalAddrs) -> Option<Decision> {
         self.answer(ip, None, local)
@@ -458,12 +462,7 @@ impl Policy {
         if let Some(r) = self.find_review_ip(ip) {
             return Some(self.review_plane(r.id));
         }
-        let block = match port {
-            Some(port) => self.find_block_ip(ip, port),
-            // Any port: probe with the entry's own port by asking for a rule that covers some
-            // port; `:*`/default cover 0-probe, explicit ports are found by scanning.
-            None => self.find_block_ip_any_port(ip),
-        };
+        let block = self.find_block_ip(ip, port);
         if let Some(r) = block {
             return Some(self.by_rule(Verdict::Deny, Reason::BlockedAddress, r.id));
         }
@@ -473,26 +472,11 @@ impl Policy {
         None
     }
 
-    fn find_block_ip_any_port(&self, ip: IpAddr) -> Option<Rule> {
-        // A block entry without a port (or `:*`) covers port 0 too; one that names a port is
-        // found by asking for that port. Block lists of addresses are short in practice, and
-        // this path is only taken by callers that do not know the port.
-        if let Some(r) = self.find_block_ip(ip, 0) {
-            return Some(r);
-        }
-        self.rules
-            .iter()
-            .filter(|s| s.kind == EntryKind::Block)
-            .filter_map(|s| match self.layers[s.layer].block[s.entry].port_spec() {
-                PortSpec::Port(p) => Some(p),
-                _ => None,
-            })
-            .find_map(|p| self.find_block_ip(ip, p))
-    }
-
     /// Whether a CONNECT to this allowed target skips the TLS ClientHello peek: true when the
-    /// user/repo/operator `allow` entry that matches it names its port explicitly (SECURITY §3:
-    /// server-speaks-first protocols such as SSH).
+    /// most specific user/repo/operator `allow` entry that matches it names its port explicitly
+    /// (SECURITY §3: server-speaks-first protocols such as SSH). In blocklist mode the same
+    /// entries are consulted, so `github.com:22` keeps SSH working there too. Call it only for
+    /// targets [`Self::decide`] allowed.
     pub fn skip_sni_peek(&self, host: &Host, port: u16) -> bool {
         let rule = match host {
             Host::Name(n) => self.allow_names.find(n, port),
