@@ -621,7 +621,7 @@ fn digest(mode: Mode, layers: &[PolicyLayer], review: &[ReviewHost]) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::policy::canonicalize_host;
+    use crate::policy::{canonicalize_host, parse_authority, parse_target};
     use proptest::prelude::*;
 
     const USER: &str = "~/.airlock/config.toml";
@@ -1109,6 +1109,51 @@ mod tests {
             if p.decide(&h, port, &LocalAddrs::none()).is_allowed() {
                 prop_assert!(managed_ok, "{}:{} allowed past managed {:?}", target, port, managed);
             }
+        }
+
+        #[test]
+        fn parsers_never_panic_and_entries_round_trip(
+            input in prop_oneof![
+                any::<String>(),
+                "[=*.\\[\\]:/%@a-z0-9.éß-]{0,24}",
+                entry_text(),
+            ],
+        ) {
+            let _ = parse_target(&input);
+            let _ = parse_authority(&input);
+            let _ = canonicalize_host(&input);
+            for kind in [EntryKind::Allow, EntryKind::Block] {
+                if let Ok(e) = Entry::parse(&input, kind) {
+                    let again = Entry::parse(&e.canonical(), kind);
+                    prop_assert!(again.is_ok(), "{} -> {}", input, e.canonical());
+                    if let Ok(again) = again {
+                        prop_assert_eq!(again.canonical(), e.canonical());
+                        prop_assert_eq!(again.pattern(), e.pattern());
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn ip_index_agrees_with_the_reference_matcher(
+            nets in prop::collection::vec((any::<u32>(), 0u8..=32, prop_oneof![Just(""), Just(":443"), Just(":*")]), 1..6),
+            block in prop::option::of((any::<u32>(), 0u8..=32)),
+            t in any::<u32>(),
+            port in port(),
+        ) {
+            let text = |a: u32, len: u8| ipnet::Ipv4Net::new(std::net::Ipv4Addr::from(a), len).unwrap().trunc().to_string();
+            let allows: Vec<String> = nets.iter().map(|(a, l, p)| format!("{}{p}", text(*a, *l))).collect();
+            let blocks: Vec<String> = block.iter().map(|(a, l)| text(*a, *l)).collect();
+            let allow_refs: Vec<&str> = allows.iter().map(String::as_str).collect();
+            let block_refs: Vec<&str> = blocks.iter().map(String::as_str).collect();
+            let mut l = layer(LayerKind::User, &allow_refs, &block_refs);
+            l.allow_private = vec!["0.0.0.0/0".parse().unwrap()];
+            let h = Host::Ip(IpAddr::V4(std::net::Ipv4Addr::from(t)));
+            let blocked = l.block.iter().any(|e| e.matches(&h, port));
+            let allowed = l.allow.iter().any(|e| e.matches(&h, port));
+            let p = build(vec![l]);
+            let want = if blocked { Reason::Blocked } else if allowed { Reason::Allowed } else { Reason::IpNotAllowed };
+            prop_assert_eq!(p.decide(&h, port, &LocalAddrs::none()).reason, want);
         }
 
         #[test]
