@@ -319,6 +319,13 @@ impl Entry {
     }
 }
 
+/// The entry as written.
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 pub(crate) fn port_covers(spec: PortSpec, kind: EntryKind, port: u16) -> bool {
     match spec {
         PortSpec::Any => true,

@@ -6,10 +6,10 @@
 
 use std::fmt;
 
-mod addr;
-mod canon;
-mod entry;
-mod eval;
+pub mod addr;
+pub mod canon;
+pub mod entry;
+pub mod eval;
 mod index;
 
 pub use addr::{effective, embedded_ipv4, is_special_purpose, normalize_net};
