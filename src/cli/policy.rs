@@ -518,6 +518,12 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
         println!("{} is already trusted (sha256 {})", file.name, file.digest);
         return 0;
     }
+    if let trust::TrustState::Changed { trusted_at, .. } = &file.trust {
+        println!(
+            "{} changed since it was trusted ({trusted_at}); trusting the new content",
+            file.name
+        );
+    }
     println!("trusting {} (sha256 {}):", file.name, file.digest);
     let doc = &parsed.doc;
     if let Some(mode) = doc.network.mode {
