@@ -353,6 +353,35 @@ pub fn build_policy(
     }
 }
 
+/// The variables `[env] pass` and `[mcp.*]` add to the sandbox's environment, from the applied
+/// layers only (so an untrusted repo file contributes nothing). When two layers set the same
+/// variable the earlier layer wins (managed, then user, then repo/operator), as with `mode`.
+/// A passed or `from_env` variable that is unset (or not UTF-8) on the host is left out.
+pub fn sandbox_env(layers: &[&LayerDoc], host: &dyn crate::env::Env) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut push = |name: &str, value: Option<String>| {
+        if let Some(value) = value {
+            if !out.iter().any(|(n, _)| n == name) {
+                out.push((name.to_owned(), value));
+            }
+        }
+    };
+    for doc in layers {
+        for name in &doc.env_pass {
+            push(name, host.var(name));
+        }
+        for creds in doc.mcp.values() {
+            for (name, cred) in creds {
+                match cred {
+                    Credential::Value(v) => push(name, Some(v.clone())),
+                    Credential::FromEnv { from_env } => push(name, host.var(from_env)),
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A path as the user sees it: `~/…` under the home directory.
 pub fn display_path(paths: &Paths, path: &Path) -> String {
     match path.strip_prefix(paths.home()) {
@@ -533,6 +562,29 @@ mod tests {
             Identity { email: "a@b.test".into(), user_id: "u".into(), server: Some("a..b".into()) };
         let err = load(&f.paths, None, Some(&identity)).unwrap_err();
         assert!(err.to_string().contains("~/.airlock/identity.toml"), "{err}");
+    }
+
+    #[test]
+    fn sandbox_env_takes_applied_layers_in_order() {
+        let user = parse_layer(
+            LayerKind::User,
+            "u",
+            b"[env]\npass = [\"A\", \"UNSET\"]\n[mcp.gh]\nTOKEN = { from_env = \"GH\" }\n",
+        )
+        .unwrap()
+        .doc;
+        let repo = parse_layer(
+            LayerKind::Repo,
+            "r",
+            b"[env]\npass = [\"B\"]\n[mcp.gh]\nTOKEN = \"repo-literal\"\n[mcp.x]\nK = \"v\"\n",
+        )
+        .unwrap()
+        .doc;
+        let host = crate::env::MapEnv::new().with("A", "1").with("B", "2").with("GH", "secret");
+        let env = sandbox_env(&[&user, &repo], &host);
+        let expect = [("A", "1"), ("TOKEN", "secret"), ("B", "2"), ("K", "v")];
+        let got: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, expect);
     }
 
     #[test]
