@@ -360,10 +360,8 @@ pub fn build_policy(
 pub fn sandbox_env(layers: &[&LayerDoc], host: &dyn crate::env::Env) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     let mut push = |name: &str, value: Option<String>| {
-        if let Some(value) = value {
-            if !out.iter().any(|(n, _)| n == name) {
-                out.push((name.to_owned(), value));
-            }
+        if let Some(value) = value.filter(|_| !out.iter().any(|(n, _)| n == name)) {
+            out.push((name.to_owned(), value));
         }
     };
     for doc in layers {
