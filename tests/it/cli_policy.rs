@@ -413,3 +413,40 @@ fn a_symlinked_or_special_repo_file_never_applies_and_cannot_be_trusted() {
     let run = check(&world, &repo, "example.test").expect_code(0);
     assert!(run.stderr().contains("not a regular file"), "{}", run.stderr());
 }
+
+#[test]
+fn malformed_targets_exit_2_with_the_reason() {
+    let (world, repo, _file) = world_with_repo(REPO_POLICY);
+    trust(&world, &repo);
+    let long_name = format!("{}.com", vec!["a".repeat(60); 5].join("."));
+    let long_label = format!("{}.com", "a".repeat(64));
+    for bad in [
+        "",
+        long_name.as_str(),
+        long_label.as_str(),
+        "a..b",
+        "-a.com",
+        "2130706433",
+        "0177.0.0.1",
+        "0x7f.1",
+        "127.1",
+        "user@host.com",
+        "host%2ecom",
+        "fe80::1%eth0",
+        "[example.com]:443",
+        "example.com:0",
+        "example.com:65536",
+    ] {
+        let run = check(&world, &repo, bad);
+        assert_eq!(run.code(), 2, "{bad:?}: {}", run.stderr());
+        let err = run.stderr();
+        let prefix = format!("airlock: malformed target {bad:?}: ");
+        assert!(err.starts_with(&prefix), "{err}");
+        assert!(err.trim_end().len() > prefix.len() + 10, "no reason given: {err}");
+    }
+    // Valid unusual forms are decided, not refused as malformed.
+    for ok in ["[::ffff:127.0.0.1]:443", "API.ANTHROPIC.COM.", "https://api.anthropic.com:443/x"] {
+        let code = check(&world, &repo, ok).code();
+        assert!(code == 0 || code == 1, "{ok}: exit {code}");
+    }
+}
