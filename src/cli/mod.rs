@@ -1,6 +1,10 @@
 //! The `airlock` command line: argument parsing (clap derive) and dispatch to one module per
 //! command. Each command returns its exit code; only `main` touches the process.
 
+pub mod completions;
+pub mod identity;
+pub mod policy;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -32,7 +36,19 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Check targets against the network policy, show it, trust a repo's .airlock.toml
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// Save a local identity (email + stable user id) for audit attribution
+    Login(identity::LoginArgs),
+    /// Show the identity in use
+    Whoami,
+    /// Remove the identity file
+    Logout,
+    /// Print a shell completion script
+    Completions(completions::CompletionsArgs),
+}
 
 /// Entry point of the `airlock` binary; returns the process exit code.
 pub fn main() -> i32 {
@@ -56,6 +72,12 @@ pub fn main() -> i32 {
 }
 
 /// Dispatches one parsed command.
-pub fn run(command: Command, _ctx: &Context<'_>) -> i32 {
-    match command {}
+pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
+    match command {
+        Command::Policy(cmd) => policy::run(&cmd, ctx),
+        Command::Login(args) => identity::login(&args, ctx),
+        Command::Whoami => identity::whoami(ctx),
+        Command::Logout => identity::logout(ctx),
+        Command::Completions(args) => completions::run(&args),
+    }
 }
