@@ -175,7 +175,7 @@ pub fn console_line(line: &AuditLine) -> String {
         (true, false) => "ALLOW",
         (false, false) => "DENY",
     };
-    let _ = write!(out, "{} {verdict} {}", escape_for_terminal(&line.ts), host_port(line));
+    let _ = write!(out, "{} {verdict} {}", escape_for_terminal(&line.ts), format_host_port(line));
     let _ = write!(out, " {}", escape_for_terminal(&line.method));
     if let Some(url) = &line.url {
         let _ = write!(out, " {}", escape_for_terminal(url));
@@ -212,7 +212,7 @@ pub fn console_line(line: &AuditLine) -> String {
 }
 
 /// `host:port` (IPv6 literals bracketed), terminal-safe.
-pub(crate) fn host_port(line: &AuditLine) -> String {
+pub fn format_host_port(line: &AuditLine) -> String {
     let host = escape_for_terminal(&line.host);
     match line.port {
         Some(port) if host.contains(':') && !host.starts_with('[') => format!("[{host}]:{port}"),

@@ -15,8 +15,11 @@ mod reader;
 mod settle;
 mod writer;
 
+#[cfg(test)]
+pub(crate) use format::tests::sample as test_sample_line;
 pub use format::{
-    MAX_LINE, console_line, encode_line, escape_for_terminal, fit_line, text_from_bytes,
+    MAX_LINE, console_line, encode_line, escape_for_terminal, fit_line, format_host_port,
+    text_from_bytes,
 };
 pub use journal::{Journal, JournalRecord};
 pub use reader::{Entry, Follower, audit_files, read_dir};
