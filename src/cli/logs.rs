@@ -242,11 +242,15 @@ impl<W: Write> Printer<W> {
     }
 
     fn in_flight_json(&mut self, line: &AuditLine) -> io::Result<()> {
-        let mut value = serde_json::to_value(line).map_err(io::Error::other)?;
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("in_flight".into(), serde_json::Value::Bool(true));
+        #[derive(serde::Serialize)]
+        struct InFlight<'a> {
+            #[serde(flatten)]
+            line: &'a AuditLine,
+            in_flight: bool,
         }
-        writeln!(self.out, "{value}")
+        let json =
+            serde_json::to_string(&InFlight { line, in_flight: true }).map_err(io::Error::other)?;
+        writeln!(self.out, "{json}")
     }
 
     fn row(&mut self, line: &AuditLine, in_flight: bool) -> io::Result<()> {

@@ -7,4 +7,5 @@ compile_error!(
     "the integration suite needs test-only hooks: run `cargo test --features test-hooks`"
 );
 
+mod logs;
 mod support;
