@@ -25,7 +25,8 @@ pub use journal::{Journal, JournalRecord};
 pub use reader::{Entry, Follower, audit_files, read_dir};
 pub use settle::{SettleReport, settle_all, settle_journals};
 pub use writer::{
-    Clock, FileAuditSink, JsonlAppender, RepoLog, SessionInfo, SystemClock, append_record,
+    Clock, FileAuditSink, JsonlAppender, LogRegistry, MAX_RECORD, RepoLog, SessionInfo,
+    SystemClock, append_record,
 };
 
 /// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
