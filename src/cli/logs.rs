@@ -160,6 +160,11 @@ fn logs(args: &LogsArgs, ctx: &Context<'_>) -> anyhow::Result<()> {
     let mut out = Printer { out: io::stdout().lock(), json: args.json, shown: 0, broken: false };
     out.header()?;
     let mut follower = Follower::new(&dir);
+    if let Some(since) = filter.since {
+        let d = since.to_offset(time::UtcOffset::UTC).date();
+        let date = format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day());
+        follower = follower.skip_files_before(&date);
+    }
     let mut first = true;
     loop {
         let result = follower.poll(!args.follow, &mut |entry| out.entry(entry, &filter));
