@@ -174,7 +174,7 @@ fn read_new(
     let err = |source| AuditError::Read { path: path.to_owned(), source };
     // Unchanged files (every older date, when following) cost one stat, not an open.
     match std::fs::metadata(path) {
-        Ok(m) if m.len() == cursor.offset && !(last && !cursor.partial.is_empty()) => {
+        Ok(m) if m.len() == cursor.offset && (!last || cursor.partial.is_empty()) => {
             return Ok(true);
         }
         Ok(_) => {}
