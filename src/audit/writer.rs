@@ -283,7 +283,7 @@ impl RepoLog {
         &self.settled
     }
 
-    /// The audit-file appender (the daemon may use it for nothing else).
+    /// The audit-file appender of this directory (writes pre-encoded lines; no journal).
     pub fn audit(&self) -> &JsonlAppender {
         &self.audit
     }
