@@ -69,7 +69,8 @@ pub(crate) fn open_append(path: &Path) -> io::Result<File> {
 /// One open dated file.
 #[derive(Debug)]
 struct DatedFile {
-    date: String,
+    /// UTC days since the epoch.
+    day: u64,
     path: PathBuf,
     file: File,
     /// A short write left a fragment without its newline: the next line starts with `\n` so
@@ -138,17 +139,19 @@ impl JsonlAppender {
 
     /// The file for the clock's current date, opening (and rotating to) it if needed.
     fn file(&self) -> Result<Arc<DatedFile>, AuditError> {
-        let date = utc_date(self.clock.now());
+        let now = self.clock.now();
+        // UTC days since the epoch: compared on every write, formatted only on a new day.
+        let day = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400);
         // A poisoned lock only means another writer panicked between two statements that
         // cannot leave the Option inconsistent; keep going.
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = current.as_ref().filter(|f| f.date == date) {
+        if let Some(f) = current.as_ref().filter(|f| f.day == day) {
             return Ok(Arc::clone(f));
         }
-        let path = self.path_for(&date);
+        let path = self.path_for(&utc_date(now));
         let file = open_append(&path)
             .map_err(|source| AuditError::Write { path: path.clone(), source })?;
-        let f = Arc::new(DatedFile { date, path, file, fragment: AtomicBool::new(false) });
+        let f = Arc::new(DatedFile { day, path, file, fragment: AtomicBool::new(false) });
         *current = Some(Arc::clone(&f));
         Ok(f)
     }
