@@ -650,6 +650,39 @@ pub(crate) mod tests {
         assert!(c.log().journal().path().exists());
     }
 
+    /// A short write is an error, never finished by a second write; the next line starts with
+    /// a newline so only the fragment is lost. A full non-blocking pipe forces the short write.
+    #[test]
+    fn short_write_is_an_error_and_the_next_line_starts_clean() {
+        use std::io::Read;
+        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        let mut rx = File::from(rx);
+        let f = DatedFile {
+            day: 0,
+            path: PathBuf::from("pipe"),
+            file: File::from(tx),
+            fragment: AtomicBool::new(false),
+        };
+        let big = vec![b'x'; 1 << 20]; // larger than any pipe buffer
+        let err = f.write_line(&big).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WriteZero, "{err}");
+        let mut drained = Vec::new();
+        let mut buf = vec![0; 1 << 16];
+        while let Ok(n) = rx.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            drained.extend_from_slice(&buf[..n]);
+        }
+        assert!(!drained.is_empty() && drained.len() < big.len(), "one partial write only");
+        f.write_line(b"{\"ok\":1}\n").unwrap();
+        let n = rx.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"\n{\"ok\":1}\n");
+        f.write_line(b"{}\n").unwrap();
+        let n = rx.read(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"{}\n");
+    }
+
     #[test]
     fn generic_appender_writes_session_records() {
         let tmp = tempfile::tempdir().unwrap();
