@@ -11,6 +11,8 @@ use clap::{Parser, Subcommand};
 
 use crate::env::{Env, ProcessEnv};
 
+pub mod logs;
+
 /// Everything a command needs from its surroundings, injectable for tests.
 pub struct Context<'a> {
     pub env: &'a dyn Env,
@@ -48,6 +50,12 @@ pub enum Command {
     Logout,
     /// Print a shell completion script
     Completions(completions::CompletionsArgs),
+    /// Show the repo's audit log: every connection attempt, allowed or denied
+    Logs(logs::LogsArgs),
+    /// Test-only: act as an audit writer that dies mid-tunnel (hidden)
+    #[cfg(feature = "test-hooks")]
+    #[command(name = "__audit-hold", hide = true)]
+    AuditHold(logs::AuditHoldArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -79,5 +87,8 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Whoami => identity::whoami(ctx),
         Command::Logout => identity::logout(ctx),
         Command::Completions(args) => completions::run(&args),
+        Command::Logs(args) => logs::run(&args, ctx),
+        #[cfg(feature = "test-hooks")]
+        Command::AuditHold(args) => logs::audit_hold(&args),
     }
 }
