@@ -1,0 +1,106 @@
+//! The special-purpose address table (SECURITY §3) and IPv4-in-IPv6 unwrapping.
+//!
+//! Embedded IPv4 (see [`embedded_ipv4`]) is *decided as its IPv4 address* (DESIGN §4): an
+//! address in `::ffff:0:0/96`, `::/96` or `64:ff9b::/96` is special-purpose exactly when its
+//! IPv4 address is (those prefixes lie outside `2000::/3`, so reading the table literally would
+//! make unwrapping pointless). `2002::/16` (6to4, deprecated by RFC 7526) and `64:ff9b:1::/48`
+//! (local-use NAT64, RFC 8215, not globally reachable) are special-purpose whatever they embed:
+//! the table lists 2002::/16, and the local-use prefix routes to a translator of the site's own.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// IPv4 special-purpose ranges (SECURITY §3; RFC 6890 and its updates).
+const V4_SPECIAL: &[(u32, u8)] = &[
+    (0x0000_0000, 8),  // 0.0.0.0/8 "this network" (RFC 791)
+    (0x0a00_0000, 8),  // 10.0.0.0/8 private (RFC 1918)
+    (0x6440_0000, 10), // 100.64.0.0/10 shared address space (RFC 6598)
+    (0x7f00_0000, 8),  // 127.0.0.0/8 loopback
+    (0xa9fe_0000, 16), // 169.254.0.0/16 link-local (RFC 3927)
+    (0xac10_0000, 12), // 172.16.0.0/12 private
+    (0xc000_0000, 24), // 192.0.0.0/24 IETF protocol assignments
+    (0xc000_0200, 24), // 192.0.2.0/24 TEST-NET-1
+    (0xc0a8_0000, 16), // 192.168.0.0/16 private
+    (0xc612_0000, 15), // 198.18.0.0/15 benchmarking (RFC 2544)
+    (0xc633_6400, 24), // 198.51.100.0/24 TEST-NET-2
+    (0xcb00_7100, 24), // 203.0.113.0/24 TEST-NET-3
+    (0xe000_0000, 4),  // 224.0.0.0/4 multicast
+    (0xf000_0000, 4),  // 240.0.0.0/4 reserved, includes 255.255.255.255 (limited broadcast)
+];
+
+/// IPv6 special-purpose ranges inside 2000::/3 (everything outside 2000::/3 is special too).
+const V6_SPECIAL_IN_GLOBAL: &[(u128, u8)] = &[
+    (0x2001_0000 << 96, 32), // 2001::/32 TEREDO (RFC 4380)
+    (0x2001_0002 << 96, 48), // 2001:2::/48 benchmarking (RFC 5180)
+    (0x2001_0db8 << 96, 32), // 2001:db8::/32 documentation (RFC 3849)
+    (0x2002 << 112, 16),     // 2002::/16 6to4 (RFC 3056)
+    (0x3fff << 112, 20),     // 3fff::/20 documentation (RFC 9637)
+];
+
+fn in_prefix32(addr: u32, net: u32, len: u8) -> bool {
+    len == 0 || (addr ^ net) >> (32 - u32::from(len)) == 0
+}
+
+fn in_prefix128(addr: u128, net: u128, len: u8) -> bool {
+    len == 0 || (addr ^ net) >> (128 - u32::from(len)) == 0
+}
+
+/// The IPv4 address embedded in an IPv6 address, if it has one:
+/// - `::ffff:0:0/96` IPv4-mapped (RFC 4291 §2.5.5.2), low 32 bits;
+/// - `::/96` IPv4-compatible (deprecated, RFC 4291 §2.5.5.1), low 32 bits, **except** `::`
+///   (unspecified) and `::1` (loopback), which are IPv6 addresses in their own right;
+/// - `64:ff9b::/96` well-known NAT64 (RFC 6052), low 32 bits;
+/// - `64:ff9b:1::/48` local-use NAT64 (RFC 8215), low 32 bits (the RFC 6052 /96 layout, the
+///   only one whose position does not depend on the site's prefix length);
+/// - `2002::/16` 6to4 (RFC 3056), bits 16..48.
+pub fn embedded_ipv4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
+    let bits = u128::from(ip);
+    let low = Ipv4Addr::from(bits as u32);
+    if in_prefix128(bits, 0xffff << 32, 96) {
+        return Some(low);
+    }
+    if in_prefix128(bits, 0, 96) {
+        return (bits > 1).then_some(low);
+    }
+    if in_prefix128(bits, 0x0064_ff9b << 96, 96) || in_prefix128(bits, 0x0064_ff9b_0001 << 80, 48) {
+        return Some(low);
+    }
+    if in_prefix128(bits, 0x2002 << 112, 16) {
+        return Some(Ipv4Addr::from((bits >> 80) as u32));
+    }
+    None
+}
+
+/// The address a policy decides: the embedded IPv4 address if there is one, else `ip` itself.
+pub fn effective(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => embedded_ipv4(v6).map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn is_special_v4(ip: Ipv4Addr) -> bool {
+    let a = u32::from(ip);
+    V4_SPECIAL.iter().any(|&(net, len)| in_prefix32(a, net, len))
+}
+
+/// Whether `ip` is special-purpose (SECURITY §3): refused as a target or resolved answer unless
+/// it lies in `allow_private`. Embedded IPv4 is unwrapped and checked (module doc).
+pub fn is_special_purpose(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_special_v4(v4),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            // 6to4 and local-use NAT64 stay special whatever they embed (module doc).
+            if in_prefix128(bits, 0x2002 << 112, 16)
+                || in_prefix128(bits, 0x0064_ff9b_0001 << 80, 48)
+            {
+                return true;
+            }
+            if let Some(v4) = embedded_ipv4(v6) {
+                return is_special_v4(v4);
+            }
+            !in_prefix128(bits, 0x2000 << 112, 3)
+                || V6_SPECIAL_IN_GLOBAL.iter().any(|&(net, len)| in_prefix128(bits, net, len))
+        }
+    }
+}
