@@ -72,7 +72,8 @@ pub enum RequestKind<'a> {
 /// Checks the whole head strictly and classifies its request line. The error says what was
 /// wrong in words an agent's operator can act on (it becomes the 400 body).
 pub fn parse_head(head: &[u8]) -> Result<RequestKind<'_>, String> {
-    let text = std::str::from_utf8(head).map_err(|_| "request head is not valid UTF-8".to_owned())?;
+    let text =
+        std::str::from_utf8(head).map_err(|_| "request head is not valid UTF-8".to_owned())?;
     let body = text.strip_suffix("\r\n\r\n").ok_or("request head does not end in CRLF CRLF")?;
     // Every line break must be CRLF: a bare LF or CR is a request-smuggling vector.
     let mut lines = body.split("\r\n");

@@ -90,7 +90,9 @@ pub async fn pump(
 fn is_reset(e: &io::Error) -> bool {
     matches!(
         e.kind(),
-        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionAborted
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
     )
 }
 
@@ -236,8 +238,7 @@ mod tests {
         let tunnel = Meter::default();
         let session = Meter::default();
         let pumping = async {
-            pump(&client_side, &upstream_side, Duration::from_secs(60), rx, &tunnel, &session)
-                .await
+            pump(&client_side, &upstream_side, Duration::from_secs(60), rx, &tunnel, &session).await
         };
         let talk = async {
             let big = vec![7u8; 3 * 1024 * 1024 + 17];
@@ -266,8 +267,7 @@ mod tests {
         let (_tx, rx) = watch::channel(false);
         let m = Meter::default();
         let s = Meter::default();
-        let end =
-            pump(&client_side, &upstream_side, Duration::from_millis(50), rx, &m, &s).await;
+        let end = pump(&client_side, &upstream_side, Duration::from_millis(50), rx, &m, &s).await;
         assert!(matches!(end, TunnelEnd::Idle), "{end:?}");
     }
 
