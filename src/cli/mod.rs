@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 
 use crate::env::{Env, ProcessEnv};
 
+pub mod logs;
+
 /// Everything a command needs from its surroundings, injectable for tests.
 pub struct Context<'a> {
     pub env: &'a dyn Env,
@@ -32,7 +34,14 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Show the repo's audit log: every connection attempt, allowed or denied
+    Logs(logs::LogsArgs),
+    /// Test-only: act as an audit writer that dies mid-tunnel (hidden)
+    #[cfg(feature = "test-hooks")]
+    #[command(name = "__audit-hold", hide = true)]
+    AuditHold(logs::AuditHoldArgs),
+}
 
 /// Entry point of the `airlock` binary; returns the process exit code.
 pub fn main() -> i32 {
@@ -56,6 +65,10 @@ pub fn main() -> i32 {
 }
 
 /// Dispatches one parsed command.
-pub fn run(command: Command, _ctx: &Context<'_>) -> i32 {
-    match command {}
+pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
+    match command {
+        Command::Logs(args) => logs::run(&args, ctx),
+        #[cfg(feature = "test-hooks")]
+        Command::AuditHold(args) => logs::audit_hold(&args),
+    }
 }
