@@ -104,3 +104,139 @@ pub fn is_special_purpose(ip: IpAddr) -> bool {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn every_v4_range_with_edges_on_both_sides() {
+        // (first address inside, last address inside, address just below, just above)
+        let ranges = [
+            ("0.0.0.0", "0.255.255.255", None, Some("1.0.0.0")),
+            ("10.0.0.0", "10.255.255.255", Some("9.255.255.255"), Some("11.0.0.0")),
+            ("100.64.0.0", "100.127.255.255", Some("100.63.255.255"), Some("100.128.0.0")),
+            ("127.0.0.0", "127.255.255.255", Some("126.255.255.255"), Some("128.0.0.0")),
+            ("169.254.0.0", "169.254.255.255", Some("169.253.255.255"), Some("169.255.0.0")),
+            ("172.16.0.0", "172.31.255.255", Some("172.15.255.255"), Some("172.32.0.0")),
+            ("192.0.0.0", "192.0.0.255", Some("191.255.255.255"), Some("192.0.1.0")),
+            ("192.0.2.0", "192.0.2.255", Some("192.0.1.255"), Some("192.0.3.0")),
+            ("192.168.0.0", "192.168.255.255", Some("192.167.255.255"), Some("192.169.0.0")),
+            ("198.18.0.0", "198.19.255.255", Some("198.17.255.255"), Some("198.20.0.0")),
+            ("198.51.100.0", "198.51.100.255", Some("198.51.99.255"), Some("198.51.101.0")),
+            ("203.0.113.0", "203.0.113.255", Some("203.0.112.255"), Some("203.0.114.0")),
+            ("224.0.0.0", "239.255.255.255", Some("223.255.255.255"), None),
+            ("240.0.0.0", "255.255.255.254", None, None),
+            ("255.255.255.255", "255.255.255.255", None, None),
+        ];
+        for (first, last, below, above) in ranges {
+            assert!(is_special_purpose(ip(first)), "{first}");
+            assert!(is_special_purpose(ip(last)), "{last}");
+            for outside in [below, above].into_iter().flatten() {
+                assert!(!is_special_purpose(ip(outside)), "{outside} is public");
+            }
+        }
+        for public in ["1.1.1.1", "8.8.8.8", "93.184.216.34", "100.63.0.1", "223.255.255.255"] {
+            assert!(!is_special_purpose(ip(public)), "{public}");
+        }
+    }
+
+    #[test]
+    fn every_v6_range_with_edges_on_both_sides() {
+        let special = [
+            "::",
+            "::1",
+            "fe80::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "ff02::1",
+            "100::1",
+            "1fff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", // just below 2000::/3
+            "4000::",                                  // just above 2000::/3
+            "2001::",
+            "2001:0:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2001:2::",
+            "2001:2:0:ffff:ffff:ffff:ffff:ffff",
+            "2001:db8::",
+            "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2002::",
+            "2002:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "3fff::",
+            "3fff:fff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "64:ff9b:1::1",
+            "64:ff9b:1:ffff:ffff:ffff:808:808", // local-use NAT64 is special whatever it embeds
+        ];
+        for s in special {
+            assert!(is_special_purpose(ip(s)), "{s} is special");
+        }
+        let public = [
+            "2000::",
+            "3fff:1000::", // just above 3fff::/20
+            "3fff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+            "2001:1::1",        // just above 2001::/32
+            "2001:1:ffff::1",   // still in 2001:1::/32 (public)
+            "2001:2:1::",       // just above 2001:2::/48
+            "2001:db7:ffff::1", // just below 2001:db8::/32
+            "2001:db9::",       // just above
+            "2001:4860::8888",
+            "2003::",            // just above 2002::/16
+            "2001:ffff:ffff::1", // below 2002::/16
+            "3ffe:ffff::1",      // below 3fff::/20
+            "2606:4700:4700::1111",
+        ];
+        for s in public {
+            assert!(!is_special_purpose(ip(s)), "{s} is public");
+        }
+    }
+
+    #[test]
+    fn embedded_forms_unwrap() {
+        let v6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let v4 = |s: &str| Some(s.parse::<Ipv4Addr>().unwrap());
+        assert_eq!(embedded_ipv4(v6("::ffff:127.0.0.1")), v4("127.0.0.1"));
+        assert_eq!(embedded_ipv4(v6("::ffff:8.8.8.8")), v4("8.8.8.8"));
+        assert_eq!(embedded_ipv4(v6("::10.1.2.3")), v4("10.1.2.3"));
+        assert_eq!(embedded_ipv4(v6("::2")), v4("0.0.0.2"));
+        assert_eq!(embedded_ipv4(v6("::")), None);
+        assert_eq!(embedded_ipv4(v6("::1")), None);
+        assert_eq!(embedded_ipv4(v6("64:ff9b::192.168.1.1")), v4("192.168.1.1"));
+        assert_eq!(embedded_ipv4(v6("64:ff9b:1::10.0.0.1")), v4("10.0.0.1"));
+        assert_eq!(embedded_ipv4(v6("64:ff9b:1:ffff::10.0.0.1")), v4("10.0.0.1"));
+        assert_eq!(embedded_ipv4(v6("2002:7f00:1::")), v4("127.0.0.1"));
+        assert_eq!(embedded_ipv4(v6("2002:c0a8:101:1::5")), v4("192.168.1.1"));
+        // Neighbours of the embedding prefixes embed nothing.
+        assert_eq!(embedded_ipv4(v6("::1:ffff:7f00:1")), None);
+        assert_eq!(embedded_ipv4(v6("::fffe:7f00:1")), None);
+        assert_eq!(embedded_ipv4(v6("64:ff9b::1:7f00:1")), None);
+        assert_eq!(embedded_ipv4(v6("64:ff9b:2::7f00:1")), None);
+        assert_eq!(embedded_ipv4(v6("2003:7f00:1::")), None);
+        assert_eq!(embedded_ipv4(v6("2001:db8::7f00:1")), None);
+    }
+
+    #[test]
+    fn embedded_forms_are_classified_as_their_ipv4() {
+        for s in [
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::ffff:169.254.169.254",
+            "::127.0.0.1",
+            "64:ff9b::10.0.0.1",
+            "64:ff9b::127.0.0.1",
+            "2002:a00:1::",
+            "2002:808:808::", // 6to4 stays special (SECURITY §3 lists 2002::/16)
+        ] {
+            assert!(is_special_purpose(ip(s)), "{s}");
+        }
+        for s in ["::ffff:8.8.8.8", "::8.8.8.8", "64:ff9b::8.8.8.8", "64:ff9b::1.1.1.1"] {
+            assert!(!is_special_purpose(ip(s)), "{s} embeds a public address");
+        }
+        assert_eq!(effective(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
+        assert_eq!(effective(ip("::1")), ip("::1"));
+        assert_eq!(effective(ip("1.2.3.4")), ip("1.2.3.4"));
+    }
+}

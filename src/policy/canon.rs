@@ -568,3 +568,226 @@ pub fn parse_authority(input: &str) -> Result<(Host, u16), Malformed> {
 fn missing_port(input: &str) -> Malformed {
     Malformed::new(MalformedKind::Port, format!("{} names no port; expected host:port", q(input)))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::MalformedKind as K;
+    use super::*;
+
+    fn ok(input: &str) -> String {
+        match canonicalize_host(input) {
+            Ok(h) => h.to_string(),
+            Err(e) => panic!("{input:?} should canonicalize, got: {e}"),
+        }
+    }
+
+    fn bad(input: &str) -> (MalformedKind, String) {
+        match canonicalize_host(input) {
+            Ok(h) => panic!("{input:?} should be malformed, got {h:?}"),
+            Err(e) => (e.kind(), e.to_string()),
+        }
+    }
+
+    #[test]
+    fn canonical_names_table() {
+        let long_label = "a".repeat(63);
+        let name_253 = format!("{0}.{0}.{0}.{1}", "a".repeat(63), "a".repeat(61));
+        assert_eq!(name_253.len(), 253);
+        let cases: &[(&str, &str)] = &[
+            ("example.com", "example.com"),
+            ("EXAMPLE.COM", "example.com"),
+            ("Example.Com.", "example.com"),
+            ("a", "a"),
+            ("localhost", "localhost"),
+            ("a-b.example", "a-b.example"),
+            ("xn--bcher-kva.example", "xn--bcher-kva.example"),
+            ("XN--BCHER-KVA.EXAMPLE", "xn--bcher-kva.example"),
+            ("BÜCHER.example", "xn--bcher-kva.example"),
+            ("bücher.example", "xn--bcher-kva.example"),
+            ("bücher.example.", "xn--bcher-kva.example"),
+            ("ÉCOLE.fr", "xn--cole-9oa.fr"),
+            ("faß.de", "xn--fa-hia.de"), // non-transitional: ß is kept, not mapped to "ss"
+            ("例え.テスト", "xn--r8jz45g.xn--zckzah"),
+            ("example。com", "example.com"), // U+3002 ideographic full stop is a dot
+            ("ｅｘａｍｐｌｅ.com", "example.com"), // full-width letters map to ASCII
+            ("مثال.إختبار", "xn--mgbh0fb.xn--kgbechtv"),
+            ("1.example.com", "1.example.com"),
+            ("123abc.com", "123abc.com"),
+            ("a1.b2", "a1.b2"),
+            ("0x7f.example", "0x7f.example"),
+            ("com0x1", "com0x1"),
+            ("127.0.0.1", "127.0.0.1"),
+            ("127.0.0.1.", "127.0.0.1"),
+            ("0.0.0.0", "0.0.0.0"),
+            ("255.255.255.255", "255.255.255.255"),
+            ("::1", "::1"),
+            ("[::1]", "::1"),
+            ("[2001:DB8::1]", "2001:db8::1"),
+            ("[::ffff:10.1.2.3]", "::ffff:10.1.2.3"),
+            ("[::ffff:a01:203]", "::ffff:10.1.2.3"),
+            ("2001:db8:0:0:0:0:0:1", "2001:db8::1"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(&ok(input), want, "input {input:?}");
+        }
+        assert_eq!(ok(&format!("{long_label}.com")), format!("{long_label}.com"));
+        assert_eq!(ok(&name_253), name_253);
+        assert_eq!(ok(&format!("{name_253}.")), name_253);
+    }
+
+    #[test]
+    fn malformed_hosts_table() {
+        let long_label = "a".repeat(64);
+        let name_254 = format!("{0}.{0}.{0}.{1}", "a".repeat(63), "a".repeat(62));
+        let cases: Vec<(String, K)> = vec![
+            ("".into(), K::Empty),
+            (".".into(), K::Empty),
+            ("example.com..".into(), K::TrailingDots),
+            ("a..b".into(), K::EmptyLabel),
+            (".example.com".into(), K::EmptyLabel),
+            ("-a.com".into(), K::Hyphen),
+            ("a-.com".into(), K::Hyphen),
+            ("ab--cd.com".into(), K::Hyphen),
+            (format!("{long_label}.com"), K::LabelTooLong),
+            (name_254, K::TooLong),
+            ("a".repeat(2000), K::TooLong),
+            ("2130706433".into(), K::NumericIpv4),
+            ("0177.0.0.1".into(), K::NumericIpv4),
+            ("0x7f.1".into(), K::NumericIpv4),
+            ("0x7f000001".into(), K::NumericIpv4),
+            ("0X7F.1".into(), K::NumericIpv4),
+            ("127.1".into(), K::NumericIpv4),
+            ("127.0.1".into(), K::NumericIpv4),
+            ("127.0.0.01".into(), K::NumericIpv4),
+            ("1.2.3.256".into(), K::NumericIpv4),
+            ("1.2.3.4.5".into(), K::NumericIpv4),
+            ("example.123".into(), K::NumericIpv4),
+            ("example.0x".into(), K::NumericIpv4),
+            ("１２７.０.０.１".into(), K::NumericIpv4), // full-width digits map to ASCII
+            ("user@example.com".into(), K::Userinfo),
+            ("@example.com".into(), K::Userinfo),
+            ("host%2ecom".into(), K::PercentEscape),
+            ("example%2Ecom".into(), K::PercentEscape),
+            ("fe80::1%eth0".into(), K::ZoneId),
+            ("[fe80::1%eth0]".into(), K::ZoneId),
+            ("[fe80::1%25eth0]".into(), K::ZoneId),
+            ("[example.com]".into(), K::BracketedNonIpv6),
+            ("[127.0.0.1]".into(), K::BracketedNonIpv6),
+            ("[::1".into(), K::InvalidCharacter),
+            ("::1]".into(), K::InvalidCharacter),
+            ("example.com:443".into(), K::InvalidIpv6),
+            ("exa mple.com".into(), K::Whitespace),
+            (" example.com".into(), K::Whitespace),
+            ("example.com\n".into(), K::Whitespace),
+            ("exa\u{0}mple.com".into(), K::Whitespace),
+            ("exa\tmple.com".into(), K::Whitespace),
+            ("under_score.com".into(), K::InvalidCharacter),
+            ("*.example.com".into(), K::InvalidCharacter),
+            ("example.com/path".into(), K::Path),
+            ("xn--invalid-punycode-.com".into(), K::Hyphen),
+            ("xn--a.com".into(), K::Idna),
+            ("a\u{200d}b.com".into(), K::Idna), // ZWJ outside a joining context (CheckJoiners)
+            ("\u{05d0}1a.com".into(), K::Idna), // RTL label mixing in L: bidi rule violated
+            ("a.\u{05d0}b1a.com".into(), K::Idna),
+            ("\u{0301}a.com".into(), K::Idna), // leading combining mark
+            ("ab\u{2028}cd.com".into(), K::Whitespace),
+        ];
+        for (input, want) in &cases {
+            let (kind, msg) = bad(input);
+            assert_eq!(kind, *want, "input {input:?}: {msg}");
+            assert!(!msg.is_empty());
+        }
+    }
+
+    #[test]
+    fn numeric_ipv4_messages_name_the_dotted_quad() {
+        let cases = [
+            ("2130706433", "127.0.0.1"),
+            ("0177.0.0.1", "127.0.0.1"),
+            ("0x7f.1", "127.0.0.1"),
+            ("127.1", "127.0.0.1"),
+            ("10.0x10203", "10.1.2.3"),
+        ];
+        for (input, quad) in cases {
+            let (_, msg) = bad(input);
+            assert_eq!(
+                msg,
+                format!(
+                    "\"{input}\" is a numeric IPv4 encoding; write the address as a dotted quad \
+                     ({quad})"
+                )
+            );
+        }
+        let (_, msg) = bad("example.123");
+        assert!(msg.contains("all-numeric label"), "{msg}");
+    }
+
+    #[test]
+    fn authority_brackets_v6() {
+        assert_eq!(canonicalize_host("::1").unwrap().authority(443), "[::1]:443");
+        assert_eq!(canonicalize_host("10.0.0.1").unwrap().authority(80), "10.0.0.1:80");
+        assert_eq!(canonicalize_host("Example.com").unwrap().authority(22), "example.com:22");
+    }
+
+    #[test]
+    fn targets() {
+        let t = |s: &str| parse_target(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        let name = |s: &str| Host::Name(s.into());
+        assert_eq!(t("example.com"), Target { host: name("example.com"), port: None });
+        assert_eq!(t("Example.com:8443"), Target { host: name("example.com"), port: Some(8443) });
+        assert_eq!(t("[::1]").host, canonicalize_host("::1").unwrap());
+        assert_eq!(t("[::1]:22").port, Some(22));
+        assert_eq!(t("2001:db8::1").port, None);
+        assert_eq!(t("https://api.example.com/v1?x=1").port, Some(443));
+        assert_eq!(t("HTTP://example.com").port, Some(80));
+        assert_eq!(t("http://example.com:8080/x").port, Some(8080));
+        assert_eq!(t("https://[::1]:8443/").port, Some(8443));
+        assert_eq!(t("https://bücher.example/").host, name("xn--bcher-kva.example"));
+        assert_eq!(t("https://example.com#frag").host, name("example.com"));
+
+        let bad = |s: &str| parse_target(s).err().unwrap_or_else(|| panic!("{s} parsed")).kind();
+        assert_eq!(bad(""), K::Empty);
+        assert_eq!(bad("example.com:0"), K::Port);
+        assert_eq!(bad("example.com:65536"), K::Port);
+        assert_eq!(bad("example.com:"), K::Port);
+        assert_eq!(bad("example.com:+80"), K::Port);
+        assert_eq!(bad("example.com:http"), K::Port);
+        assert_eq!(bad("ftp://example.com"), K::Scheme);
+        assert_eq!(bad("https://user:pw@example.com/"), K::Userinfo);
+        assert_eq!(bad("user@example.com"), K::Userinfo);
+        assert_eq!(bad("example.com/path"), K::Path);
+        assert_eq!(bad("2130706433"), K::NumericIpv4);
+        assert_eq!(bad("https://2130706433/"), K::NumericIpv4);
+        assert_eq!(bad("[::1]x"), K::InvalidCharacter);
+        assert_eq!(bad("fe80::1%eth0"), K::ZoneId);
+        assert_eq!(bad("example.com :80"), K::Whitespace);
+    }
+
+    #[test]
+    fn authorities() {
+        let a = |s: &str| parse_authority(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        assert_eq!(a("example.com:443"), (Host::Name("example.com".into()), 443));
+        assert_eq!(a("EXAMPLE.com.:22"), (Host::Name("example.com".into()), 22));
+        assert_eq!(a("[::1]:8080").1, 8080);
+        assert_eq!(a("[::ffff:127.0.0.1]:443").0.to_string(), "::ffff:127.0.0.1");
+        assert_eq!(a("127.0.0.1:1").1, 1);
+        assert_eq!(a("h:65535").1, 65535);
+
+        let bad = |s: &str| parse_authority(s).err().unwrap_or_else(|| panic!("{s} parsed")).kind();
+        assert_eq!(bad("example.com"), K::Port);
+        assert_eq!(bad("[::1]"), K::Port);
+        assert_eq!(bad("example.com:0"), K::Port);
+        assert_eq!(bad("example.com:65536"), K::Port);
+        assert_eq!(bad("example.com:99999999"), K::Port);
+        assert_eq!(bad("::1:443"), K::InvalidIpv6);
+        assert_eq!(bad("http://example.com:443"), K::Path);
+        assert_eq!(bad("example.com:443/"), K::Path);
+        assert_eq!(bad("u@example.com:443"), K::Userinfo);
+        assert_eq!(bad("example.com :443"), K::Whitespace);
+        assert_eq!(bad("2130706433:443"), K::NumericIpv4);
+        assert_eq!(bad("[fe80::1%eth0]:443"), K::ZoneId);
+        assert_eq!(bad("[example.com]:443"), K::BracketedNonIpv6);
+        assert_eq!(bad(""), K::Empty);
+    }
+}

@@ -367,3 +367,158 @@ impl From<IpAddr> for Pattern {
         Pattern::Net(IpNet::from(effective(ip)))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn allow(s: &str) -> Entry {
+        Entry::parse(s, EntryKind::Allow).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+    fn block(s: &str) -> Entry {
+        Entry::parse(s, EntryKind::Block).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+    fn host(s: &str) -> Host {
+        canonicalize_host(s).unwrap()
+    }
+
+    #[test]
+    fn entries_parse_to_canonical_forms() {
+        let cases = [
+            ("example.com", "example.com"),
+            ("Example.COM.", "example.com"),
+            ("*.example.com", "*.example.com"),
+            ("=example.com", "=example.com"),
+            ("=BÜCHER.example:8443", "=xn--bcher-kva.example:8443"),
+            ("github.com:22", "github.com:22"),
+            ("github.com:*", "github.com:*"),
+            ("*.example.com:0443", "*.example.com:443"),
+            ("10.0.0.0/8", "10.0.0.0/8"),
+            ("10.1.2.3", "10.1.2.3"),
+            ("10.1.2.3/32", "10.1.2.3"),
+            ("10.1.2.3:8443", "10.1.2.3:8443"),
+            ("0.0.0.0/0", "0.0.0.0/0"),
+            ("10.0.0.0/8:*", "10.0.0.0/8:*"),
+            ("[::1]", "[::1]"),
+            ("[::1]:8080", "[::1]:8080"),
+            ("[2001:db8::/32]", "[2001:db8::/32]"),
+            ("[2001:DB8::/32]:443", "[2001:db8::/32]:443"),
+            ("[::ffff:10.1.2.3]", "10.1.2.3"),
+            ("[::ffff:10.1.2.3]:22", "10.1.2.3:22"),
+        ];
+        for (text, canonical) in cases {
+            let e = allow(text);
+            assert_eq!(e.canonical(), canonical, "{text}");
+            assert_eq!(e.text(), text);
+        }
+        assert!(!allow("example.com").names_port());
+        assert!(allow("example.com:443").names_port());
+        assert!(allow("example.com:*").names_port());
+        assert!(allow("[::1]:22").names_port());
+    }
+
+    #[test]
+    fn bad_entries_say_how_to_write_them() {
+        let cases = [
+            ("", "empty"),
+            ("example.com:0", "out of range"),
+            ("example.com:65536", "out of range"),
+            ("example.com:", "not a number"),
+            ("example.com:http", "not a number"),
+            ("10.1.0.0/8", "did you mean \"10.0.0.0/8\""),
+            ("[2001:db8::1/32]", "did you mean \"[2001:db8::/32]\""),
+            ("10.0.0.0/33", "prefix length"),
+            ("[::/129]", "prefix length"),
+            ("[2001:db8::]/32", "inside the brackets: \"[2001:db8::/32]\""),
+            ("2001:db8::1", "in brackets"),
+            ("::1", "in brackets"),
+            ("*", "blocklist"),
+            ("*.*.example.com", "wildcard"),
+            ("foo.*.com", "wildcard"),
+            ("https://example.com", "without a scheme"),
+            ("=10.0.0.1", "names, not addresses"),
+            ("*.10.0.0.0/8", "names, not address ranges"),
+            ("[example.com]", "IPv6"),
+            ("[::1", "never closed"),
+            ("[::1]x", "only `:PORT`"),
+            ("2130706433", "dotted quad (127.0.0.1)"),
+            ("a..b", "empty label"),
+            ("exa mple.com", "whitespace"),
+            ("user@example.com", "userinfo"),
+            ("10.0.0.256/8", "not an IPv4 address"),
+        ];
+        for (text, needle) in cases {
+            let err = Entry::parse(text, EntryKind::Allow).expect_err(text);
+            let msg = err.to_string();
+            assert!(msg.contains(needle), "{text:?}: {msg}");
+            assert!(msg.starts_with(&format!("invalid allow entry {text:?}: ")), "{msg}");
+            assert_eq!(err.entry(), text);
+        }
+    }
+
+    #[test]
+    fn name_matching_table() {
+        // (entry, target, port, allow matches, block matches)
+        let cases: &[(&str, &str, u16, bool, bool)] = &[
+            ("example.com", "example.com", 443, true, true),
+            ("example.com", "example.com", 80, true, true),
+            ("example.com", "example.com", 22, false, true), // block without port: every port
+            ("example.com", "api.example.com", 443, true, true),
+            ("example.com", "a.b.example.com", 443, true, true),
+            ("example.com", "badexample.com", 443, false, false),
+            ("example.com", "example.com.evil", 443, false, false),
+            ("example.com", "com", 443, false, false),
+            ("*.example.com", "example.com", 443, false, false),
+            ("*.example.com", "api.example.com", 443, true, true),
+            ("*.example.com", "a.b.example.com", 443, true, true),
+            ("*.example.com", "xexample.com", 443, false, false),
+            ("=example.com", "example.com", 443, true, true),
+            ("=example.com", "api.example.com", 443, false, false),
+            ("example.com:8443", "example.com", 8443, true, true),
+            ("example.com:8443", "example.com", 443, false, false),
+            ("example.com:*", "example.com", 1, true, true),
+            ("example.com:*", "example.com", 65535, true, true),
+            ("=example.com:22", "example.com", 22, true, true),
+            ("=example.com:22", "example.com", 23, false, false),
+            ("*.example.com:22", "git.example.com", 22, true, true),
+            ("*.example.com:22", "git.example.com", 443, false, false),
+            ("bücher.example", "xn--bcher-kva.example", 443, true, true),
+            ("bücher.example", "www.xn--bcher-kva.example", 443, true, true),
+            ("xn--bcher-kva.example", "bücher.example", 443, true, true),
+            ("example.com", "10.0.0.1", 443, false, false),
+            ("10.0.0.0/8", "10.1.2.3", 443, true, true),
+            ("10.0.0.0/8", "10.1.2.3", 22, false, true),
+            ("10.0.0.0/8", "11.0.0.0", 443, false, false),
+            ("10.0.0.0/8", "9.255.255.255", 443, false, false),
+            ("10.0.0.0/8", "[::ffff:10.1.2.3]", 443, true, true),
+            ("10.0.0.0/8", "[64:ff9b::10.1.2.3]", 443, true, true),
+            ("10.0.0.0/8", "[2002:a01:203::]", 443, true, true),
+            ("10.0.0.0/8", "example.com", 443, false, false),
+            ("10.1.2.3:8443", "10.1.2.3", 8443, true, true),
+            ("10.1.2.3:8443", "10.1.2.3", 443, false, false),
+            ("[::1]:8080", "::1", 8080, true, true),
+            ("[::1]:8080", "::2", 8080, false, false),
+            ("[2001:db8::/32]:443", "2001:db8:1::5", 443, true, true),
+            ("[2001:db8::/32]:443", "2001:db9::5", 443, false, false),
+            ("[::ffff:10.1.2.3]", "10.1.2.3", 443, true, true),
+            // An IPv6 range is not an IPv4 range: an embedded address is decided as IPv4
+            // when allowing, but block ranges catch the IPv6 form too.
+            ("[2002::/16]", "2002:a01:203::", 443, false, true),
+            ("[::ffff:0:0/96]", "::ffff:10.1.2.3", 443, false, true),
+        ];
+        for &(entry, target, port, want_allow, want_block) in cases {
+            let h = host(target);
+            assert_eq!(
+                allow(entry).matches(&h, port),
+                want_allow,
+                "allow {entry} ~ {target}:{port}"
+            );
+            assert_eq!(
+                block(entry).matches(&h, port),
+                want_block,
+                "block {entry} ~ {target}:{port}"
+            );
+        }
+    }
+}

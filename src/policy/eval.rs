@@ -650,3 +650,523 @@ fn digest(mode: Mode, layers: &[PolicyLayer], review: &[ReviewHost]) -> String {
     }
     hex::encode(h.finalize())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::policy::canonicalize_host;
+    use proptest::prelude::*;
+
+    const USER: &str = "~/.airlock/config.toml";
+    const REPO: &str = ".airlock.toml";
+    const MANAGED: &str = "/etc/airlock/policy.toml";
+
+    fn layer(kind: LayerKind, allow: &[&str], block: &[&str]) -> PolicyLayer {
+        let name = match kind {
+            LayerKind::Managed => MANAGED,
+            LayerKind::User => USER,
+            LayerKind::Repo => REPO,
+            _ => "operator.toml",
+        };
+        let mut l = PolicyLayer::new(kind, name);
+        l.allow = allow.iter().map(|s| Entry::parse(s, EntryKind::Allow).unwrap()).collect();
+        l.block = block.iter().map(|s| Entry::parse(s, EntryKind::Block).unwrap()).collect();
+        l
+    }
+
+    fn build(layers: Vec<PolicyLayer>) -> Policy {
+        Policy::build(layers, Vec::new()).unwrap().0
+    }
+
+    fn decide(p: &Policy, target: &str, port: u16) -> Decision {
+        p.decide(&canonicalize_host(target).unwrap(), port, &LocalAddrs::none())
+    }
+
+    fn reason(p: &Policy, target: &str, port: u16) -> Reason {
+        decide(p, target, port).reason
+    }
+
+    #[test]
+    fn policy_is_send_sync() {
+        fn assert<T: Send + Sync>() {}
+        assert::<Policy>();
+    }
+
+    #[test]
+    fn allowlist_reports_rule_layer_and_file() {
+        let p = build(vec![layer(LayerKind::Repo, &["anthropic.com"], &[])]);
+        let d = decide(&p, "api.anthropic.com", 443);
+        assert_eq!(
+            d,
+            Decision {
+                verdict: Verdict::Allow,
+                reason: Reason::Allowed,
+                rule: Some("anthropic.com".into()),
+                layer: LayerKind::Repo,
+                policy: Some(REPO.into()),
+            }
+        );
+        assert_eq!(decide(&p, "pastebin.com", 443), Decision::refusal(Reason::NotAllowed));
+        assert_eq!(reason(&p, "api.anthropic.com", 22), Reason::NotAllowed);
+        assert_eq!(reason(&p, "anthropic.com", 80), Reason::Allowed);
+    }
+
+    #[test]
+    fn most_specific_allow_rule_is_reported() {
+        let p = build(vec![
+            layer(LayerKind::User, &["example.com", "*.api.example.com"], &[]),
+            layer(LayerKind::Repo, &["=v1.api.example.com", "api.example.com:*"], &[]),
+        ]);
+        let rule = |t: &str, port| decide(&p, t, port).rule.unwrap();
+        assert_eq!(rule("v1.api.example.com", 443), "=v1.api.example.com");
+        assert_eq!(rule("v2.api.example.com", 443), "api.example.com:*"); // explicit port wins
+        assert_eq!(rule("v2.api.example.com", 80), "api.example.com:*");
+        assert_eq!(rule("v2.api.example.com", 8443), "api.example.com:*");
+        assert_eq!(rule("api.example.com", 443), "api.example.com:*");
+        assert_eq!(rule("www.example.com", 443), "example.com");
+        assert_eq!(decide(&p, "v1.api.example.com", 443).layer, LayerKind::Repo);
+        assert_eq!(decide(&p, "www.example.com", 443).layer, LayerKind::User);
+
+        // A longer suffix beats a shorter one even when the shorter names its port.
+        let p = build(vec![
+            layer(LayerKind::User, &["example.com:443", "*.api.example.com"], &[]),
+            layer(LayerKind::Repo, &["api.example.com:8443"], &[]),
+        ]);
+        let rule = |t: &str, port| decide(&p, t, port).rule.unwrap();
+        assert_eq!(rule("v2.api.example.com", 443), "*.api.example.com");
+        assert_eq!(rule("v2.api.example.com", 8443), "api.example.com:8443");
+        assert_eq!(rule("api.example.com", 443), "example.com:443");
+        assert_eq!(reason(&p, "api.example.com", 80), Reason::NotAllowed);
+    }
+
+    #[test]
+    fn evaluation_order() {
+        let managed = layer(LayerKind::Managed, &["example.com", "review.example.com"], &[]);
+        let user = layer(LayerKind::User, &["example.com", "other.test"], &["bad.example.com"]);
+        let repo = layer(LayerKind::Repo, &["bad.example.com"], &[]);
+        let review = vec![ReviewHost {
+            host: canonicalize_host("review.example.com").unwrap(),
+            layer: LayerKind::User,
+            policy: "~/.airlock/identity.toml".into(),
+        }];
+        let (p, warnings) = Policy::build(vec![managed, user, repo], review).unwrap();
+        // 1. review plane beats everything, any port.
+        let d = decide(&p, "x.review.example.com", 8443);
+        assert_eq!(d.reason, Reason::ReviewPlane);
+        assert_eq!(d.policy.as_deref(), Some("~/.airlock/identity.toml"));
+        // 2. a block beats an allow in any layer.
+        let d = decide(&p, "bad.example.com", 443);
+        assert_eq!(
+            (d.reason, d.rule.as_deref(), d.layer),
+            (Reason::Blocked, Some("bad.example.com"), LayerKind::User)
+        );
+        // 3. the managed allow gates user∪repo.
+        let d = decide(&p, "other.test", 443);
+        assert_eq!(
+            (d.reason, d.layer, d.policy.as_deref()),
+            (Reason::ManagedNotAllowed, LayerKind::Managed, Some(MANAGED))
+        );
+        // 4. allowed by both → reported rule is the user/repo entry.
+        let d = decide(&p, "www.example.com", 443);
+        assert_eq!((d.reason, d.layer), (Reason::Allowed, LayerKind::User));
+        assert!(warnings.iter().any(|w| matches!(w, PolicyWarning::AllowAndBlock { .. })));
+    }
+
+    #[test]
+    fn managed_gate_applies_in_blocklist_mode_and_mode_precedence() {
+        let mut managed = layer(LayerKind::Managed, &["example.com"], &[]);
+        let mut user = layer(LayerKind::User, &[], &["evil.test"]);
+        user.mode = Some(Mode::Blocklist);
+        let p = build(vec![managed.clone(), user.clone()]);
+        assert_eq!((p.mode(), p.mode_source()), (Mode::Blocklist, LayerKind::User));
+        assert_eq!(reason(&p, "anything.test", 443), Reason::ManagedNotAllowed);
+        let d = decide(&p, "www.example.com", 443);
+        assert_eq!((d.reason, d.rule, d.layer), (Reason::Allowed, None, LayerKind::None));
+
+        // Managed mode pins over the user's.
+        managed.mode = Some(Mode::Allowlist);
+        let err = Policy::build(vec![managed.clone(), user.clone()], vec![]).unwrap_err();
+        assert_eq!(err, PolicyError::EmptyAllowlist { managed_allow: true });
+        assert!(err.to_string().starts_with("refusing to start: the allowlist is empty"));
+        assert!(err.to_string().contains("[network] allow = [\"example.com\"]"));
+
+        // User beats repo; operator counts like user; default is allowlist.
+        let mut repo = layer(LayerKind::Repo, &["a.test"], &[]);
+        repo.mode = Some(Mode::Blocklist);
+        let mut u2 = layer(LayerKind::User, &["a.test"], &[]);
+        u2.mode = Some(Mode::Allowlist);
+        let p = build(vec![u2, repo.clone()]);
+        assert_eq!((p.mode(), p.mode_source()), (Mode::Allowlist, LayerKind::User));
+        let p = build(vec![repo.clone()]);
+        assert_eq!((p.mode(), p.mode_source()), (Mode::Blocklist, LayerKind::Repo));
+        let mut op = layer(LayerKind::Operator, &["a.test"], &[]);
+        op.mode = Some(Mode::Allowlist);
+        let p = build(vec![op, repo]);
+        assert_eq!((p.mode(), p.mode_source()), (Mode::Allowlist, LayerKind::Operator));
+        let p = build(vec![layer(LayerKind::User, &["a.test"], &[])]);
+        assert_eq!((p.mode(), p.mode_source()), (Mode::Allowlist, LayerKind::None));
+    }
+
+    #[test]
+    fn empty_allowlist_ignores_managed_allow() {
+        let err = Policy::build(vec![layer(LayerKind::Managed, &["example.com"], &[])], vec![])
+            .unwrap_err();
+        assert!(err.to_string().contains("only narrow"));
+        let err = Policy::build(vec![layer(LayerKind::User, &[], &["x.test"])], vec![]);
+        assert_eq!(err.unwrap_err(), PolicyError::EmptyAllowlist { managed_allow: false });
+        assert!(Policy::build(vec![], vec![]).is_err());
+        // Blocklist mode with no allow entries is fine.
+        let mut l = layer(LayerKind::User, &[], &[]);
+        l.mode = Some(Mode::Blocklist);
+        assert!(Policy::build(vec![l], vec![]).is_ok());
+    }
+
+    #[test]
+    fn block_ports() {
+        let p = build(vec![layer(
+            LayerKind::User,
+            &["example.com:*", "10.0.0.0/8:*"],
+            &["ssh.example.com:22", "=example.com", "10.9.0.0/16", "10.8.0.0/16:5432"],
+        )]);
+        assert_eq!(reason(&p, "ssh.example.com", 22), Reason::Blocked);
+        assert_eq!(reason(&p, "ssh.example.com", 443), Reason::Allowed);
+        for port in [1, 22, 80, 443, 8443, 65535] {
+            assert_eq!(reason(&p, "example.com", port), Reason::Blocked, "port {port}");
+            assert_eq!(reason(&p, "www.example.com", port), Reason::Allowed, "port {port}");
+        }
+        let mut user = p.layers()[0].clone();
+        user.allow_private = vec!["10.0.0.0/8".parse().unwrap()];
+        let p = build(vec![user]);
+        assert_eq!(reason(&p, "10.9.1.1", 1), Reason::Blocked);
+        assert_eq!(reason(&p, "10.8.1.1", 5432), Reason::Blocked);
+        assert_eq!(reason(&p, "10.8.1.1", 5433), Reason::Allowed);
+        assert_eq!(reason(&p, "[::ffff:10.9.1.1]", 443), Reason::Blocked);
+    }
+
+    #[test]
+    fn ip_literal_targets() {
+        let mut user = layer(
+            LayerKind::User,
+            &["example.com", "10.1.2.3:8443", "93.184.216.0/24", "[::1]:8080", "[2606:4700::/32]"],
+            &["93.184.216.66"],
+        );
+        user.mode = Some(Mode::Blocklist);
+        let p = build(vec![user.clone()]);
+        // Name entries never match addresses; blocklist mode still needs an address allow.
+        assert_eq!(reason(&p, "1.1.1.1", 443), Reason::IpNotAllowed);
+        assert_eq!(reason(&p, "93.184.216.34", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "93.184.216.34", 22), Reason::IpNotAllowed);
+        assert_eq!(reason(&p, "93.184.216.66", 443), Reason::Blocked);
+        assert_eq!(reason(&p, "[::ffff:93.184.216.34]", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "[64:ff9b::93.184.216.34]", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "[::ffff:93.184.216.66]", 443), Reason::Blocked);
+        assert_eq!(reason(&p, "2606:4700::1111", 443), Reason::Allowed);
+        // Special-purpose: an allow entry alone is not enough.
+        assert_eq!(reason(&p, "10.1.2.3", 8443), Reason::PrivateAddress);
+        assert_eq!(reason(&p, "[::ffff:10.1.2.3]", 8443), Reason::PrivateAddress);
+        assert_eq!(reason(&p, "::1", 8080), Reason::PrivateAddress);
+        user.allow_private = vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        let p = build(vec![user.clone()]);
+        assert_eq!(reason(&p, "10.1.2.3", 8443), Reason::Allowed);
+        assert_eq!(reason(&p, "[::ffff:10.1.2.3]", 8443), Reason::Allowed);
+        assert_eq!(reason(&p, "10.1.2.3", 443), Reason::IpNotAllowed);
+        assert_eq!(reason(&p, "::1", 8080), Reason::Allowed);
+        // allow_private written in mapped form stands for the IPv4 range.
+        user.allow_private = vec!["::ffff:10.0.0.0/104".parse().unwrap()];
+        let p = build(vec![user.clone()]);
+        assert_eq!(reason(&p, "10.1.2.3", 8443), Reason::Allowed);
+        // The host's own addresses count as private.
+        let local = LocalAddrs::new(vec!["93.184.216.34".parse().unwrap()]);
+        let h = canonicalize_host("93.184.216.34").unwrap();
+        assert_eq!(p.decide(&h, 443, &local).reason, Reason::PrivateAddress);
+        let h6 = canonicalize_host("::ffff:93.184.216.34").unwrap();
+        assert_eq!(p.decide(&h6, 443, &local).reason, Reason::PrivateAddress);
+        // Managed gate applies to addresses.
+        let managed = layer(LayerKind::Managed, &["example.com"], &[]);
+        let p = build(vec![managed, user]);
+        assert_eq!(reason(&p, "93.184.216.34", 443), Reason::ManagedNotAllowed);
+    }
+
+    #[test]
+    fn answers() {
+        let mut user =
+            layer(LayerKind::User, &["example.com"], &["203.0.113.0/24", "8.8.4.0/24:53"]);
+        user.allow_private = vec!["192.168.1.0/24".parse().unwrap()];
+        let review = vec![ReviewHost {
+            host: canonicalize_host("1.2.3.4").unwrap(),
+            layer: LayerKind::Managed,
+            policy: MANAGED.into(),
+        }];
+        let (p, _) = Policy::build(vec![user], review).unwrap();
+        let none = LocalAddrs::none();
+        let ans = |s: &str| p.check_answer(s.parse().unwrap(), &none).map(|d| d.reason);
+        let ans_port =
+            |s: &str, port| p.check_answer_port(s.parse().unwrap(), port, &none).map(|d| d.reason);
+        assert_eq!(ans("93.184.216.34"), None);
+        assert_eq!(ans("2606:4700::1111"), None);
+        assert_eq!(ans("127.0.0.1"), Some(Reason::PrivateAddress));
+        assert_eq!(ans("::ffff:127.0.0.1"), Some(Reason::PrivateAddress));
+        assert_eq!(ans("64:ff9b::a9fe:a9fe"), Some(Reason::PrivateAddress));
+        assert_eq!(ans("::1"), Some(Reason::PrivateAddress));
+        assert_eq!(ans("fe80::1"), Some(Reason::PrivateAddress));
+        assert_eq!(ans("192.168.1.7"), None);
+        assert_eq!(ans("::ffff:192.168.1.7"), None);
+        assert_eq!(ans("192.168.2.7"), Some(Reason::PrivateAddress));
+        // Block ranges apply to answers, naming the entry (TEST-NET-3 is also special: the
+        // block is reported first).
+        let d = p.check_answer("203.0.113.9".parse().unwrap(), &none).unwrap();
+        assert_eq!(
+            (d.reason, d.rule.as_deref(), d.layer),
+            (Reason::BlockedAddress, Some("203.0.113.0/24"), LayerKind::User)
+        );
+        assert_eq!(ans("8.8.4.4"), Some(Reason::BlockedAddress)); // port unknown: conservative
+        assert_eq!(ans_port("8.8.4.4", 53), Some(Reason::BlockedAddress));
+        assert_eq!(ans_port("8.8.4.4", 443), None);
+        assert_eq!(ans("1.2.3.4"), Some(Reason::ReviewPlane));
+        let local = LocalAddrs::new(vec!["93.184.216.34".parse().unwrap()]);
+        assert_eq!(
+            p.check_answer("93.184.216.34".parse().unwrap(), &local).map(|d| d.reason),
+            Some(Reason::PrivateAddress)
+        );
+    }
+
+    #[test]
+    fn sni_peek_skipped_only_for_explicit_ports() {
+        let p = build(vec![layer(
+            LayerKind::User,
+            &["github.com", "github.com:22", "*.example.com:*", "10.0.0.1:5432"],
+            &[],
+        )]);
+        let h = |s: &str| canonicalize_host(s).unwrap();
+        assert!(p.skip_sni_peek(&h("github.com"), 22));
+        assert!(!p.skip_sni_peek(&h("github.com"), 443));
+        assert!(p.skip_sni_peek(&h("a.example.com"), 443));
+        assert!(p.skip_sni_peek(&h("10.0.0.1"), 5432));
+        assert!(!p.skip_sni_peek(&h("other.test"), 443));
+    }
+
+    #[test]
+    fn shadowed_entries() {
+        let managed = layer(LayerKind::Managed, &["example.com", "10.0.0.0/8", "git.test:22"], &[]);
+        let user = layer(
+            LayerKind::User,
+            &["api.example.com", "other.test", "*.test", "10.1.0.0/16", "11.0.0.0/8", "git.test"],
+            &[],
+        );
+        let repo = layer(LayerKind::Repo, &["=example.com:8443", "com", "git.test:22"], &[]);
+        let p = build(vec![managed, user, repo]);
+        assert_eq!(
+            p.shadowed(),
+            vec![
+                (LayerKind::User, "other.test".to_owned()),
+                (LayerKind::User, "*.test".to_owned()), // managed has only git.test:22
+                (LayerKind::User, "11.0.0.0/8".to_owned()),
+                (LayerKind::User, "git.test".to_owned()),
+                (LayerKind::Repo, "=example.com:8443".to_owned()),
+            ]
+        );
+        let p = build(vec![layer(LayerKind::User, &["a.test"], &[])]);
+        assert!(p.shadowed().is_empty());
+    }
+
+    #[test]
+    fn warnings_name_layers_and_files() {
+        let user = layer(LayerKind::User, &["example.com", "a.test", "A.test."], &["x.test"]);
+        let repo = layer(LayerKind::Repo, &["a.test"], &["example.com", "x.test"]);
+        let (_, w) = Policy::build(vec![user, repo], vec![]).unwrap();
+        let text: Vec<String> = w.iter().map(|w| w.to_string()).collect();
+        assert!(
+            text.contains(&format!(
+                "\"example.com\" is allowed in {USER} (user) but \"example.com\" blocks it in \
+                 {REPO} (repo); the block wins"
+            )),
+            "{text:?}"
+        );
+        assert!(
+            text.contains(&format!("duplicate allow entry \"a.test = A.test.\" in {USER} (user)")),
+            "{text:?}"
+        );
+        assert!(text.contains(&format!(
+            "duplicate allow entry \"a.test\" in {USER} (user) and {REPO} (repo)"
+        )));
+        assert!(text.contains(&format!(
+            "duplicate block entry \"x.test\" in {USER} (user) and {REPO} (repo)"
+        )));
+        assert_eq!(text.len(), 4, "{text:?}");
+    }
+
+    #[test]
+    fn digest_is_stable_and_tracks_rules() {
+        let a = build(vec![layer(LayerKind::User, &["a.test", "b.test"], &[])]);
+        let b = build(vec![layer(LayerKind::User, &["A.test.", "b.test"], &[])]);
+        let c = build(vec![layer(LayerKind::User, &["a.test", "c.test"], &[])]);
+        assert_eq!(a.digest(), b.digest());
+        assert_ne!(a.digest(), c.digest());
+        assert_eq!(a.digest().len(), 64);
+        // Pinned: a change here is a change to every session record's policy digest.
+        assert_eq!(
+            build(vec![layer(LayerKind::User, &["example.com"], &[])]).digest(),
+            hex::encode(Sha256::digest(
+                b"airlock-policy/1\nmode allowlist\nlayer user\nallow example.com\n"
+            ))
+        );
+    }
+
+    // ---- property tests ----
+
+    fn label() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z]{1,3}",
+            "[a-z0-9]{1,6}[a-z]",
+            Just("xn--bcher-kva".to_owned()),
+            "[a-zA-Z0-9-]{1,10}",
+            "[a-zé]{1,4}",
+        ]
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        prop::collection::vec(label(), 1..5).prop_map(|v| v.join("."))
+    }
+
+    /// Small alphabet so targets and entries often relate.
+    fn small_name() -> impl Strategy<Value = String> {
+        prop::collection::vec(prop_oneof![Just("a"), Just("b"), Just("c")], 1..4)
+            .prop_map(|v| v.join("."))
+    }
+
+    fn entry_text() -> impl Strategy<Value = String> {
+        (small_name(), 0..3usize, prop_oneof![Just(""), Just(":443"), Just(":22"), Just(":*")])
+            .prop_map(|(n, how, port)| format!("{}{n}{port}", ["", "*.", "="][how]))
+    }
+
+    fn port() -> impl Strategy<Value = u16> {
+        prop_oneof![Just(80u16), Just(443), Just(22), 1u16..]
+    }
+
+    proptest! {
+        #[test]
+        fn canonicalization_is_idempotent(input in prop_oneof![name(), any::<String>(), "[0-9.x]{1,12}"]) {
+            if let Ok(h) = canonicalize_host(&input) {
+                let again = canonicalize_host(&h.to_string());
+                prop_assert_eq!(again.as_ref(), Ok(&h), "{} -> {}", input, h);
+                if let Host::Name(n) = &h {
+                    prop_assert!(n.len() <= 253 && !n.ends_with('.'));
+                    prop_assert!(n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.'));
+                }
+            }
+        }
+
+        #[test]
+        fn a_name_matches_only_itself_or_its_parents(target in name(), entry in name(), how in 0..3usize) {
+            let (Ok(Host::Name(t)), Ok(Host::Name(e))) = (canonicalize_host(&target), canonicalize_host(&entry)) else {
+                return Ok(());
+            };
+            let text = format!("{}{e}:*", ["", "*.", "="][how]);
+            let p = build(vec![layer(LayerKind::User, &[&text], &[])]);
+            let related = t == e || t.ends_with(&format!(".{e}"));
+            if p.decide(&Host::Name(t.clone()), 443, &LocalAddrs::none()).is_allowed() {
+                prop_assert!(related, "{} matched {}", t, text);
+            }
+        }
+
+        #[test]
+        fn index_agrees_with_the_reference_matcher(
+            allows in prop::collection::vec(entry_text(), 1..6),
+            blocks in prop::collection::vec(entry_text(), 0..3),
+            target in small_name(),
+            port in port(),
+        ) {
+            let allow_refs: Vec<&str> = allows.iter().map(String::as_str).collect();
+            let block_refs: Vec<&str> = blocks.iter().map(String::as_str).collect();
+            let l = layer(LayerKind::User, &allow_refs, &block_refs);
+            let h = canonicalize_host(&target).unwrap();
+            let blocked = l.block.iter().any(|e| e.matches(&h, port));
+            let allowed = l.allow.iter().any(|e| e.matches(&h, port));
+            let p = build(vec![l]);
+            let d = p.decide(&h, port, &LocalAddrs::none());
+            let want = if blocked { Reason::Blocked } else if allowed { Reason::Allowed } else { Reason::NotAllowed };
+            prop_assert_eq!(d.reason, want);
+            if let Some(rule) = &d.rule {
+                let e = Entry::parse(rule, if blocked { EntryKind::Block } else { EntryKind::Allow }).unwrap();
+                prop_assert!(e.matches(&h, port));
+            }
+        }
+
+        #[test]
+        fn any_block_beats_any_allow(
+            allows in prop::collection::vec(entry_text(), 1..5),
+            block in entry_text(),
+            block_layer in 0..3usize,
+            blocklist in any::<bool>(),
+            target in small_name(),
+            port in port(),
+        ) {
+            let allow_refs: Vec<&str> = allows.iter().map(String::as_str).collect();
+            let mut layers = vec![
+                layer(LayerKind::Managed, &allow_refs, &[]),
+                layer(LayerKind::User, &allow_refs, &[]),
+                layer(LayerKind::Repo, &allow_refs, &[]),
+            ];
+            layers[block_layer].block.push(Entry::parse(&block, EntryKind::Block).unwrap());
+            if blocklist { layers[1].mode = Some(Mode::Blocklist); }
+            let h = canonicalize_host(&target).unwrap();
+            let matches = layers[block_layer].block[0].matches(&h, port);
+            let p = build(layers);
+            let d = p.decide(&h, port, &LocalAddrs::none());
+            if matches {
+                prop_assert_eq!(d.reason, Reason::Blocked);
+                prop_assert_eq!(d.layer, [LayerKind::Managed, LayerKind::User, LayerKind::Repo][block_layer]);
+            }
+        }
+
+        #[test]
+        fn managed_allow_is_never_widened(
+            managed in prop::collection::vec(entry_text(), 1..3),
+            user in prop::collection::vec(entry_text(), 1..5),
+            repo in prop::collection::vec(entry_text(), 0..5),
+            blocklist in any::<bool>(),
+            target in small_name(),
+            port in port(),
+        ) {
+            let refs = |v: &Vec<String>| v.to_vec();
+            let m: Vec<String> = refs(&managed);
+            let m_refs: Vec<&str> = m.iter().map(String::as_str).collect();
+            let u_refs: Vec<&str> = user.iter().map(String::as_str).collect();
+            let r_refs: Vec<&str> = repo.iter().map(String::as_str).collect();
+            let ml = layer(LayerKind::Managed, &m_refs, &[]);
+            let h = canonicalize_host(&target).unwrap();
+            let managed_ok = ml.allow.iter().any(|e| e.matches(&h, port));
+            let mut ul = layer(LayerKind::User, &u_refs, &[]);
+            if blocklist { ul.mode = Some(Mode::Blocklist); }
+            let p = build(vec![ml, ul, layer(LayerKind::Repo, &r_refs, &[])]);
+            if p.decide(&h, port, &LocalAddrs::none()).is_allowed() {
+                prop_assert!(managed_ok, "{}:{} allowed past managed {:?}", target, port, managed);
+            }
+        }
+
+        #[test]
+        fn ip_targets_need_allow_and_private(
+            a in any::<u32>(), len in 0u8..=32, t in any::<u32>(), private in any::<bool>(), blocklist in any::<bool>(),
+        ) {
+            let net = ipnet::Ipv4Net::new(std::net::Ipv4Addr::from(a), len).unwrap().trunc();
+            let mut l = layer(LayerKind::User, &[&format!("{net}:*")], &[]);
+            if private { l.allow_private = vec![IpNet::V4(net)]; }
+            if blocklist { l.mode = Some(Mode::Blocklist); }
+            let p = build(vec![l]);
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(t));
+            for target in [ip, IpAddr::V6(std::net::Ipv4Addr::from(t).to_ipv6_mapped())] {
+                let d = p.decide(&Host::Ip(target), 443, &LocalAddrs::none());
+                let inside = net.contains(&std::net::Ipv4Addr::from(t));
+                let want = if !inside {
+                    Reason::IpNotAllowed
+                } else if is_special_purpose(ip) && !private {
+                    Reason::PrivateAddress
+                } else {
+                    Reason::Allowed
+                };
+                prop_assert_eq!(d.reason, want, "{} in {}", target, net);
+            }
+        }
+    }
+}

@@ -34,8 +34,10 @@ fn port_rank(p: PortSpec) -> u8 {
     }
 }
 
-fn sort_key(r: &Rule) -> (NameMatch, u8, RuleId) {
-    (r.how, port_rank(r.port), r.id)
+/// `=name` first (it only ever meets `name` at the full-name key); `name` and `*.name` are equally
+/// specific at a suffix key, so the port decides, then file order.
+fn sort_key(r: &Rule) -> (bool, u8, RuleId) {
+    (r.how != NameMatch::Exact, port_rank(r.port), r.id)
 }
 
 #[derive(Debug, Default)]
