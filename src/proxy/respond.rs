@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::audit::AuditLine;
+use crate::audit::{AuditLine, rfc3339_ms};
 use crate::policy::{Decision, LayerKind, Reason};
 
 use super::SessionProxy;
@@ -49,21 +49,6 @@ impl Status {
             Self::GatewayTimeout => "Gateway Timeout",
         }
     }
-}
-
-/// `ts` format (RFC 3339, milliseconds, UTC); replaced by `audit::rfc3339_ms` once merged.
-fn rfc3339_ms(t: SystemTime) -> String {
-    let dt = time::OffsetDateTime::from(t.max(SystemTime::UNIX_EPOCH));
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        dt.year(),
-        u8::from(dt.month()),
-        dt.day(),
-        dt.hour(),
-        dt.minute(),
-        dt.second(),
-        dt.millisecond()
-    )
 }
 
 /// A fresh line for an attempt starting now: stamped, attributed, `allowed: false`.
