@@ -1,6 +1,10 @@
 //! The `airlock` command line: argument parsing (clap derive) and dispatch to one module per
 //! command. Each command returns its exit code; only `main` touches the process.
 
+pub mod completions;
+pub mod identity;
+pub mod policy;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -41,6 +45,17 @@ pub enum Command {
     #[cfg(feature = "test-hooks")]
     #[command(name = "__audit-hold", hide = true)]
     AuditHold(logs::AuditHoldArgs),
+    /// Check targets against the network policy, show it, trust a repo's .airlock.toml
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// Save a local identity (email + stable user id) for audit attribution
+    Login(identity::LoginArgs),
+    /// Show the identity in use
+    Whoami,
+    /// Remove the identity file
+    Logout,
+    /// Print a shell completion script
+    Completions(completions::CompletionsArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -70,5 +85,10 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Logs(args) => logs::run(&args, ctx),
         #[cfg(feature = "test-hooks")]
         Command::AuditHold(args) => logs::audit_hold(&args),
+        Command::Policy(cmd) => policy::run(&cmd, ctx),
+        Command::Login(args) => identity::login(&args, ctx),
+        Command::Whoami => identity::whoami(ctx),
+        Command::Logout => identity::logout(ctx),
+        Command::Completions(args) => completions::run(&args),
     }
 }
