@@ -18,7 +18,7 @@ pub mod http;
 pub mod resolver;
 pub mod respond;
 pub mod splice;
-// pub mod standalone; (wired once the audit and config APIs are merged)
+pub mod standalone;
 pub mod tls_peek;
 
 use std::io;

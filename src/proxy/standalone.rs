@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use crate::audit::{AuditError, AuditLine, AuditSink, FileAuditSink, SessionInfo, Stamp};
 use crate::env::Env;
-use crate::policy::{LayerKind, Policy};
+use crate::policy::Policy;
 
 use super::{Identity, Limits, Resolver, SessionProxy, SystemResolver};
 
@@ -95,7 +95,7 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
     crate::repo::validate_repo_name(&args.repo_name)
         .with_context(|| format!("--repo-name {:?}", args.repo_name))?;
     raise_nofile();
-    let policy = Arc::new(load_policy(&args)?);
+    let policy = Arc::new(load_policy(&args, env)?);
     let log_dir = match &args.log_dir {
         Some(d) => d.clone(),
         None => crate::paths::Paths::from_env(env)
@@ -118,9 +118,8 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         };
         // Opening the log settles journals left by writers that died (their tunnels become
         // `"interrupted": true` lines) and locks this run's journal.
-        let sink = FileAuditSink::open(&log_dir, &boot, info).with_context(|| {
-            format!("cannot open the audit log in {}", log_dir.display())
-        })?;
+        let sink = FileAuditSink::open(&log_dir, &boot, info)
+            .with_context(|| format!("cannot open the audit log in {}", log_dir.display()))?;
         let settled = sink.log().settled().lines_written;
         if settled > 0 {
             eprintln!("airlockd proxy: settled {settled} interrupted tunnel(s) of an earlier run");
@@ -172,27 +171,35 @@ async fn wait_for_signal() {
     }
 }
 
-fn load_policy(args: &ProxyArgs) -> anyhow::Result<Policy> {
+/// The operator file, plus the fleet's managed layer (and its review-plane servers) when the
+/// machine has one: a fleet policy binds the standalone proxy too.
+fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
     let Some(path) = &args.config else {
         bail!(
             "no policy: pass --config FILE (or AIRLOCK_CONFIG) with an allow list in \
              .airlock.toml format, e.g. [network] allow = [\"example.com\"]"
         );
     };
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let name = path.display().to_string();
-    let parsed = crate::config::parse_layer(LayerKind::Operator, &name, &bytes)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    for w in &parsed.warnings {
+    let operator = crate::config::load_operator(path).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for w in &operator.warnings {
         eprintln!("airlockd proxy: warning: {w}");
     }
-    let layer = parsed.doc.to_policy_layer().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (policy, warnings) =
-        Policy::build(vec![layer], Vec::new()).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-    for w in warnings {
+    let managed = match crate::paths::Paths::from_env(env) {
+        Ok(paths) => crate::config::load_managed(&paths).map_err(|e| anyhow::anyhow!("{e}"))?,
+        Err(_) => None,
+    };
+    let mut docs = Vec::new();
+    let mut review = Vec::new();
+    if let Some(m) = &managed {
+        docs.push(m);
+        review = crate::config::review_servers_of(m);
+    }
+    docs.push(&operator.doc);
+    let built = crate::config::build_policy(&docs, &review).map_err(|e| anyhow::anyhow!("{e}"))?;
+    for w in &built.warnings {
         eprintln!("airlockd proxy: warning: {w}");
     }
-    Ok(policy)
+    Ok(built.policy)
 }
 
 /// The system resolver, or — only in `test-hooks` builds — the file named by

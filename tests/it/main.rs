@@ -9,4 +9,7 @@ compile_error!(
 
 mod cli_identity;
 mod cli_policy;
+mod proxy;
+mod proxy_adversarial;
+mod proxy_support;
 mod support;
