@@ -18,9 +18,12 @@ use tokio::sync::watch;
 
 use crate::sys::splice::{nonblocking_pipe, set_pipe_size, splice};
 
-/// Requested pipe capacity per direction. Larger pipes mean fewer syscalls per megabyte; the
-/// kernel clamps it (`/proc/sys/fs/pipe-max-size`, per-user pipe limits) and we accept that.
-const PIPE_BYTES: usize = 256 * 1024;
+/// A new pipe's capacity (the kernel default, pipe(7)).
+const PIPE_START: usize = 64 * 1024;
+/// Capacity a pipe grows to once a single splice fills it (a bulk transfer): fewer syscalls
+/// per megabyte. Interactive and idle tunnels keep small pipes, so their kernel memory stays
+/// small. The kernel may clamp it (`/proc/sys/fs/pipe-max-size`, per-user pipe limits).
+const PIPE_BULK: usize = 256 * 1024;
 /// Copy-loop buffer when splice is not available.
 const COPY_BYTES: usize = 64 * 1024;
 
@@ -124,15 +127,12 @@ async fn one_way(
     start: Instant,
 ) -> io::Result<()> {
     let mut pipe: Option<(OwnedFd, OwnedFd)> = None;
-    let mut cap = PIPE_BYTES;
+    let mut cap = PIPE_START;
     loop {
         src.readable().await?;
         if pipe.is_none() {
             match nonblocking_pipe() {
-                Ok((r, w)) => {
-                    cap = set_pipe_size(w.as_fd(), PIPE_BYTES).unwrap_or(64 * 1024);
-                    pipe = Some((r, w));
-                }
+                Ok(pair) => pipe = Some(pair),
                 Err(_) => return copy_loop(src, dst, dir, tunnel, session, start).await,
             }
         }
@@ -162,6 +162,10 @@ async fn one_way(
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e),
             }
+        }
+        if n >= cap && cap < PIPE_BULK {
+            // The pipe is empty again, so resizing cannot fail for lack of room.
+            cap = set_pipe_size(w.as_fd(), PIPE_BULK).unwrap_or(cap).max(cap);
         }
     }
 }
