@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo bench --bench proxy_loopback` (release profile). Add `-- --quick` for a short
 //! smoke run; `-- --skip-memory` to skip the 10,000-tunnel memory test (which needs root to
-//! raise the open-files limit).
+//! raise the open-files limit); `-- --memory-only` to run only that one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -207,13 +207,19 @@ fn main() {
     // `cargo bench` passes `--bench`; ignore it.
     let quick = args.iter().any(|a| a == "--quick");
     let skip_memory = args.iter().any(|a| a == "--skip-memory");
+    if args.iter().any(|a| a == "--memory-only") {
+        return memory(if quick { 1_000 } else { 10_000 }, 20, 5);
+    }
     let tmp = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let log = RepoLog::open(tmp.path().join("logs"), "bench-boot").unwrap();
     let upstream = start_upstream(&rt);
     let proxy = start_sessions(&rt, &log, upstream, 1)[0];
     let raw = raw_sink();
-    println!("# proxy loopback benchmark ({} cores)", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "# proxy loopback benchmark ({} cores)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
 
     // 1. Throughput, one tunnel vs raw loopback, best of 3.
     let total = if quick { 256 << 20 } else { 2 << 30 };
@@ -411,7 +417,8 @@ fn memory_child() {
     } else if let Some(up) = role.strip_prefix("proxy=") {
         let up: SocketAddr = up.parse().unwrap();
         let dir = std::env::var("BENCH_TMP").unwrap();
-        let log = RepoLog::open(Path::new(&dir).join("logs"), "mem-boot").unwrap();
+        let log =
+            RepoLog::open(Path::new(&dir).join("logs"), &airlock::audit::new_boot_id()).unwrap();
         let addrs = start_sessions(&rt, &log, up, sessions);
         let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
         println!("{}", list.join(","));
