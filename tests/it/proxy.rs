@@ -246,3 +246,75 @@ fn git_clone_over_https_through_the_proxy() {
 fn proxy_url_placeholder() -> &'static str {
     "http://127.0.0.1:9"
 }
+
+#[test]
+fn env_fallbacks_and_missing_config() {
+    let world = World::new();
+    let cfg = world.write(world.tmp.path().join("env.toml"), "[network]\nallow = [\"env.test\"]\n");
+    let logs = world.tmp.path().join("env-logs");
+    let mut cmd = world
+        .airlockd(world.tmp.path())
+        .args(["proxy"])
+        .env("AIRLOCK_REPO_NAME", "envrepo")
+        .env("AIRLOCK_LISTEN", "127.0.0.1:0")
+        .env("AIRLOCK_CONFIG", &cfg)
+        .env("AIRLOCK_LOG_DIR", &logs)
+        .env("AIRLOCK_USER_ID", "u-env")
+        .cmd;
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let err = child.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(err));
+    let addr = loop {
+        let line = lines.next().expect("proxy exited before listening").unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let (code, _, _) =
+        curl(&["-x", &format!("http://{addr}"), "-o", "/dev/null", "http://pastebin.com/"]);
+    assert_eq!(code, 0);
+    let _ = child.kill();
+    let _ = child.wait();
+    let lines = crate::proxy_support::audit_lines(&logs);
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["repo"], "envrepo");
+    assert_eq!(lines[0]["user_id"], "u-env");
+
+    // No --config: refuses to start and says what to do.
+    let run = world
+        .airlockd(world.tmp.path())
+        .args(["proxy", "--repo-name", "demo", "--listen", "127.0.0.1:0"])
+        .args(["--log-dir".as_ref(), logs.as_os_str()])
+        .run();
+    assert_eq!(run.code(), 1, "{}", run.stderr());
+    assert!(run.stderr().contains("--config"), "{}", run.stderr());
+}
+
+#[test]
+fn sigterm_drains_and_logs_open_tunnels_as_interrupted() {
+    use std::io::Read;
+    let world = World::new();
+    let _up = Upstream::start("127.0.1.24:7443", Serve::Echo, None);
+    let mut proxy = ProxyProc::start(
+        &world,
+        "term",
+        "[network]\nallow = [\"term.test:7443\"]\nallow_private = [\"127.0.1.24/32\"]\n",
+        "term.test 127.0.1.24\n",
+        &["--drain-grace", "200ms"],
+    );
+    let (mut t, head) = proxy.ask("CONNECT term.test:7443 HTTP/1.1\r\n\r\n");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    t.write_all(b"abc").unwrap();
+    let mut e = [0u8; 3];
+    t.read_exact(&mut e).unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(proxy.child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = proxy.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", proxy.stderr.lock().unwrap());
+    let lines = proxy.audit();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0]["interrupted"], true);
+    assert_eq!(lines[0]["bytes_sent"], 3);
+    assert_eq!(lines[0]["bytes_recv"], 3);
+}
