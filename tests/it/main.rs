@@ -9,8 +9,8 @@ compile_error!(
 
 mod cli_identity;
 mod cli_policy;
+mod logs;
 mod proxy;
 mod proxy_adversarial;
 mod proxy_support;
-mod logs;
 mod support;
