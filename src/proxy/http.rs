@@ -307,7 +307,12 @@ struct Finisher {
 }
 
 impl Finisher {
-    fn finish(mut self, recv: u64) {
+    /// `complete`: the response body reached its end. A body cut off by the session's drain is
+    /// recorded as `interrupted`.
+    fn finish(mut self, recv: u64, complete: bool) {
+        if !complete && *self.session.kill.borrow() {
+            self.line.interrupted = Some(true);
+        }
         let sent = self.sent.load(Ordering::Relaxed);
         self.line.bytes_sent = Some(sent);
         self.line.bytes_recv = Some(recv);
@@ -357,8 +362,9 @@ impl Body for Tracked {
             }
             Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
                 let recv = self.recv;
+                let complete = matches!(polled, Poll::Ready(None));
                 if let Some(f) = self.finisher.take() {
-                    f.finish(recv);
+                    f.finish(recv, complete);
                 }
             }
             Poll::Pending => {}
@@ -378,7 +384,7 @@ impl Body for Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         if let Some(f) = self.finisher.take() {
-            f.finish(self.recv);
+            f.finish(self.recv, false);
         }
     }
 }
