@@ -22,5 +22,6 @@ pub mod daemon;
 pub mod env;
 pub mod paths;
 pub mod policy;
+pub mod proxy;
 pub mod repo;
 pub mod sys;

@@ -1,2 +1,4 @@
 //! The only place with `unsafe`: socket activation, fd passing, fork/exec and sandbox setup.
 //! Every block carries a `// SAFETY:` comment.
+
+pub mod splice;

@@ -5,4 +5,7 @@
 mod cli_identity;
 mod cli_policy;
 mod logs;
+mod proxy;
+mod proxy_adversarial;
+mod proxy_support;
 mod support;

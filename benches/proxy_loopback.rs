@@ -1,0 +1,432 @@
+//! Loopback harness for the egress proxy (issue 3's benchmarks). Everything stays on
+//! 127.0.0.0/8. Ratios are taken within one run against raw loopback on the same machine.
+//!
+//! Run: `cargo bench --bench proxy_loopback` (release profile). Add `-- --quick` for a short
+//! smoke run; `-- --skip-memory` to skip the 10,000-tunnel memory test (which needs root to
+//! raise the open-files limit); `-- --memory-only` to run only that one.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock::audit::{AuditSink, RepoLog, SessionInfo};
+use airlock::policy::{Entry, EntryKind, LayerKind, Policy, PolicyLayer};
+use airlock::proxy::resolver::Resolving;
+use airlock::proxy::{Identity, Limits, Resolver, SessionProxy, local_addrs, serve_session};
+
+/// Maps every name to one loopback address (no DNS anywhere).
+#[derive(Debug)]
+struct Fixed(IpAddr);
+
+impl Resolver for Fixed {
+    fn resolve<'a>(&'a self, _name: &'a str) -> Resolving<'a> {
+        let ip = self.0;
+        Box::pin(async move { Ok(vec![ip]) })
+    }
+}
+
+fn policy(entries: &[String]) -> Arc<Policy> {
+    let mut layer = PolicyLayer::new(LayerKind::Operator, "bench.toml");
+    layer.allow = entries.iter().map(|e| Entry::parse(e, EntryKind::Allow).unwrap()).collect();
+    layer.allow_private = vec!["127.0.0.2/32".parse().unwrap()];
+    Arc::new(Policy::build(vec![layer], Vec::new()).unwrap().0)
+}
+
+/// Starts `sessions` proxy sessions on `rt`, all allowing `bench.test:<upstream port>`.
+fn start_sessions(
+    rt: &tokio::runtime::Runtime,
+    log: &Arc<RepoLog>,
+    upstream: SocketAddr,
+    sessions: usize,
+) -> Vec<SocketAddr> {
+    let policy = policy(&[format!("bench.test:{}", upstream.port())]);
+    let limits = Limits { max_tunnels: 100_000, ..Limits::default() };
+    let local = local_addrs();
+    let mut addrs = Vec::new();
+    for i in 0..sessions {
+        let sink: Arc<dyn AuditSink> = Arc::new(log.session_sink(SessionInfo {
+            session: format!("bench-{i}"),
+            repo: "bench".into(),
+            repo_path: None,
+            user_id: Some("bench".into()),
+        }));
+        let session = Arc::new(SessionProxy::new(
+            Arc::clone(&policy),
+            sink,
+            Arc::new(Fixed("127.0.0.2".parse().unwrap())),
+            limits.clone(),
+            local.clone(),
+            Identity { repo: "bench".into(), repo_path: None, user_id: Some("bench".into()) },
+        ));
+        let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        addrs.push(l.local_addr().unwrap());
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        std::mem::forget(tx); // sessions live for the whole run
+        rt.spawn(serve_session(l, session, rx));
+    }
+    addrs
+}
+
+/// An upstream that discards what it reads and echoes when asked: mode byte 'e' = echo,
+/// anything else = sink (reads to EOF). Runs on `rt`.
+fn start_upstream(rt: &tokio::runtime::Runtime) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.2:0")).unwrap();
+    let addr = l.local_addr().unwrap();
+    rt.spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let _ = s.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut mode = [0u8; 1];
+                if s.read_exact(&mut mode).await.is_err() {
+                    return;
+                }
+                // Echo (latency, idle tunnels) needs little; the sink reads in big chunks.
+                let mut buf = vec![0u8; if mode[0] == b'e' { 4096 } else { 256 * 1024 }];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if mode[0] == b'e' && s.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn tunnel(proxy: SocketAddr, upstream: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(proxy).unwrap();
+    s.set_nodelay(true).unwrap();
+    write!(s, "CONNECT bench.test:{} HTTP/1.1\r\n\r\n", upstream.port()).unwrap();
+    let head = read_head(&mut s);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    s
+}
+
+fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::with_capacity(64);
+    let mut buf = [0u8; 256];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed early");
+        head.extend_from_slice(&buf[..n]);
+        if head.ends_with(b"\r\n\r\n") || n == 0 {
+            return String::from_utf8_lossy(&head).into_owned();
+        }
+        // Refusals carry a body after the head; callers only need the head.
+        if let Some(i) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            return String::from_utf8_lossy(&head[..i + 4]).into_owned();
+        }
+    }
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Bytes/s pushing `total` bytes through `s` into a sink.
+fn push(mut s: TcpStream, total: usize) -> f64 {
+    s.write_all(b"s").unwrap();
+    let buf = vec![0x5au8; 256 * 1024];
+    let t = Instant::now();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(buf.len());
+        s.write_all(&buf[..n]).unwrap();
+        left -= n;
+    }
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest); // wait for the far end to finish reading
+    total as f64 / t.elapsed().as_secs_f64()
+}
+
+/// A raw loopback sink server (std threads), same shape as the upstream.
+fn raw_sink() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.2:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                let mut mode = [0u8; 1];
+                if s.read_exact(&mut mode).is_err() {
+                    return;
+                }
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if mode[0] == b'e' && s.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn rtts(mut s: TcpStream, n: usize) -> Vec<Duration> {
+    s.write_all(b"e").unwrap();
+    let mut out = Vec::with_capacity(n);
+    let mut b = [0u8; 1];
+    for _ in 0..n {
+        let t = Instant::now();
+        s.write_all(b"x").unwrap();
+        s.read_exact(&mut b).unwrap();
+        out.push(t.elapsed());
+    }
+    out.sort();
+    out
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--memory-child") {
+        return memory_child();
+    }
+    // `cargo bench` passes `--bench`; ignore it.
+    let quick = args.iter().any(|a| a == "--quick");
+    let skip_memory = args.iter().any(|a| a == "--skip-memory");
+    if args.iter().any(|a| a == "--memory-only") {
+        return memory(if quick { 1_000 } else { 10_000 }, 20, 5);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let log = RepoLog::open(tmp.path().join("logs"), "bench-boot").unwrap();
+    let upstream = start_upstream(&rt);
+    let proxy = start_sessions(&rt, &log, upstream, 1)[0];
+    let raw = raw_sink();
+    println!(
+        "# proxy loopback benchmark ({} cores)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    // 1. Throughput, one tunnel vs raw loopback, best of 3.
+    let total = if quick { 256 << 20 } else { 2 << 30 };
+    let mut raw_bps = 0f64;
+    let mut tun_bps = 0f64;
+    for _ in 0..3 {
+        let s = TcpStream::connect(raw).unwrap();
+        raw_bps = raw_bps.max(push(s, total));
+        tun_bps = tun_bps.max(push(tunnel(proxy, upstream), total));
+    }
+    println!(
+        "throughput: raw {:.2} GB/s, tunnel {:.2} GB/s, ratio {:.2} (target >= 0.55, stretch 0.70)",
+        raw_bps / 1e9,
+        tun_bps / 1e9,
+        tun_bps / raw_bps
+    );
+
+    // 2. Round trip inside a tunnel vs raw.
+    let n = if quick { 2_000 } else { 20_000 };
+    let raw_rtt = rtts(TcpStream::connect(raw).unwrap(), n);
+    let tun_rtt = rtts(tunnel(proxy, upstream), n);
+    println!(
+        "rtt p50: raw {:.1} us, tunnel {:.1} us, added {:.1} us (target <= 20); p99 raw {:.1} tunnel {:.1}",
+        us(pct(&raw_rtt, 0.5)),
+        us(pct(&tun_rtt, 0.5)),
+        us(pct(&tun_rtt, 0.5)) - us(pct(&raw_rtt, 0.5)),
+        us(pct(&raw_rtt, 0.99)),
+        us(pct(&tun_rtt, 0.99))
+    );
+
+    // 3. CONNECT -> 200 latency (request written to 200 read, TCP connect excluded) and the
+    //    sequential CONNECT -> 200 -> close rate (connect included).
+    let n = if quick { 1_000 } else { 10_000 };
+    let mut lat = Vec::with_capacity(n);
+    let t_all = Instant::now();
+    for _ in 0..n {
+        let mut s = TcpStream::connect(proxy).unwrap();
+        s.set_nodelay(true).unwrap();
+        let t = Instant::now();
+        write!(s, "CONNECT bench.test:{} HTTP/1.1\r\n\r\n", upstream.port()).unwrap();
+        let head = read_head(&mut s);
+        lat.push(t.elapsed());
+        assert!(head.starts_with("HTTP/1.1 200"));
+    }
+    let rate = n as f64 / t_all.elapsed().as_secs_f64();
+    lat.sort();
+    println!(
+        "connect->200: p50 {:.1} us, p99 {:.1} us (targets 150 / 500); {:.0} sequential cycles/s (target >= 5000)",
+        us(pct(&lat, 0.5)),
+        us(pct(&lat, 0.99)),
+        rate
+    );
+    std::thread::sleep(Duration::from_millis(500));
+
+    // 4. Refusal path: parse -> policy -> audit append -> 403.
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(proxy).unwrap();
+        s.set_nodelay(true).unwrap();
+        let t = Instant::now();
+        s.write_all(b"CONNECT pastebin.com:443 HTTP/1.1\r\n\r\n").unwrap();
+        let head = read_head(&mut s);
+        lat.push(t.elapsed());
+        assert!(head.starts_with("HTTP/1.1 403"));
+    }
+    lat.sort();
+    println!(
+        "refusal: p50 {:.1} us, p99 {:.1} us (target p50 <= 50)",
+        us(pct(&lat, 0.5)),
+        us(pct(&lat, 0.99))
+    );
+
+    if skip_memory {
+        return;
+    }
+    memory(if quick { 1_000 } else { 10_000 }, 20, 5);
+}
+
+/// Makes room for `n` descriptors: the soft limit up to the hard one, and the hard one too
+/// where the process may (CAP_SYS_RESOURCE; these VMs deny it and cap both at 20,000, which
+/// is why the tunnels are spread over several proxy processes).
+fn raise_nofile(n: u64) -> bool {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft >= n {
+        return true;
+    }
+    if setrlimit(Resource::RLIMIT_NOFILE, n.max(hard), n.max(hard)).is_ok() {
+        return true;
+    }
+    hard >= n && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok()
+}
+
+fn status_kib(pid: u32, key: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    field_kib(&text, key)
+}
+
+fn meminfo_kib(key: &str) -> u64 {
+    field_kib(&std::fs::read_to_string("/proc/meminfo").unwrap(), key)
+}
+
+fn field_kib(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 5. Memory per idle tunnel: `n` tunnels over `sessions` sessions, spread over `procs` proxy
+///    processes (each holds 2 sockets + up to 4 pipe ends per tunnel); this process holds the
+///    client ends, another child the upstream ends. User space = the proxies' RSS delta;
+///    kernel = the system-wide slab delta (which also counts the client and upstream ends).
+fn memory(n: usize, sessions: usize, procs: usize) {
+    if !raise_nofile(n as u64 + 1024) {
+        println!("memory: skipped (cannot get {} open files in the harness)", n + 1024);
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let per_proc = n.div_ceil(procs);
+    let spawn = |role: &str, sessions: usize| {
+        Command::new(&exe)
+            .args(["--memory-child", role, &sessions.to_string(), &per_proc.to_string()])
+            .env("BENCH_TMP", tmp.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut upstream = spawn("upstream", 0);
+    let up_addr: SocketAddr = first_line(&mut upstream).parse().unwrap();
+    let mut proxies = Vec::new();
+    for _ in 0..procs {
+        let mut child = spawn(&format!("proxy={up_addr}"), sessions / procs);
+        let addrs: Vec<SocketAddr> =
+            first_line(&mut child).split(',').map(|a| a.parse().unwrap()).collect();
+        proxies.push((child, addrs));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let rss = |p: &Vec<(std::process::Child, Vec<SocketAddr>)>| -> u64 {
+        p.iter().map(|(c, _)| status_kib(c.id(), "VmRSS:")).sum()
+    };
+    let rss0 = rss(&proxies);
+    let slab0 = meminfo_kib("Slab:");
+    let listeners: Vec<SocketAddr> = proxies.iter().flat_map(|(_, a)| a.clone()).collect();
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut s = tunnel(listeners[i % listeners.len()], up_addr);
+        // One byte each way, so both directions have set up their splice pipes.
+        s.write_all(b"ex").unwrap();
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let rss1 = rss(&proxies);
+    let slab1 = meminfo_kib("Slab:");
+    let per_user = (rss1.saturating_sub(rss0)) as f64 / n as f64;
+    let per_slab = (slab1 as f64 - slab0 as f64) / n as f64;
+    println!(
+        "memory: {n} idle tunnels over {} sessions in {procs} proxy processes: proxy RSS {rss0} -> {rss1} KiB = {per_user:.1} KiB/tunnel user space (target <= 16); system slab delta {per_slab:.1} KiB/tunnel (kernel, all three ends)",
+        listeners.len()
+    );
+    drop(held);
+    for (mut c, _) in proxies {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+}
+
+fn first_line(child: &mut std::process::Child) -> String {
+    let out = child.stdout.take().unwrap();
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).unwrap();
+    line.trim().to_owned()
+}
+
+fn memory_child() {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == "--memory-child").unwrap();
+    let role = args[i + 1].clone();
+    let sessions: usize = args[i + 2].parse().unwrap();
+    let n: usize = args[i + 3].parse().unwrap();
+    // Proxies: 2 sockets + 4 pipe ends per tunnel; the upstream: all tunnels' far ends.
+    let need = if role == "upstream" { n * 5 } else { 6 * n } as u64 + 1024;
+    assert!(raise_nofile(need.min(20_000)), "cannot raise NOFILE in the child");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if role == "upstream" {
+        let addr = start_upstream(&rt);
+        println!("{addr}");
+    } else if let Some(up) = role.strip_prefix("proxy=") {
+        let up: SocketAddr = up.parse().unwrap();
+        let dir = std::env::var("BENCH_TMP").unwrap();
+        let log =
+            RepoLog::open(Path::new(&dir).join("logs"), &airlock::audit::new_boot_id()).unwrap();
+        let addrs = start_sessions(&rt, &log, up, sessions);
+        let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        println!("{}", list.join(","));
+        std::mem::forget(log);
+    }
+    std::io::stdout().flush().unwrap();
+    // Live until the parent closes stdin (or kills us).
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop(rt);
+}
