@@ -58,7 +58,7 @@ pub async fn handle(
         respond::send_and_close(&mut sock, &respond::audit_failed(&e, &target)).await;
         return;
     }
-    let reached = match guard::resolve_checked(session, &host).await {
+    let reached = match guard::resolve_checked(session, &host, port).await {
         Ok(addrs) => guard::dial(session, &addrs, port).await,
         Err(e) => Err(e),
     };

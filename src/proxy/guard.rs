@@ -33,11 +33,13 @@ impl Unreachable {
     }
 }
 
-/// The addresses to dial for an allowed target, every one checked. An IP-literal target was
+/// The addresses to dial for an allowed target, every one checked for a connection to `port`
+/// (a block CIDR that names another port does not refuse the answer). An IP-literal target was
 /// already decided in full by `Policy::decide`; a name is resolved once, here.
 pub async fn resolve_checked(
     session: &SessionProxy,
     host: &Host,
+    port: u16,
 ) -> Result<Vec<IpAddr>, Unreachable> {
     let name = match host {
         Host::Ip(ip) => return Ok(vec![*ip]),
@@ -73,7 +75,7 @@ pub async fn resolve_checked(
         }
     };
     for ip in &answers {
-        if let Some(refusal) = session.policy.check_answer(*ip, &session.local) {
+        if let Some(refusal) = session.policy.check_answer_port(*ip, port, &session.local) {
             return Err(Unreachable::Refused(refusal));
         }
     }
