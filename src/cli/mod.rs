@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+pub mod exec;
+
 use clap::{Parser, Subcommand};
 
 use crate::env::{Env, ProcessEnv};
@@ -32,7 +34,10 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Run a command in the sandbox: no way out but Airlock's proxy.
+    Exec(exec::ExecArgs),
+}
 
 /// Entry point of the `airlock` binary; returns the process exit code.
 pub fn main() -> i32 {
@@ -56,6 +61,8 @@ pub fn main() -> i32 {
 }
 
 /// Dispatches one parsed command.
-pub fn run(command: Command, _ctx: &Context<'_>) -> i32 {
-    match command {}
+pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
+    match command {
+        Command::Exec(args) => exec::run(args, ctx),
+    }
 }

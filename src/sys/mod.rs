@@ -1,2 +1,5 @@
 //! The only place with `unsafe`: socket activation, fd passing, fork/exec and sandbox setup.
 //! Every block carries a `// SAFETY:` comment.
+
+pub mod exec;
+pub mod namespaces;

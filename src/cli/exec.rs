@@ -1,0 +1,223 @@
+//! `airlock exec [--repo DIR] -- CMD [ARGS...]`: run any command in the sandbox (DESIGN §7).
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::Context;
+use crate::paths::Paths;
+use crate::repo::Repo;
+use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
+use crate::sandbox::env::{self as senv, Extra, IdentityEnv};
+use crate::sandbox::probe::{self, HostFs};
+use crate::sandbox::supervisor::{self, Request};
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The repo directory (default: the git top level of the working directory).
+    #[arg(long, value_name = "DIR")]
+    pub repo: Option<PathBuf>,
+    /// The command and its arguments, resolved inside the sandbox with its PATH.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Whether the repo's `.airlock.toml` may apply (DESIGN §4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// No repo file, or its content hash is trusted.
+    Trusted,
+    /// Untrusted or changed; `diff` shows the effective difference.
+    Untrusted { diff: String },
+}
+
+/// The trust decision and what trusted layers contribute to the sandbox.
+pub trait TrustGate {
+    fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String>;
+    /// Records trust after the user said yes on a terminal.
+    fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String>;
+    /// `[env] pass` and `[mcp.*]` from trusted layers.
+    fn extra(&self, paths: &Paths, repo: &Repo) -> Result<Extra, String>;
+    fn identity(&self, paths: &Paths) -> Result<IdentityEnv, String>;
+}
+
+/// Until the configuration layer is wired in: the repo file is trusted when
+/// `~/.airlock/trust/<repo key>` holds its SHA-256 (the record `airlock policy trust` writes).
+#[derive(Debug, Default)]
+pub struct DigestTrust;
+
+impl TrustGate for DigestTrust {
+    fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String> {
+        let file = repo.config_file();
+        let bytes = match std::fs::read(&file) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Trust::Trusted),
+            Err(e) => return Err(format!("reading {}: {e}", file.display())),
+        };
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        let record = paths.trust_dir().join(repo.key());
+        let trusted = std::fs::read_to_string(&record).is_ok_and(|r| r.contains(&digest));
+        if trusted {
+            Ok(Trust::Trusted)
+        } else {
+            let text = String::from_utf8_lossy(&bytes);
+            let diff = text.lines().map(|l| format!("+ {l}\n")).collect();
+            Ok(Trust::Untrusted { diff })
+        }
+    }
+    fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String> {
+        let bytes = std::fs::read(repo.config_file()).map_err(|e| e.to_string())?;
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        std::fs::create_dir_all(paths.trust_dir()).map_err(|e| e.to_string())?;
+        std::fs::write(paths.trust_dir().join(repo.key()), format!("{digest}\n"))
+            .map_err(|e| e.to_string())
+    }
+    fn extra(&self, _paths: &Paths, _repo: &Repo) -> Result<Extra, String> {
+        Ok(Extra::default())
+    }
+    fn identity(&self, _paths: &Paths) -> Result<IdentityEnv, String> {
+        Ok(IdentityEnv::default())
+    }
+}
+
+/// The production bridge: registers the session with `airlockd`.
+#[derive(Debug, Default)]
+pub struct DaemonBridge;
+
+impl ProxyBridge for DaemonBridge {
+    fn start(
+        &mut self,
+        _listener: std::os::fd::OwnedFd,
+        _info: &SessionInfo,
+    ) -> Result<(), BridgeError> {
+        Err(BridgeError(
+            "this build cannot register sessions with airlockd yet (client API not wired)".into(),
+        ))
+    }
+    fn end(&mut self, _end: &SessionEnd) {}
+}
+
+fn bridge(ctx: &Context<'_>) -> Box<dyn ProxyBridge> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR) {
+        if let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode) {
+            return Box::new(b);
+        }
+    }
+    let _ = ctx;
+    Box::new(DaemonBridge)
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("airlock: {msg}");
+    125
+}
+
+/// Runs `airlock exec`.
+pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
+    run_with(args, ctx, &DigestTrust, &mut *bridge(ctx))
+}
+
+/// `exec` with its collaborators injected.
+pub fn run_with(
+    args: ExecArgs,
+    ctx: &Context<'_>,
+    gate: &dyn TrustGate,
+    bridge: &mut dyn ProxyBridge,
+) -> i32 {
+    let paths = match Paths::from_env(ctx.env) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let repo = match Repo::resolve(args.repo.as_deref(), &ctx.cwd) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    match gate.check(&paths, &repo) {
+        Ok(Trust::Trusted) => {}
+        Ok(Trust::Untrusted { diff }) => {
+            let file = repo.config_file();
+            let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+            if !interactive {
+                return fail(format!(
+                    "{} is not trusted (new or changed since you trusted it); review it and run \
+                     `airlock policy trust --repo {}`",
+                    file.display(),
+                    repo.path.display()
+                ));
+            }
+            eprintln!("airlock: {} is new or changed. Effective difference:\n{diff}", file.display());
+            eprint!("Trust this file and continue? [y/N] ");
+            let _ = std::io::stderr().flush();
+            let mut answer = String::new();
+            let _ = std::io::stdin().read_line(&mut answer);
+            if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                return fail("not trusted; nothing was run");
+            }
+            if let Err(e) = gate.trust(&paths, &repo) {
+                return fail(format!("recording trust: {e}"));
+            }
+        }
+        Err(e) => return fail(e),
+    }
+    let extra = match gate.extra(&paths, &repo) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
+    };
+    let identity = match gate.identity(&paths) {
+        Ok(i) => i,
+        Err(e) => return fail(e),
+    };
+    let (env, ignored) = senv::build(ctx.env, &repo.sandbox_path(), &identity, &extra);
+    for name in ignored {
+        eprintln!("airlock: warning: [env] pass {name:?} ignored: Airlock sets it inside the sandbox");
+    }
+    let kernel = probe::probe(&HostFs::from_env(ctx.env));
+    warn_once(&paths, &kernel.optional_warnings());
+    let session = match supervisor::new_session_id() {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let req = Request {
+        quarantine_dir: supervisor::quarantine_dir(&paths.airlock_dir(), &session),
+        session,
+        repo,
+        argv: args.command,
+        env,
+        user_id: identity.user_id,
+    };
+    match supervisor::run(&req, &kernel, bridge) {
+        Ok(outcome) => {
+            for q in &outcome.quarantined {
+                eprintln!(
+                    "airlock: quarantined {} ({} inside the sandbox) → {}",
+                    q.path.display(),
+                    q.why,
+                    q.moved_to.display()
+                );
+            }
+            outcome.exit_code
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Prints each optional-layer warning once per machine state (marker under ~/.airlock).
+fn warn_once(paths: &Paths, warnings: &[String]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let joined = warnings.join("\n");
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(joined.as_bytes()));
+    let marker = paths.airlock_dir().join(format!("warned-{}", &digest[..16]));
+    if marker.exists() {
+        return;
+    }
+    for w in warnings {
+        eprintln!("airlock: warning: {w} (shown once; see `airlock doctor`)");
+    }
+    let _ = std::fs::create_dir_all(paths.airlock_dir());
+    let _ = std::fs::write(marker, joined);
+}
