@@ -81,6 +81,7 @@ fn ctx<T>(what: &str, r: Result<T, impl std::fmt::Display>) -> io::Result<T> {
 
 fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     sysx::die_with_parent()?;
+    sysx::install_noop_handlers(&forwarded_signals())?;
     // If the supervisor died before PDEATHSIG was armed, its end of the socketpair is closed.
     if peer_gone(spec.control) {
         return Err(io::Error::other("supervisor exited during setup"));
@@ -119,6 +120,10 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     ctx("dropping capabilities", sysx::drop_all_capabilities())?;
     ctx("no_new_privs", sysx::set_no_new_privs())?;
     ctx("seccomp", super::seccomp::install(&spec.seccomp))?;
+    // Our memory is a copy of the supervisor's (the host's environment included): nothing in
+    // the sandbox may read it through /proc/1 (proc(5), PR_SET_DUMPABLE). Set last: a
+    // non-dumpable process cannot write its own uid_map. execve makes the command dumpable.
+    sysx::set_not_dumpable()?;
     match namespaces::fork()? {
         Forked::Child => exec_command(spec, slave.as_ref().map(|s| s.as_fd())),
         Forked::Parent(child) => {
@@ -129,6 +134,7 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
                 }
             }
             drop(sysx::own_raw(spec.errpipe));
+            drop(sysx::own_raw(spec.control));
             Ok(child)
         }
     }
@@ -236,7 +242,7 @@ enum Never {}
 
 fn prepare_and_exec(spec: &Spec, slave: Option<BorrowedFd<'_>>) -> Result<Never, (i32, String)> {
     let fail = |e: &dyn std::fmt::Display| (125, format!("starting the command: {e}"));
-    sysx::reset_signals_for_exec().map_err(|e| fail(&e))?;
+    sysx::reset_signals_for_exec(&forwarded_signals()).map_err(|e| fail(&e))?;
     nix::unistd::setsid().map_err(|e| fail(&e))?;
     if let Some(slave) = slave {
         sysx::set_controlling_tty(slave).map_err(|e| fail(&e))?;

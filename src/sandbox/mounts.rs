@@ -305,8 +305,7 @@ fn open_beneath(root: &Path, rel: &Path) -> io::Result<OwnedFd> {
     let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW).resolve(
         ResolveFlag::RESOLVE_BENEATH
             | ResolveFlag::RESOLVE_NO_SYMLINKS
-            | ResolveFlag::RESOLVE_NO_MAGICLINKS
-            | ResolveFlag::RESOLVE_NO_XDEV,
+            | ResolveFlag::RESOLVE_NO_MAGICLINKS,
     );
     nix::fcntl::openat2(&dir, rel, how).map_err(|e| err("open (no symlinks)", &root.join(rel), e))
 }

@@ -82,6 +82,12 @@ pub fn die_with_parent() -> io::Result<()> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(io::Error::from)
 }
 
+/// Makes this process non-dumpable: its /proc files become inaccessible to processes without
+/// CAP_SYS_PTRACE over it (init is a fork of the supervisor: its memory holds the host's env).
+pub fn set_not_dumpable() -> io::Result<()> {
+    nix::sys::prctl::set_dumpable(false).map_err(io::Error::from)
+}
+
 /// Sets `no_new_privs`: execve never grants privileges again (setuid bits, file caps).
 pub fn set_no_new_privs() -> io::Result<()> {
     nix::sys::prctl::set_no_new_privs().map_err(io::Error::from)
@@ -97,12 +103,27 @@ pub fn close_fds_from(first: u32) -> io::Result<()> {
 
 /// Restores the signal state a freshly exec'd program expects: nothing blocked, SIGPIPE at its
 /// default (the Rust runtime ignores it, and ignored signals survive execve).
-pub fn reset_signals_for_exec() -> io::Result<()> {
+pub fn reset_signals_for_exec(forwarded: &nix::sys::signal::SigSet) -> io::Result<()> {
     use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, sigprocmask};
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
-    for sig in [Signal::SIGPIPE, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGTERM] {
+    for sig in forwarded.iter().chain([Signal::SIGPIPE]) {
         // SAFETY: installing SIG_DFL does not register any Rust code as a handler.
         unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) }?;
+    }
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    Ok(())
+}
+
+extern "C" fn noop_handler(_: libc::c_int) {}
+
+/// Installs a no-op handler for each signal in `set`. PID 1 of a namespace only receives
+/// signals it has a handler for (pid_namespaces(7)); init keeps them blocked and collects them
+/// with sigwait, so the handler never actually runs.
+pub fn install_noop_handlers(set: &nix::sys::signal::SigSet) -> io::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, sigaction};
+    let action = SigAction::new(SigHandler::Handler(noop_handler), SaFlags::SA_RESTART, SigSet::empty());
+    for sig in set.iter() {
+        // SAFETY: the handler is an empty extern "C" fn: async-signal-safe by construction.
+        unsafe { sigaction(sig, &action) }?;
     }
     Ok(())
 }

@@ -8,3 +8,4 @@ compile_error!(
 );
 
 mod support;
+mod sandbox;
