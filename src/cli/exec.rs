@@ -20,7 +20,12 @@ pub struct ExecArgs {
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
     /// The command and its arguments, resolved inside the sandbox with its PATH.
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
     pub command: Vec<OsString>,
 }
 
@@ -101,10 +106,10 @@ impl ProxyBridge for DaemonBridge {
 
 fn bridge(ctx: &Context<'_>) -> Box<dyn ProxyBridge> {
     #[cfg(feature = "test-hooks")]
-    if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR) {
-        if let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode) {
-            return Box::new(b);
-        }
+    if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR)
+        && let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode)
+    {
+        return Box::new(b);
     }
     let _ = ctx;
     Box::new(DaemonBridge)
@@ -148,7 +153,10 @@ pub fn run_with(
                     repo.path.display()
                 ));
             }
-            eprintln!("airlock: {} is new or changed. Effective difference:\n{diff}", file.display());
+            eprintln!(
+                "airlock: {} is new or changed. Effective difference:\n{diff}",
+                file.display()
+            );
             eprint!("Trust this file and continue? [y/N] ");
             let _ = std::io::stderr().flush();
             let mut answer = String::new();
@@ -172,7 +180,9 @@ pub fn run_with(
     };
     let (env, ignored) = senv::build(ctx.env, &repo.sandbox_path(), &identity, &extra);
     for name in ignored {
-        eprintln!("airlock: warning: [env] pass {name:?} ignored: Airlock sets it inside the sandbox");
+        eprintln!(
+            "airlock: warning: [env] pass {name:?} ignored: Airlock sets it inside the sandbox"
+        );
     }
     let kernel = probe::probe(&HostFs::from_env(ctx.env));
     warn_once(&paths, &kernel.optional_warnings());

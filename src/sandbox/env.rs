@@ -113,7 +113,8 @@ mod tests {
             .with("PATH", "/root/bin:/usr/bin")
             .with("SSH_AUTH_SOCK", "/tmp/agent.sock");
         let id = IdentityEnv { user_id: Some("u-1".into()), email: Some("a@b.test".into()) };
-        let extra = Extra { pass: vec!["GITHUB_TOKEN".into(), "PATH".into(), "UNSET".into()], mcp: vec![] };
+        let extra =
+            Extra { pass: vec!["GITHUB_TOKEN".into(), "PATH".into(), "UNSET".into()], mcp: vec![] };
         let (env, ignored) = build(&host, Path::new("/pay"), &id, &extra);
         assert_eq!(get(&env, "PATH").unwrap(), SANDBOX_PATH);
         assert_eq!(get(&env, "HOME").unwrap(), "/home/agent");

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{
-    AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, bind,
-    listen, sendmsg, setsockopt, socket, sockopt,
+    AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, bind, listen,
+    sendmsg, setsockopt, socket, sockopt,
 };
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -74,7 +74,6 @@ pub fn run(spec: &Spec) -> ! {
     }
 }
 
-
 fn ctx<T>(what: &str, r: Result<T, impl std::fmt::Display>) -> io::Result<T> {
     r.map_err(|e| io::Error::other(format!("{what}: {e}")))
 }
@@ -109,7 +108,13 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     let iov = [io::IoSlice::new(msg.as_bytes())];
     ctx(
         "passing the proxy listener",
-        sendmsg::<()>(spec.control, &iov, &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None),
+        sendmsg::<()>(
+            spec.control,
+            &iov,
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        ),
     )?;
     drop(listener);
     let slave = pty.map(|(master, slave)| {
@@ -144,9 +149,9 @@ fn peer_gone(control: RawFd) -> bool {
     let fd = sysx::borrow_raw(control);
     let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
     match nix::poll::poll(&mut pfd, nix::poll::PollTimeout::ZERO) {
-        Ok(n) if n > 0 => pfd[0]
-            .revents()
-            .is_some_and(|r| r.intersects(nix::poll::PollFlags::POLLHUP | nix::poll::PollFlags::POLLERR)),
+        Ok(n) if n > 0 => pfd[0].revents().is_some_and(|r| {
+            r.intersects(nix::poll::PollFlags::POLLHUP | nix::poll::PollFlags::POLLERR)
+        }),
         _ => false,
     }
 }
@@ -339,10 +344,10 @@ fn init_loop(child: Pid) -> ! {
                 match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(status) => {
-                        if status.pid() == Some(child) {
-                            if let Some(code) = exit_code(status) {
-                                sysx::exit_now(code);
-                            }
+                        if status.pid() == Some(child)
+                            && let Some(code) = exit_code(status)
+                        {
+                            sysx::exit_now(code);
                         }
                     }
                 }

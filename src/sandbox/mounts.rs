@@ -40,19 +40,49 @@ pub const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug",
 /// One step of the plan. Paths named `path`/`dst` are inside the sandbox; `src` on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Dir { path: PathBuf, mode: u32 },
-    File { path: PathBuf, contents: String, mode: u32 },
-    Symlink { target: PathBuf, path: PathBuf },
-    Tmpfs { path: PathBuf, size: &'static str, mode: u32 },
+    Dir {
+        path: PathBuf,
+        mode: u32,
+    },
+    File {
+        path: PathBuf,
+        contents: String,
+        mode: u32,
+    },
+    Symlink {
+        target: PathBuf,
+        path: PathBuf,
+    },
+    Tmpfs {
+        path: PathBuf,
+        size: &'static str,
+        mode: u32,
+    },
     /// Bind a host path (file or directory) into the sandbox.
-    BindHost { src: PathBuf, dst: PathBuf, ro: bool },
+    BindHost {
+        src: PathBuf,
+        dst: PathBuf,
+        ro: bool,
+    },
     /// Bind `root/rel` without following any symlink below `root`, read-only or read-write.
     /// `root` is a host path, or (with `inside`) a path in the tree being built.
-    BindBeneath { root: PathBuf, rel: PathBuf, dst: PathBuf, ro: bool, inside: bool },
-    Proc { path: PathBuf },
-    Devpts { path: PathBuf },
+    BindBeneath {
+        root: PathBuf,
+        rel: PathBuf,
+        dst: PathBuf,
+        ro: bool,
+        inside: bool,
+    },
+    Proc {
+        path: PathBuf,
+    },
+    Devpts {
+        path: PathBuf,
+    },
     /// Make an existing sandbox path (already a mount) read-only.
-    RemountRo { path: PathBuf },
+    RemountRo {
+        path: PathBuf,
+    },
 }
 
 /// Facts about the host the plan depends on (gathered by [`HostView::read`]).
@@ -148,7 +178,10 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
     ops.push(file("/etc/group", group(input.gid)));
     ops.push(file(
         "/etc/hosts",
-        format!("127.0.0.1\tlocalhost {}\n::1\tlocalhost ip6-localhost ip6-loopback\n", input.hostname),
+        format!(
+            "127.0.0.1\tlocalhost {}\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+            input.hostname
+        ),
     ));
     ops.push(file("/etc/hostname", format!("{}\n", input.hostname)));
     ops.push(file("/etc/resolv.conf", String::new()));
@@ -200,10 +233,10 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
         ops.push(Op::BindHost { src: root("/dev/null"), dst, ro: true });
     }
     // The repo, read-write, then the protected paths.
-    if let Some(parent) = input.repo_sandbox.parent() {
-        if parent != Path::new("/") {
-            ops.push(Op::Dir { path: parent.to_path_buf(), mode: 0o755 });
-        }
+    if let Some(parent) = input.repo_sandbox.parent()
+        && parent != Path::new("/")
+    {
+        ops.push(Op::Dir { path: parent.to_path_buf(), mode: 0o755 });
     }
     ops.push(Op::Dir { path: input.repo_sandbox.to_path_buf(), mode: 0o755 });
     ops.push(Op::BindBeneath {
@@ -236,7 +269,13 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
     };
     for pinned in &prot.pinned {
         let dst = to_sandbox(pinned);
-        ops.push(Op::BindBeneath { root: dst.clone(), rel: PathBuf::new(), dst, ro: false, inside: true });
+        ops.push(Op::BindBeneath {
+            root: dst.clone(),
+            rel: PathBuf::new(),
+            dst,
+            ro: false,
+            inside: true,
+        });
     }
     for item in &prot.listed {
         if matches!(item.state, State::Dir | State::File) {
@@ -276,7 +315,8 @@ fn do_mount(
 fn remount_ro(path: &Path) -> io::Result<()> {
     let st = statvfs(path).map_err(|e| err("statvfs", path, e))?;
     let f = st.flags();
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
+    let mut flags =
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
     for (have, want) in [
         (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
         (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
@@ -402,8 +442,7 @@ fn apply(op: &Op) -> io::Result<()> {
             let dst = at(NEWROOT, dst);
             let is_dir = fs::metadata(fd_path(&fd)).map_err(|e| err("stat", &dst, e))?.is_dir();
             make_mountpoint(&dst, is_dir)?;
-            let dst_fd = open_beneath(&dst, Path::new(""))
-                .or_else(|_| open_file_path(&dst))?;
+            let dst_fd = open_beneath(&dst, Path::new("")).or_else(|_| open_file_path(&dst))?;
             do_mount(
                 Some(&fd_path(&fd)),
                 &fd_path(&dst_fd),
@@ -514,7 +553,11 @@ mod tests {
         let ops = ops();
         let dump = format!("{ops:?}");
         assert!(!dump.contains("shadow") && !dump.contains("ssh"));
-        assert!(ops.contains(&Op::BindHost { src: "/etc/ssl".into(), dst: "/etc/ssl".into(), ro: true }));
+        assert!(ops.contains(&Op::BindHost {
+            src: "/etc/ssl".into(),
+            dst: "/etc/ssl".into(),
+            ro: true
+        }));
         assert!(ops.contains(&Op::File {
             path: "/etc/resolv.conf".into(),
             contents: String::new(),

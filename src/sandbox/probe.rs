@@ -206,7 +206,14 @@ impl Kernel {
 
 /// The mandatory layers (always in force when a session runs).
 pub const MANDATORY_LAYERS: &[&str] = &[
-    "userns", "mountns", "netns", "pidns", "utsns", "ipcns", "no_new_privs", "caps-dropped",
+    "userns",
+    "mountns",
+    "netns",
+    "pidns",
+    "utsns",
+    "ipcns",
+    "no_new_privs",
+    "caps-dropped",
     "seccomp",
 ];
 
@@ -214,11 +221,8 @@ pub const MANDATORY_LAYERS: &[&str] = &[
 pub fn report(fs: &dyn ProbeFs) -> Vec<ProbeLine> {
     let k = probe(fs);
     let mut lines = Vec::new();
-    let userns_problems: Vec<String> = k
-        .mandatory_problems()
-        .into_iter()
-        .filter(|p| !p.contains("seccomp"))
-        .collect();
+    let userns_problems: Vec<String> =
+        k.mandatory_problems().into_iter().filter(|p| !p.contains("seccomp")).collect();
     lines.push(ProbeLine {
         name: "user namespaces",
         status: if userns_problems.is_empty() { Status::Ok } else { Status::Fail },
@@ -315,7 +319,11 @@ mod tests {
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("contrib/apparmor/airlock"));
         let lines = report(&ubuntu(1000, "unconfined\n"));
-        assert!(lines.iter().any(|l| l.name == "apparmor userns restriction" && l.status == Status::Fail));
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.name == "apparmor userns restriction" && l.status == Status::Fail)
+        );
         // Under our profile, or as root, it does not apply.
         assert!(probe(&ubuntu(1000, "airlock (unconfined)\n")).mandatory_problems().is_empty());
         assert!(probe(&ubuntu(0, "unconfined\n")).mandatory_problems().is_empty());

@@ -11,7 +11,8 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 /// Top-level repo entries the host (or the developer's tools) run or read as configuration.
-pub const TOP_LEVEL: &[&str] = &[".airlock.toml", ".envrc", ".vscode", ".idea", ".mcp.json", ".husky"];
+pub const TOP_LEVEL: &[&str] =
+    &[".airlock.toml", ".envrc", ".vscode", ".idea", ".mcp.json", ".husky"];
 /// Claude Code settings files that are always recorded, present or not (`settings*.json`).
 pub const CLAUDE_SETTINGS: &[&str] = &["settings.json", "settings.local.json"];
 /// How deep `.git/modules/*/modules/*…` is followed.
@@ -190,7 +191,7 @@ pub fn scan(repo: &Path) -> Result<Protection, ProtectError> {
             s.list(repo, ".git")?;
             if target.starts_with(repo) {
                 if let Ok(rel) = target.strip_prefix(repo) {
-                    s.git_dir(repo, &rel.to_path_buf(), 0)?;
+                    s.git_dir(repo, rel, 0)?;
                 }
             } else {
                 s.external_git_dir(&target, 0)?;
@@ -361,8 +362,11 @@ mod tests {
         fs::write(main.join(".git/worktrees/wt/commondir"), "../..\n").unwrap();
         let wt = tmp.path().join("wt");
         fs::create_dir_all(&wt).unwrap();
-        fs::write(wt.join(".git"), format!("gitdir: {}\n", main.join(".git/worktrees/wt").display()))
-            .unwrap();
+        fs::write(
+            wt.join(".git"),
+            format!("gitdir: {}\n", main.join(".git/worktrees/wt").display()),
+        )
+        .unwrap();
         let p = scan(&wt).unwrap();
         assert!(p.external.contains(&main.join(".git/worktrees/wt")));
         assert!(p.external.contains(&main.join(".git")));

@@ -98,18 +98,15 @@ pub fn run(pumps: &mut [Pump], signals: &SignalFd, events: &mut dyn Events) -> i
                     fds.push(PollFd::new(fd, PollFlags::POLLOUT));
                     map.push((i, false));
                 }
-            } else if !p.eof {
-                if let Some(fd) = p.src.fd() {
-                    fds.push(PollFd::new(fd, PollFlags::POLLIN));
-                    map.push((i, true));
-                }
+            } else if !p.eof
+                && let Some(fd) = p.src.fd()
+            {
+                fds.push(PollFd::new(fd, PollFlags::POLLIN));
+                map.push((i, true));
             }
         }
-        let timeout = if drain_deadline.is_some() {
-            PollTimeout::from(100u16)
-        } else {
-            PollTimeout::NONE
-        };
+        let timeout =
+            if drain_deadline.is_some() { PollTimeout::from(100u16) } else { PollTimeout::NONE };
         match poll(&mut fds, timeout) {
             Ok(_) => {}
             Err(Errno::EINTR) => continue,

@@ -146,10 +146,10 @@ impl Events for Watch {
                 }
             }
             Signal::SIGWINCH => {
-                if let (Some(master), Some(from)) = (&self.master, self.winsize_from) {
-                    if let Some(ws) = sysx::window_size(sysx::borrow_raw(from)) {
-                        let _ = sysx::set_window_size(master.as_fd(), &ws);
-                    }
+                if let (Some(master), Some(from)) = (&self.master, self.winsize_from)
+                    && let Some(ws) = sysx::window_size(sysx::borrow_raw(from))
+                {
+                    let _ = sysx::set_window_size(master.as_fd(), &ws);
                 }
             }
             other => {
@@ -208,13 +208,9 @@ pub fn run(
     let winsize_from = [1, 0, 2].into_iter().find(|fd| tty[*fd as usize]);
     let winsize = winsize_from.and_then(|fd| sysx::window_size(sysx::borrow_raw(fd)));
 
-    let (control, child_control) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| io_ctx("socketpair")(e.into()))?;
+    let (control, child_control) =
+        socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| io_ctx("socketpair")(e.into()))?;
     let (err_r, err_w) = pipe()?;
 
     let path_dirs = req
@@ -253,7 +249,8 @@ pub fn run(
     // Signals are blocked before the fork: the supervisor reads them from a signalfd, init
     // waits for them with sigwait, and the command unblocks them before exec.
     let mask = inside::forwarded_signals();
-    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(|e| io_ctx("sigprocmask")(e.into()))?;
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)
+        .map_err(|e| io_ctx("sigprocmask")(e.into()))?;
     let child = match namespaces::fork_into_namespaces(SANDBOX_NAMESPACES) {
         Ok(Forked::Child) => inside::run(&spec),
         Ok(Forked::Parent(pid)) => pid,
@@ -342,12 +339,8 @@ fn receive_fds(control: &OwnedFd) -> io::Result<Received> {
     let mut buf = [0u8; 256];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
     let mut iov = [io::IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(
-        control.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
+    let msg =
+        recvmsg::<()>(control.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
     let mut fds = Vec::new();
     for c in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(raw) = c {
@@ -377,11 +370,11 @@ fn build_pumps(
         (None, None) => {}
     }
     // The pty's output goes to the caller's first terminal among stdout/stderr.
-    if let Some(m) = master {
-        if tty[1] || tty[2] {
-            let to = if tty[1] { 1 } else { 2 };
-            pumps.push(mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?);
-        }
+    if let Some(m) = master
+        && (tty[1] || tty[2])
+    {
+        let to = if tty[1] { 1 } else { 2 };
+        pumps.push(mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?);
     }
     for (fd, end) in [(1, e1), (2, e2)] {
         if let Some(r) = end {

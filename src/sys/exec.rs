@@ -120,7 +120,8 @@ extern "C" fn noop_handler(_: libc::c_int) {}
 /// with sigwait, so the handler never actually runs.
 pub fn install_noop_handlers(set: &nix::sys::signal::SigSet) -> io::Result<()> {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, sigaction};
-    let action = SigAction::new(SigHandler::Handler(noop_handler), SaFlags::SA_RESTART, SigSet::empty());
+    let action =
+        SigAction::new(SigHandler::Handler(noop_handler), SaFlags::SA_RESTART, SigSet::empty());
     for sig in set.iter() {
         // SAFETY: the handler is an empty extern "C" fn: async-signal-safe by construction.
         unsafe { sigaction(sig, &action) }?;

@@ -7,5 +7,5 @@ compile_error!(
     "the integration suite needs test-only hooks: run `cargo test --features test-hooks`"
 );
 
-mod support;
 mod sandbox;
+mod support;

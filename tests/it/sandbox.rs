@@ -243,10 +243,11 @@ fn daemon_socket_and_host_abstract_sockets_are_unreachable() {
     let hits = Arc::new(AtomicUsize::new(0));
     let named = UnixListener::bind(&path).unwrap();
     let abstract_name = format!("airlock-test-{}", std::process::id());
-    let addr = <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
-        abstract_name.as_bytes(),
-    )
-    .unwrap();
+    let addr =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            abstract_name.as_bytes(),
+        )
+        .unwrap();
     let abs = UnixListener::bind_addr(&addr).unwrap();
     for l in [named, abs] {
         let h = hits.clone();
@@ -419,7 +420,10 @@ fn kernel_attack_surface_syscalls_are_refused() {
         ("unknown", "ENOSYS"),
         ("x32_getpid", "EPERM"),
     ] {
-        assert!(out.contains(&format!("{name} -1 {errno}\n")), "{name} should fail {errno}:\n{out}");
+        assert!(
+            out.contains(&format!("{name} -1 {errno}\n")),
+            "{name} should fail {errno}:\n{out}"
+        );
     }
 }
 
@@ -466,7 +470,8 @@ fn tiocsti_cannot_inject_with_stdout_a_tty_and_stdin_a_pipe() {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     // The pty's output is complete once the child exited; read what is buffered.
-    nix::fcntl::fcntl(&master, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).unwrap();
+    nix::fcntl::fcntl(&master, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
+        .unwrap();
     while let Ok(n) = master.read(&mut buf) {
         if n == 0 {
             break;
@@ -498,7 +503,14 @@ fn writes_land_only_in_repo_home_and_tmp() {
 fn git(dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new("git")
         .current_dir(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@example.test", "-c", "init.defaultBranch=main"])
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.test",
+            "-c",
+            "init.defaultBranch=main",
+        ])
         .args(args)
         .output()
         .unwrap()
@@ -554,7 +566,11 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     assert!(stdout.contains("planted-new"), "{stdout}");
     for path in [".envrc", ".mcp.json", ".vscode", ".claude/settings.local.json"] {
         assert!(!repo.join(path).exists(), "{path} stayed in the repo");
-        assert!(out.stderr().contains(&format!("quarantined {}", repo.join(path).display())), "{}", out.stderr());
+        assert!(
+            out.stderr().contains(&format!("quarantined {}", repo.join(path).display())),
+            "{}",
+            out.stderr()
+        );
     }
     let q = sb.home().join(".airlock/quarantine");
     let session = std::fs::read_dir(&q).unwrap().next().unwrap().unwrap().path();
@@ -605,7 +621,7 @@ fn stdin_pipe_with_stdout_on_a_terminal() {
     let sb = Sandbox::new("ptyout");
     let pty = nix::pty::openpty(None, None).unwrap();
     let mut cmd = sb.exec(&["cat"]).cmd;
-    cmd.stdin(Stdio::piped()).stdout(Stdio::from(OwnedFd::from(pty.slave))).stderr(Stdio::piped());
+    cmd.stdin(Stdio::piped()).stdout(Stdio::from(pty.slave)).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     drop(cmd);
     child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
@@ -689,14 +705,27 @@ fn environment_is_the_minimal_base() {
         .env("TERM", "xterm-test")
         .run()
         .expect_code(0);
-    let mut names: Vec<String> =
-        run.stdout().lines().filter_map(|l| l.split_once('=')).map(|(k, _)| k.to_string()).collect();
+    let mut names: Vec<String> = run
+        .stdout()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, _)| k.to_string())
+        .collect();
     names.sort();
     assert_eq!(
         names,
         [
-            "AIRLOCK_REPO", "HOME", "HTTPS_PROXY", "HTTP_PROXY", "LANG", "NO_PROXY", "PATH", "TERM",
-            "http_proxy", "https_proxy", "no_proxy"
+            "AIRLOCK_REPO",
+            "HOME",
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
+            "LANG",
+            "NO_PROXY",
+            "PATH",
+            "TERM",
+            "http_proxy",
+            "https_proxy",
+            "no_proxy"
         ]
     );
     assert!(run.stdout().contains("TERM=xterm-test\n"));
