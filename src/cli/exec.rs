@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::Context;
+use crate::config::{self, trust::TrustState};
+use crate::env::Env;
 use crate::paths::Paths;
 use crate::repo::Repo;
 use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
@@ -43,47 +45,55 @@ pub trait TrustGate {
     fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String>;
     /// Records trust after the user said yes on a terminal.
     fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String>;
-    /// `[env] pass` and `[mcp.*]` from trusted layers.
-    fn extra(&self, paths: &Paths, repo: &Repo) -> Result<Extra, String>;
+    /// `[env] pass` and `[mcp.*]` from trusted layers (checks that the policy builds).
+    fn extra(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Extra, String>;
     fn identity(&self, paths: &Paths) -> Result<IdentityEnv, String>;
 }
 
-/// Until the configuration layer is wired in: the repo file is trusted when
-/// `~/.airlock/trust/<repo key>` holds its SHA-256 (the record `airlock policy trust` writes).
+/// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
+/// applied layers, the identity file, and the policy that must build (an empty allowlist
+/// refuses to start).
 #[derive(Debug, Default)]
-pub struct DigestTrust;
+pub struct ConfigGate;
 
-impl TrustGate for DigestTrust {
+impl TrustGate for ConfigGate {
     fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String> {
-        let file = repo.config_file();
-        let bytes = match std::fs::read(&file) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Trust::Trusted),
-            Err(e) => return Err(format!("reading {}: {e}", file.display())),
+        let Some(file) = config::load_repo_file(paths, repo).map_err(|e| e.to_string())? else {
+            return Ok(Trust::Trusted);
         };
-        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        let record = paths.trust_dir().join(repo.key());
-        let trusted = std::fs::read_to_string(&record).is_ok_and(|r| r.contains(&digest));
-        if trusted {
-            Ok(Trust::Trusted)
-        } else {
-            let text = String::from_utf8_lossy(&bytes);
-            let diff = text.lines().map(|l| format!("+ {l}\n")).collect();
-            Ok(Trust::Untrusted { diff })
+        if file.trust.is_trusted() {
+            return Ok(Trust::Trusted);
         }
+        if let TrustState::Unreadable { .. } = file.trust {
+            return Err(file.trust.describe(&file.name, &file.repo_dir));
+        }
+        let mut diff = format!("{}\n", file.trust.describe(&file.name, &file.repo_dir));
+        file.parse().map_err(|e| e.to_string())?;
+        diff.push_str("It would add to your effective policy:\n");
+        for line in String::from_utf8_lossy(&file.bytes).lines() {
+            diff.push_str(&format!("  + {line}\n"));
+        }
+        Ok(Trust::Untrusted { diff })
     }
     fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String> {
-        let bytes = std::fs::read(repo.config_file()).map_err(|e| e.to_string())?;
-        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        std::fs::create_dir_all(paths.trust_dir()).map_err(|e| e.to_string())?;
-        std::fs::write(paths.trust_dir().join(repo.key()), format!("{digest}\n"))
-            .map_err(|e| e.to_string())
+        let file = config::load_repo_file(paths, repo)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the repo file disappeared".to_string())?;
+        file.parse().map_err(|e| e.to_string())?;
+        config::trust::trust(paths, repo, &file.digest).map(|_| ()).map_err(|e| e.to_string())
     }
-    fn extra(&self, _paths: &Paths, _repo: &Repo) -> Result<Extra, String> {
-        Ok(Extra::default())
+    fn extra(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Extra, String> {
+        let identity = config::load_identity(paths).map_err(|e| e.to_string())?;
+        let loaded =
+            config::load(paths, Some(repo), identity.as_ref()).map_err(|e| e.to_string())?;
+        loaded.build_policy().map_err(|e| e.to_string())?;
+        Ok(Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) })
     }
-    fn identity(&self, _paths: &Paths) -> Result<IdentityEnv, String> {
-        Ok(IdentityEnv::default())
+    fn identity(&self, paths: &Paths) -> Result<IdentityEnv, String> {
+        let identity = config::load_identity(paths).map_err(|e| e.to_string())?;
+        Ok(identity
+            .map(|i| IdentityEnv { user_id: Some(i.user_id), email: Some(i.email) })
+            .unwrap_or_default())
     }
 }
 
@@ -122,7 +132,7 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 
 /// Runs `airlock exec`.
 pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
-    run_with(args, ctx, &DigestTrust, &mut *bridge(ctx))
+    run_with(args, ctx, &ConfigGate, &mut *bridge(ctx))
 }
 
 /// `exec` with its collaborators injected.
@@ -170,7 +180,7 @@ pub fn run_with(
         }
         Err(e) => return fail(e),
     }
-    let extra = match gate.extra(&paths, &repo) {
+    let extra = match gate.extra(&paths, &repo, ctx.env) {
         Ok(x) => x,
         Err(e) => return fail(e),
     };

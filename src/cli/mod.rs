@@ -1,9 +1,12 @@
 //! The `airlock` command line: argument parsing (clap derive) and dispatch to one module per
 //! command. Each command returns its exit code; only `main` touches the process.
 
-use std::path::PathBuf;
-
+pub mod completions;
 pub mod exec;
+pub mod identity;
+pub mod policy;
+
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
@@ -35,6 +38,17 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Check targets against the network policy, show it, trust a repo's .airlock.toml
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// Save a local identity (email + stable user id) for audit attribution
+    Login(identity::LoginArgs),
+    /// Show the identity in use
+    Whoami,
+    /// Remove the identity file
+    Logout,
+    /// Print a shell completion script
+    Completions(completions::CompletionsArgs),
     /// Run a command in the sandbox: no way out but Airlock's proxy.
     Exec(exec::ExecArgs),
 }
@@ -63,6 +77,11 @@ pub fn main() -> i32 {
 /// Dispatches one parsed command.
 pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
     match command {
+        Command::Policy(cmd) => policy::run(&cmd, ctx),
+        Command::Login(args) => identity::login(&args, ctx),
+        Command::Whoami => identity::whoami(ctx),
+        Command::Logout => identity::logout(ctx),
+        Command::Completions(args) => completions::run(&args),
         Command::Exec(args) => exec::run(args, ctx),
     }
 }

@@ -1,2 +1,599 @@
 //! Configuration layers (managed, user, repo), their schema and validation with file:line:col
 //! errors, repo trust by content hash, and the identity file.
+//!
+//! The flow (DESIGN §4): [`load`] reads the managed layer (`/etc/airlock/policy.toml`), the user
+//! layer (`~/.airlock/config.toml`) and the repo's `.airlock.toml`; the repo file applies only
+//! while [`trust`] says its bytes are trusted. Each file becomes a [`LayerDoc`] (the serializable
+//! document the client sends the daemon inside [`ClientLayers`]); [`build_policy`] turns layer
+//! documents plus the review-plane hosts into the evaluator, with the same code in the CLI
+//! (`policy check`), the daemon and the standalone proxy ([`load_operator`]).
+
+mod diag;
+mod fsutil;
+pub mod identity;
+mod layer;
+pub mod trust;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use diag::{Diagnostic, Diagnostics};
+pub use identity::{Identity, IdentityError};
+pub use layer::{Credential, LayerDoc, NetworkDoc, ParsedLayer, digest, parse_layer};
+pub use trust::{TrustRecord, TrustState};
+
+use crate::paths::Paths;
+use crate::policy::{self, Host, LayerKind, Policy, PolicyError, PolicyWarning, ReviewHost};
+use crate::repo::Repo;
+
+/// Everything that can make configuration unusable. Each message says where and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// One or more problems in a file, each at `file:line:col`.
+    #[error("{}", Diagnostics(.0.clone()))]
+    Invalid(Vec<Diagnostic>),
+    #[error("cannot read {file}: {source}")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry in a received [`LayerDoc`] that does not parse (documents built by [`load`] are
+    /// already validated; this guards documents that crossed the control socket).
+    #[error("{file}: invalid entry {entry:?}: {reason}")]
+    Entry { file: String, entry: String, reason: String },
+    #[error("review server {server:?} from {file}: {reason}; give a URL or a host name")]
+    ReviewServer { server: String, file: String, reason: String },
+    #[error(
+        "refusing to start: the allowlist is empty (no `allow` entry in the user layer \
+         ~/.airlock/config.toml or a trusted repo .airlock.toml{}); add one, e.g.\n  [network]\n  \
+         allow = [\"api.anthropic.com\"]\nto the repo's .airlock.toml (then run `airlock policy \
+         trust`) or to ~/.airlock/config.toml, or set mode = \"blocklist\"",
+        if *.managed_allow { "; the managed layer's allow entries only narrow the list" } else { "" }
+    )]
+    EmptyAllowlist {
+        /// The managed layer has `allow` entries (they gate, they never count toward the list).
+        managed_allow: bool,
+    },
+    #[error("{0}")]
+    Policy(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+}
+
+/// A review-plane server that is always blocked, with where it was configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewServer {
+    /// As written (URL or host).
+    pub server: String,
+    pub layer: LayerKind,
+    /// The file it came from, as the user sees it.
+    pub policy: String,
+}
+
+/// What the client sends the daemon for one session (DESIGN §4): the user layer and the
+/// *trusted* repo layer as separate documents, plus review-plane hosts the daemon cannot read
+/// itself (the user layer's `[review] servers` and the identity's `server`). The daemon adds the
+/// managed layer it reads itself and calls [`ClientLayers::build_policy`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientLayers {
+    pub user: Option<LayerDoc>,
+    pub repo: Option<LayerDoc>,
+    pub review_servers: Vec<ReviewServer>,
+}
+
+impl ClientLayers {
+    /// Builds the evaluator from the managed layer (read by the caller) and these documents.
+    /// Documents claiming the wrong kind are rejected: a client cannot pose as managed.
+    pub fn build_policy(&self, managed: Option<&LayerDoc>) -> Result<BuiltPolicy, ConfigError> {
+        let mut layers = Vec::new();
+        for (doc, kind) in [(managed, LayerKind::Managed), (self.user.as_ref(), LayerKind::User)]
+            .into_iter()
+            .chain([(self.repo.as_ref(), LayerKind::Repo)])
+        {
+            if let Some(doc) = doc {
+                if doc.kind != kind {
+                    return Err(ConfigError::Policy(format!(
+                        "layer document {} claims kind {} where {kind} was expected",
+                        doc.name, doc.kind
+                    )));
+                }
+                layers.push(doc);
+            }
+        }
+        let mut review: Vec<ReviewServer> = managed.map(review_servers_of).unwrap_or_default();
+        review
+            .extend(self.review_servers.iter().filter(|r| r.layer != LayerKind::Managed).cloned());
+        build_policy(&layers, &review)
+    }
+}
+
+/// The evaluator and the warnings building it raised.
+#[derive(Debug)]
+pub struct BuiltPolicy {
+    pub policy: Policy,
+    pub warnings: Vec<PolicyWarning>,
+}
+
+impl BuiltPolicy {
+    /// Warnings that involve two files. Those within one file are already reported with their
+    /// line and column by the file's [`ParsedLayer::warnings`].
+    pub fn cross_file_warnings(&self) -> impl Iterator<Item = &PolicyWarning> {
+        self.warnings.iter().filter(|w| match w {
+            PolicyWarning::AllowAndBlock { allow_policy, block_policy, .. } => {
+                allow_policy != block_policy
+            }
+            PolicyWarning::Duplicate { first_policy, second_policy, .. } => {
+                first_policy != second_policy
+            }
+        })
+    }
+}
+
+/// The repo's `.airlock.toml` as found on disk.
+#[derive(Debug, Clone)]
+pub struct RepoFile {
+    /// Host path of the file.
+    pub path: PathBuf,
+    /// The file as the user sees it.
+    pub name: String,
+    /// The repo directory (for the `airlock policy trust --repo DIR` hint).
+    pub repo_dir: PathBuf,
+    /// The bytes read once: the digest and the parse are of the same content.
+    pub bytes: Vec<u8>,
+    pub digest: String,
+    pub trust: TrustState,
+    /// Why the file could not be read (a symlink, not a regular file, too large).
+    pub unreadable: Option<String>,
+    /// Parsed only when trusted (an untrusted file is parsed only by `policy show` and
+    /// `policy trust`, through [`RepoFile::parse`]).
+    pub parsed: Option<ParsedLayer>,
+}
+
+impl RepoFile {
+    /// Parses the file regardless of trust (for `policy show` and `policy trust`).
+    pub fn parse(&self) -> Result<ParsedLayer, ConfigError> {
+        if let Some(reason) = &self.unreadable {
+            return Err(ConfigError::Read {
+                file: self.name.clone(),
+                source: std::io::Error::other(reason.clone()),
+            });
+        }
+        parse_layer(LayerKind::Repo, &self.name, &self.bytes)
+    }
+}
+
+/// The configuration in force for one command.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub managed: Option<ParsedLayer>,
+    pub user: Option<ParsedLayer>,
+    pub repo: Option<RepoFile>,
+    /// Every review-plane server (managed, user, identity), always blocked.
+    pub review_servers: Vec<ReviewServer>,
+}
+
+impl Loaded {
+    /// The layers that apply, in order: managed, user, trusted repo.
+    pub fn applied(&self) -> Vec<&LayerDoc> {
+        let repo = self.repo.as_ref().and_then(|r| r.parsed.as_ref());
+        [self.managed.as_ref(), self.user.as_ref(), repo]
+            .into_iter()
+            .flatten()
+            .map(|p| &p.doc)
+            .collect()
+    }
+
+    /// Warnings of the applied files (duplicates, allow+block overlaps), in layer order.
+    pub fn warnings(&self) -> Vec<&Diagnostic> {
+        let repo = self.repo.as_ref().and_then(|r| r.parsed.as_ref());
+        [self.managed.as_ref(), self.user.as_ref(), repo]
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p.warnings.iter())
+            .collect()
+    }
+
+    /// What to send the daemon (the managed layer is the daemon's own to read).
+    pub fn client_layers(&self) -> ClientLayers {
+        ClientLayers {
+            user: self.user.as_ref().map(|p| p.doc.clone()),
+            repo: self.repo.as_ref().and_then(|r| r.parsed.as_ref()).map(|p| p.doc.clone()),
+            review_servers: self
+                .review_servers
+                .iter()
+                .filter(|r| r.layer != LayerKind::Managed)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The evaluator for the applied layers.
+    pub fn build_policy(&self) -> Result<BuiltPolicy, ConfigError> {
+        build_policy(&self.applied(), &self.review_servers)
+    }
+}
+
+/// Reads and validates the managed and user layers and the repo file (applied only if
+/// trusted). `identity` contributes its `server` to the review-plane hosts.
+pub fn load(
+    paths: &Paths,
+    repo: Option<&Repo>,
+    identity: Option<&Identity>,
+) -> Result<Loaded, ConfigError> {
+    let managed = load_file(LayerKind::Managed, paths.managed_policy(), paths)?;
+    let user = load_file(LayerKind::User, &paths.user_config(), paths)?;
+    let repo = match repo {
+        Some(repo) => load_repo_file(paths, repo)?,
+        None => None,
+    };
+    let mut review_servers = Vec::new();
+    for p in [managed.as_ref(), user.as_ref()].into_iter().flatten() {
+        review_servers.extend(review_servers_of(&p.doc));
+    }
+    if let Some(server) = identity.and_then(|i| i.server.as_ref()) {
+        review_host(server).map_err(|reason| ConfigError::ReviewServer {
+            server: server.clone(),
+            file: display_path(paths, &paths.identity_file()),
+            reason,
+        })?;
+        review_servers.push(ReviewServer {
+            server: server.clone(),
+            layer: LayerKind::User,
+            policy: display_path(paths, &paths.identity_file()),
+        });
+    }
+    Ok(Loaded { managed, user, repo, review_servers })
+}
+
+/// Reads the identity file (`None` when not logged in); a file others may read is an error.
+pub fn load_identity(paths: &Paths) -> Result<Option<Identity>, ConfigError> {
+    Ok(identity::read(&paths.identity_file())?)
+}
+
+/// Reads the managed layer alone (what the daemon does for every session).
+pub fn load_managed(paths: &Paths) -> Result<Option<LayerDoc>, ConfigError> {
+    Ok(load_file(LayerKind::Managed, paths.managed_policy(), paths)?.map(|p| p.doc))
+}
+
+/// The standalone proxy's `--config FILE`: `.airlock.toml` format, layer `operator`, trusted
+/// because the operator named it. `[review]` is refused as in a repo file.
+pub fn load_operator(path: &Path) -> Result<ParsedLayer, ConfigError> {
+    let name = path.display().to_string();
+    let bytes =
+        std::fs::read(path).map_err(|source| ConfigError::Read { file: name.clone(), source })?;
+    parse_layer(LayerKind::Operator, &name, &bytes)
+}
+
+/// Reads the repo's `.airlock.toml` and its trust state; parses it only when trusted.
+///
+/// The file lives in a tree the agent can write, so it is read without following symlinks,
+/// as a regular file of bounded size. A file that cannot be read that way is reported as
+/// unusable (never trusted, never applied) rather than failing the command.
+pub fn load_repo_file(paths: &Paths, repo: &Repo) -> Result<Option<RepoFile>, ConfigError> {
+    let path = repo.config_file();
+    let name = display_path(paths, &path);
+    let (bytes, unreadable) = match fsutil::read_config(&path, false) {
+        Ok(Some(bytes)) => (bytes, None),
+        Ok(None) => return Ok(None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let digest = digest(&bytes);
+    let trust = match &unreadable {
+        None => trust::state(paths, repo, &digest),
+        Some(reason) => TrustState::Unreadable { reason: reason.clone() },
+    };
+    let mut file = RepoFile {
+        path,
+        name,
+        repo_dir: repo.path.clone(),
+        bytes,
+        digest,
+        trust,
+        unreadable,
+        parsed: None,
+    };
+    if file.trust.is_trusted() {
+        file.parsed = Some(file.parse()?);
+    }
+    Ok(Some(file))
+}
+
+fn load_file(
+    kind: LayerKind,
+    path: &Path,
+    paths: &Paths,
+) -> Result<Option<ParsedLayer>, ConfigError> {
+    let name = display_path(paths, path);
+    match fsutil::read_config(path, true) {
+        Ok(Some(bytes)) => parse_layer(kind, &name, &bytes).map(Some),
+        Ok(None) => Ok(None),
+        Err(source) => Err(ConfigError::Read { file: name, source }),
+    }
+}
+
+/// The review servers a managed or user layer names (other layers may not name any).
+pub fn review_servers_of(doc: &LayerDoc) -> Vec<ReviewServer> {
+    if !matches!(doc.kind, LayerKind::Managed | LayerKind::User) {
+        return Vec::new();
+    }
+    doc.review_servers
+        .iter()
+        .map(|s| ReviewServer { server: s.clone(), layer: doc.kind, policy: doc.name.clone() })
+        .collect()
+}
+
+/// The host of a review server given as a URL (`https://review.corp:8443/x`) or a host.
+pub fn review_host(server: &str) -> Result<Host, String> {
+    policy::parse_target(server).map(|t| t.host).map_err(|e| e.to_string())
+}
+
+/// Builds the evaluator from applied layer documents (in managed, user, repo/operator order)
+/// and the review-plane servers.
+pub fn build_policy(
+    layers: &[&LayerDoc],
+    review: &[ReviewServer],
+) -> Result<BuiltPolicy, ConfigError> {
+    let layers = layers.iter().map(|d| d.to_policy_layer()).collect::<Result<Vec<_>, _>>()?;
+    let mut hosts = Vec::new();
+    for r in review {
+        let host = review_host(&r.server).map_err(|reason| ConfigError::ReviewServer {
+            server: r.server.clone(),
+            file: r.policy.clone(),
+            reason,
+        })?;
+        hosts.push(ReviewHost { host, layer: r.layer, policy: r.policy.clone() });
+    }
+    match Policy::build(layers, hosts) {
+        Ok((policy, warnings)) => Ok(BuiltPolicy { policy, warnings }),
+        Err(PolicyError::EmptyAllowlist { managed_allow }) => {
+            Err(ConfigError::EmptyAllowlist { managed_allow })
+        }
+    }
+}
+
+/// The variables `[env] pass` and `[mcp.*]` add to the sandbox's environment, from the applied
+/// layers only (so an untrusted repo file contributes nothing). When two layers set the same
+/// variable the earlier layer wins (managed, then user, then repo/operator), as with `mode`.
+/// A passed or `from_env` variable that is unset (or not UTF-8) on the host is left out.
+pub fn sandbox_env(layers: &[&LayerDoc], host: &dyn crate::env::Env) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut push = |name: &str, value: Option<String>| {
+        if let Some(value) = value.filter(|_| !out.iter().any(|(n, _)| n == name)) {
+            out.push((name.to_owned(), value));
+        }
+    };
+    for doc in layers {
+        for name in &doc.env_pass {
+            push(name, host.var(name));
+        }
+        for creds in doc.mcp.values() {
+            for (name, cred) in creds {
+                match cred {
+                    Credential::Value(v) => push(name, Some(v.clone())),
+                    Credential::FromEnv { from_env } => push(name, host.var(from_env)),
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A path as the user sees it: `~/…` under the home directory.
+pub fn display_path(paths: &Paths, path: &Path) -> String {
+    match path.strip_prefix(paths.home()) {
+        Ok(rest) if paths.home() != Path::new("/") => format!("~/{}", rest.display()),
+        _ => path.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::policy::{Mode, Reason, Verdict, parse_target};
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        paths: Paths,
+        repo: Repo,
+        managed: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(home.join(".airlock")).unwrap();
+        let managed = tmp.path().join("managed.toml");
+        let env = crate::env::MapEnv::new()
+            .with("HOME", &home)
+            .with(crate::paths::TEST_MANAGED_POLICY_VAR, &managed);
+        let paths = if cfg!(feature = "test-hooks") {
+            Paths::from_env(&env).unwrap()
+        } else {
+            Paths::with_home(home)
+        };
+        std::fs::create_dir_all(tmp.path().join("app")).unwrap();
+        let repo = Repo::resolve(Some(&tmp.path().join("app")), tmp.path()).unwrap();
+        Fixture { _tmp: tmp, paths, repo, managed }
+    }
+
+    fn decide(built: &BuiltPolicy, target: &str) -> crate::policy::Decision {
+        let t = parse_target(target).unwrap();
+        built.policy.decide(&t.host, t.port.unwrap_or(443), &crate::policy::LocalAddrs::none())
+    }
+
+    #[test]
+    fn the_repo_file_applies_only_while_trusted() {
+        let f = fixture();
+        std::fs::write(f.paths.user_config(), "[network]\nallow = [\"=user.test\"]\n").unwrap();
+        let file = f.repo.config_file();
+        std::fs::write(&file, "[network]\nallow = [\"repo.test\"]\n").unwrap();
+
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        let repo = loaded.repo.as_ref().unwrap();
+        assert_eq!(repo.trust, TrustState::Untrusted);
+        assert!(repo.parsed.is_none());
+        assert_eq!(loaded.applied().len(), 1);
+        assert!(loaded.client_layers().repo.is_none());
+        let built = loaded.build_policy().unwrap();
+        assert_eq!(decide(&built, "api.repo.test").reason, Reason::NotAllowed);
+
+        trust::trust(&f.paths, &f.repo, &repo.digest).unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        assert!(loaded.repo.as_ref().unwrap().trust.is_trusted());
+        let kinds: Vec<LayerKind> = loaded.applied().iter().map(|d| d.kind).collect();
+        assert_eq!(kinds, [LayerKind::User, LayerKind::Repo]);
+        let d = decide(&loaded.build_policy().unwrap(), "api.repo.test");
+        assert_eq!(d.verdict, Verdict::Allow);
+        assert_eq!(d.layer, LayerKind::Repo);
+        assert_eq!(d.policy.as_deref(), Some(file.display().to_string().as_str()));
+
+        std::fs::write(&file, "[network]\nallow = [\"repo.test\", \"more.test\"]\n").unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        assert!(matches!(loaded.repo.as_ref().unwrap().trust, TrustState::Changed { .. }));
+        assert_eq!(loaded.applied().len(), 1);
+    }
+
+    #[test]
+    fn an_untrusted_broken_file_is_not_an_error_but_a_trusted_one_is() {
+        let f = fixture();
+        std::fs::write(f.paths.user_config(), "[network]\nallow = [\"a.test\"]\n").unwrap();
+        std::fs::write(f.repo.config_file(), "[network]\nalow = 1\n").unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        let repo = loaded.repo.as_ref().unwrap();
+        assert!(repo.parse().unwrap_err().to_string().contains(":2:1: unknown key `alow`"));
+        trust::trust(&f.paths, &f.repo, &repo.digest).unwrap();
+        let err = load(&f.paths, Some(&f.repo), None).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+    }
+
+    #[test]
+    fn client_layers_round_trip_and_the_daemon_adds_managed() {
+        let f = fixture();
+        if cfg!(feature = "test-hooks") {
+            std::fs::write(
+                &f.managed,
+                "[network]\nmode = \"allowlist\"\nallow = [\"corp.test\"]\n[review]\nservers = [\"https://review.corp.test\"]\n",
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            f.paths.user_config(),
+            "[network]\nmode = \"blocklist\"\nallow = [\"git.corp.test\", \"other.test\"]\n[review]\nservers = [\"r2.corp.test\"]\n",
+        )
+        .unwrap();
+        let identity = Identity {
+            email: "a@b.test".into(),
+            user_id: "u_1".into(),
+            server: Some("https://r3.corp.test:8443".into()),
+        };
+        let loaded = load(&f.paths, Some(&f.repo), Some(&identity)).unwrap();
+        let client = loaded.client_layers();
+        // Managed review servers stay with the daemon, which reads the managed file itself.
+        let servers: Vec<&str> = client.review_servers.iter().map(|r| r.server.as_str()).collect();
+        assert_eq!(servers, ["r2.corp.test", "https://r3.corp.test:8443"]);
+        let json = serde_json::to_string(&client).unwrap();
+        let received: ClientLayers = serde_json::from_str(&json).unwrap();
+        assert_eq!(received, client);
+
+        let managed = load_managed(&f.paths).unwrap();
+        let built = received.build_policy(managed.as_ref()).unwrap();
+        assert_eq!(decide(&built, "r3.corp.test").reason, Reason::ReviewPlane);
+        assert_eq!(decide(&built, "r2.corp.test").reason, Reason::ReviewPlane);
+        if cfg!(feature = "test-hooks") {
+            assert_eq!(built.policy.mode(), Mode::Allowlist, "the managed mode pins");
+            assert_eq!(decide(&built, "review.corp.test").reason, Reason::ReviewPlane);
+            assert_eq!(decide(&built, "other.test").reason, Reason::ManagedNotAllowed);
+            assert_eq!(decide(&built, "git.corp.test").verdict, Verdict::Allow);
+        }
+        // The same evaluator, whether built by the CLI or by the daemon.
+        assert_eq!(built.policy.digest(), loaded.build_policy().unwrap().policy.digest());
+
+        // A client cannot pose as the managed layer.
+        let mut forged = received.clone();
+        if let Some(user) = forged.user.as_mut() {
+            user.kind = LayerKind::Managed;
+        }
+        assert!(matches!(forged.build_policy(None), Err(ConfigError::Policy(_))));
+        // Nor smuggle an invalid entry past validation.
+        let mut forged = received;
+        if let Some(user) = forged.user.as_mut() {
+            user.network.allow.push("a..b".into());
+        }
+        assert!(matches!(forged.build_policy(None), Err(ConfigError::Entry { .. })));
+    }
+
+    #[test]
+    fn operator_files_are_trusted_but_may_not_name_review_servers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("proxy.toml");
+        std::fs::write(&path, "[network]\nallow = [\"a.test\"]\nallow_private = [\"127.0.0.2\"]\n")
+            .unwrap();
+        let parsed = load_operator(&path).unwrap();
+        assert_eq!(parsed.doc.kind, LayerKind::Operator);
+        let built = build_policy(&[&parsed.doc], &[]).unwrap();
+        let d = decide(&built, "a.test");
+        assert_eq!((d.verdict, d.layer), (Verdict::Allow, LayerKind::Operator));
+        std::fs::write(&path, "[review]\nservers = [\"x.test\"]\n").unwrap();
+        assert!(
+            load_operator(&path).unwrap_err().to_string().contains(":1:2: [review] is not allowed")
+        );
+        let missing = load_operator(&tmp.path().join("nope.toml")).unwrap_err();
+        assert!(matches!(missing, ConfigError::Read { .. }));
+    }
+
+    #[test]
+    fn empty_allowlists_refuse_to_start() {
+        let f = fixture();
+        let err = load(&f.paths, Some(&f.repo), None).unwrap().build_policy().unwrap_err();
+        assert!(err.to_string().starts_with("refusing to start: the allowlist is empty"), "{err}");
+        std::fs::write(f.paths.user_config(), "[network]\nmode = \"blocklist\"\n").unwrap();
+        assert!(load(&f.paths, Some(&f.repo), None).unwrap().build_policy().is_ok());
+    }
+
+    #[test]
+    fn bad_identity_servers_are_config_errors() {
+        let f = fixture();
+        let identity =
+            Identity { email: "a@b.test".into(), user_id: "u".into(), server: Some("a..b".into()) };
+        let err = load(&f.paths, None, Some(&identity)).unwrap_err();
+        assert!(err.to_string().contains("~/.airlock/identity.toml"), "{err}");
+    }
+
+    #[test]
+    fn sandbox_env_takes_applied_layers_in_order() {
+        let user = parse_layer(
+            LayerKind::User,
+            "u",
+            b"[env]\npass = [\"A\", \"UNSET\"]\n[mcp.gh]\nTOKEN = { from_env = \"GH\" }\n",
+        )
+        .unwrap()
+        .doc;
+        let repo = parse_layer(
+            LayerKind::Repo,
+            "r",
+            b"[env]\npass = [\"B\"]\n[mcp.gh]\nTOKEN = \"repo-literal\"\n[mcp.x]\nK = \"v\"\n",
+        )
+        .unwrap()
+        .doc;
+        let host = crate::env::MapEnv::new().with("A", "1").with("B", "2").with("GH", "secret");
+        let env = sandbox_env(&[&user, &repo], &host);
+        let expect = [("A", "1"), ("TOKEN", "secret"), ("B", "2"), ("K", "v")];
+        let got: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn paths_under_home_are_shown_with_a_tilde() {
+        let paths = Paths::with_home(PathBuf::from("/home/dev"));
+        assert_eq!(display_path(&paths, Path::new("/home/dev/.airlock/x")), "~/.airlock/x");
+        assert_eq!(
+            display_path(&paths, Path::new("/etc/airlock/policy.toml")),
+            "/etc/airlock/policy.toml"
+        );
+        let root = Paths::with_home(PathBuf::from("/"));
+        assert_eq!(display_path(&root, Path::new("/etc/x")), "/etc/x");
+    }
+}

@@ -25,8 +25,9 @@ pub struct IdentityEnv {
 pub struct Extra {
     /// `[env] pass`: names copied from the host environment if set there.
     pub pass: Vec<String>,
-    /// `[mcp.*]` credentials: (name, value) resolved by the config layer.
-    pub mcp: Vec<(String, String)>,
+    /// Variables already resolved by the configuration layer (`[env] pass` values and
+    /// `[mcp.*]` credentials, see `config::sandbox_env`).
+    pub vars: Vec<(String, String)>,
 }
 
 /// Names the base owns; `[env] pass` cannot override them.
@@ -83,7 +84,7 @@ pub fn build(
             set(name, &v);
         }
     }
-    for (name, value) in &extra.mcp {
+    for (name, value) in &extra.vars {
         if BASE_NAMES.contains(&name.as_str()) {
             ignored.push(name.clone());
         } else {
@@ -113,8 +114,10 @@ mod tests {
             .with("PATH", "/root/bin:/usr/bin")
             .with("SSH_AUTH_SOCK", "/tmp/agent.sock");
         let id = IdentityEnv { user_id: Some("u-1".into()), email: Some("a@b.test".into()) };
-        let extra =
-            Extra { pass: vec!["GITHUB_TOKEN".into(), "PATH".into(), "UNSET".into()], mcp: vec![] };
+        let extra = Extra {
+            pass: vec!["GITHUB_TOKEN".into(), "PATH".into(), "UNSET".into()],
+            vars: vec![],
+        };
         let (env, ignored) = build(&host, Path::new("/pay"), &id, &extra);
         assert_eq!(get(&env, "PATH").unwrap(), SANDBOX_PATH);
         assert_eq!(get(&env, "HOME").unwrap(), "/home/agent");
@@ -135,7 +138,7 @@ mod tests {
 
     #[test]
     fn unattributed_runs_omit_identity_and_mcp_is_added() {
-        let extra = Extra { pass: vec![], mcp: vec![("MCP_TOKEN".into(), "t".into())] };
+        let extra = Extra { pass: vec![], vars: vec![("MCP_TOKEN".into(), "t".into())] };
         let (env, _) = build(&MapEnv::new(), Path::new("/r"), &IdentityEnv::default(), &extra);
         assert!(get(&env, "AIRLOCK_USER_ID").is_none());
         assert!(get(&env, "AIRLOCK_USER_EMAIL").is_none());

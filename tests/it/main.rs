@@ -7,5 +7,7 @@ compile_error!(
     "the integration suite needs test-only hooks: run `cargo test --features test-hooks`"
 );
 
+mod cli_identity;
+mod cli_policy;
 mod sandbox;
 mod support;

@@ -42,6 +42,15 @@ impl Sandbox {
     fn new(name: &str) -> Self {
         let world = World::new();
         let repo = world.repo(name);
+        Self::with(world, repo)
+    }
+
+    /// A user layer allowing a test name, so the effective allowlist is not empty.
+    fn with(world: World, repo: PathBuf) -> Self {
+        world.write(
+            world.home.join(".airlock/config.toml"),
+            "[network]\nallow = [\"example.test\"]\n",
+        );
         Self { world, repo }
     }
 
@@ -312,7 +321,8 @@ fn host_secrets_and_other_homes_are_invisible() {
     let home = sb.home().to_path_buf();
     sb.world.write(home.join(".ssh/id_ed25519"), "PRIVATE-KEY-SENTINEL");
     sb.world.write(home.join(".aws/credentials"), "AWS-SENTINEL");
-    sb.world.write(home.join(".airlock/identity.toml"), "email = \"a@b.test\"");
+    sb.world.airlock(&sb.repo).args(["login", "--email", "a@b.test"]).run().expect_code(0);
+    assert!(home.join(".airlock/identity.toml").is_file());
     // A symlink in the repo pointing at the host's secrets, absolute and relative.
     std::os::unix::fs::symlink(home.join(".ssh/id_ed25519"), sb.repo.join("key")).unwrap();
     std::os::unix::fs::symlink("../home/.aws/credentials", sb.repo.join("aws")).unwrap();
@@ -516,12 +526,9 @@ fn git(dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// Writes the trust record the exec gate checks (until `airlock policy trust` is on main).
+/// `airlock policy trust` for the sandbox's repo.
 fn trust(sb: &Sandbox) {
-    use sha2::Digest;
-    let repo = airlock::repo::Repo::resolve(Some(&sb.repo), &sb.repo).unwrap();
-    let digest = hex::encode(sha2::Sha256::digest(std::fs::read(repo.config_file()).unwrap()));
-    sb.world.write(sb.home().join(".airlock/trust").join(repo.key()), &format!("{digest}\n"));
+    sb.world.airlock(&sb.repo).args(["policy", "trust"]).run().expect_code(0);
 }
 
 #[test]
@@ -539,7 +546,7 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     world.write(repo.join(".claude/settings.json"), "{}");
     assert!(git(&repo, &["add", "-A"]).status.success());
     assert!(git(&repo, &["commit", "-qm", "init"]).status.success());
-    let sb = Sandbox { world, repo: repo.clone() };
+    let sb = Sandbox::with(world, repo.clone());
     trust(&sb);
     let marker = sb.world.tmp.path().join("PLANTED-RAN");
     let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
@@ -734,6 +741,27 @@ fn environment_is_the_minimal_base() {
 }
 
 #[test]
+fn identity_and_env_pass_come_in_from_trusted_layers_only() {
+    let sb = Sandbox::new("envpass");
+    sb.world.write(
+        sb.home().join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[env]\npass = [\"PASSED_VAR\"]\n",
+    );
+    sb.world.airlock(&sb.repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let run = sb
+        .exec(&["env"])
+        .env("PASSED_VAR", "passed-value")
+        .env("OTHER_VAR", "other-sentinel")
+        .run()
+        .expect_code(0);
+    let out = run.stdout();
+    assert!(out.contains("PASSED_VAR=passed-value\n"), "{out}");
+    assert!(!out.contains("other-sentinel"), "{out}");
+    assert!(out.contains("AIRLOCK_USER_EMAIL=dev@example.test\n"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("AIRLOCK_USER_ID=u_")), "{out}");
+}
+
+#[test]
 fn reserved_repo_names_are_mounted_under_workspace() {
     let sb = Sandbox::new("etc");
     let out = sb.sh("pwd; hostname; ls /etc/passwd").expect_code(0).stdout();
@@ -775,7 +803,7 @@ fn worktree_gitdir_outside_the_repo_is_usable_and_its_hooks_protected() {
     assert!(git(&main, &["commit", "-qm", "c"]).status.success());
     let wt = world.tmp.path().join("wt");
     assert!(git(&main, &["worktree", "add", "-q", wt.to_str().unwrap()]).status.success());
-    let sb = Sandbox { world, repo: wt };
+    let sb = Sandbox::with(world, wt);
     let hooks = main.join(".git/hooks");
     let script = format!(
         "git status --short >/dev/null && echo git-ok; \
