@@ -292,8 +292,15 @@ pub fn run(
         }
     };
 
+    // Optional layers as actually enforced inside (Landlock reports from within).
     let mut layers: Vec<String> = MANDATORY_LAYERS.iter().map(|s| s.to_string()).collect();
-    layers.extend(kernel.optional_layers());
+    let mut missing = kernel.optional_warnings();
+    if matches!(landlock.as_str(), "full" | "partial") {
+        layers.extend(kernel.optional_layers());
+    } else {
+        layers.extend(kernel.optional_layers().into_iter().filter(|l| !l.starts_with("landlock")));
+        missing.push(format!("landlock not in force: {landlock}"));
+    }
     let info = SessionInfo {
         session: req.session.clone(),
         repo_name: req.repo.name.clone(),
@@ -301,7 +308,7 @@ pub fn run(
         command: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
         user_id: req.user_id.clone(),
         layers,
-        missing_layers: kernel.optional_warnings(),
+        missing_layers: missing,
     };
     if let Err(e) = bridge.start(listener, &info) {
         let _ = kill(child, Signal::SIGKILL);

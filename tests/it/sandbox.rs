@@ -839,3 +839,37 @@ impl ArgPath for support::TestCommand {
         self
     }
 }
+
+#[test]
+fn a_terminal_is_relayed_through_a_private_pty() {
+    let sb = Sandbox::new("ptyin");
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = sb.exec(&["sh", "-c", "tty; read x; echo got:$x"]).cmd;
+    cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap()).stderr(slave);
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut reader = master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |needle: &str| {
+        while !seen.contains(needle) {
+            let chunk = rx.recv_timeout(Duration::from_secs(20)).expect("pty output");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    // The command's terminal is a pty of the sandbox's own devpts instance (numbered from 0).
+    wait_for("/dev/pts/0");
+    master.write_all(b"abc\r").unwrap();
+    wait_for("got:abc");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+}
