@@ -6,6 +6,8 @@
 //! the session is handed to the test-only `hold` bridge, so this measures the sandbox alone
 //! (namespaces, mounts, seccomp, Landlock, init, relay) without the daemon round trip.
 
+#![allow(clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
