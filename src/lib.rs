@@ -17,10 +17,12 @@
 
 pub mod audit;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod env;
 pub mod paths;
 pub mod policy;
+pub mod protocol;
 pub mod repo;
 pub mod sys;

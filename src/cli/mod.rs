@@ -7,6 +7,10 @@ use clap::{Parser, Subcommand};
 
 use crate::env::{Env, ProcessEnv};
 
+pub mod doctor;
+pub mod service;
+pub mod status;
+
 /// Everything a command needs from its surroundings, injectable for tests.
 pub struct Context<'a> {
     pub env: &'a dyn Env,
@@ -32,7 +36,15 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// Show whether airlockd is up, its version, pid, uptime and sessions.
+    Status(status::StatusArgs),
+    /// Install, remove or inspect the airlockd user service (systemd or launchd).
+    #[command(subcommand)]
+    Service(service::ServiceCommand),
+    /// Check the service manager, socket, identity, configuration and trust; print each fix.
+    Doctor(doctor::DoctorArgs),
+}
 
 /// Entry point of the `airlock` binary; returns the process exit code.
 pub fn main() -> i32 {
@@ -56,6 +68,10 @@ pub fn main() -> i32 {
 }
 
 /// Dispatches one parsed command.
-pub fn run(command: Command, _ctx: &Context<'_>) -> i32 {
-    match command {}
+pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
+    match command {
+        Command::Status(args) => status::run(&args, ctx),
+        Command::Service(cmd) => service::run(&cmd, ctx),
+        Command::Doctor(args) => doctor::run(&args, ctx),
+    }
 }

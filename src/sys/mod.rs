@@ -1,2 +1,6 @@
 //! The only place with `unsafe`: socket activation, fd passing, fork/exec and sandbox setup.
 //! Every block carries a `// SAFETY:` comment.
+
+pub mod activation;
+pub mod fdpass;
+pub mod spawn;

@@ -1,0 +1,666 @@
+//! The control service: accepts connections on the adopted socket, checks each peer's uid,
+//! speaks [`crate::protocol`], keeps the session registry and session records, and exits when
+//! idle or on SIGTERM (DESIGN §6).
+//!
+//! Idle exit is race-free because the daemon never owns the socket: it stops calling `accept`,
+//! sends `STOPPING=1`, drops its copy of the listener (never `shutdown(2)`, never unlink), finishes
+//! what it accepted and exits 0. Connections that arrive meanwhile wait in the socket's backlog,
+//! and the service manager, still holding the socket, starts the next instance for them.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+
+use super::notify;
+use super::records::{self, EndRecord, StartRecord, rfc3339_ms};
+use crate::env::{Env, ProcessEnv};
+use crate::paths::Paths;
+use crate::protocol::{
+    self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec,
+    SessionStatus, StatusReply, VersionRange,
+};
+use crate::sys::activation::Source;
+use crate::sys::fdpass;
+
+/// How the service was started and how long it may idle.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub idle_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub activation: Source,
+    pub nofile: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("cannot use the adopted control socket: {0}")]
+    Listener(#[source] std::io::Error),
+    #[error("cannot install the SIGTERM handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Why the accept loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    Idle,
+    Signal,
+    Quit,
+}
+
+/// One registered session.
+#[derive(Debug)]
+pub struct Session {
+    pub spec: SessionSpec,
+    pub id: String,
+    pub started_at: String,
+    pub listen: String,
+    pub tunnels: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub bytes_recv: AtomicU64,
+    pub serving: bool,
+    /// The validated proxy listener; closed when the session ends.
+    _listener: OwnedFd,
+}
+
+/// Shared daemon state.
+#[derive(Debug)]
+pub struct Daemon {
+    pub boot: String,
+    pub version: String,
+    pub protocol: VersionRange,
+    started: Instant,
+    started_at: String,
+    options: Options,
+    env: ProcessEnv,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    conns: AtomicUsize,
+    /// Wakes the accept loop to re-evaluate idleness.
+    activity: Notify,
+    /// Set once when the daemon stops; connection tasks finish their request and close.
+    stop_tx: watch::Sender<bool>,
+    quit: Notify,
+}
+
+/// A fresh random id: 16 bytes as hex.
+pub fn random_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // Practically unreachable (getrandom(2) exists since Linux 3.17); fall back to time+pid.
+        let n = OffsetDateTime::now_utc().unix_timestamp_nanos() ^ i128::from(std::process::id());
+        b.copy_from_slice(&n.to_le_bytes());
+    }
+    hex::encode(b)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking holder leaves the map consistent (every update is a single insert/remove).
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Daemon {
+    fn new(options: Options) -> Arc<Self> {
+        let env = ProcessEnv;
+        let version = test_override(&env, protocol::TEST_DAEMON_VERSION_VAR)
+            .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned());
+        let protocol =
+            VersionRange::from_test_override(env.var(protocol::TEST_DAEMON_PROTOCOL_VAR));
+        Arc::new(Self {
+            boot: random_id(),
+            version,
+            protocol,
+            started: Instant::now(),
+            started_at: rfc3339_ms(OffsetDateTime::now_utc()),
+            options,
+            env,
+            sessions: Mutex::new(HashMap::new()),
+            conns: AtomicUsize::new(0),
+            activity: Notify::new(),
+            stop_tx: watch::channel(false).0,
+            quit: Notify::new(),
+        })
+    }
+
+    fn session_count(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    fn tunnels(&self) -> u64 {
+        lock(&self.sessions).values().map(|s| s.tunnels.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Connections + sessions + tunnels: anything non-zero keeps the daemon up.
+    fn active(&self) -> u64 {
+        self.conns.load(Ordering::SeqCst) as u64 + self.session_count() as u64 + self.tunnels()
+    }
+
+    fn notify_status(&self) {
+        notify::status(&notify::describe(self.session_count(), self.tunnels()));
+    }
+
+    fn paths(&self) -> Result<Paths, String> {
+        Paths::from_env(&self.env).map_err(|e| e.to_string())
+    }
+
+    /// Re-reads the daemon's own configuration (the managed layer). An error never stops the
+    /// daemon; it is reported by `status` and refuses sessions until fixed.
+    fn config_check(&self) -> Result<ManagedLayer, String> {
+        let paths = self.paths()?;
+        ManagedLayer::load(paths.managed_policy())
+    }
+
+    fn status(&self) -> StatusReply {
+        let sessions = lock(&self.sessions);
+        let mut list: Vec<SessionStatus> = sessions
+            .values()
+            .map(|s| SessionStatus {
+                session: s.id.clone(),
+                repo: s.spec.repo.clone(),
+                repo_path: s.spec.repo_path.clone(),
+                user_id: s.spec.identity.user_id.clone(),
+                email: s.spec.identity.email.clone(),
+                agent: s.spec.agent.clone(),
+                started_at: s.started_at.clone(),
+                listen: s.listen.clone(),
+                tunnels: s.tunnels.load(Ordering::Relaxed),
+                bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
+                bytes_recv: s.bytes_recv.load(Ordering::Relaxed),
+                serving: s.serving,
+            })
+            .collect();
+        drop(sessions);
+        list.sort_by(|a, b| a.started_at.cmp(&b.started_at));
+        StatusReply {
+            daemon_version: self.version.clone(),
+            protocol: self.protocol.max,
+            binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            pid: std::process::id(),
+            boot: self.boot.clone(),
+            started_at: self.started_at.clone(),
+            uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            idle_timeout_ms: u64::try_from(self.options.idle_timeout.as_millis())
+                .unwrap_or(u64::MAX),
+            activation: match self.options.activation {
+                Source::Systemd => "systemd".into(),
+                Source::Launchd => "launchd".into(),
+            },
+            tunnels: list.iter().map(|s| s.tunnels).sum(),
+            sessions: list,
+            config_error: self.config_check().err(),
+        }
+    }
+}
+
+fn test_override(env: &dyn Env, var: &str) -> Option<String> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(v) = env.var(var) {
+        return Some(v);
+    }
+    let _ = (env, var);
+    None
+}
+
+/// The managed layer as the daemon read it itself (the client can never drop it).
+#[derive(Debug, Clone, Default)]
+pub struct ManagedLayer {
+    /// `None` when `/etc/airlock/policy.toml` does not exist.
+    pub doc: Option<toml::Table>,
+    pub name: String,
+    pub digest: Option<String>,
+}
+
+impl ManagedLayer {
+    /// Reads and parses the managed file; a missing file is an empty layer.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let name = path.display().to_string();
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Self { doc: None, name, digest: None });
+            }
+            Err(e) => return Err(format!("cannot read the managed policy {name}: {e}")),
+        };
+        let digest = format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes())));
+        match text.parse::<toml::Table>() {
+            Ok(doc) => Ok(Self { doc: Some(doc), name, digest: Some(digest) }),
+            Err(e) => {
+                let at = e
+                    .span()
+                    .map(|s| {
+                        let before = &text[..s.start.min(text.len())];
+                        let line = before.matches('\n').count() + 1;
+                        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                        format!(":{line}:{col}")
+                    })
+                    .unwrap_or_default();
+                Err(format!(
+                    "managed policy {name}{at}: {}; sessions are refused until it is fixed \
+                     (ask your fleet admin, or run `airlock doctor`)",
+                    e.message()
+                ))
+            }
+        }
+    }
+}
+
+/// Serves the control socket until idle, `quit_if_idle` or SIGTERM.
+pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceError> {
+    let std_listener = std::os::unix::net::UnixListener::from(listener);
+    let listener = UnixListener::from_std(std_listener).map_err(ServiceError::Listener)?;
+    let daemon = Daemon::new(options);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ServiceError::Signal)?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(ServiceError::Signal)?;
+
+    settle_journals(&daemon);
+    if let Err(e) = daemon.config_check() {
+        // Stay up and answer with the error (DESIGN §6).
+        eprintln!("airlockd: {e}");
+    }
+    notify::ready(&notify::describe(0, 0));
+    tracing::info!(boot = %daemon.boot, "airlockd ready");
+
+    let mut tasks = JoinSet::new();
+    let mut idle_since = Instant::now();
+    let reason = loop {
+        let idle = daemon.active() == 0;
+        let deadline = tokio::time::Instant::from_std(idle_since + daemon.options.idle_timeout);
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    daemon.conns.fetch_add(1, Ordering::SeqCst);
+                    let d = Arc::clone(&daemon);
+                    tasks.spawn(async move {
+                        handle_connection(&d, stream).await;
+                        d.conns.fetch_sub(1, Ordering::SeqCst);
+                        d.activity.notify_one();
+                    });
+                }
+                Err(err) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    eprintln!("airlockd: accept failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = tokio::time::sleep_until(deadline), if idle => {
+                if daemon.active() == 0 {
+                    break StopReason::Idle;
+                }
+            }
+            () = daemon.activity.notified() => {
+                if daemon.active() == 0 {
+                    idle_since = Instant::now();
+                }
+            }
+            () = daemon.quit.notified() => break StopReason::Quit,
+            _ = sigterm.recv() => break StopReason::Signal,
+            _ = sigint.recv() => break StopReason::Signal,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+        if daemon.active() != 0 {
+            idle_since = Instant::now();
+        }
+    };
+
+    let why = match reason {
+        StopReason::Idle => "idle",
+        StopReason::Signal => "terminating",
+        StopReason::Quit => "quitting on request (version skew)",
+    };
+    notify::stopping(&format!(
+        "{why}; {}",
+        notify::describe(daemon.session_count(), daemon.tunnels())
+    ));
+    // Drop our copy of the socket: the service manager keeps it, pending clients wait for the
+    // next instance. Never shutdown(2), never unlink.
+    drop(listener);
+    daemon.stop_tx.send_replace(true);
+    let drain = async { while tasks.join_next().await.is_some() {} };
+    if reason == StopReason::Signal {
+        // In-flight requests finish; open tunnels get the grace period.
+        if tokio::time::timeout(daemon.options.shutdown_grace, drain).await.is_err() {
+            eprintln!("airlockd: grace period over; closing remaining connections");
+        }
+    } else {
+        drain.await;
+    }
+    tracing::info!(boot = %daemon.boot, "airlockd exiting ({why})");
+    Ok(())
+}
+
+/// Settles in-flight journals that no live writer holds (DESIGN §5), for every repo.
+fn settle_journals(daemon: &Daemon) {
+    // The audit module owns settlement; until it lands here there is nothing to call.
+    let _ = daemon;
+}
+
+/// Per-connection state.
+struct Conn {
+    stream: UnixStream,
+    frames: FrameBuf,
+    fds: Vec<OwnedFd>,
+    /// The negotiated protocol; `None` before hello, `Some(None)` when none is shared.
+    version: Option<Option<u32>>,
+    session: Option<Arc<Session>>,
+}
+
+impl Conn {
+    async fn send(&mut self, resp: &Response) -> Result<(), FrameError> {
+        let bytes = protocol::encode(resp)?;
+        self.stream.write_all(&bytes).await?;
+        Ok(())
+    }
+
+    /// Reads until a whole frame is buffered. `Ok(None)` = clean EOF between frames.
+    async fn read_frame(&mut self) -> Result<Option<Request>, FrameError> {
+        loop {
+            if let Some(req) = self.frames.next_message::<Request>()? {
+                return Ok(Some(req));
+            }
+            let mut buf = [0u8; 16 * 1024];
+            let fds = &mut self.fds;
+            let n = self
+                .stream
+                .async_io(Interest::READABLE, || {
+                    fdpass::recv_with_fds(self.stream.as_fd(), &mut buf, fds)
+                })
+                .await?;
+            if n == 0 {
+                return if self.frames.is_partial() { Err(FrameError::Closed) } else { Ok(None) };
+            }
+            self.frames.extend(&buf[..n]);
+        }
+    }
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error { code, message: message.into() }
+}
+
+async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
+    let mut conn =
+        Conn { stream, frames: FrameBuf::new(), fds: Vec::new(), version: None, session: None };
+    // Peer uid on every accept (SO_PEERCRED, unix(7)).
+    let me = nix::unistd::geteuid().as_raw();
+    match conn.stream.peer_cred() {
+        Ok(cred) if cred.uid() == me => {}
+        Ok(cred) => {
+            let msg = format!(
+                "refused: this airlockd serves uid {me}; the connecting process runs as uid {}",
+                cred.uid()
+            );
+            eprintln!("airlockd: {msg}");
+            let _ = conn.send(&error(ErrorCode::PeerUid, msg)).await;
+            return;
+        }
+        Err(err) => {
+            eprintln!("airlockd: cannot read peer credentials: {err}");
+            return;
+        }
+    }
+    let mut stop = daemon.stop_tx.subscribe();
+    loop {
+        let req = tokio::select! {
+            biased;
+            r = conn.read_frame() => Some(r),
+            // Stopping: close between requests (a request already being read finishes first).
+            _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => None,
+        };
+        let Some(req) = req else {
+            let _ = conn.send(&error(ErrorCode::Stopping, "airlockd is stopping; retry")).await;
+            return;
+        };
+        let req = match req {
+            Ok(Some(req)) => req,
+            Ok(None) | Err(FrameError::Closed) | Err(FrameError::Io(_)) => break,
+            Err(e) => {
+                let _ = conn.send(&error(ErrorCode::Protocol, e.to_string())).await;
+                break;
+            }
+        };
+        let resp = handle_request(daemon, &mut conn, req);
+        // Fds belong to the request they arrived with; any left over are closed.
+        conn.fds.clear();
+        if conn.send(&resp).await.is_err() {
+            break;
+        }
+    }
+    // The connection is gone. A session it still owns lost its supervisor — unless we are the
+    // ones stopping, in which case the supervisor re-registers with the next instance.
+    let stopping = *daemon.stop_tx.borrow();
+    if let Some(session) = conn.session.take()
+        && !stopping {
+            end_session(
+                daemon,
+                &session,
+                &SessionEnd { session: session.id.clone(), ..Default::default() },
+                Some("supervisor_lost"),
+            );
+        }
+}
+
+fn handle_request(daemon: &Arc<Daemon>, conn: &mut Conn, req: Request) -> Response {
+    match (&conn.version, req) {
+        (None, Request::Hello { protocol, .. }) => {
+            let shared = daemon.protocol.shared(protocol);
+            conn.version = Some(shared);
+            Response::Hello {
+                version: shared,
+                protocol: daemon.protocol,
+                daemon_version: daemon.version.clone(),
+                pid: std::process::id(),
+                boot: daemon.boot.clone(),
+                sessions: daemon.session_count(),
+            }
+        }
+        (None, _) => error(ErrorCode::Protocol, "the first request must be hello"),
+        (Some(_), Request::Hello { .. }) => error(ErrorCode::Protocol, "hello was already sent"),
+        (Some(_), Request::QuitIfIdle) => {
+            let sessions = daemon.session_count();
+            // This connection is the only one, and nothing else runs.
+            let quitting =
+                sessions == 0 && daemon.tunnels() == 0 && daemon.conns.load(Ordering::SeqCst) <= 1;
+            if quitting {
+                daemon.quit.notify_one();
+            }
+            Response::QuitIfIdle { quitting, sessions }
+        }
+        (Some(None), _) => error(
+            ErrorCode::Protocol,
+            format!("no shared protocol version (airlockd speaks {})", daemon.protocol),
+        ),
+        (Some(Some(_)), Request::Status) => Response::Status(Box::new(daemon.status())),
+        (Some(Some(_)), Request::SessionStart(spec)) => start_session(daemon, conn, *spec, false),
+        (Some(Some(_)), Request::SessionReregister(spec)) => {
+            start_session(daemon, conn, *spec, true)
+        }
+        (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
+            Some(s) if s.id == end.session => {
+                end_session(daemon, &s, &end, None);
+                Response::SessionEnded { session: end.session }
+            }
+            other => {
+                conn.session = other;
+                error(
+                    ErrorCode::Session,
+                    format!("session {:?} is not owned by this connection", end.session),
+                )
+            }
+        },
+    }
+}
+
+fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn start_session(
+    daemon: &Arc<Daemon>,
+    conn: &mut Conn,
+    spec: SessionSpec,
+    reregister: bool,
+) -> Response {
+    if conn.session.is_some() {
+        return error(
+            ErrorCode::Session,
+            "this connection already owns a session; open one connection per session",
+        );
+    }
+    let managed = match daemon.config_check() {
+        Ok(m) => m,
+        Err(e) => return error(ErrorCode::Config, e),
+    };
+    let paths = match daemon.paths() {
+        Ok(p) => p,
+        Err(e) => return error(ErrorCode::Config, e),
+    };
+    if !crate::repo::is_valid_name(&spec.repo) {
+        return error(ErrorCode::Session, format!("invalid repo name {:?}", spec.repo));
+    }
+    let id = match (&spec.session, reregister) {
+        (Some(id), _) if valid_session_id(id) => id.clone(),
+        (Some(id), _) => return error(ErrorCode::Session, format!("invalid session id {id:?}")),
+        (None, true) => {
+            return error(ErrorCode::Session, "session_reregister needs the session id");
+        }
+        (None, false) => random_id(),
+    };
+    let Some(listener) = conn.fds.pop() else {
+        return error(
+            ErrorCode::Listener,
+            "no listener fd was passed with the request (SCM_RIGHTS)",
+        );
+    };
+    let listen = match fdpass::validate_listener(listener.as_fd()) {
+        Ok(addr) => addr.to_string(),
+        Err(e) => return error(ErrorCode::Listener, format!("listener refused: {e}")),
+    };
+    let session = Arc::new(Session {
+        id: id.clone(),
+        started_at: rfc3339_ms(OffsetDateTime::now_utc()),
+        listen,
+        tunnels: AtomicU64::new(0),
+        bytes_sent: AtomicU64::new(0),
+        bytes_recv: AtomicU64::new(0),
+        serving: false,
+        _listener: listener,
+        spec,
+    });
+    {
+        let mut sessions = lock(&daemon.sessions);
+        if sessions.contains_key(&id) {
+            return error(ErrorCode::Session, format!("session {id} is already registered"));
+        }
+        sessions.insert(id.clone(), Arc::clone(&session));
+    }
+    if !reregister {
+        let (policy_digest, policy_layers) = policy_digest(&managed, &session.spec);
+        let s = &session.spec;
+        let rec = StartRecord {
+            id: format!("{id}:start"),
+            kind: "start",
+            ts: session.started_at.clone(),
+            session: &id,
+            boot: &daemon.boot,
+            user_id: s.identity.user_id.as_deref(),
+            email: s.identity.email.as_deref(),
+            repo: &s.repo,
+            repo_path: &s.repo_path,
+            command: &s.command,
+            agent: s.agent.as_deref(),
+            agent_version: s.agent_version.as_deref(),
+            airlock_version: &s.airlock_version,
+            daemon_version: &daemon.version,
+            policy_digest,
+            policy_layers,
+            layers: &s.layers,
+            listen: &session.listen,
+        };
+        if let Err(e) = records::append(&paths.logs_dir(&s.repo), &rec) {
+            lock(&daemon.sessions).remove(&id);
+            return error(ErrorCode::Internal, e.to_string());
+        }
+    }
+    conn.session = Some(Arc::clone(&session));
+    daemon.notify_status();
+    daemon.activity.notify_one();
+    Response::SessionStarted {
+        session: id,
+        boot: daemon.boot.clone(),
+        listen: session.listen.clone(),
+    }
+}
+
+/// A digest over every policy layer in force, and their `name@digest` list.
+fn policy_digest(managed: &ManagedLayer, spec: &SessionSpec) -> (String, Vec<String>) {
+    let mut layers = Vec::new();
+    if let Some(d) = &managed.digest {
+        layers.push(format!("{}@{d}", managed.name));
+    }
+    for l in [&spec.user_layer, &spec.repo_layer].into_iter().flatten() {
+        layers.push(format!("{}@{}", l.name, l.digest));
+    }
+    let mut h = Sha256::new();
+    for l in &layers {
+        h.update(l.as_bytes());
+        h.update(b"\n");
+    }
+    for r in &spec.review_hosts {
+        h.update(b"review:");
+        h.update(r.as_bytes());
+        h.update(b"\n");
+    }
+    (format!("sha256:{}", hex::encode(h.finalize())), layers)
+}
+
+fn end_session(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    end: &SessionEnd,
+    reason: Option<&'static str>,
+) {
+    lock(&daemon.sessions).remove(&session.id);
+    let rec = EndRecord {
+        id: format!("{}:end", session.id),
+        kind: "end",
+        ts: rfc3339_ms(OffsetDateTime::now_utc()),
+        session: &session.id,
+        boot: &daemon.boot,
+        repo: &session.spec.repo,
+        user_id: session.spec.identity.user_id.as_deref(),
+        exit_status: end.exit_status,
+        transcripts: &end.transcripts,
+        quarantined: &end.quarantined,
+        end_reason: reason,
+        tunnels: session.tunnels.load(Ordering::Relaxed),
+        bytes_sent: session.bytes_sent.load(Ordering::Relaxed),
+        bytes_recv: session.bytes_recv.load(Ordering::Relaxed),
+    };
+    match daemon.paths() {
+        Ok(paths) => {
+            if let Err(e) = records::append(&paths.logs_dir(&session.spec.repo), &rec) {
+                eprintln!("airlockd: {e}");
+            }
+        }
+        Err(e) => eprintln!("airlockd: cannot write the end record of {}: {e}", session.id),
+    }
+    daemon.notify_status();
+    daemon.activity.notify_one();
+}
+
+/// Where `status` says the binary is (for `doctor`).
+pub fn binary_path() -> Option<PathBuf> {
+    std::env::current_exe().ok()
+}
