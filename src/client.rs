@@ -686,11 +686,12 @@ impl SessionHandle {
 impl Drop for SessionHandle {
     fn drop(&mut self) {
         if let Ok(mut s) = self.shared.lock()
-            && s.pending_end.is_none() {
-                s.abandoned = true;
-                // Closing our side is how the daemon learns the supervisor is gone.
-                let _ = s.client.stream.shutdown(std::net::Shutdown::Both);
-            }
+            && s.pending_end.is_none()
+        {
+            s.abandoned = true;
+            // Closing our side is how the daemon learns the supervisor is gone.
+            let _ = s.client.stream.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 

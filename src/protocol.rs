@@ -40,9 +40,10 @@ impl VersionRange {
     pub fn from_test_override(var: Option<String>) -> Self {
         #[cfg(feature = "test-hooks")]
         if let Some((lo, hi)) = var.as_deref().and_then(|v| v.split_once('-'))
-            && let (Ok(min), Ok(max)) = (lo.parse(), hi.parse()) {
-                return Self { min, max };
-            }
+            && let (Ok(min), Ok(max)) = (lo.parse(), hi.parse())
+        {
+            return Self { min, max };
+        }
         let _ = var;
         Self::CURRENT
     }

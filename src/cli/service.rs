@@ -246,18 +246,17 @@ fn run_plan_commands(plan: &Plan, dry_run: bool) -> i32 {
     let verb = if dry_run { "would run" } else { "running" };
     for c in &plan.commands {
         println!("# {verb}: {}", c.join(" "));
-        if !dry_run
-            && let Err(e) = run_command(c) {
-                let hint = match plan.manager {
-                    Manager::Systemd => {
-                        "no systemd user manager is reachable (containers and CI have none); the \
+        if !dry_run && let Err(e) = run_command(c) {
+            let hint = match plan.manager {
+                Manager::Systemd => {
+                    "no systemd user manager is reachable (containers and CI have none); the \
                          CLI's one-shot activator starts airlockd on demand instead"
-                    }
-                    Manager::Launchd => "run it from a logged-in GUI session",
-                };
-                eprintln!("airlock: {e}; {hint}");
-                return 125;
-            }
+                }
+                Manager::Launchd => "run it from a logged-in GUI session",
+            };
+            eprintln!("airlock: {e}; {hint}");
+            return 125;
+        }
     }
     0
 }
@@ -270,21 +269,23 @@ fn uninstall(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
     for c in &plan.commands {
         println!("# {verb}: {}", c.join(" "));
         if !a.dry_run
-            && let Err(e) = run_command(c) {
-                // Keep going: the files should still be removed.
-                eprintln!("airlock: warning: {e}");
-                code = 125;
-            }
+            && let Err(e) = run_command(c)
+        {
+            // Keep going: the files should still be removed.
+            eprintln!("airlock: warning: {e}");
+            code = 125;
+        }
     }
     let verb = if a.dry_run { "would remove" } else { "removing" };
     for f in &plan.files {
         if f.path.exists() {
             println!("# {verb} {}", f.path.display());
             if !a.dry_run
-                && let Err(e) = std::fs::remove_file(&f.path) {
-                    eprintln!("airlock: cannot remove {}: {e}", f.path.display());
-                    code = 125;
-                }
+                && let Err(e) = std::fs::remove_file(&f.path)
+            {
+                eprintln!("airlock: cannot remove {}: {e}", f.path.display());
+                code = 125;
+            }
         }
     }
     code

@@ -49,6 +49,10 @@ pub enum ServiceError {
     Signal(#[source] std::io::Error),
 }
 
+/// Test hook (feature `test-hooks`): milliseconds to wait after `STOPPING=1` before dropping
+/// the listener.
+pub const TEST_DRAIN_DELAY_VAR: &str = "AIRLOCK_TEST_DRAIN_DELAY_MS";
+
 /// Why the accept loop ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StopReason {
@@ -317,6 +321,13 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
         StopReason::Signal => "terminating",
         StopReason::Quit => "quitting on request (version skew)",
     };
+    #[cfg(feature = "test-hooks")]
+    if let Some(ms) = daemon.env.var(TEST_DRAIN_DELAY_VAR).and_then(|v| v.parse::<u64>().ok()) {
+        // Widens the window between STOPPING and dropping the listener so a test can connect
+        // inside it deterministically.
+        notify::stopping("draining (test delay)");
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
     notify::stopping(&format!(
         "{why}; {}",
         notify::describe(daemon.session_count(), daemon.tunnels())
@@ -361,25 +372,33 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads until a whole frame is buffered. `Ok(None)` = clean EOF between frames.
-    async fn read_frame(&mut self) -> Result<Option<Request>, FrameError> {
-        loop {
-            if let Some(req) = self.frames.next_message::<Request>()? {
-                return Ok(Some(req));
+    /// Closes after a final error: half-close, then discard what the peer still sends (briefly),
+    /// so unread input does not turn our close into a reset that hides the error (unix(7)).
+    async fn close_gracefully(&mut self) {
+        let _ = self.stream.shutdown().await;
+        let drain = async {
+            let mut buf = [0u8; 4096];
+            let mut total = 0usize;
+            while let Ok(n) = tokio::io::AsyncReadExt::read(&mut self.stream, &mut buf).await {
+                total += n;
+                if n == 0 || total > 1 << 20 {
+                    break;
+                }
             }
-            let mut buf = [0u8; 16 * 1024];
-            let fds = &mut self.fds;
-            let n = self
-                .stream
-                .async_io(Interest::READABLE, || {
-                    fdpass::recv_with_fds(self.stream.as_fd(), &mut buf, fds)
-                })
-                .await?;
-            if n == 0 {
-                return if self.frames.is_partial() { Err(FrameError::Closed) } else { Ok(None) };
-            }
-            self.frames.extend(&buf[..n]);
-        }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
+    }
+
+    /// Reads one chunk (and any fds sent with it). `Ok(false)` = EOF.
+    async fn read_chunk(&mut self) -> Result<bool, FrameError> {
+        let mut buf = [0u8; 16 * 1024];
+        let fds = &mut self.fds;
+        let stream = &self.stream;
+        let n = stream
+            .async_io(Interest::READABLE, || fdpass::recv_with_fds(stream.as_fd(), &mut buf, fds))
+            .await?;
+        self.frames.extend(&buf[..n]);
+        Ok(n > 0)
     }
 }
 
@@ -401,6 +420,7 @@ async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
             );
             eprintln!("airlockd: {msg}");
             let _ = conn.send(&error(ErrorCode::PeerUid, msg)).await;
+            conn.close_gracefully().await;
             return;
         }
         Err(err) => {
@@ -410,19 +430,32 @@ async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
     }
     let mut stop = daemon.stop_tx.subscribe();
     loop {
-        let req = tokio::select! {
-            biased;
-            r = conn.read_frame() => Some(r),
-            // Stopping: close between requests (a request already being read finishes first).
-            _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => None,
-        };
-        let Some(req) = req else {
-            let _ = conn.send(&error(ErrorCode::Stopping, "airlockd is stopping; retry")).await;
-            return;
-        };
-        let req = match req {
+        let req = match conn.frames.next_message::<Request>() {
             Ok(Some(req)) => req,
-            Ok(None) | Err(FrameError::Closed) | Err(FrameError::Io(_)) => break,
+            Ok(None) => {
+                // Re-evaluated per chunk: once stopping, a connection closes only between
+                // requests, so a request that is partly read still gets its answer.
+                let got = tokio::select! {
+                    biased;
+                    r = conn.read_chunk() => Some(r),
+                    _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => None,
+                };
+                let Some(got) = got else {
+                    let _ =
+                        conn.send(&error(ErrorCode::Stopping, "airlockd is stopping; retry")).await;
+                    conn.close_gracefully().await;
+                    return;
+                };
+                match got {
+                    Ok(true) => continue,
+                    Ok(false) | Err(FrameError::Io(_)) => break,
+                    Err(e) => {
+                        let _ = conn.send(&error(ErrorCode::Protocol, e.to_string())).await;
+                        conn.close_gracefully().await;
+                        break;
+                    }
+                }
+            }
             Err(e) => {
                 let _ = conn.send(&error(ErrorCode::Protocol, e.to_string())).await;
                 break;
@@ -439,14 +472,15 @@ async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
     // ones stopping, in which case the supervisor re-registers with the next instance.
     let stopping = *daemon.stop_tx.borrow();
     if let Some(session) = conn.session.take()
-        && !stopping {
-            end_session(
-                daemon,
-                &session,
-                &SessionEnd { session: session.id.clone(), ..Default::default() },
-                Some("supervisor_lost"),
-            );
-        }
+        && !stopping
+    {
+        end_session(
+            daemon,
+            &session,
+            &SessionEnd { session: session.id.clone(), ..Default::default() },
+            Some("supervisor_lost"),
+        );
+    }
 }
 
 fn handle_request(daemon: &Arc<Daemon>, conn: &mut Conn, req: Request) -> Response {
