@@ -24,5 +24,6 @@ pub mod env;
 pub mod paths;
 pub mod policy;
 pub mod protocol;
+pub mod proxy;
 pub mod repo;
 pub mod sys;

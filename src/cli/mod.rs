@@ -1,6 +1,10 @@
 //! The `airlock` command line: argument parsing (clap derive) and dispatch to one module per
 //! command. Each command returns its exit code; only `main` touches the process.
 
+pub mod completions;
+pub mod identity;
+pub mod policy;
+
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -10,6 +14,7 @@ use crate::env::{Env, ProcessEnv};
 pub mod doctor;
 pub mod service;
 pub mod status;
+pub mod logs;
 
 /// Everything a command needs from its surroundings, injectable for tests.
 pub struct Context<'a> {
@@ -44,6 +49,23 @@ pub enum Command {
     Service(service::ServiceCommand),
     /// Check the service manager, socket, identity, configuration and trust; print each fix.
     Doctor(doctor::DoctorArgs),
+    /// Show the repo's audit log: every connection attempt, allowed or denied
+    Logs(logs::LogsArgs),
+    /// Test-only: act as an audit writer that dies mid-tunnel (hidden)
+    #[cfg(feature = "test-hooks")]
+    #[command(name = "__audit-hold", hide = true)]
+    AuditHold(logs::AuditHoldArgs),
+    /// Check targets against the network policy, show it, trust a repo's .airlock.toml
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
+    /// Save a local identity (email + stable user id) for audit attribution
+    Login(identity::LoginArgs),
+    /// Show the identity in use
+    Whoami,
+    /// Remove the identity file
+    Logout,
+    /// Print a shell completion script
+    Completions(completions::CompletionsArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -73,5 +95,13 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Status(args) => status::run(&args, ctx),
         Command::Service(cmd) => service::run(&cmd, ctx),
         Command::Doctor(args) => doctor::run(&args, ctx),
+        Command::Logs(args) => logs::run(&args, ctx),
+        #[cfg(feature = "test-hooks")]
+        Command::AuditHold(args) => logs::audit_hold(&args),
+        Command::Policy(cmd) => policy::run(&cmd, ctx),
+        Command::Login(args) => identity::login(&args, ctx),
+        Command::Whoami => identity::whoami(ctx),
+        Command::Logout => identity::logout(ctx),
+        Command::Completions(args) => completions::run(&args),
     }
 }

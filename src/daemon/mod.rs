@@ -43,7 +43,11 @@ pub struct DaemonCli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum DaemonCommand {}
+pub enum DaemonCommand {
+    /// Run the egress proxy in the foreground (no daemon): one listener, policy from an
+    /// operator `--config` file, ALLOW/DENY lines on stdout. See docs/proxy.md.
+    Proxy(crate::proxy::standalone::ProxyArgs),
+}
 
 /// Entry point of the `airlockd` binary; synchronous so socket adoption happens before any
 /// thread exists. Returns the process exit code.
@@ -56,7 +60,11 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
-        Some(command) => match command {},
+        Some(command) => match command {
+            DaemonCommand::Proxy(args) => {
+                crate::proxy::standalone::main(args, &crate::env::ProcessEnv)
+            }
+        },
         None => run_service(&cli),
     }
 }

@@ -6,6 +6,20 @@
 
 use std::fmt;
 
+mod addr;
+mod canon;
+mod entry;
+mod eval;
+mod index;
+
+pub use addr::{effective, embedded_ipv4, is_special_purpose};
+pub use canon::{
+    Host, MAX_LABEL_LEN, MAX_NAME_LEN, Malformed, MalformedKind, Target, canonicalize_host,
+    parse_authority, parse_target,
+};
+pub use entry::{Entry, EntryError, EntryKind, NameMatch, Pattern, PortSpec};
+pub use eval::{LocalAddrs, Policy, PolicyError, PolicyLayer, PolicyWarning, ReviewHost};
+
 use serde::{Deserialize, Serialize};
 
 /// Which configuration layer a rule came from (the audit `layer` field and `X-Airlock-Layer`).

@@ -4,3 +4,4 @@
 pub mod activation;
 pub mod fdpass;
 pub mod spawn;
+pub mod splice;

@@ -10,4 +10,9 @@ compile_error!(
 mod daemon;
 mod daemon_units;
 mod harness;
+mod cli_identity;
+mod cli_policy;
+mod proxy;
+mod proxy_adversarial;
+mod proxy_support;
 mod support;

@@ -1,0 +1,123 @@
+//! Private files under `~/.airlock`: directories created 0700, files written atomically (a
+//! temp file created 0600 in the same directory, synced, then renamed over the target), and
+//! reads that refuse files other users could read.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Creates `dir` (and missing parents) with mode 0700. Existing directories are left as is.
+pub fn private_dir(dir: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Replaces `path` with `bytes` atomically; the file is 0600 from the moment it exists.
+pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().ok_or_else(|| io::Error::other("path has no parent directory"))?;
+    private_dir(dir)?;
+    let mut rnd = [0u8; 6];
+    getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", hex::encode(rnd)));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // The rename is durable once the directory entry is.
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Why a private file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateReadError {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// Group or others may read or write it.
+    #[error("mode {mode:04o} lets other users read or change it")]
+    TooOpen { mode: u32 },
+    #[error("it is owned by uid {owner}, not by you (uid {me})")]
+    NotOwned { owner: u32, me: u32 },
+}
+
+/// Reads a file that must be private: a regular file (symlinks not followed) owned by the
+/// caller, with no group/other permission bits. `Ok(None)` when it does not exist.
+pub fn read_private(path: &Path) -> Result<Option<Vec<u8>>, PrivateReadError> {
+    let mut f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    // fstat the opened file, so the checked file is the read one.
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other("not a regular file").into());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(PrivateReadError::NotOwned { owner: meta.uid(), me });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(PrivateReadError::TooOpen { mode });
+    }
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(Some(buf))
+}
+
+/// Reads a file that may be absent (`Ok(None)`).
+pub fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn written_files_are_private_and_replaced_atomically() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("a/b/file");
+        write_private(&path, b"one").unwrap();
+        write_private(&path, b"two").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"two");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dmode = std::fs::metadata(tmp.path().join("a/b")).unwrap().permissions().mode();
+        assert_eq!(dmode & 0o777, 0o700);
+        // No temp files left behind.
+        assert_eq!(std::fs::read_dir(tmp.path().join("a/b")).unwrap().count(), 1);
+        assert_eq!(read_private(&path).unwrap().unwrap(), b"two");
+    }
+
+    #[test]
+    fn open_files_and_symlinks_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        std::fs::write(&path, "x").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(matches!(read_private(&path), Err(PrivateReadError::TooOpen { mode: 0o640 })));
+        let link = tmp.path().join("l");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(matches!(read_private(&link), Err(PrivateReadError::Io(_))));
+        assert!(read_private(&tmp.path().join("missing")).unwrap().is_none());
+    }
+}

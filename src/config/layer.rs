@@ -1,0 +1,757 @@
+//! One configuration file (`policy.toml`, `config.toml`, `.airlock.toml`, or the standalone
+//! proxy's `--config`): its schema, validated by walking the spanned TOML tree so every problem
+//! is reported at `file:line:col` with a fix, and the parsed [`LayerDoc`] the client sends to the
+//! daemon.
+//!
+//! Schema (docs/configuration.md is the reference):
+//! ```toml
+//! [network]
+//! mode = "allowlist"            # or "blocklist"
+//! allow = ["anthropic.com", "*.githubusercontent.com", "=pypi.org", "git.corp:22"]
+//! block = ["pastebin.com"]
+//! allow_private = ["127.0.0.2/32"]
+//! [env]
+//! pass = ["RUST_LOG"]
+//! [mcp.github]
+//! GITHUB_TOKEN = { from_env = "GITHUB_TOKEN" }
+//! [review]                      # managed and user layers only
+//! servers = ["https://review.corp.example"]
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::ConfigError;
+use super::diag::{Diagnostic, line_col, suggestion};
+use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
+
+const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review"];
+const NETWORK_KEYS: &[&str] = &["mode", "allow", "block", "allow_private"];
+const ENV_KEYS: &[&str] = &["pass"];
+const REVIEW_KEYS: &[&str] = &["servers"];
+const CREDENTIAL_KEYS: &[&str] = &["from_env"];
+const MODES: &[&str] = &["allowlist", "blocklist"];
+
+/// The parsed content of one layer file: what the client sends to the daemon (DESIGN §4) and
+/// what `policy show` prints. Entries keep their text as written, so a rule shown to the user is
+/// the rule in their file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerDoc {
+    pub kind: LayerKind,
+    /// The file as the user sees it (`~/.airlock/config.toml`, `/src/app/.airlock.toml`).
+    pub name: String,
+    /// Lowercase hex SHA-256 of the file's bytes (the trust record compares this).
+    pub digest: String,
+    #[serde(default)]
+    pub network: NetworkDoc,
+    /// `[env] pass`: host environment variables passed into the sandbox.
+    #[serde(default)]
+    pub env_pass: Vec<String>,
+    /// `[mcp.<server>]`: credential variables per MCP server.
+    #[serde(default)]
+    pub mcp: BTreeMap<String, BTreeMap<String, Credential>>,
+    /// `[review] servers` (managed and user layers only): URLs or hosts, always blocked.
+    #[serde(default)]
+    pub review_servers: Vec<String>,
+}
+
+/// `[network]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkDoc {
+    #[serde(default)]
+    pub mode: Option<Mode>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub block: Vec<String>,
+    #[serde(default)]
+    pub allow_private: Vec<IpNet>,
+}
+
+/// One `[mcp.<server>]` credential: a literal value or the name of a host variable to copy.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Credential {
+    FromEnv { from_env: String },
+    Value(String),
+}
+
+impl fmt::Debug for Credential {
+    // Literal credentials are secrets: never in logs or panics.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::FromEnv { from_env } => {
+                f.debug_struct("FromEnv").field("from_env", from_env).finish()
+            }
+            Self::Value(_) => f.write_str("Value(<redacted>)"),
+        }
+    }
+}
+
+/// A parsed file and the warnings it raised (reported; evaluation continues).
+#[derive(Debug, Clone)]
+pub struct ParsedLayer {
+    pub doc: LayerDoc,
+    pub warnings: Vec<Diagnostic>,
+}
+
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Parses one layer file. `name` is the file as the user sees it. Either the whole file is
+/// valid and returned, or every problem found is returned: nothing is half-applied.
+pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLayer, ConfigError> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let valid = &bytes[..e.valid_up_to()];
+        // The valid prefix is UTF-8 by construction, so this never falls back.
+        let prefix = std::str::from_utf8(valid).unwrap_or_default();
+        let span = prefix.len()..prefix.len();
+        ConfigError::Invalid(vec![Diagnostic::at(
+            name,
+            prefix,
+            &span,
+            "the file is not valid UTF-8 (TOML files must be UTF-8); re-save it as UTF-8",
+        )])
+    })?;
+    let root = DeTable::parse(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        ConfigError::Invalid(vec![Diagnostic::at(
+            name,
+            text,
+            &span,
+            format!("malformed TOML: {}; fix the syntax", e.message().trim_end()),
+        )])
+    })?;
+    let mut walker = Walker { name, text, kind, errors: Vec::new(), warnings: Vec::new() };
+    let mut doc = LayerDoc {
+        kind,
+        name: name.to_owned(),
+        digest: digest(bytes),
+        network: NetworkDoc::default(),
+        env_pass: Vec::new(),
+        mcp: BTreeMap::new(),
+        review_servers: Vec::new(),
+    };
+    walker.root(root.get_ref(), &mut doc);
+    if walker.errors.is_empty() {
+        walker.warnings.sort_by_key(|(offset, _)| *offset);
+        Ok(ParsedLayer { doc, warnings: walker.warnings.into_iter().map(|(_, d)| d).collect() })
+    } else {
+        walker.errors.sort_by_key(|(offset, _)| *offset);
+        Err(ConfigError::Invalid(walker.errors.into_iter().map(|(_, d)| d).collect()))
+    }
+}
+
+struct Walker<'a> {
+    name: &'a str,
+    text: &'a str,
+    kind: LayerKind,
+    errors: Vec<(usize, Diagnostic)>,
+    warnings: Vec<(usize, Diagnostic)>,
+}
+
+type Item<'i> = Spanned<DeValue<'i>>;
+
+impl Walker<'_> {
+    fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let d = Diagnostic::at(self.name, self.text, &span, message);
+        self.errors.push((span.start, d));
+    }
+
+    fn warn(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let d = Diagnostic::at(self.name, self.text, &span, format!("warning: {}", message.into()));
+        self.warnings.push((span.start, d));
+    }
+
+    fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, section: &str, known: &[&str]) {
+        let k = key.get_ref();
+        self.error(key.span(), format!("unknown key `{k}` in {section}; {}", suggestion(k, known)));
+    }
+
+    fn root(&mut self, root: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in root.iter() {
+            match key.get_ref().as_ref() {
+                "network" => {
+                    if let Some(t) = self.table(value, "[network]") {
+                        self.network(t, doc);
+                    }
+                }
+                "env" => {
+                    if let Some(t) = self.table(value, "[env]") {
+                        self.env(t, doc);
+                    }
+                }
+                "mcp" => {
+                    if let Some(t) = self.table(value, "[mcp]") {
+                        self.mcp(t, doc);
+                    }
+                }
+                "review" => {
+                    if !matches!(self.kind, LayerKind::Managed | LayerKind::User) {
+                        self.error(
+                            key.span(),
+                            format!(
+                                "[review] is not allowed in the {} layer: review-plane servers may \
+                                 be set only in the managed layer (/etc/airlock/policy.toml) or the \
+                                 user layer (~/.airlock/config.toml); move it there",
+                                self.kind
+                            ),
+                        );
+                    } else if let Some(t) = self.table(value, "[review]") {
+                        self.review(t, doc);
+                    }
+                }
+                _ => self.unknown(key, "the top level", TOP_KEYS),
+            }
+        }
+    }
+
+    fn table<'v, 'i>(&mut self, value: &'v Item<'i>, what: &str) -> Option<&'v DeTable<'i>> {
+        match value.get_ref() {
+            DeValue::Table(t) => Some(t),
+            other => {
+                self.error(
+                    value.span(),
+                    format!("{what} must be a table, found {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    fn string<'v>(&mut self, value: &'v Item<'_>, what: &str) -> Option<&'v str> {
+        match value.get_ref() {
+            DeValue::String(s) => Some(s.as_ref()),
+            other => {
+                self.error(
+                    value.span(),
+                    format!("{what} must be a string, found {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    /// An array of strings, each with its span; wrong element types are reported one by one.
+    fn strings(&mut self, value: &Item<'_>, what: &str) -> Vec<(String, Range<usize>)> {
+        let DeValue::Array(items) = value.get_ref() else {
+            self.error(
+                value.span(),
+                format!(
+                    "{what} must be an array of strings (e.g. {what} = [\"...\"]), found {}",
+                    value.get_ref().type_str()
+                ),
+            );
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if let Some(s) = self.string(item, &format!("{what}[{i}]")) {
+                out.push((s.to_owned(), item.span()));
+            }
+        }
+        out
+    }
+
+    fn network(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        let (mut allow, mut block) = (Vec::new(), Vec::new());
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "mode" => {
+                    if let Some(mode) = self.string(value, "network.mode") {
+                        doc.network.mode = match mode {
+                            "allowlist" => Some(Mode::Allowlist),
+                            "blocklist" => Some(Mode::Blocklist),
+                            other => {
+                                let hint = suggestion(other, MODES);
+                                self.error(
+                                    value.span(),
+                                    format!(
+                                        "network.mode must be \"allowlist\" or \"blocklist\", \
+                                         found {other:?}; {hint}"
+                                    ),
+                                );
+                                None
+                            }
+                        };
+                    }
+                }
+                "allow" => allow = self.entries(value, EntryKind::Allow),
+                "block" => block = self.entries(value, EntryKind::Block),
+                "allow_private" => doc.network.allow_private = self.allow_private(value),
+                _ => self.unknown(key, "[network]", NETWORK_KEYS),
+            }
+        }
+        self.cross_check(&allow, &block);
+        doc.network.allow = allow.into_iter().map(|(e, _)| e.text().to_owned()).collect();
+        doc.network.block = block.into_iter().map(|(e, _)| e.text().to_owned()).collect();
+    }
+
+    fn entries(&mut self, value: &Item<'_>, kind: EntryKind) -> Vec<(Entry, Range<usize>)> {
+        let list = if kind == EntryKind::Allow { "network.allow" } else { "network.block" };
+        let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for (text, span) in self.strings(value, list) {
+            let entry = match Entry::parse(&text, kind) {
+                Ok(e) => e,
+                Err(e) => {
+                    self.error(span, format!("{list} entry {text:?}: {}", e.message()));
+                    continue;
+                }
+            };
+            if let Some(first) = seen.get(&entry.canonical()) {
+                let (line, _) = line_col(self.text, first.start);
+                self.warn(
+                    span.clone(),
+                    format!(
+                        "{text:?} is listed twice in {list} (first at line {line}); remove one"
+                    ),
+                );
+            } else {
+                seen.insert(entry.canonical(), span.clone());
+            }
+            out.push((entry, span));
+        }
+        out
+    }
+
+    /// Warns about an allow entry that a block entry of the same file fully covers: block wins.
+    fn cross_check(&mut self, allow: &[(Entry, Range<usize>)], block: &[(Entry, Range<usize>)]) {
+        for (b, bspan) in block {
+            for (a, aspan) in allow {
+                let covers = match b.port_spec() {
+                    PortSpec::Default | PortSpec::Any => true,
+                    PortSpec::Port(_) => b.port_spec() == a.port_spec(),
+                };
+                if covers && a.pattern() == b.pattern() {
+                    let (line, _) = line_col(self.text, aspan.start);
+                    self.warn(
+                        bspan.clone(),
+                        format!(
+                            "{:?} is in both network.allow (line {line}) and network.block; \
+                             block wins, so the allow entry has no effect",
+                            b.text()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    fn allow_private(&mut self, value: &Item<'_>) -> Vec<IpNet> {
+        let mut out = Vec::new();
+        for (text, span) in self.strings(value, "network.allow_private") {
+            match parse_private(&text) {
+                Ok(net) => out.push(net),
+                Err(why) => {
+                    self.error(span, format!("network.allow_private entry {text:?}: {why}"))
+                }
+            }
+        }
+        out
+    }
+
+    fn env(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "pass" => {
+                    for (name, span) in self.strings(value, "env.pass") {
+                        if is_env_name(&name) {
+                            doc.env_pass.push(name);
+                        } else {
+                            self.error(
+                                span,
+                                format!(
+                                    "env.pass entry {name:?} is not an environment variable name \
+                                     (letters, digits and _, not starting with a digit)"
+                                ),
+                            );
+                        }
+                    }
+                }
+                _ => self.unknown(key, "[env]", ENV_KEYS),
+            }
+        }
+    }
+
+    fn mcp(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (server, value) in table.iter() {
+            let server_name = server.get_ref().as_ref();
+            let section = format!("[mcp.{server_name}]");
+            let Some(creds) = self.table(value, &section) else { continue };
+            let mut out = BTreeMap::new();
+            for (key, value) in creds.iter() {
+                let var = key.get_ref().as_ref();
+                if !is_env_name(var) {
+                    self.error(
+                        key.span(),
+                        format!(
+                            "{section} key `{var}` is not an environment variable name (letters, \
+                             digits and _, not starting with a digit)"
+                        ),
+                    );
+                    continue;
+                }
+                if let Some(c) = self.credential(value, &format!("mcp.{server_name}.{var}")) {
+                    out.insert(var.to_owned(), c);
+                }
+            }
+            doc.mcp.insert(server_name.to_owned(), out);
+        }
+    }
+
+    fn credential(&mut self, value: &Item<'_>, what: &str) -> Option<Credential> {
+        match value.get_ref() {
+            DeValue::String(s) => Some(Credential::Value(s.to_string())),
+            DeValue::Table(t) => {
+                let mut from = None;
+                for (key, v) in t.iter() {
+                    if key.get_ref() == "from_env" {
+                        from = self.string(v, &format!("{what}.from_env")).map(|s| (s, v.span()));
+                    } else {
+                        self.unknown(key, what, CREDENTIAL_KEYS);
+                    }
+                }
+                match from {
+                    Some((var, _)) if is_env_name(var) => {
+                        Some(Credential::FromEnv { from_env: var.to_owned() })
+                    }
+                    Some((var, span)) => {
+                        self.error(
+                            span,
+                            format!("{what}.from_env {var:?} is not an environment variable name"),
+                        );
+                        None
+                    }
+                    None => {
+                        self.error(
+                            value.span(),
+                            format!(
+                                "{what} must be a string or {{ from_env = \"VAR\" }}; add from_env"
+                            ),
+                        );
+                        None
+                    }
+                }
+            }
+            other => {
+                self.error(
+                    value.span(),
+                    format!(
+                        "{what} must be a string or {{ from_env = \"VAR\" }}, found {}",
+                        other.type_str()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn review(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "servers" => {
+                    for (server, span) in self.strings(value, "review.servers") {
+                        match super::review_host(&server) {
+                            Ok(_) => doc.review_servers.push(server),
+                            Err(why) => self.error(
+                                span,
+                                format!(
+                                    "review.servers entry {server:?} is not a URL or host: {why}"
+                                ),
+                            ),
+                        }
+                    }
+                }
+                _ => self.unknown(key, "[review]", REVIEW_KEYS),
+            }
+        }
+    }
+}
+
+/// An `allow_private` entry: a CIDR without host bits, or a single address (= /32 or /128).
+pub fn parse_private(text: &str) -> Result<IpNet, String> {
+    if let Ok(net) = text.parse::<IpNet>() {
+        if net.trunc() != net {
+            return Err(format!(
+                "the CIDR has host bits set; write the network address, {}",
+                net.trunc()
+            ));
+        }
+        return Ok(net);
+    }
+    if let Ok(addr) = text.parse::<std::net::IpAddr>() {
+        return Ok(IpNet::from(addr));
+    }
+    Err("not an IP address or CIDR (e.g. \"127.0.0.2/32\", \"fd00::/8\")".to_owned())
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: a name every shell can pass through.
+pub fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl LayerDoc {
+    /// The evaluator's view of this layer. The daemon calls this on documents it received, so
+    /// entries are parsed again here rather than trusted.
+    pub fn to_policy_layer(&self) -> Result<PolicyLayer, ConfigError> {
+        let parse = |list: &[String], kind: EntryKind| -> Result<Vec<Entry>, ConfigError> {
+            list.iter()
+                .map(|t| {
+                    Entry::parse(t, kind).map_err(|e| ConfigError::Entry {
+                        file: self.name.clone(),
+                        entry: t.clone(),
+                        reason: e.to_string(),
+                    })
+                })
+                .collect()
+        };
+        for net in &self.network.allow_private {
+            if net.trunc() != *net {
+                return Err(ConfigError::Entry {
+                    file: self.name.clone(),
+                    entry: net.to_string(),
+                    reason: "allow_private CIDR has host bits set".to_owned(),
+                });
+            }
+        }
+        Ok(PolicyLayer {
+            kind: self.kind,
+            name: self.name.clone(),
+            mode: self.network.mode,
+            allow: parse(&self.network.allow, EntryKind::Allow)?,
+            block: parse(&self.network.block, EntryKind::Block)?,
+            allow_private: self.network.allow_private.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const F: &str = "/r/.airlock.toml";
+
+    fn errors(kind: LayerKind, text: &str) -> String {
+        match parse_layer(kind, F, text.as_bytes()) {
+            Ok(p) => panic!("expected an error, parsed {:?}", p.doc),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn repo_err(text: &str) -> String {
+        errors(LayerKind::Repo, text)
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let text = r#"
+[network]
+mode = "allowlist"
+allow = ["anthropic.com", "*.githubusercontent.com", "=pypi.org", "git.corp.test:22", "10.1.0.0/16"]
+block = ["pastebin.com"]
+allow_private = ["127.0.0.2/32", "fd00::1"]
+
+[env]
+pass = ["RUST_LOG", "_X1"]
+
+[mcp.github]
+GITHUB_TOKEN = { from_env = "GH_TOKEN" }
+OTHER = "literal"
+"#;
+        let p = parse_layer(LayerKind::Repo, F, text.as_bytes()).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        let d = p.doc;
+        assert_eq!(d.network.mode, Some(Mode::Allowlist));
+        assert_eq!(d.network.allow[1], "*.githubusercontent.com");
+        assert_eq!(d.network.block, ["pastebin.com"]);
+        assert_eq!(d.network.allow_private[1].to_string(), "fd00::1/128");
+        assert_eq!(d.env_pass, ["RUST_LOG", "_X1"]);
+        assert_eq!(
+            d.mcp["github"]["GITHUB_TOKEN"],
+            Credential::FromEnv { from_env: "GH_TOKEN".into() }
+        );
+        assert_eq!(format!("{:?}", d.mcp["github"]["OTHER"]), "Value(<redacted>)");
+        assert_eq!(d.digest, digest(text.as_bytes()));
+        // The document survives the trip to the daemon.
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(serde_json::from_str::<LayerDoc>(&json).unwrap(), d);
+        let layer = d.to_policy_layer().unwrap();
+        assert_eq!(layer.allow.len(), 5);
+        assert_eq!(layer.name, F);
+    }
+
+    #[test]
+    fn malformed_toml_is_located() {
+        let e = repo_err("[network]\nallow = [\"a.com\"\n");
+        assert_eq!(
+            e,
+            "/r/.airlock.toml:2:17: malformed TOML: unclosed array, expected `]`; fix the syntax"
+        );
+        let e = repo_err("[network]\nmode = \"allowlist\"\nmode = \"blocklist\"\n");
+        assert!(e.starts_with("/r/.airlock.toml:3:1: malformed TOML: duplicate key"), "{e}");
+    }
+
+    #[test]
+    fn not_utf8_is_located() {
+        let e = parse_layer(LayerKind::Repo, F, b"[network]\nallow = [\"\xff\"]").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/r/.airlock.toml:2:11: the file is not valid UTF-8 (TOML files must be UTF-8); \
+             re-save it as UTF-8"
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_located() {
+        assert_eq!(
+            repo_err("[network]\nallow = \"a.com\"\n"),
+            "/r/.airlock.toml:2:9: network.allow must be an array of strings (e.g. network.allow \
+             = [\"...\"]), found string"
+        );
+        assert_eq!(
+            repo_err("[network]\nallow = [\"a.com\", 7]\n"),
+            "/r/.airlock.toml:2:19: network.allow[1] must be a string, found integer"
+        );
+        assert_eq!(
+            repo_err("network = 1\n"),
+            "/r/.airlock.toml:1:11: [network] must be a table, found integer"
+        );
+        assert_eq!(
+            repo_err("[network]\nmode = \"allow\"\n"),
+            "/r/.airlock.toml:2:8: network.mode must be \"allowlist\" or \"blocklist\", found \
+             \"allow\"; did you mean `allowlist`?"
+        );
+        assert_eq!(
+            repo_err("[mcp.gh]\nTOKEN = 3\n"),
+            "/r/.airlock.toml:2:9: mcp.gh.TOKEN must be a string or { from_env = \"VAR\" }, found \
+             integer"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_suggest_the_nearest() {
+        assert_eq!(
+            repo_err("[network]\nalow = [\"a.com\"]\n"),
+            "/r/.airlock.toml:2:1: unknown key `alow` in [network]; did you mean `allow`?"
+        );
+        assert_eq!(
+            repo_err("[netwrk]\nallow = []\n"),
+            "/r/.airlock.toml:1:2: unknown key `netwrk` in the top level; did you mean `network`?"
+        );
+        assert_eq!(
+            repo_err("[env]\npas = []\n"),
+            "/r/.airlock.toml:2:1: unknown key `pas` in [env]; did you mean `pass`?"
+        );
+        assert_eq!(
+            repo_err("[mcp.gh]\nT = { from_evn = \"X\" }\n"),
+            "/r/.airlock.toml:2:7: unknown key `from_evn` in mcp.gh.T; did you mean `from_env`?\n\
+             /r/.airlock.toml:2:5: mcp.gh.T must be a string or { from_env = \"VAR\" }; add from_env"
+                .lines()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    #[test]
+    fn invalid_entries_are_located_at_the_entry() {
+        let e = repo_err("[network]\nallow = [\"ok.com\", \"a..b\"]\n");
+        assert!(e.starts_with("/r/.airlock.toml:2:20: network.allow entry \"a..b\": "), "{e}");
+        let e = repo_err("[network]\nblock = [\"-bad.com\"]\n");
+        assert!(e.starts_with("/r/.airlock.toml:2:10: network.block entry \"-bad.com\": "), "{e}");
+        let e = repo_err("[network]\nallow = [\"10.0.0.1/8\"]\n");
+        assert!(
+            e.starts_with("/r/.airlock.toml:2:10: network.allow entry \"10.0.0.1/8\": "),
+            "{e}"
+        );
+        assert!(e.contains("host bits"), "{e}");
+        for port in ["0", "65536", "99999"] {
+            let e = repo_err(&format!("[network]\nallow = [\"a.com:{port}\"]\n"));
+            assert!(e.starts_with("/r/.airlock.toml:2:10: network.allow entry "), "{e}");
+            assert!(e.contains("port"), "{e}");
+        }
+    }
+
+    #[test]
+    fn allow_private_needs_network_addresses() {
+        assert_eq!(
+            repo_err("[network]\nallow_private = [\"10.0.0.1/8\"]\n"),
+            "/r/.airlock.toml:2:18: network.allow_private entry \"10.0.0.1/8\": the CIDR has host \
+             bits set; write the network address, 10.0.0.0/8"
+        );
+        let e = repo_err("[network]\nallow_private = [\"localhost\"]\n");
+        assert!(e.starts_with("/r/.airlock.toml:2:18: network.allow_private entry"), "{e}");
+    }
+
+    #[test]
+    fn review_is_for_managed_and_user_layers_only() {
+        let text = "[review]\nservers = [\"https://review.corp.test\"]\n";
+        assert_eq!(
+            repo_err(text),
+            "/r/.airlock.toml:1:2: [review] is not allowed in the repo layer: review-plane \
+             servers may be set only in the managed layer (/etc/airlock/policy.toml) or the user \
+             layer (~/.airlock/config.toml); move it there"
+        );
+        assert!(errors(LayerKind::Operator, text).contains("not allowed in the operator layer"));
+        for kind in [LayerKind::Managed, LayerKind::User] {
+            let p = parse_layer(kind, F, text.as_bytes()).unwrap();
+            assert_eq!(p.doc.review_servers, ["https://review.corp.test"]);
+        }
+        let e = errors(LayerKind::User, "[review]\nservers = [\"ftp://x.test\"]\n");
+        assert!(
+            e.starts_with("/r/.airlock.toml:2:12: review.servers entry \"ftp://x.test\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn env_names_are_checked() {
+        assert!(
+            repo_err("[env]\npass = [\"A-B\"]\n")
+                .starts_with("/r/.airlock.toml:2:9: env.pass entry \"A-B\" is not an environment")
+        );
+        assert!(repo_err("[mcp.x]\n1A = \"v\"\n").starts_with("/r/.airlock.toml:2:1: [mcp.x] key"));
+    }
+
+    #[test]
+    fn every_error_is_reported_in_file_order_and_nothing_is_returned() {
+        let e = repo_err("[network]\nmode = 1\nalow = []\nblock = [\"\"]\n");
+        let lines: Vec<&str> = e.lines().collect();
+        assert_eq!(lines.len(), 3, "{e}");
+        assert!(lines[0].starts_with("/r/.airlock.toml:2:"));
+        assert!(lines[1].starts_with("/r/.airlock.toml:3:"));
+        assert!(lines[2].starts_with("/r/.airlock.toml:4:"));
+    }
+
+    #[test]
+    fn duplicates_and_overlaps_warn() {
+        let text = "[network]\nallow = [\"a.com\", \"A.com.\", \"b.com\"]\nblock = [\"b.com\"]\n";
+        let p = parse_layer(LayerKind::Repo, F, text.as_bytes()).unwrap();
+        let w: Vec<String> = p.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            w,
+            [
+                "/r/.airlock.toml:2:19: warning: \"A.com.\" is listed twice in network.allow \
+                 (first at line 2); remove one",
+                "/r/.airlock.toml:3:10: warning: \"b.com\" is in both network.allow (line 2) and \
+                 network.block; block wins, so the allow entry has no effect",
+            ]
+        );
+        // A block on one port does not cover an allow entry's default ports.
+        let text = "[network]\nallow = [\"b.com\"]\nblock = [\"b.com:22\"]\n";
+        assert!(parse_layer(LayerKind::Repo, F, text.as_bytes()).unwrap().warnings.is_empty());
+    }
+}
