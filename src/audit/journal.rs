@@ -19,7 +19,8 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::format::{MAX_LINE, encode_json, fit_line};
-use super::writer::write_once;
+use super::settle::{SettleReport, settle_locked};
+use super::writer::{JsonlAppender, write_once};
 use super::{AuditError, AuditLine};
 
 /// Compact the journal (truncate to empty) once it is this large and nothing is in flight.
@@ -151,11 +152,36 @@ impl Journal {
     }
 }
 
+impl Journal {
+    /// Retires the journal of a writer that is stopping while attempts are still open (a
+    /// tunnel task that never closed): their lines are written as interrupted now, under our
+    /// own lock, instead of waiting for the next writer; then the journal is deleted.
+    pub(crate) fn retire(&self, dir: &Path, audit: &JsonlAppender) -> Result<(), AuditError> {
+        let mut state = self.lock();
+        if !state.open.is_empty() {
+            let reader = File::open(&self.path)
+                .map_err(|source| AuditError::Journal { path: self.path.clone(), source })?;
+            let mut report = SettleReport::default();
+            settle_locked(dir, &self.path, &reader, audit, &mut report)?;
+            if report.lines_written > 0 {
+                tracing::warn!(
+                    journal = %self.path.display(),
+                    lines = report.lines_written,
+                    "writer stopped with attempts still open; logged them as interrupted"
+                );
+            }
+            state.open.clear();
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Journal {
     fn drop(&mut self) {
         let state = self.lock();
         if state.open.is_empty() {
-            // Still locked here, so no settler is reading it; nothing to settle.
+            // Still locked here, so no settler is reading it; nothing to settle. (Already
+            // gone after `retire`.)
             let _ = std::fs::remove_file(&self.path);
         }
     }

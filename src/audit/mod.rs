@@ -25,7 +25,8 @@ pub use journal::{Journal, JournalRecord};
 pub use reader::{Entry, Follower, audit_files, read_dir};
 pub use settle::{SettleReport, settle_all, settle_journals};
 pub use writer::{
-    Clock, FileAuditSink, JsonlAppender, RepoLog, SessionInfo, SystemClock, append_record,
+    Clock, FileAuditSink, JsonlAppender, LogRegistry, MAX_RECORD, RepoLog, SessionInfo,
+    SystemClock, append_record,
 };
 
 /// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
@@ -195,6 +196,43 @@ mod tests {
         assert_eq!(rfc3339_ms(t), "2026-07-24T18:03:11.482Z");
         assert_eq!(utc_date(t), "2026-07-24");
         assert_eq!(rfc3339_ms(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    }
+
+    const FORMAT_DOC: &str = include_str!("../../docs/audit-format.md");
+
+    /// The reason table of docs/audit-format.md is exactly the closed list.
+    #[test]
+    fn every_reason_code_is_documented_with_its_status() {
+        let section = FORMAT_DOC
+            .split("## Reason codes")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .unwrap_or_default();
+        let rows: Vec<&str> =
+            section.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).collect();
+        let codes: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(rows, codes, "docs/audit-format.md reason table vs policy::Reason::ALL");
+        for reason in Reason::ALL {
+            let json = serde_json::to_string(reason).unwrap_or_default();
+            assert_eq!(json, format!("\"{reason}\""), "serde name of {reason:?}");
+        }
+    }
+
+    /// Every field an audit line can carry is in the field table.
+    #[test]
+    fn every_field_is_documented() {
+        let mut line = format::tests::sample();
+        line.url = Some(String::new());
+        line.status = Some(200);
+        line.interrupted = Some(true);
+        line.truncated = Some(true);
+        let value = serde_json::to_value(&line).unwrap_or_default();
+        let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        let fields = fields.unwrap_or_default();
+        assert_eq!(fields.len(), 23);
+        for field in fields {
+            assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
+        }
     }
 
     #[test]

@@ -36,15 +36,18 @@ pub struct SettleReport {
     pub busy: usize,
     /// Journal lines that could not be parsed (skipped; the rest of the journal still counts).
     pub bad_records: usize,
+    /// Journals that could not be read (left for a later settlement).
+    pub unreadable: usize,
 }
 
 impl SettleReport {
-    fn add(&mut self, other: &SettleReport) {
+    pub(crate) fn add(&mut self, other: &SettleReport) {
         self.journals_settled += other.journals_settled;
         self.lines_written += other.lines_written;
         self.already_present += other.already_present;
         self.busy += other.busy;
         self.bad_records += other.bad_records;
+        self.unreadable += other.unreadable;
     }
 }
 
@@ -67,10 +70,23 @@ pub fn settle_journals(dir: &Path) -> Result<SettleReport, AuditError> {
             remove_stale_tmp(&entry.path());
         }
     }
+    if journals.is_empty() {
+        return Ok(report);
+    }
     journals.sort();
-    let mut audit: Option<JsonlAppender> = None;
+    // Opens no file until a line is written.
+    let audit = JsonlAppender::new(dir, "audit")?;
     for path in journals {
-        settle_one(dir, &path, &mut audit, &mut report)?;
+        match settle_one(dir, &path, &audit, &mut report) {
+            Ok(()) => {}
+            // One unreadable journal (or audit file) must not stop the others, nor a new writer
+            // from starting; it stays for a later settlement.
+            Err(e @ AuditError::Read { .. }) => {
+                tracing::warn!(error = %e, "cannot settle journal {}", path.display());
+                report.unreadable += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(report)
 }
@@ -108,7 +124,7 @@ fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
 fn settle_one(
     dir: &Path,
     path: &Path,
-    audit: &mut Option<JsonlAppender>,
+    audit: &JsonlAppender,
     report: &mut SettleReport,
 ) -> Result<(), AuditError> {
     let read_err = |source| AuditError::Read { path: path.to_owned(), source };
@@ -134,14 +150,22 @@ fn settle_one(
         _ => return Ok(()),
     }
 
-    let (pending, bad) = pending_records(&file, path)?;
+    settle_locked(dir, path, &file, audit, report)
+}
+
+/// Settles the journal at `path`, whose lock the caller holds, reading it through `file`:
+/// writes the interrupted lines not yet in the audit files, syncs, deletes the journal.
+pub(crate) fn settle_locked(
+    dir: &Path,
+    path: &Path,
+    file: &File,
+    audit: &JsonlAppender,
+    report: &mut SettleReport,
+) -> Result<(), AuditError> {
+    let (pending, bad) = pending_records(file, path)?;
     report.bad_records += bad;
     if !pending.is_empty() {
         let present = ids_in_audit_files(dir, &pending)?;
-        let audit = match audit {
-            Some(a) => a,
-            None => audit.insert(JsonlAppender::new(dir, "audit")?),
-        };
         for line in pending {
             if present.contains(&line.id) {
                 report.already_present += 1;
@@ -284,6 +308,7 @@ mod tests {
         open.allowed = true;
         open.reason = Some(Reason::Allowed);
         sink.journal_open(&open).unwrap();
+        log.simulate_crash();
         drop(sink);
         drop(log); // lock released, record still open: the file stays
         assert!(dir.join(format!("journal-{boot}.jsonl")).exists());
@@ -385,6 +410,7 @@ mod tests {
         l.allowed = true;
         sink.journal_open(&l).unwrap();
         sink.append(&l).unwrap(); // audit line written, then "crash" before the close marker
+        log.simulate_crash();
         drop(sink);
         drop(log);
         let report = settle_journals(tmp.path()).unwrap();

@@ -2,12 +2,13 @@
 //! `write(2)` per line on an `O_APPEND` descriptor), the per-directory [`RepoLog`] that owns a
 //! writer's journal, and [`FileAuditSink`], the [`AuditSink`] the proxy calls per session.
 
+use std::collections::HashMap;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -194,6 +195,20 @@ pub struct RepoLog {
     journal: Journal,
     clock: Arc<dyn Clock>,
     settled: SettleReport,
+    /// False only in tests that simulate a crash (the journal is left for settlement).
+    retire_on_drop: AtomicBool,
+}
+
+impl Drop for RepoLog {
+    fn drop(&mut self) {
+        if self.retire_on_drop.load(Ordering::Relaxed)
+            && let Err(e) = self.journal.retire(self.audit.dir(), &self.audit)
+        {
+            // The journal stays (locked until our descriptor closes just after this), so the
+            // next writer settles it.
+            tracing::error!(error = %e, "cannot retire the audit journal");
+        }
+    }
 }
 
 impl RepoLog {
@@ -211,7 +226,23 @@ impl RepoLog {
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Self>, AuditError> {
         let audit = JsonlAppender::with_clock(dir, "audit", Arc::clone(&clock))?;
-        let settled = settle_journals(audit.dir())?;
+        let mut settled = SettleReport::default();
+        let mut tries = 0;
+        let journal = loop {
+            settled.add(&settle_journals(audit.dir())?);
+            match Journal::create(audit.dir(), boot) {
+                Ok(j) => break j,
+                // Our own boot's previous log of this directory is being dropped on another
+                // thread right now (see LogRegistry); it deletes its journal in a moment.
+                Err(AuditError::Journal { source, .. })
+                    if source.kind() == io::ErrorKind::AlreadyExists && tries < 100 =>
+                {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => return Err(e),
+            }
+        };
         if settled.lines_written > 0 {
             tracing::warn!(
                 dir = %audit.dir().display(),
@@ -219,8 +250,20 @@ impl RepoLog {
                 "settled tunnels of a writer that died as interrupted"
             );
         }
-        let journal = Journal::create(audit.dir(), boot)?;
-        Ok(Arc::new(Self { boot: boot.to_owned(), audit, journal, clock, settled }))
+        Ok(Arc::new(Self {
+            boot: boot.to_owned(),
+            audit,
+            journal,
+            clock,
+            settled,
+            retire_on_drop: AtomicBool::new(true),
+        }))
+    }
+
+    /// Test-only: make dropping this log behave like a crash (journal left, lock released).
+    #[cfg(test)]
+    pub(crate) fn simulate_crash(&self) {
+        self.retire_on_drop.store(false, Ordering::Relaxed);
     }
 
     pub fn dir(&self) -> &Path {
@@ -256,6 +299,50 @@ impl RepoLog {
 
     fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
         self.audit.append_encoded(&encode_line(line)?)
+    }
+}
+
+/// The daemon's map from repo name to its [`RepoLog`] under `~/.airlock/logs/`, for one boot:
+/// sessions of the same repo share one log (and so one `journal-<boot>.jsonl`); a repo's log is
+/// closed when its last session's sink goes away and reopened on the next session.
+#[derive(Debug)]
+pub struct LogRegistry {
+    root: PathBuf,
+    boot: String,
+    clock: Arc<dyn Clock>,
+    logs: Mutex<HashMap<String, Weak<RepoLog>>>,
+}
+
+impl LogRegistry {
+    /// `root` is `~/.airlock/logs` ([`crate::paths::Paths::logs_root`]).
+    pub fn new(root: impl Into<PathBuf>, boot: &str) -> Self {
+        Self::with_clock(root, boot, Arc::new(SystemClock))
+    }
+
+    pub fn with_clock(root: impl Into<PathBuf>, boot: &str, clock: Arc<dyn Clock>) -> Self {
+        Self { root: root.into(), boot: boot.to_owned(), clock, logs: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn boot(&self) -> &str {
+        &self.boot
+    }
+
+    /// The live log of `repo` (a validated repo name), opening it if needed.
+    pub fn repo_log(&self, repo: &str) -> Result<Arc<RepoLog>, AuditError> {
+        let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(log) = logs.get(repo).and_then(Weak::upgrade) {
+            return Ok(log);
+        }
+        logs.retain(|_, w| w.strong_count() > 0);
+        let log =
+            RepoLog::open_with_clock(self.root.join(repo), &self.boot, Arc::clone(&self.clock))?;
+        logs.insert(repo.to_owned(), Arc::downgrade(&log));
+        Ok(log)
+    }
+
+    /// A sink for a new session of `info.repo`.
+    pub fn session_sink(&self, info: SessionInfo) -> Result<FileAuditSink, AuditError> {
+        Ok(FileAuditSink::new(self.repo_log(&info.repo)?, info))
     }
 }
 
@@ -522,6 +609,42 @@ pub(crate) mod tests {
         std::fs::write(&file, "").unwrap();
         let err = RepoLog::open(file.join("sub"), "b").unwrap_err();
         assert!(err.to_string().contains("not-a-dir"), "{err}");
+    }
+
+    #[test]
+    fn stopping_with_open_attempts_logs_them_as_interrupted_now() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = RepoLog::open(tmp.path(), "b").unwrap();
+        let sink = log.session_sink(info());
+        let mut leaked = sink.line("leaked.test", Some(443), "CONNECT");
+        leaked.allowed = true;
+        sink.journal_open(&leaked).unwrap();
+        let journal = log.journal().path().to_owned();
+        drop(sink);
+        drop(log);
+        assert!(!journal.exists());
+        let got = lines(&tmp.path().join(format!("audit-{}.jsonl", utc_date(SystemTime::now()))));
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].id.as_str(), got[0].interrupted), (leaked.id.as_str(), Some(true)));
+        // The same boot can open the directory again.
+        RepoLog::open(tmp.path(), "b").unwrap();
+    }
+
+    #[test]
+    fn registry_shares_one_log_per_repo_and_reopens_after_the_last_session() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reg = LogRegistry::new(tmp.path(), "boot");
+        let a = reg.session_sink(SessionInfo { session: "a".into(), ..info() }).unwrap();
+        let b = reg.session_sink(SessionInfo { session: "b".into(), ..info() }).unwrap();
+        assert!(Arc::ptr_eq(a.log(), b.log()));
+        assert_eq!(a.log().dir(), tmp.path().join("some-repo"));
+        let other = reg.session_sink(SessionInfo { repo: "other".into(), ..info() }).unwrap();
+        assert!(!Arc::ptr_eq(a.log(), other.log()));
+        // seq is per session.
+        assert_eq!((a.stamp().seq, b.stamp().seq, a.stamp().seq), (1, 1, 2));
+        drop((a, b));
+        let c = reg.session_sink(SessionInfo { session: "c".into(), ..info() }).unwrap();
+        assert!(c.log().journal().path().exists());
     }
 
     #[test]

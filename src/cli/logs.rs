@@ -160,6 +160,11 @@ fn logs(args: &LogsArgs, ctx: &Context<'_>) -> anyhow::Result<()> {
     let mut out = Printer { out: io::stdout().lock(), json: args.json, shown: 0, broken: false };
     out.header()?;
     let mut follower = Follower::new(&dir);
+    if let Some(since) = filter.since {
+        let d = since.to_offset(time::UtcOffset::UTC).date();
+        let date = format!("{:04}-{:02}-{:02}", d.year(), u8::from(d.month()), d.day());
+        follower = follower.skip_files_before(&date);
+    }
     let mut first = true;
     loop {
         let result = follower.poll(!args.follow, &mut |entry| out.entry(entry, &filter));
@@ -242,11 +247,15 @@ impl<W: Write> Printer<W> {
     }
 
     fn in_flight_json(&mut self, line: &AuditLine) -> io::Result<()> {
-        let mut value = serde_json::to_value(line).map_err(io::Error::other)?;
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("in_flight".into(), serde_json::Value::Bool(true));
+        #[derive(serde::Serialize)]
+        struct InFlight<'a> {
+            #[serde(flatten)]
+            line: &'a AuditLine,
+            in_flight: bool,
         }
-        writeln!(self.out, "{value}")
+        let json =
+            serde_json::to_string(&InFlight { line, in_flight: true }).map_err(io::Error::other)?;
+        writeln!(self.out, "{json}")
     }
 
     fn row(&mut self, line: &AuditLine, in_flight: bool) -> io::Result<()> {

@@ -15,4 +15,5 @@ mod cli_policy;
 mod proxy;
 mod proxy_adversarial;
 mod proxy_support;
+mod logs;
 mod support;
