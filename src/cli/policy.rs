@@ -231,6 +231,8 @@ struct ShowJson {
     overrides: Vec<String>,
     layers: Vec<LayerJson>,
     shadowed: Vec<String>,
+    /// The evaluator's digest of the effective rules (what session records carry).
+    digest: Option<String>,
     review_servers: Vec<config::ReviewServer>,
     warnings: Vec<String>,
     error: Option<String>,
@@ -364,12 +366,12 @@ fn show(args: &ShowArgs, ctx: &Context<'_>) -> i32 {
         }
     }
     let mut warnings: Vec<String> = loaded.warnings().iter().map(|w| w.to_string()).collect();
-    let (shadowed, error) = match &built {
+    let (shadowed, digest, error) = match &built {
         Ok(b) => {
             warnings.extend(b.cross_file_warnings().map(|w| format!("warning: {w}")));
-            (shadowed_lines(&b.policy), None)
+            (shadowed_lines(&b.policy), Some(b.policy.digest()), None)
         }
-        Err(e) => (Vec::new(), Some(e.to_string())),
+        Err(e) => (Vec::new(), None, Some(e.to_string())),
     };
     let report = ShowJson {
         mode: mode.as_str(),
@@ -377,26 +379,44 @@ fn show(args: &ShowArgs, ctx: &Context<'_>) -> i32 {
         overrides: paths.overrides.clone(),
         layers,
         shadowed,
+        digest,
         review_servers: loaded.review_servers.clone(),
         warnings,
         error,
     };
+    // Loud on purpose, in both output forms: a test hook changes which policy applies.
+    for o in &report.overrides {
+        eprintln!("airlock: !!! TEST OVERRIDE IN FORCE: {o} !!!");
+    }
+    if let Some(file) = loaded.repo.as_ref().filter(|f| !f.trust.is_trusted()) {
+        eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
+    }
     if args.json {
         print_json(&report);
     } else {
-        print_show(&report, &loaded);
+        print_show(&report);
+    }
+    if let Some(e) = &report.error {
+        for line in e.lines() {
+            eprintln!("airlock: {line}");
+        }
     }
     if report.error.is_some() { EXIT_CONFIG } else { 0 }
 }
 
 fn shadowed_lines(policy: &crate::policy::Policy) -> Vec<String> {
-    policy.shadowed().into_iter().map(|(kind, entry)| format!("{entry} ({kind} layer)")).collect()
+    let mut lines: Vec<String> = policy
+        .shadowed()
+        .into_iter()
+        .map(|(kind, entry)| format!("{entry} ({kind} layer)"))
+        .collect();
+    // A duplicated entry is shadowed once (the duplicate has its own warning).
+    lines.dedup();
+    lines
 }
 
-fn print_show(r: &ShowJson, loaded: &Loaded) {
+fn print_show(r: &ShowJson) {
     for o in &r.overrides {
-        // Loud on purpose: a test hook changes which policy applies.
-        eprintln!("airlock: !!! TEST OVERRIDE IN FORCE: {o} !!!");
         println!("!!! TEST OVERRIDE IN FORCE: {o} !!!");
     }
     let src = match &r.mode_source.policy {
@@ -437,8 +457,9 @@ fn print_show(r: &ShowJson, loaded: &Loaded) {
             println!("  error: {e}");
         }
     }
-    if let Some(file) = loaded.repo.as_ref().filter(|f| !f.trust.is_trusted()) {
-        eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
+    if let Some(d) = &r.digest {
+        println!();
+        println!("effective policy sha256: {d}");
     }
     if !r.review_servers.is_empty() {
         println!();
@@ -459,11 +480,6 @@ fn print_show(r: &ShowJson, loaded: &Loaded) {
         println!("warnings:");
         for w in &r.warnings {
             println!("  {w}");
-        }
-    }
-    if let Some(e) = &r.error {
-        for line in e.lines() {
-            eprintln!("airlock: {line}");
         }
     }
 }
@@ -501,6 +517,12 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
     if file.trust.is_trusted() {
         println!("{} is already trusted (sha256 {})", file.name, file.digest);
         return 0;
+    }
+    if let trust::TrustState::Changed { trusted_at, .. } = &file.trust {
+        println!(
+            "{} changed since it was trusted ({trusted_at}); trusting the new content",
+            file.name
+        );
     }
     println!("trusting {} (sha256 {}):", file.name, file.digest);
     let doc = &parsed.doc;

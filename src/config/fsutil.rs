@@ -77,13 +77,43 @@ pub fn read_private(path: &Path) -> Result<Option<Vec<u8>>, PrivateReadError> {
     Ok(Some(buf))
 }
 
-/// Reads a file that may be absent (`Ok(None)`).
-pub fn read_optional(path: &Path) -> io::Result<Option<Vec<u8>>> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+/// Largest configuration file read (far above any real policy; bounds a hostile repo's file).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+/// Reads a configuration file that may be absent (`Ok(None)`): a regular file of at most
+/// [`MAX_CONFIG_BYTES`]. With `follow_symlinks` false (the repo's file, which the agent's tree
+/// holds) a symlink is refused. Opened non-blocking so a FIFO planted in its place cannot hang
+/// the command; the checks are made on the opened file (`fstat`), not the path.
+pub fn read_config(path: &Path, follow_symlinks: bool) -> io::Result<Option<Vec<u8>>> {
+    let mut flags = libc::O_NONBLOCK;
+    if !follow_symlinks {
+        flags |= libc::O_NOFOLLOW;
     }
+    let f = match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(io::Error::other(
+                "it is a symlink; Airlock reads only a regular file here",
+            ));
+        }
+        Err(e) => return Err(e),
+    };
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other("it is not a regular file"));
+    }
+    if meta.len() > MAX_CONFIG_BYTES {
+        return Err(io::Error::other(format!(
+            "it is larger than {MAX_CONFIG_BYTES} bytes; a policy file is a few lines of TOML"
+        )));
+    }
+    let mut buf = Vec::new();
+    f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(io::Error::other("it grew past the size limit while being read"));
+    }
+    Ok(Some(buf))
 }
 
 #[cfg(test)]
@@ -119,5 +149,25 @@ mod tests {
         std::os::unix::fs::symlink(&path, &link).unwrap();
         assert!(matches!(read_private(&link), Err(PrivateReadError::Io(_))));
         assert!(read_private(&tmp.path().join("missing")).unwrap().is_none());
+    }
+
+    #[test]
+    fn config_reads_refuse_fifos_big_files_and_repo_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = tmp.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Returns at once (O_NONBLOCK) instead of waiting for a writer.
+        let err = read_config(&fifo, true).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        let big = tmp.path().join("big");
+        std::fs::write(&big, vec![b'#'; MAX_CONFIG_BYTES as usize + 1]).unwrap();
+        assert!(read_config(&big, true).unwrap_err().to_string().contains("larger than"));
+        let small = tmp.path().join("small");
+        std::fs::write(&small, "x = 1").unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&small, &link).unwrap();
+        assert_eq!(read_config(&link, true).unwrap().unwrap(), b"x = 1");
+        assert!(read_config(&link, false).unwrap_err().to_string().contains("symlink"));
+        assert!(read_config(&tmp.path().join("none"), false).unwrap().is_none());
     }
 }

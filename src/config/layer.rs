@@ -755,3 +755,64 @@ OTHER = "literal"
         assert!(parse_layer(LayerKind::Repo, F, text.as_bytes()).unwrap().warnings.is_empty());
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes: either a document or errors, never a panic, and every error is located
+        /// inside the file.
+        #[test]
+        fn arbitrary_input_is_located_or_accepted(text in "(\\PC|\n|\\[|\\]|=|\"){0,200}") {
+            let lines = text.split('\n').count();
+            match parse_layer(LayerKind::Repo, "f", text.as_bytes()) {
+                Ok(_) => {}
+                Err(ConfigError::Invalid(diags)) => {
+                    prop_assert!(!diags.is_empty());
+                    for d in diags {
+                        prop_assert!(d.line >= 1 && d.line <= lines, "{d}");
+                        prop_assert!(d.col >= 1, "{d}");
+                        prop_assert!(d.to_string().starts_with("f:"));
+                    }
+                }
+                Err(other) => prop_assert!(false, "unexpected error kind {other}"),
+            }
+        }
+
+        /// Structured but random network sections: valid entries round-trip as written; an
+        /// invalid one anywhere rejects the whole file.
+        #[test]
+        fn entries_round_trip_or_reject_the_file(
+            names in proptest::collection::vec("[a-z]{1,8}(\\.[a-z]{1,8}){0,2}", 0..6),
+            prefix in proptest::sample::select(vec!["", "*.", "="]),
+            port in proptest::option::of(0u32..70000),
+        ) {
+            let entries: Vec<String> = names
+                .iter()
+                .map(|n| match port {
+                    Some(p) => format!("{prefix}{n}:{p}"),
+                    None => format!("{prefix}{n}"),
+                })
+                .collect();
+            let text = format!("[network]\nblock = {}\n", toml_array(&entries));
+            let result = parse_layer(LayerKind::User, "f", text.as_bytes());
+            let bad_port = matches!(port, Some(p) if p == 0 || p > 65535);
+            if bad_port && !entries.is_empty() {
+                let err = result.unwrap_err().to_string();
+                prop_assert!(err.starts_with("f:2:"), "{err}");
+                prop_assert_eq!(err.lines().count(), entries.len());
+            } else {
+                let doc = result.unwrap().doc;
+                prop_assert_eq!(doc.network.block, entries);
+            }
+        }
+    }
+
+    fn toml_array(items: &[String]) -> String {
+        let quoted: Vec<String> = items.iter().map(|s| format!("{s:?}")).collect();
+        format!("[{}]", quoted.join(", "))
+    }
+}

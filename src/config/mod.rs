@@ -33,7 +33,7 @@ pub enum ConfigError {
     /// One or more problems in a file, each at `file:line:col`.
     #[error("{}", Diagnostics(.0.clone()))]
     Invalid(Vec<Diagnostic>),
-    #[error("cannot read {file}: {source}; check that it exists and you may read it")]
+    #[error("cannot read {file}: {source}")]
     Read {
         file: String,
         #[source]
@@ -144,6 +144,8 @@ pub struct RepoFile {
     pub bytes: Vec<u8>,
     pub digest: String,
     pub trust: TrustState,
+    /// Why the file could not be read (a symlink, not a regular file, too large).
+    pub unreadable: Option<String>,
     /// Parsed only when trusted (an untrusted file is parsed only by `policy show` and
     /// `policy trust`, through [`RepoFile::parse`]).
     pub parsed: Option<ParsedLayer>,
@@ -152,6 +154,12 @@ pub struct RepoFile {
 impl RepoFile {
     /// Parses the file regardless of trust (for `policy show` and `policy trust`).
     pub fn parse(&self) -> Result<ParsedLayer, ConfigError> {
+        if let Some(reason) = &self.unreadable {
+            return Err(ConfigError::Read {
+                file: self.name.clone(),
+                source: std::io::Error::other(reason.clone()),
+            });
+        }
         parse_layer(LayerKind::Repo, &self.name, &self.bytes)
     }
 }
@@ -259,18 +267,33 @@ pub fn load_operator(path: &Path) -> Result<ParsedLayer, ConfigError> {
 }
 
 /// Reads the repo's `.airlock.toml` and its trust state; parses it only when trusted.
+///
+/// The file lives in a tree the agent can write, so it is read without following symlinks,
+/// as a regular file of bounded size. A file that cannot be read that way is reported as
+/// unusable (never trusted, never applied) rather than failing the command.
 pub fn load_repo_file(paths: &Paths, repo: &Repo) -> Result<Option<RepoFile>, ConfigError> {
     let path = repo.config_file();
     let name = display_path(paths, &path);
-    let Some(bytes) = fsutil::read_optional(&path)
-        .map_err(|source| ConfigError::Read { file: name.clone(), source })?
-    else {
-        return Ok(None);
+    let (bytes, unreadable) = match fsutil::read_config(&path, false) {
+        Ok(Some(bytes)) => (bytes, None),
+        Ok(None) => return Ok(None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
     };
     let digest = digest(&bytes);
-    let trust = trust::state(paths, repo, &digest);
-    let mut file =
-        RepoFile { path, name, repo_dir: repo.path.clone(), bytes, digest, trust, parsed: None };
+    let trust = match &unreadable {
+        None => trust::state(paths, repo, &digest),
+        Some(reason) => TrustState::Unreadable { reason: reason.clone() },
+    };
+    let mut file = RepoFile {
+        path,
+        name,
+        repo_dir: repo.path.clone(),
+        bytes,
+        digest,
+        trust,
+        unreadable,
+        parsed: None,
+    };
     if file.trust.is_trusted() {
         file.parsed = Some(file.parse()?);
     }
@@ -283,7 +306,7 @@ fn load_file(
     paths: &Paths,
 ) -> Result<Option<ParsedLayer>, ConfigError> {
     let name = display_path(paths, path);
-    match fsutil::read_optional(path) {
+    match fsutil::read_config(path, true) {
         Ok(Some(bytes)) => parse_layer(kind, &name, &bytes).map(Some),
         Ok(None) => Ok(None),
         Err(source) => Err(ConfigError::Read { file: name, source }),
@@ -330,10 +353,247 @@ pub fn build_policy(
     }
 }
 
+/// The variables `[env] pass` and `[mcp.*]` add to the sandbox's environment, from the applied
+/// layers only (so an untrusted repo file contributes nothing). When two layers set the same
+/// variable the earlier layer wins (managed, then user, then repo/operator), as with `mode`.
+/// A passed or `from_env` variable that is unset (or not UTF-8) on the host is left out.
+pub fn sandbox_env(layers: &[&LayerDoc], host: &dyn crate::env::Env) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut push = |name: &str, value: Option<String>| {
+        if let Some(value) = value.filter(|_| !out.iter().any(|(n, _)| n == name)) {
+            out.push((name.to_owned(), value));
+        }
+    };
+    for doc in layers {
+        for name in &doc.env_pass {
+            push(name, host.var(name));
+        }
+        for creds in doc.mcp.values() {
+            for (name, cred) in creds {
+                match cred {
+                    Credential::Value(v) => push(name, Some(v.clone())),
+                    Credential::FromEnv { from_env } => push(name, host.var(from_env)),
+                }
+            }
+        }
+    }
+    out
+}
+
 /// A path as the user sees it: `~/…` under the home directory.
 pub fn display_path(paths: &Paths, path: &Path) -> String {
     match path.strip_prefix(paths.home()) {
         Ok(rest) if paths.home() != Path::new("/") => format!("~/{}", rest.display()),
         _ => path.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::policy::{Mode, Reason, Verdict, parse_target};
+
+    struct Fixture {
+        _tmp: tempfile::TempDir,
+        paths: Paths,
+        repo: Repo,
+        managed: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(home.join(".airlock")).unwrap();
+        let managed = tmp.path().join("managed.toml");
+        let env = crate::env::MapEnv::new()
+            .with("HOME", &home)
+            .with(crate::paths::TEST_MANAGED_POLICY_VAR, &managed);
+        let paths = if cfg!(feature = "test-hooks") {
+            Paths::from_env(&env).unwrap()
+        } else {
+            Paths::with_home(home)
+        };
+        std::fs::create_dir_all(tmp.path().join("app")).unwrap();
+        let repo = Repo::resolve(Some(&tmp.path().join("app")), tmp.path()).unwrap();
+        Fixture { _tmp: tmp, paths, repo, managed }
+    }
+
+    fn decide(built: &BuiltPolicy, target: &str) -> crate::policy::Decision {
+        let t = parse_target(target).unwrap();
+        built.policy.decide(&t.host, t.port.unwrap_or(443), &crate::policy::LocalAddrs::none())
+    }
+
+    #[test]
+    fn the_repo_file_applies_only_while_trusted() {
+        let f = fixture();
+        std::fs::write(f.paths.user_config(), "[network]\nallow = [\"=user.test\"]\n").unwrap();
+        let file = f.repo.config_file();
+        std::fs::write(&file, "[network]\nallow = [\"repo.test\"]\n").unwrap();
+
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        let repo = loaded.repo.as_ref().unwrap();
+        assert_eq!(repo.trust, TrustState::Untrusted);
+        assert!(repo.parsed.is_none());
+        assert_eq!(loaded.applied().len(), 1);
+        assert!(loaded.client_layers().repo.is_none());
+        let built = loaded.build_policy().unwrap();
+        assert_eq!(decide(&built, "api.repo.test").reason, Reason::NotAllowed);
+
+        trust::trust(&f.paths, &f.repo, &repo.digest).unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        assert!(loaded.repo.as_ref().unwrap().trust.is_trusted());
+        let kinds: Vec<LayerKind> = loaded.applied().iter().map(|d| d.kind).collect();
+        assert_eq!(kinds, [LayerKind::User, LayerKind::Repo]);
+        let d = decide(&loaded.build_policy().unwrap(), "api.repo.test");
+        assert_eq!(d.verdict, Verdict::Allow);
+        assert_eq!(d.layer, LayerKind::Repo);
+        assert_eq!(d.policy.as_deref(), Some(file.display().to_string().as_str()));
+
+        std::fs::write(&file, "[network]\nallow = [\"repo.test\", \"more.test\"]\n").unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        assert!(matches!(loaded.repo.as_ref().unwrap().trust, TrustState::Changed { .. }));
+        assert_eq!(loaded.applied().len(), 1);
+    }
+
+    #[test]
+    fn an_untrusted_broken_file_is_not_an_error_but_a_trusted_one_is() {
+        let f = fixture();
+        std::fs::write(f.paths.user_config(), "[network]\nallow = [\"a.test\"]\n").unwrap();
+        std::fs::write(f.repo.config_file(), "[network]\nalow = 1\n").unwrap();
+        let loaded = load(&f.paths, Some(&f.repo), None).unwrap();
+        let repo = loaded.repo.as_ref().unwrap();
+        assert!(repo.parse().unwrap_err().to_string().contains(":2:1: unknown key `alow`"));
+        trust::trust(&f.paths, &f.repo, &repo.digest).unwrap();
+        let err = load(&f.paths, Some(&f.repo), None).unwrap_err();
+        assert!(matches!(err, ConfigError::Invalid(_)), "{err}");
+    }
+
+    #[test]
+    fn client_layers_round_trip_and_the_daemon_adds_managed() {
+        let f = fixture();
+        if cfg!(feature = "test-hooks") {
+            std::fs::write(
+                &f.managed,
+                "[network]\nmode = \"allowlist\"\nallow = [\"corp.test\"]\n[review]\nservers = [\"https://review.corp.test\"]\n",
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            f.paths.user_config(),
+            "[network]\nmode = \"blocklist\"\nallow = [\"git.corp.test\", \"other.test\"]\n[review]\nservers = [\"r2.corp.test\"]\n",
+        )
+        .unwrap();
+        let identity = Identity {
+            email: "a@b.test".into(),
+            user_id: "u_1".into(),
+            server: Some("https://r3.corp.test:8443".into()),
+        };
+        let loaded = load(&f.paths, Some(&f.repo), Some(&identity)).unwrap();
+        let client = loaded.client_layers();
+        // Managed review servers stay with the daemon, which reads the managed file itself.
+        let servers: Vec<&str> = client.review_servers.iter().map(|r| r.server.as_str()).collect();
+        assert_eq!(servers, ["r2.corp.test", "https://r3.corp.test:8443"]);
+        let json = serde_json::to_string(&client).unwrap();
+        let received: ClientLayers = serde_json::from_str(&json).unwrap();
+        assert_eq!(received, client);
+
+        let managed = load_managed(&f.paths).unwrap();
+        let built = received.build_policy(managed.as_ref()).unwrap();
+        assert_eq!(decide(&built, "r3.corp.test").reason, Reason::ReviewPlane);
+        assert_eq!(decide(&built, "r2.corp.test").reason, Reason::ReviewPlane);
+        if cfg!(feature = "test-hooks") {
+            assert_eq!(built.policy.mode(), Mode::Allowlist, "the managed mode pins");
+            assert_eq!(decide(&built, "review.corp.test").reason, Reason::ReviewPlane);
+            assert_eq!(decide(&built, "other.test").reason, Reason::ManagedNotAllowed);
+            assert_eq!(decide(&built, "git.corp.test").verdict, Verdict::Allow);
+        }
+        // The same evaluator, whether built by the CLI or by the daemon.
+        assert_eq!(built.policy.digest(), loaded.build_policy().unwrap().policy.digest());
+
+        // A client cannot pose as the managed layer.
+        let mut forged = received.clone();
+        if let Some(user) = forged.user.as_mut() {
+            user.kind = LayerKind::Managed;
+        }
+        assert!(matches!(forged.build_policy(None), Err(ConfigError::Policy(_))));
+        // Nor smuggle an invalid entry past validation.
+        let mut forged = received;
+        if let Some(user) = forged.user.as_mut() {
+            user.network.allow.push("a..b".into());
+        }
+        assert!(matches!(forged.build_policy(None), Err(ConfigError::Entry { .. })));
+    }
+
+    #[test]
+    fn operator_files_are_trusted_but_may_not_name_review_servers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("proxy.toml");
+        std::fs::write(&path, "[network]\nallow = [\"a.test\"]\nallow_private = [\"127.0.0.2\"]\n")
+            .unwrap();
+        let parsed = load_operator(&path).unwrap();
+        assert_eq!(parsed.doc.kind, LayerKind::Operator);
+        let built = build_policy(&[&parsed.doc], &[]).unwrap();
+        let d = decide(&built, "a.test");
+        assert_eq!((d.verdict, d.layer), (Verdict::Allow, LayerKind::Operator));
+        std::fs::write(&path, "[review]\nservers = [\"x.test\"]\n").unwrap();
+        assert!(
+            load_operator(&path).unwrap_err().to_string().contains(":1:2: [review] is not allowed")
+        );
+        let missing = load_operator(&tmp.path().join("nope.toml")).unwrap_err();
+        assert!(matches!(missing, ConfigError::Read { .. }));
+    }
+
+    #[test]
+    fn empty_allowlists_refuse_to_start() {
+        let f = fixture();
+        let err = load(&f.paths, Some(&f.repo), None).unwrap().build_policy().unwrap_err();
+        assert!(err.to_string().starts_with("refusing to start: the allowlist is empty"), "{err}");
+        std::fs::write(f.paths.user_config(), "[network]\nmode = \"blocklist\"\n").unwrap();
+        assert!(load(&f.paths, Some(&f.repo), None).unwrap().build_policy().is_ok());
+    }
+
+    #[test]
+    fn bad_identity_servers_are_config_errors() {
+        let f = fixture();
+        let identity =
+            Identity { email: "a@b.test".into(), user_id: "u".into(), server: Some("a..b".into()) };
+        let err = load(&f.paths, None, Some(&identity)).unwrap_err();
+        assert!(err.to_string().contains("~/.airlock/identity.toml"), "{err}");
+    }
+
+    #[test]
+    fn sandbox_env_takes_applied_layers_in_order() {
+        let user = parse_layer(
+            LayerKind::User,
+            "u",
+            b"[env]\npass = [\"A\", \"UNSET\"]\n[mcp.gh]\nTOKEN = { from_env = \"GH\" }\n",
+        )
+        .unwrap()
+        .doc;
+        let repo = parse_layer(
+            LayerKind::Repo,
+            "r",
+            b"[env]\npass = [\"B\"]\n[mcp.gh]\nTOKEN = \"repo-literal\"\n[mcp.x]\nK = \"v\"\n",
+        )
+        .unwrap()
+        .doc;
+        let host = crate::env::MapEnv::new().with("A", "1").with("B", "2").with("GH", "secret");
+        let env = sandbox_env(&[&user, &repo], &host);
+        let expect = [("A", "1"), ("TOKEN", "secret"), ("B", "2"), ("K", "v")];
+        let got: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn paths_under_home_are_shown_with_a_tilde() {
+        let paths = Paths::with_home(PathBuf::from("/home/dev"));
+        assert_eq!(display_path(&paths, Path::new("/home/dev/.airlock/x")), "~/.airlock/x");
+        assert_eq!(
+            display_path(&paths, Path::new("/etc/airlock/policy.toml")),
+            "/etc/airlock/policy.toml"
+        );
+        let root = Paths::with_home(PathBuf::from("/"));
+        assert_eq!(display_path(&root, Path::new("/etc/x")), "/etc/x");
     }
 }

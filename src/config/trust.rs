@@ -34,6 +34,8 @@ pub enum TrustState {
     Changed { trusted_digest: String, trusted_at: String },
     /// The record exists but cannot be used (unreadable, too open, corrupt).
     BadRecord { reason: String },
+    /// The repo file itself cannot be read safely (a symlink, not a regular file, too large).
+    Unreadable { reason: String },
 }
 
 impl TrustState {
@@ -53,6 +55,9 @@ impl TrustState {
             ),
             Self::BadRecord { reason } => {
                 format!("{file} does not apply: its trust record is unusable ({reason}); {fix}")
+            }
+            Self::Unreadable { reason } => {
+                format!("{file} does not apply: {reason}; replace it with a regular file")
             }
         }
     }

@@ -9,6 +9,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use ipnet::{IpNet, Ipv4Net};
+
 /// IPv4 special-purpose ranges (SECURITY §3; RFC 6890 and its updates).
 const V4_SPECIAL: &[(u32, u8)] = &[
     (0x0000_0000, 8),  // 0.0.0.0/8 "this network" (RFC 791)
@@ -76,6 +78,23 @@ pub fn effective(ip: IpAddr) -> IpAddr {
         IpAddr::V6(v6) => embedded_ipv4(v6).map_or(ip, IpAddr::V4),
         v4 => v4,
     }
+}
+
+/// A range written in an IPv4-mapped or well-known-NAT64 IPv6 form with a prefix of at least
+/// 96 bits (`::ffff:10.0.0.0/104`, `64:ff9b::a00:0/104`) stands for the IPv4 range
+/// (`10.0.0.0/8`), as single addresses do. Any other range is returned unchanged.
+pub fn normalize_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(n) = net {
+        let bits = u128::from(n.network());
+        let low96 = [0xffffu128 << 32, 0x0064_ff9b << 96];
+        if n.prefix_len() >= 96
+            && low96.iter().any(|p| in_prefix128(bits, *p, 96))
+            && let Ok(v4) = Ipv4Net::new(Ipv4Addr::from(bits as u32), n.prefix_len() - 96)
+        {
+            return IpNet::V4(v4);
+        }
+    }
+    net
 }
 
 fn is_special_v4(ip: Ipv4Addr) -> bool {
@@ -238,5 +257,18 @@ mod tests {
         assert_eq!(effective(ip("::ffff:1.2.3.4")), ip("1.2.3.4"));
         assert_eq!(effective(ip("::1")), ip("::1"));
         assert_eq!(effective(ip("1.2.3.4")), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn mapped_ranges_normalize_to_ipv4() {
+        let n = |s: &str| normalize_net(s.parse().unwrap()).to_string();
+        assert_eq!(n("::ffff:10.0.0.0/104"), "10.0.0.0/8");
+        assert_eq!(n("::ffff:10.1.2.3/128"), "10.1.2.3/32");
+        assert_eq!(n("64:ff9b::c0a8:0/112"), "192.168.0.0/16");
+        assert_eq!(n("::ffff:0:0/96"), "0.0.0.0/0");
+        assert_eq!(n("::fffe:0:0/95"), "::fffe:0:0/95");
+        assert_eq!(n("2001:db8::/32"), "2001:db8::/32");
+        assert_eq!(n("::/96"), "::/96");
+        assert_eq!(n("10.0.0.0/8"), "10.0.0.0/8");
     }
 }

@@ -16,14 +16,16 @@
 //! host (Unicode accepted). A CIDR with host bits set is an error, not silently truncated.
 //! An **allow** entry without a port allows 80 and 443; a **block** entry without a port blocks
 //! every port. An address entry whose IPv6 form embeds IPv4 (`[::ffff:10.1.2.3]`) stands for the
-//! IPv4 address, as targets do.
+//! IPv4 address, as targets do, and so does a mapped/NAT64 range of /96 or longer
+//! (`[::ffff:10.0.0.0/104]` is `10.0.0.0/8`); other IPv6 ranges never match an embedded-IPv4
+//! target when allowing, but block ranges are checked against both forms.
 
 use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::addr::effective;
+use super::addr::{effective, normalize_net};
 use super::canon::{Host, canonicalize_host};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -174,7 +176,8 @@ impl Entry {
                     Err(e) => return Err(err(e.to_string())),
                 },
             };
-            return Ok(Entry { text: text.to_owned(), kind, pattern: Pattern::Net(net), port });
+            let pattern = Pattern::Net(normalize_net(net));
+            return Ok(Entry { text: text.to_owned(), kind, pattern, port });
         }
 
         let (how, body) = if let Some(b) = text.strip_prefix('=') {
@@ -316,6 +319,13 @@ impl Entry {
     }
 }
 
+/// The entry as written.
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 pub(crate) fn port_covers(spec: PortSpec, kind: EntryKind, port: u16) -> bool {
     match spec {
         PortSpec::Any => true,
@@ -406,6 +416,8 @@ mod tests {
             ("[2001:DB8::/32]:443", "[2001:db8::/32]:443"),
             ("[::ffff:10.1.2.3]", "10.1.2.3"),
             ("[::ffff:10.1.2.3]:22", "10.1.2.3:22"),
+            ("[::ffff:10.0.0.0/104]", "10.0.0.0/8"),
+            ("[64:ff9b::a00:0/104]:443", "10.0.0.0/8:443"),
         ];
         for (text, canonical) in cases {
             let e = allow(text);
@@ -505,7 +517,9 @@ mod tests {
             // An IPv6 range is not an IPv4 range: an embedded address is decided as IPv4
             // when allowing, but block ranges catch the IPv6 form too.
             ("[2002::/16]", "2002:a01:203::", 443, false, true),
-            ("[::ffff:0:0/96]", "::ffff:10.1.2.3", 443, false, true),
+            ("[::fffe:0:0/95]", "::ffff:10.1.2.3", 443, false, true),
+            ("[::ffff:10.0.0.0/104]", "10.9.9.9", 443, true, true),
+            ("[::ffff:10.0.0.0/104]", "::ffff:10.9.9.9", 443, true, true),
         ];
         for &(entry, target, port, want_allow, want_block) in cases {
             let h = host(target);

@@ -26,7 +26,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-use super::addr::{effective, is_special_purpose};
+use super::addr::{effective, is_special_purpose, normalize_net};
 use super::canon::Host;
 use super::entry::{Entry, EntryKind, NameMatch, Pattern, PortSpec, name_covers};
 use super::index::{NameIndex, PrefixIndex, Rule, RuleId};
@@ -206,10 +206,8 @@ impl Policy {
     ) -> Result<(Policy, Vec<PolicyWarning>), PolicyError> {
         let (mode, mode_source) = pick_mode(&layers);
         let is_managed = |k: LayerKind| k == LayerKind::Managed;
-        let user_allows = layers
-            .iter()
-            .filter(|l| !is_managed(l.kind) && l.kind != LayerKind::None)
-            .any(|l| !l.allow.is_empty());
+        let user_allows =
+            layers.iter().filter(|l| !is_managed(l.kind)).any(|l| !l.allow.is_empty());
         let managed_gate = layers.iter().position(|l| is_managed(l.kind) && !l.allow.is_empty());
         if mode == Mode::Allowlist && !user_allows {
             return Err(PolicyError::EmptyAllowlist { managed_allow: managed_gate.is_some() });
@@ -261,7 +259,7 @@ impl Policy {
             }
             for net in &layer.allow_private {
                 let id = RuleId::try_from(li).unwrap_or(RuleId::MAX);
-                let net = normalize_private(*net);
+                let net = normalize_net(*net);
                 p.private.insert(
                     net,
                     Rule { how: NameMatch::Tree, port: PortSpec::Any, kind: EntryKind::Allow, id },
@@ -368,11 +366,15 @@ impl Policy {
         }
     }
 
-    fn find_block_ip(&self, ip: IpAddr, port: u16) -> Option<Rule> {
+    /// A block range containing `ip` in its embedded-IPv4 or its own form; `port: None` means
+    /// any block entry, whatever port it names.
+    fn find_block_ip(&self, ip: IpAddr, port: Option<u16>) -> Option<Rule> {
+        let find = |ip| match port {
+            Some(port) => self.block_ips.find(ip, port),
+            None => self.block_ips.find_any_port(ip),
+        };
         let eff = effective(ip);
-        self.block_ips
-            .find(eff, port)
-            .or_else(|| if eff == ip { None } else { self.block_ips.find(ip, port) })
+        find(eff).or_else(|| if eff == ip { None } else { find(ip) })
     }
 
     fn find_review_ip(&self, ip: IpAddr) -> Option<Rule> {
@@ -426,7 +428,7 @@ impl Policy {
         if let Some(r) = self.find_review_ip(ip) {
             return self.review_plane(r.id);
         }
-        if let Some(r) = self.find_block_ip(ip, port) {
+        if let Some(r) = self.find_block_ip(ip, Some(port)) {
             return self.by_rule(Verdict::Deny, Reason::Blocked, r.id);
         }
         let eff = effective(ip);
@@ -443,7 +445,7 @@ impl Policy {
     }
 
     /// Check one resolved answer of an allowed name, ports aside: `None` = it may be dialed.
-    /// Block ranges that name a port apply on every port here; prefer
+    /// A block range applies here whatever port it names (refusing more, never less); prefer
     /// [`Self::check_answer_port`], which knows the port.
     pub fn check_answer(&self, ip: IpAddr, local: &LocalAddrs) -> Option<Decision> {
         self.answer(ip, None, local)
@@ -460,12 +462,7 @@ impl Policy {
         if let Some(r) = self.find_review_ip(ip) {
             return Some(self.review_plane(r.id));
         }
-        let block = match port {
-            Some(port) => self.find_block_ip(ip, port),
-            // Any port: probe with the entry's own port by asking for a rule that covers some
-            // port; `:*`/default cover 0-probe, explicit ports are found by scanning.
-            None => self.find_block_ip_any_port(ip),
-        };
+        let block = self.find_block_ip(ip, port);
         if let Some(r) = block {
             return Some(self.by_rule(Verdict::Deny, Reason::BlockedAddress, r.id));
         }
@@ -475,26 +472,11 @@ impl Policy {
         None
     }
 
-    fn find_block_ip_any_port(&self, ip: IpAddr) -> Option<Rule> {
-        // A block entry without a port (or `:*`) covers port 0 too; one that names a port is
-        // found by asking for that port. Block lists of addresses are short in practice, and
-        // this path is only taken by callers that do not know the port.
-        if let Some(r) = self.find_block_ip(ip, 0) {
-            return Some(r);
-        }
-        self.rules
-            .iter()
-            .filter(|s| s.kind == EntryKind::Block)
-            .filter_map(|s| match self.layers[s.layer].block[s.entry].port_spec() {
-                PortSpec::Port(p) => Some(p),
-                _ => None,
-            })
-            .find_map(|p| self.find_block_ip(ip, p))
-    }
-
     /// Whether a CONNECT to this allowed target skips the TLS ClientHello peek: true when the
-    /// user/repo/operator `allow` entry that matches it names its port explicitly (SECURITY §3:
-    /// server-speaks-first protocols such as SSH).
+    /// most specific user/repo/operator `allow` entry that matches it names its port explicitly
+    /// (SECURITY §3: server-speaks-first protocols such as SSH). In blocklist mode the same
+    /// entries are consulted, so `github.com:22` keeps SSH working there too. Call it only for
+    /// targets [`Self::decide`] allowed.
     pub fn skip_sni_peek(&self, host: &Host, port: u16) -> bool {
         let rule = match host {
             Host::Name(n) => self.allow_names.find(n, port),
@@ -529,22 +511,6 @@ fn pick_mode(layers: &[PolicyLayer]) -> (Mode, LayerKind) {
         }
     }
     (Mode::default(), LayerKind::None)
-}
-
-/// `allow_private` ranges written in an IPv4-embedding IPv6 form (`::ffff:10.0.0.0/104`) stand
-/// for the IPv4 range, since addresses are decided as their embedded IPv4.
-fn normalize_private(net: IpNet) -> IpNet {
-    if let IpNet::V6(n) = net {
-        let bits = u128::from(n.network());
-        let low96 = [0xffffu128 << 32, 0x0064_ff9b << 96];
-        if n.prefix_len() >= 96 && low96.iter().any(|p| bits >> 32 == p >> 32) {
-            let v4 = std::net::Ipv4Addr::from(bits as u32);
-            if let Ok(v4net) = ipnet::Ipv4Net::new(v4, n.prefix_len() - 96) {
-                return IpNet::V4(v4net);
-            }
-        }
-    }
-    net
 }
 
 /// Some (host, port) matches both entries (both read as allow entries).
@@ -655,7 +621,7 @@ fn digest(mode: Mode, layers: &[PolicyLayer], review: &[ReviewHost]) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::policy::canonicalize_host;
+    use crate::policy::{canonicalize_host, parse_authority, parse_target};
     use proptest::prelude::*;
 
     const USER: &str = "~/.airlock/config.toml";
@@ -1143,6 +1109,51 @@ mod tests {
             if p.decide(&h, port, &LocalAddrs::none()).is_allowed() {
                 prop_assert!(managed_ok, "{}:{} allowed past managed {:?}", target, port, managed);
             }
+        }
+
+        #[test]
+        fn parsers_never_panic_and_entries_round_trip(
+            input in prop_oneof![
+                any::<String>(),
+                "[=*.\\[\\]:/%@a-z0-9.éß-]{0,24}",
+                entry_text(),
+            ],
+        ) {
+            let _ = parse_target(&input);
+            let _ = parse_authority(&input);
+            let _ = canonicalize_host(&input);
+            for kind in [EntryKind::Allow, EntryKind::Block] {
+                if let Ok(e) = Entry::parse(&input, kind) {
+                    let again = Entry::parse(&e.canonical(), kind);
+                    prop_assert!(again.is_ok(), "{} -> {}", input, e.canonical());
+                    if let Ok(again) = again {
+                        prop_assert_eq!(again.canonical(), e.canonical());
+                        prop_assert_eq!(again.pattern(), e.pattern());
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn ip_index_agrees_with_the_reference_matcher(
+            nets in prop::collection::vec((any::<u32>(), 0u8..=32, prop_oneof![Just(""), Just(":443"), Just(":*")]), 1..6),
+            block in prop::option::of((any::<u32>(), 0u8..=32)),
+            t in any::<u32>(),
+            port in port(),
+        ) {
+            let text = |a: u32, len: u8| ipnet::Ipv4Net::new(std::net::Ipv4Addr::from(a), len).unwrap().trunc().to_string();
+            let allows: Vec<String> = nets.iter().map(|(a, l, p)| format!("{}{p}", text(*a, *l))).collect();
+            let blocks: Vec<String> = block.iter().map(|(a, l)| text(*a, *l)).collect();
+            let allow_refs: Vec<&str> = allows.iter().map(String::as_str).collect();
+            let block_refs: Vec<&str> = blocks.iter().map(String::as_str).collect();
+            let mut l = layer(LayerKind::User, &allow_refs, &block_refs);
+            l.allow_private = vec!["0.0.0.0/0".parse().unwrap()];
+            let h = Host::Ip(IpAddr::V4(std::net::Ipv4Addr::from(t)));
+            let blocked = l.block.iter().any(|e| e.matches(&h, port));
+            let allowed = l.allow.iter().any(|e| e.matches(&h, port));
+            let p = build(vec![l]);
+            let want = if blocked { Reason::Blocked } else if allowed { Reason::Allowed } else { Reason::IpNotAllowed };
+            prop_assert_eq!(p.decide(&h, port, &LocalAddrs::none()).reason, want);
         }
 
         #[test]

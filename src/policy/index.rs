@@ -141,8 +141,16 @@ impl PrefixIndex {
 
     /// The most specific rule whose range contains `ip` and whose port covers `port`.
     pub fn find(&self, ip: IpAddr, port: u16) -> Option<Rule> {
-        let pick =
-            |bucket: &Vec<Rule>| bucket.iter().find(|r| port_covers(r.port, r.kind, port)).copied();
+        self.find_by(ip, |r| port_covers(r.port, r.kind, port))
+    }
+
+    /// The most specific rule whose range contains `ip`, whatever its port.
+    pub fn find_any_port(&self, ip: IpAddr) -> Option<Rule> {
+        self.find_by(ip, |_| true)
+    }
+
+    fn find_by(&self, ip: IpAddr, ok: impl Fn(&Rule) -> bool) -> Option<Rule> {
+        let pick = |bucket: &Vec<Rule>| bucket.iter().find(|r| ok(r)).copied();
         match ip {
             IpAddr::V4(a) => {
                 let a = u32::from(a);

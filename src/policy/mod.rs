@@ -6,13 +6,13 @@
 
 use std::fmt;
 
-mod addr;
-mod canon;
-mod entry;
-mod eval;
+pub mod addr;
+pub mod canon;
+pub mod entry;
+pub mod eval;
 mod index;
 
-pub use addr::{effective, embedded_ipv4, is_special_purpose};
+pub use addr::{effective, embedded_ipv4, is_special_purpose, normalize_net};
 pub use canon::{
     Host, MAX_LABEL_LEN, MAX_NAME_LEN, Malformed, MalformedKind, Target, canonicalize_host,
     parse_authority, parse_target,

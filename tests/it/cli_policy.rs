@@ -181,6 +181,15 @@ fn managed_layer_pins_the_mode_and_gates_allows() {
 
     check(&world, &repo, "api.anthropic.com").expect_code(0);
     check(&world, &repo, "unlisted.test").expect_code(1);
+    assert_eq!(v["shadowed"], serde_json::json!(["pastebin.com (repo layer)"]));
+    let run = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
+    let out = run.stdout();
+    assert!(out.contains("mode: allowlist (pinned by the managed layer, "), "{out}");
+    assert!(
+        out.contains("shadowed by the managed layer (no effect):\n  pastebin.com (repo layer)"),
+        "{out}"
+    );
+    assert!(out.contains("effective policy sha256: "), "{out}");
     let (code, v) = check_json(&world, &repo, "pastebin.com");
     assert_eq!(code, 1);
     assert_eq!(v["reason"], "managed_not_allowed");
@@ -378,4 +387,66 @@ fn help_version_and_completions() {
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(bytes))
+}
+
+#[test]
+fn a_symlinked_or_special_repo_file_never_applies_and_cannot_be_trusted() {
+    let world = World::new();
+    let repo = world.repo("app");
+    let target = world.write(world.tmp.path().join("elsewhere.toml"), REPO_POLICY);
+    std::os::unix::fs::symlink(&target, repo.join(".airlock.toml")).unwrap();
+    world
+        .write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"=example.test\"]\n");
+    let run = check(&world, &repo, "api.anthropic.com").expect_code(1);
+    assert!(run.stderr().contains("it is a symlink"), "{}", run.stderr());
+    let run = world.airlock(&repo).args(["policy", "trust"]).run().expect_code(3);
+    assert!(run.stderr().contains("refusing to trust"), "{}", run.stderr());
+    world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
+
+    // A FIFO in its place must not hang the command.
+    std::fs::remove_file(repo.join(".airlock.toml")).unwrap();
+    nix::unistd::mkfifo(
+        &repo.join(".airlock.toml"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    let run = check(&world, &repo, "example.test").expect_code(0);
+    assert!(run.stderr().contains("not a regular file"), "{}", run.stderr());
+}
+
+#[test]
+fn malformed_targets_exit_2_with_the_reason() {
+    let (world, repo, _file) = world_with_repo(REPO_POLICY);
+    trust(&world, &repo);
+    let long_name = format!("{}.com", vec!["a".repeat(60); 5].join("."));
+    let long_label = format!("{}.com", "a".repeat(64));
+    for bad in [
+        "",
+        long_name.as_str(),
+        long_label.as_str(),
+        "a..b",
+        "-a.com",
+        "2130706433",
+        "0177.0.0.1",
+        "0x7f.1",
+        "127.1",
+        "user@host.com",
+        "host%2ecom",
+        "fe80::1%eth0",
+        "[example.com]:443",
+        "example.com:0",
+        "example.com:65536",
+    ] {
+        let run = check(&world, &repo, bad);
+        assert_eq!(run.code(), 2, "{bad:?}: {}", run.stderr());
+        let err = run.stderr();
+        let prefix = format!("airlock: malformed target {bad:?}: ");
+        assert!(err.starts_with(&prefix), "{err}");
+        assert!(err.trim_end().len() > prefix.len() + 10, "no reason given: {err}");
+    }
+    // Valid unusual forms are decided, not refused as malformed.
+    for ok in ["[::ffff:127.0.0.1]:443", "API.ANTHROPIC.COM.", "https://api.anthropic.com:443/x"] {
+        let code = check(&world, &repo, ok).code();
+        assert!(code == 0 || code == 1, "{ok}: exit {code}");
+    }
 }
