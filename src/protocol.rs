@@ -141,16 +141,6 @@ pub enum ErrorCode {
     Internal,
 }
 
-/// A configuration layer as the CLI parsed it: the display name (`~/.airlock/config.toml`,
-/// `.airlock.toml`), the content digest (`sha256:<hex>`) and the parsed document.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LayerDocument {
-    pub name: String,
-    pub digest: String,
-    /// The layer's serialized document (`config::LayerDoc`).
-    pub doc: serde_json::Value,
-}
-
 /// Who runs the session (`~/.airlock/identity.toml`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdentityInfo {
@@ -172,14 +162,11 @@ pub struct SessionSpec {
     pub repo: String,
     /// The repo's host path (audit `repo_path`).
     pub repo_path: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_layer: Option<LayerDocument>,
-    /// Present only when the repo file is trusted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repo_layer: Option<LayerDocument>,
-    /// Review-plane hosts, always blocked.
+    /// The user layer and the *trusted* repo layer as separate parsed documents (each with its
+    /// display name and digest) plus the review-plane servers the daemon cannot read itself.
+    /// The daemon adds the managed layer it reads itself (DESIGN §4).
     #[serde(default)]
-    pub review_hosts: Vec<String>,
+    pub config: crate::config::ClientLayers,
     #[serde(default)]
     pub identity: IdentityInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,9 +12,9 @@ use clap::{Parser, Subcommand};
 use crate::env::{Env, ProcessEnv};
 
 pub mod doctor;
+pub mod logs;
 pub mod service;
 pub mod status;
-pub mod logs;
 
 /// Everything a command needs from its surroundings, injectable for tests.
 pub struct Context<'a> {

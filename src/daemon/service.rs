@@ -10,25 +10,28 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use time::OffsetDateTime;
+use std::time::SystemTime;
+
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Notify, watch};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::notify;
-use super::records::{self, EndRecord, StartRecord, rfc3339_ms};
+use super::records::{self, EndRecord, StartRecord};
+use crate::audit::{self, LogRegistry, SessionInfo, rfc3339_ms};
+use crate::config::LayerDoc;
 use crate::env::{Env, ProcessEnv};
 use crate::paths::Paths;
 use crate::protocol::{
     self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec,
     SessionStatus, StatusReply, VersionRange,
 };
+use crate::proxy::{self, Limits, Resolver, SessionProxy, SystemResolver};
 use crate::sys::activation::Source;
 use crate::sys::fdpass;
 
@@ -61,19 +64,22 @@ enum StopReason {
     Quit,
 }
 
-/// One registered session.
+/// One registered session and the proxy serving its listener.
 #[derive(Debug)]
 pub struct Session {
     pub spec: SessionSpec,
     pub id: String,
     pub started_at: String,
     pub listen: String,
-    pub tunnels: AtomicU64,
-    pub bytes_sent: AtomicU64,
-    pub bytes_recv: AtomicU64,
-    pub serving: bool,
-    /// The validated proxy listener; closed when the session ends.
-    _listener: OwnedFd,
+    pub proxy: Arc<SessionProxy>,
+    /// Turning it true drains the session's proxy (tunnels get the grace period).
+    shutdown: watch::Sender<bool>,
+}
+
+impl Session {
+    fn stop_proxy(&self) {
+        self.shutdown.send_replace(true);
+    }
 }
 
 /// Shared daemon state.
@@ -93,17 +99,15 @@ pub struct Daemon {
     /// Set once when the daemon stops; connection tasks finish their request and close.
     stop_tx: watch::Sender<bool>,
     quit: Notify,
+    /// Serving (or draining) session proxies; they count as activity until they return.
+    proxies: Mutex<Vec<JoinHandle<()>>>,
+    running_proxies: AtomicUsize,
+    /// The audit writer state of this instance (one journal per repo), opened on first use.
+    logs: Mutex<Option<Arc<LogRegistry>>>,
 }
 
-/// A fresh random id: 16 bytes as hex.
-pub fn random_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::fill(&mut b).is_err() {
-        // Practically unreachable (getrandom(2) exists since Linux 3.17); fall back to time+pid.
-        let n = OffsetDateTime::now_utc().unix_timestamp_nanos() ^ i128::from(std::process::id());
-        b.copy_from_slice(&n.to_le_bytes());
-    }
-    hex::encode(b)
+fn now() -> String {
+    rfc3339_ms(SystemTime::now())
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -119,11 +123,11 @@ impl Daemon {
         let protocol =
             VersionRange::from_test_override(env.var(protocol::TEST_DAEMON_PROTOCOL_VAR));
         Arc::new(Self {
-            boot: random_id(),
+            boot: audit::new_boot_id(),
             version,
             protocol,
             started: Instant::now(),
-            started_at: rfc3339_ms(OffsetDateTime::now_utc()),
+            started_at: now(),
             options,
             env,
             sessions: Mutex::new(HashMap::new()),
@@ -131,6 +135,9 @@ impl Daemon {
             activity: Notify::new(),
             stop_tx: watch::channel(false).0,
             quit: Notify::new(),
+            proxies: Mutex::new(Vec::new()),
+            running_proxies: AtomicUsize::new(0),
+            logs: Mutex::new(None),
         })
     }
 
@@ -139,12 +146,43 @@ impl Daemon {
     }
 
     fn tunnels(&self) -> u64 {
-        lock(&self.sessions).values().map(|s| s.tunnels.load(Ordering::Relaxed)).sum()
+        lock(&self.sessions).values().map(|s| s.proxy.stats().active_tunnels as u64).sum()
     }
 
-    /// Connections + sessions + tunnels: anything non-zero keeps the daemon up.
+    /// Connections + sessions + tunnels (and proxies still draining): anything non-zero keeps
+    /// the daemon up.
     fn active(&self) -> u64 {
-        self.conns.load(Ordering::SeqCst) as u64 + self.session_count() as u64 + self.tunnels()
+        self.conns.load(Ordering::SeqCst) as u64
+            + self.session_count() as u64
+            + self.tunnels()
+            + self.running_proxies.load(Ordering::SeqCst) as u64
+    }
+
+    /// The audit registry of this instance (journals under `~/.airlock/logs/<repo>/`).
+    fn logs(&self, paths: &Paths) -> Arc<LogRegistry> {
+        let mut guard = lock(&self.logs);
+        Arc::clone(
+            guard.get_or_insert_with(|| Arc::new(LogRegistry::new(paths.logs_root(), &self.boot))),
+        )
+    }
+
+    /// The resolver sessions use: the system's, or (test-hooks builds only) a file of test
+    /// answers named by `AIRLOCK_TEST_RESOLVER`.
+    fn resolver(&self) -> Result<Arc<dyn Resolver>, String> {
+        #[cfg(feature = "test-hooks")]
+        if let Some(file) = self.env.var("AIRLOCK_TEST_RESOLVER") {
+            let path = PathBuf::from(&file);
+            let log = self
+                .env
+                .var("AIRLOCK_TEST_RESOLVER_LOG")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(format!("{file}.queries")));
+            eprintln!("airlockd: WARNING: TEST RESOLVER IN FORCE ({file}); test-hooks build");
+            let r = proxy::resolver::FileResolver::load(&path, Some(log))
+                .map_err(|e| format!("AIRLOCK_TEST_RESOLVER={file}: {e}"))?;
+            return Ok(Arc::new(r));
+        }
+        Ok(Arc::new(SystemResolver))
     }
 
     fn notify_status(&self) {
@@ -157,28 +195,36 @@ impl Daemon {
 
     /// Re-reads the daemon's own configuration (the managed layer). An error never stops the
     /// daemon; it is reported by `status` and refuses sessions until fixed.
-    fn config_check(&self) -> Result<ManagedLayer, String> {
+    fn config_check(&self) -> Result<Option<LayerDoc>, String> {
         let paths = self.paths()?;
-        ManagedLayer::load(paths.managed_policy())
+        crate::config::load_managed(&paths).map_err(|e| {
+            format!(
+                "managed policy: {e}; sessions are refused until it is fixed (ask your fleet \
+                 admin, or run `airlock doctor`)"
+            )
+        })
     }
 
     fn status(&self) -> StatusReply {
         let sessions = lock(&self.sessions);
         let mut list: Vec<SessionStatus> = sessions
             .values()
-            .map(|s| SessionStatus {
-                session: s.id.clone(),
-                repo: s.spec.repo.clone(),
-                repo_path: s.spec.repo_path.clone(),
-                user_id: s.spec.identity.user_id.clone(),
-                email: s.spec.identity.email.clone(),
-                agent: s.spec.agent.clone(),
-                started_at: s.started_at.clone(),
-                listen: s.listen.clone(),
-                tunnels: s.tunnels.load(Ordering::Relaxed),
-                bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
-                bytes_recv: s.bytes_recv.load(Ordering::Relaxed),
-                serving: s.serving,
+            .map(|s| {
+                let stats = s.proxy.stats();
+                SessionStatus {
+                    session: s.id.clone(),
+                    repo: s.spec.repo.clone(),
+                    repo_path: s.spec.repo_path.clone(),
+                    user_id: s.spec.identity.user_id.clone(),
+                    email: s.spec.identity.email.clone(),
+                    agent: s.spec.agent.clone(),
+                    started_at: s.started_at.clone(),
+                    listen: s.listen.clone(),
+                    tunnels: stats.active_tunnels as u64,
+                    bytes_sent: stats.bytes_sent,
+                    bytes_recv: stats.bytes_recv,
+                    serving: !*s.shutdown.borrow(),
+                }
             })
             .collect();
         drop(sessions);
@@ -213,49 +259,6 @@ fn test_override(env: &dyn Env, var: &str) -> Option<String> {
     None
 }
 
-/// The managed layer as the daemon read it itself (the client can never drop it).
-#[derive(Debug, Clone, Default)]
-pub struct ManagedLayer {
-    /// `None` when `/etc/airlock/policy.toml` does not exist.
-    pub doc: Option<toml::Table>,
-    pub name: String,
-    pub digest: Option<String>,
-}
-
-impl ManagedLayer {
-    /// Reads and parses the managed file; a missing file is an empty layer.
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let name = path.display().to_string();
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Self { doc: None, name, digest: None });
-            }
-            Err(e) => return Err(format!("cannot read the managed policy {name}: {e}")),
-        };
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(text.as_bytes())));
-        match text.parse::<toml::Table>() {
-            Ok(doc) => Ok(Self { doc: Some(doc), name, digest: Some(digest) }),
-            Err(e) => {
-                let at = e
-                    .span()
-                    .map(|s| {
-                        let before = &text[..s.start.min(text.len())];
-                        let line = before.matches('\n').count() + 1;
-                        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-                        format!(":{line}:{col}")
-                    })
-                    .unwrap_or_default();
-                Err(format!(
-                    "managed policy {name}{at}: {}; sessions are refused until it is fixed \
-                     (ask your fleet admin, or run `airlock doctor`)",
-                    e.message()
-                ))
-            }
-        }
-    }
-}
-
 /// Serves the control socket until idle, `quit_if_idle` or SIGTERM.
 pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceError> {
     let std_listener = std::os::unix::net::UnixListener::from(listener);
@@ -267,6 +270,10 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
         .map_err(ServiceError::Signal)?;
 
     settle_journals(&daemon);
+    // Build the (possibly file-backed) resolver once so a broken test resolver shows up early.
+    if let Err(e) = daemon.resolver() {
+        eprintln!("airlockd: {e}");
+    }
     if let Err(e) = daemon.config_check() {
         // Stay up and answer with the error (DESIGN §6).
         eprintln!("airlockd: {e}");
@@ -336,7 +343,18 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
     // next instance. Never shutdown(2), never unlink.
     drop(listener);
     daemon.stop_tx.send_replace(true);
-    let drain = async { while tasks.join_next().await.is_some() {} };
+    // Session proxies stop accepting; open tunnels get the grace period, then are closed and
+    // logged `interrupted`. Supervisors re-register with the next instance.
+    for s in lock(&daemon.sessions).values() {
+        s.stop_proxy();
+    }
+    let proxies = std::mem::take(&mut *lock(&daemon.proxies));
+    let drain = async {
+        while tasks.join_next().await.is_some() {}
+        for p in proxies {
+            let _ = p.await;
+        }
+    };
     if reason == StopReason::Signal {
         // In-flight requests finish; open tunnels get the grace period.
         if tokio::time::timeout(daemon.options.shutdown_grace, drain).await.is_err() {
@@ -349,10 +367,26 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
     Ok(())
 }
 
-/// Settles in-flight journals that no live writer holds (DESIGN §5), for every repo.
+/// Settles in-flight journals that no live writer holds (DESIGN §5), for every repo: tunnels
+/// that were open when an earlier writer died become `"interrupted": true` lines.
 fn settle_journals(daemon: &Daemon) {
-    // The audit module owns settlement; until it lands here there is nothing to call.
-    let _ = daemon;
+    let paths = match daemon.paths() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("airlockd: cannot settle journals: {e}");
+            return;
+        }
+    };
+    match audit::settle_all(&paths.logs_root()) {
+        Ok(r) if r.lines_written > 0 => {
+            eprintln!(
+                "airlockd: settled {} interrupted attempt(s) of earlier writers",
+                r.lines_written
+            );
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("airlockd: settling journals: {e}"),
+    }
 }
 
 /// Per-connection state.
@@ -552,6 +586,8 @@ fn start_session(
             "this connection already owns a session; open one connection per session",
         );
     }
+    // The managed layer is read here, by the daemon, for every session: the client cannot drop
+    // it, and a fix to a broken file applies without a restart.
     let managed = match daemon.config_check() {
         Ok(m) => m,
         Err(e) => return error(ErrorCode::Config, e),
@@ -569,7 +605,11 @@ fn start_session(
         (None, true) => {
             return error(ErrorCode::Session, "session_reregister needs the session id");
         }
-        (None, false) => random_id(),
+        (None, false) => audit::new_id(),
+    };
+    let built = match spec.config.build_policy(managed.as_ref()) {
+        Ok(b) => b,
+        Err(e) => return error(ErrorCode::Config, e.to_string()),
     };
     let Some(listener) = conn.fds.pop() else {
         return error(
@@ -581,15 +621,51 @@ fn start_session(
         Ok(addr) => addr.to_string(),
         Err(e) => return error(ErrorCode::Listener, format!("listener refused: {e}")),
     };
+    let resolver = match daemon.resolver() {
+        Ok(r) => r,
+        Err(e) => return error(ErrorCode::Config, e),
+    };
+    let info = SessionInfo {
+        session: id.clone(),
+        repo: spec.repo.clone(),
+        repo_path: Some(spec.repo_path.clone()),
+        user_id: spec.identity.user_id.clone(),
+    };
+    // A new boot: this session's `seq` restarts at 1 under this instance's `boot`.
+    let sink = match daemon.logs(&paths).session_sink(info) {
+        Ok(s) => s,
+        Err(e) => return error(ErrorCode::Internal, e.to_string()),
+    };
+    let std_listener = std::net::TcpListener::from(listener);
+    let tcp = match std_listener
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::TcpListener::from_std(std_listener))
+    {
+        Ok(l) => l,
+        Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
+    };
+    // The effective policy's digest (mode, entries, review hosts — not display names).
+    let policy_digest = built.policy.digest();
+    let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
+    let proxy = Arc::new(SessionProxy::new(
+        Arc::new(built.policy),
+        Arc::new(sink),
+        resolver,
+        limits,
+        proxy::local_addrs(),
+        proxy::Identity {
+            repo: spec.repo.clone(),
+            repo_path: Some(spec.repo_path.clone()),
+            user_id: spec.identity.user_id.clone(),
+        },
+    ));
+    let (shutdown, shutdown_rx) = watch::channel(false);
     let session = Arc::new(Session {
         id: id.clone(),
-        started_at: rfc3339_ms(OffsetDateTime::now_utc()),
+        started_at: now(),
         listen,
-        tunnels: AtomicU64::new(0),
-        bytes_sent: AtomicU64::new(0),
-        bytes_recv: AtomicU64::new(0),
-        serving: false,
-        _listener: listener,
+        proxy: Arc::clone(&proxy),
+        shutdown,
         spec,
     });
     {
@@ -600,7 +676,8 @@ fn start_session(
         sessions.insert(id.clone(), Arc::clone(&session));
     }
     if !reregister {
-        let (policy_digest, policy_layers) = policy_digest(&managed, &session.spec);
+        let policy_digest = format!("sha256:{policy_digest}");
+        let policy_layers = policy_layers(managed.as_ref(), &session.spec);
         let s = &session.spec;
         let rec = StartRecord {
             id: format!("{id}:start"),
@@ -627,6 +704,22 @@ fn start_session(
             return error(ErrorCode::Internal, e.to_string());
         }
     }
+    // Serve the proxy on the validated listener until the session ends or the daemon stops.
+    daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
+    let d = Arc::clone(daemon);
+    let sid = id.clone();
+    let handle = tokio::spawn(async move {
+        if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
+            eprintln!("airlockd: session {sid}: proxy failed: {e}");
+        }
+        d.running_proxies.fetch_sub(1, Ordering::SeqCst);
+        d.activity.notify_one();
+    });
+    {
+        let mut proxies = lock(&daemon.proxies);
+        proxies.retain(|h| !h.is_finished());
+        proxies.push(handle);
+    }
     conn.session = Some(Arc::clone(&session));
     daemon.notify_status();
     daemon.activity.notify_one();
@@ -637,26 +730,14 @@ fn start_session(
     }
 }
 
-/// A digest over every policy layer in force, and their `name@digest` list.
-fn policy_digest(managed: &ManagedLayer, spec: &SessionSpec) -> (String, Vec<String>) {
-    let mut layers = Vec::new();
-    if let Some(d) = &managed.digest {
-        layers.push(format!("{}@{d}", managed.name));
-    }
-    for l in [&spec.user_layer, &spec.repo_layer].into_iter().flatten() {
-        layers.push(format!("{}@{}", l.name, l.digest));
-    }
-    let mut h = Sha256::new();
-    for l in &layers {
-        h.update(l.as_bytes());
-        h.update(b"\n");
-    }
-    for r in &spec.review_hosts {
-        h.update(b"review:");
-        h.update(r.as_bytes());
-        h.update(b"\n");
-    }
-    (format!("sha256:{}", hex::encode(h.finalize())), layers)
+/// `name@sha256:<digest>` of each policy layer in force.
+fn policy_layers(managed: Option<&LayerDoc>, spec: &SessionSpec) -> Vec<String> {
+    managed
+        .into_iter()
+        .chain(spec.config.user.as_ref())
+        .chain(spec.config.repo.as_ref())
+        .map(|l| format!("{}@sha256:{}", l.name, l.digest))
+        .collect()
 }
 
 fn end_session(
@@ -665,11 +746,13 @@ fn end_session(
     end: &SessionEnd,
     reason: Option<&'static str>,
 ) {
+    session.stop_proxy();
+    let stats = session.proxy.stats();
     lock(&daemon.sessions).remove(&session.id);
     let rec = EndRecord {
         id: format!("{}:end", session.id),
         kind: "end",
-        ts: rfc3339_ms(OffsetDateTime::now_utc()),
+        ts: now(),
         session: &session.id,
         boot: &daemon.boot,
         repo: &session.spec.repo,
@@ -678,9 +761,9 @@ fn end_session(
         transcripts: &end.transcripts,
         quarantined: &end.quarantined,
         end_reason: reason,
-        tunnels: session.tunnels.load(Ordering::Relaxed),
-        bytes_sent: session.bytes_sent.load(Ordering::Relaxed),
-        bytes_recv: session.bytes_recv.load(Ordering::Relaxed),
+        tunnels: stats.tunnels_total,
+        bytes_sent: stats.bytes_sent,
+        bytes_recv: stats.bytes_recv,
     };
     match daemon.paths() {
         Ok(paths) => {

@@ -79,8 +79,27 @@ fn endpoint(world: &World, socket: &Path) -> Endpoint {
     Endpoint::resolve(&MapEnv::new().with("HOME", &world.home).with("AIRLOCK_SOCKET", socket))
 }
 
+/// A user layer as `airlock` would send it, parsed by the config module.
+fn user_layer(toml: &str) -> airlock::config::LayerDoc {
+    airlock::config::parse_layer(
+        airlock::policy::LayerKind::User,
+        "~/.airlock/config.toml",
+        toml.as_bytes(),
+    )
+    .unwrap()
+    .doc
+}
+
 fn spec(repo: &str) -> SessionSpec {
+    spec_with(repo, "[network]\nallow = [\"allowed.test\"]\n")
+}
+
+fn spec_with(repo: &str, user_toml: &str) -> SessionSpec {
     SessionSpec {
+        config: airlock::config::ClientLayers {
+            user: Some(user_layer(user_toml)),
+            ..Default::default()
+        },
         repo: repo.into(),
         repo_path: format!("/src/{repo}"),
         agent: Some("claude".into()),
@@ -90,28 +109,78 @@ fn spec(repo: &str) -> SessionSpec {
     }
 }
 
-/// A listener on 127.0.0.1:8888 made inside a fresh network namespace (as the sandbox does),
-/// passed back over a unix socket.
+/// An "agent" in a fresh network namespace (as the sandbox makes one): it creates the proxy
+/// listener on 127.0.0.1:8888 inside, hands it back over a unix socket, and then makes proxy
+/// requests on command (one `CONNECT host:port` per stdin line; prints the status line and,
+/// for a 200, the echo of `ping`).
+struct NetnsAgent {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+const AGENT: &str = r#"
+import socket,sys
+s=socket.socket(); s.bind(('127.0.0.1',8888)); s.listen(16)
+u=socket.socket(socket.AF_UNIX); u.connect(sys.argv[1])
+socket.send_fds(u,[b'x'],[s.fileno()]); u.close(); s.close()
+for line in sys.stdin:
+    t=line.strip()
+    c=socket.create_connection(('127.0.0.1',8888))
+    c.sendall(('CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' % (t,t)).encode())
+    r=b''
+    while b'\r\n\r\n' not in r:
+        d=c.recv(4096)
+        if not d: break
+        r+=d
+    out=r.split(b'\r\n')[0].decode()
+    if ' 200 ' in out:
+        c.sendall(b'ping'); out+=' '+c.recv(4096).decode()
+    c.close()
+    print(out, flush=True)
+"#;
+
+impl NetnsAgent {
+    fn start(dir: &Path) -> (Self, OwnedFd) {
+        let path = dir.join(format!("fdpass-{}.sock", airlock::audit::new_id()));
+        let l = UnixListener::bind(&path).unwrap();
+        let mut child = Command::new("unshare")
+            .args(["-rn", "sh", "-c", "ip link set lo up && exec python3 -c \"$0\" \"$1\""])
+            .arg(AGENT)
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare, ip and python3 are prerequisites (.ci/prereqs)");
+        let (conn, _) = l.accept().unwrap();
+        let mut fds = Vec::new();
+        let mut buf = [0u8; 8];
+        airlock::sys::fdpass::recv_with_fds(conn.as_fd(), &mut buf, &mut fds).unwrap();
+        let fd = fds.pop().expect("the namespace helper sent no fd");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        (Self { child, stdin, stdout }, fd)
+    }
+
+    fn connect(&mut self, target: &str) -> String {
+        use std::io::BufRead;
+        writeln!(self.stdin, "{target}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+}
+
+impl Drop for NetnsAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Just the listener (the agent exits; the socket keeps its namespace alive).
 fn netns_listener(dir: &Path) -> OwnedFd {
-    let path = dir.join(format!("fdpass-{}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    let script = "import socket,sys\n\
-                  s=socket.socket(); s.bind(('127.0.0.1',8888)); s.listen(16)\n\
-                  u=socket.socket(socket.AF_UNIX); u.connect(sys.argv[1])\n\
-                  socket.send_fds(u,[b'x'],[s.fileno()])\n";
-    let mut child = Command::new("unshare")
-        .args(["-rn", "python3", "-c", script])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("unshare and python3 are prerequisites (.ci/prereqs)");
-    let (conn, _) = l.accept().unwrap();
-    let mut fds = Vec::new();
-    let mut buf = [0u8; 8];
-    airlock::sys::fdpass::recv_with_fds(conn.as_fd(), &mut buf, &mut fds).unwrap();
-    assert!(child.wait().unwrap().success());
-    fds.pop().expect("the namespace helper sent no fd")
+    NetnsAgent::start(dir).1
 }
 
 fn session_records(world: &World, repo: &str) -> Vec<Value> {
@@ -655,4 +724,80 @@ fn real_systemd_socket_activate_serves_and_idles_out() {
 fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// A loopback echo server standing in for an allowed upstream.
+fn echo_server(ip: &str) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn the_daemon_serves_the_sessions_proxy_with_the_managed_layer_applied() {
+    let world = World::new();
+    let upstream = echo_server("127.0.0.2");
+    let resolver = world.write(
+        world.tmp.path().join("resolver"),
+        "allowed.test 127.0.0.2\nmanaged-blocked.test 127.0.0.2\n",
+    );
+    // The fleet blocks a host the user allows: the client cannot drop this layer.
+    world.write(&world.managed, "[network]\nblock = [\"managed-blocked.test\"]\n");
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let port = upstream.port();
+    let user = format!(
+        "[network]\nallow = [\"allowed.test:{port}\", \"managed-blocked.test:{port}\"]\nallow_private = [\"127.0.0.2/32\"]\n"
+    );
+    let (mut agent, fd) = NetnsAgent::start(h.dir.path());
+    let session =
+        SessionHandle::start(endpoint(&world, h.socket()), spec_with("served", &user), fd).unwrap();
+    assert_eq!(
+        agent.connect(&format!("allowed.test:{port}")),
+        "HTTP/1.1 200 Connection established ping"
+    );
+    let denied = agent.connect(&format!("managed-blocked.test:{port}"));
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    let denied = agent.connect("elsewhere.test:443");
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert_eq!(s["sessions"][0]["serving"], true);
+    let id = session.id().to_owned();
+    session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
+    // The audit log carries this session's lines, attributed and sequenced under this boot.
+    let logs = world.home.join(".airlock/logs/served");
+    let mut lines = Vec::new();
+    for e in std::fs::read_dir(&logs).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("audit-") {
+            lines.extend(std::fs::read_to_string(e.path()).unwrap().lines().map(json));
+        }
+    }
+    lines.sort_by_key(|l| l["seq"].as_u64());
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines.iter().all(|l| l["session"] == id.as_str() && l["repo"] == "served"));
+    assert_eq!(lines[0]["allowed"], true);
+    assert_eq!(lines[0]["bytes_sent"], 4);
+    assert_eq!(lines[1]["allowed"], false);
+    assert_eq!(lines[1]["layer"], "managed");
+    assert_eq!(lines[2]["reason"], "not_allowed");
+    let recs = session_records(&world, "served");
+    assert_eq!(recs[1]["tunnels"], 1);
+    assert_eq!(recs[0]["policy_layers"].as_array().unwrap().len(), 2);
 }

@@ -7,13 +7,13 @@ compile_error!(
     "the integration suite needs test-only hooks: run `cargo test --features test-hooks`"
 );
 
+mod cli_identity;
+mod cli_policy;
 mod daemon;
 mod daemon_units;
 mod harness;
-mod cli_identity;
-mod cli_policy;
+mod logs;
 mod proxy;
 mod proxy_adversarial;
 mod proxy_support;
-mod logs;
 mod support;
