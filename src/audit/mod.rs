@@ -3,9 +3,31 @@
 //! visible, settlement of journals left by dead writers, and the reader behind `airlock logs`
 //! (DESIGN §5, SECURITY §5). `docs/audit-format.md` is the field reference.
 
+use std::time::SystemTime;
+
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{LayerKind, Reason};
+
+mod format;
+mod journal;
+mod reader;
+mod settle;
+mod writer;
+
+#[cfg(test)]
+pub(crate) use format::tests::sample as test_sample_line;
+pub use format::{
+    MAX_LINE, console_line, encode_line, escape_for_terminal, fit_line, format_host_port,
+    text_from_bytes,
+};
+pub use journal::{Journal, JournalRecord};
+pub use reader::{Entry, Follower, audit_files, read_dir};
+pub use settle::{SettleReport, settle_all, settle_journals};
+pub use writer::{
+    Clock, FileAuditSink, JsonlAppender, LogRegistry, MAX_RECORD, RepoLog, SessionInfo,
+    SystemClock, append_record,
+};
 
 /// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
 /// the first eight are the product page's format, the rest are ours.
@@ -100,4 +122,126 @@ pub enum AuditError {
     },
     #[error("audit line for {id} does not fit in one write ({len} bytes)")]
     TooLarge { id: String, len: usize },
+    /// The in-flight journal could not be created, locked, written or read.
+    #[error(
+        "cannot use audit journal {path}: {source}; check the directory's permissions and free space"
+    )]
+    Journal {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An audit, journal or session file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `ts` format: RFC 3339, milliseconds, UTC, `Z` suffix (`2026-07-24T18:03:11.482Z`).
+/// Times before 1970 (a broken clock) are written as the epoch.
+pub fn rfc3339_ms(t: SystemTime) -> String {
+    let dt = time::OffsetDateTime::from(t.max(SystemTime::UNIX_EPOCH));
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        dt.year(),
+        u8::from(dt.month()),
+        dt.day(),
+        dt.hour(),
+        dt.minute(),
+        dt.second(),
+        dt.millisecond()
+    )
+}
+
+/// The UTC date of `t` as `YYYY-MM-DD`: the date part of audit and session file names.
+pub fn utc_date(t: SystemTime) -> String {
+    let dt = time::OffsetDateTime::from(t.max(SystemTime::UNIX_EPOCH));
+    format!("{:04}-{:02}-{:02}", dt.year(), u8::from(dt.month()), dt.day())
+}
+
+/// A fresh 128-bit random id as 32 lowercase hex digits (session ids, line-id prefixes).
+pub fn new_id() -> String {
+    let mut buf = [0u8; 16];
+    if getrandom::fill(&mut buf).is_err() {
+        // getrandom(2) does not fail on Linux ≥ 3.17 once the pool is initialised; should it
+        // ever, fall back to a hash of the clock, pid and a process-wide counter, which is still
+        // unique per process (ids need uniqueness, not secrecy).
+        use sha2::{Digest, Sha256};
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        let digest = Sha256::digest(format!("{:?}:{}:{n}", now, std::process::id()));
+        buf.copy_from_slice(&digest[..16]);
+    }
+    hex::encode(buf)
+}
+
+/// A fresh writer-instance id (`boot`): also names the writer's `journal-<boot>.jsonl`.
+pub fn new_boot_id() -> String {
+    new_id()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_ms_matches_the_page_format() {
+        // 2026-07-24T18:03:11.482Z
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_784_916_191_482);
+        assert_eq!(rfc3339_ms(t), "2026-07-24T18:03:11.482Z");
+        assert_eq!(utc_date(t), "2026-07-24");
+        assert_eq!(rfc3339_ms(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+    }
+
+    const FORMAT_DOC: &str = include_str!("../../docs/audit-format.md");
+
+    /// The reason table of docs/audit-format.md is exactly the closed list.
+    #[test]
+    fn every_reason_code_is_documented_with_its_status() {
+        let section = FORMAT_DOC
+            .split("## Reason codes")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .unwrap_or_default();
+        let rows: Vec<&str> =
+            section.lines().filter_map(|l| l.strip_prefix("| `")?.split('`').next()).collect();
+        let codes: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(rows, codes, "docs/audit-format.md reason table vs policy::Reason::ALL");
+        for reason in Reason::ALL {
+            let json = serde_json::to_string(reason).unwrap_or_default();
+            assert_eq!(json, format!("\"{reason}\""), "serde name of {reason:?}");
+        }
+    }
+
+    /// Every field an audit line can carry is in the field table.
+    #[test]
+    fn every_field_is_documented() {
+        let mut line = format::tests::sample();
+        line.url = Some(String::new());
+        line.status = Some(200);
+        line.interrupted = Some(true);
+        line.truncated = Some(true);
+        let value = serde_json::to_value(&line).unwrap_or_default();
+        let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+        let fields = fields.unwrap_or_default();
+        assert_eq!(fields.len(), 23);
+        for field in fields {
+            assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
+        }
+    }
+
+    #[test]
+    fn ids_are_hex_and_distinct() {
+        let a = new_id();
+        let b = new_id();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        assert_ne!(new_boot_id(), new_boot_id());
+    }
 }

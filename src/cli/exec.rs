@@ -4,12 +4,16 @@ use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
+use std::os::fd::OwnedFd;
+
 use clap::Args;
 
 use super::Context;
-use crate::config::{self, trust::TrustState};
+use crate::client::{Endpoint, SessionHandle, SessionOutcome};
+use crate::config::{self, ClientLayers, trust::TrustState};
 use crate::env::Env;
 use crate::paths::Paths;
+use crate::protocol::{self, IdentityInfo, SessionSpec};
 use crate::repo::Repo;
 use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
 use crate::sandbox::env::{self as senv, Extra, IdentityEnv};
@@ -45,9 +49,20 @@ pub trait TrustGate {
     fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String>;
     /// Records trust after the user said yes on a terminal.
     fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String>;
-    /// `[env] pass` and `[mcp.*]` from trusted layers (checks that the policy builds).
-    fn extra(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Extra, String>;
-    fn identity(&self, paths: &Paths) -> Result<IdentityEnv, String>;
+    /// The configuration in force once trust is settled: `[env] pass` and `[mcp.*]` from the
+    /// applied layers, the identity, and the layers the daemon needs (the policy must build).
+    fn load(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Prepared, String>;
+}
+
+/// What the configuration contributes to one session.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    pub extra: Extra,
+    pub identity: IdentityEnv,
+    /// The identity's review-plane server, if any.
+    pub server: Option<String>,
+    /// The user layer and the trusted repo layer, sent to the daemon.
+    pub layers: ClientLayers,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -82,47 +97,95 @@ impl TrustGate for ConfigGate {
         file.parse().map_err(|e| e.to_string())?;
         config::trust::trust(paths, repo, &file.digest).map(|_| ()).map_err(|e| e.to_string())
     }
-    fn extra(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Extra, String> {
+    fn load(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Prepared, String> {
         let identity = config::load_identity(paths).map_err(|e| e.to_string())?;
         let loaded =
             config::load(paths, Some(repo), identity.as_ref()).map_err(|e| e.to_string())?;
         loaded.build_policy().map_err(|e| e.to_string())?;
-        Ok(Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) })
-    }
-    fn identity(&self, paths: &Paths) -> Result<IdentityEnv, String> {
-        let identity = config::load_identity(paths).map_err(|e| e.to_string())?;
-        Ok(identity
-            .map(|i| IdentityEnv { user_id: Some(i.user_id), email: Some(i.email) })
-            .unwrap_or_default())
+        let extra = Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) };
+        Ok(Prepared {
+            extra,
+            server: identity.as_ref().and_then(|i| i.server.clone()),
+            identity: identity
+                .map(|i| IdentityEnv { user_id: Some(i.user_id), email: Some(i.email) })
+                .unwrap_or_default(),
+            layers: loaded.client_layers(),
+        })
     }
 }
 
-/// The production bridge: registers the session with `airlockd`.
-#[derive(Debug, Default)]
-pub struct DaemonBridge;
+/// The production bridge: registers the session with `airlockd` (activating it where DESIGN §6
+/// allows), which validates the listener, applies the managed layer, writes the session
+/// records and serves the proxy.
+#[derive(Debug)]
+pub struct DaemonBridge {
+    endpoint: Option<Endpoint>,
+    prepared: Prepared,
+    handle: Option<SessionHandle>,
+}
+
+impl DaemonBridge {
+    pub fn new(env: &dyn Env, prepared: Prepared) -> Self {
+        Self { endpoint: Some(Endpoint::resolve(env)), prepared, handle: None }
+    }
+}
 
 impl ProxyBridge for DaemonBridge {
-    fn start(
-        &mut self,
-        _listener: std::os::fd::OwnedFd,
-        _info: &SessionInfo,
-    ) -> Result<(), BridgeError> {
-        Err(BridgeError(
-            "this build cannot register sessions with airlockd yet (client API not wired)".into(),
-        ))
+    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+        let endpoint =
+            self.endpoint.take().ok_or_else(|| BridgeError("session already started".into()))?;
+        let spec = SessionSpec {
+            session: None,
+            repo: info.repo_name.clone(),
+            repo_path: info.repo_path.display().to_string(),
+            config: self.prepared.layers.clone(),
+            identity: IdentityInfo {
+                email: self.prepared.identity.email.clone(),
+                user_id: self.prepared.identity.user_id.clone(),
+                server: self.prepared.server.clone(),
+            },
+            agent: None,
+            agent_version: None,
+            airlock_version: env!("CARGO_PKG_VERSION").into(),
+            command: info.command.clone(),
+            layers: info.layers.clone(),
+            supervisor_pid: std::process::id(),
+        };
+        let handle = SessionHandle::start(endpoint, spec, listener)
+            .map_err(|e| BridgeError(e.to_string()))?;
+        self.handle = Some(handle);
+        Ok(())
     }
-    fn end(&mut self, _end: &SessionEnd) {}
+
+    fn end(&mut self, end: &SessionEnd) {
+        if let Some(handle) = self.handle.take() {
+            let outcome = SessionOutcome {
+                exit_status: Some(end.exit_code),
+                transcripts: Vec::new(),
+                quarantined: end
+                    .quarantined
+                    .iter()
+                    .map(|q| protocol::Quarantined {
+                        path: q.path.display().to_string(),
+                        moved_to: q.moved_to.display().to_string(),
+                    })
+                    .collect(),
+            };
+            if let Err(e) = handle.end(outcome) {
+                eprintln!("airlock: warning: recording the session end with airlockd: {e}");
+            }
+        }
+    }
 }
 
-fn bridge(ctx: &Context<'_>) -> Box<dyn ProxyBridge> {
+fn bridge(ctx: &Context<'_>, prepared: &Prepared) -> Box<dyn ProxyBridge> {
     #[cfg(feature = "test-hooks")]
     if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR)
         && let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode)
     {
         return Box::new(b);
     }
-    let _ = ctx;
-    Box::new(DaemonBridge)
+    Box::new(DaemonBridge::new(ctx.env, prepared.clone()))
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
@@ -132,7 +195,7 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 
 /// Runs `airlock exec`.
 pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
-    run_with(args, ctx, &ConfigGate, &mut *bridge(ctx))
+    run_with(args, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
 }
 
 /// `exec` with its collaborators injected.
@@ -140,7 +203,7 @@ pub fn run_with(
     args: ExecArgs,
     ctx: &Context<'_>,
     gate: &dyn TrustGate,
-    bridge: &mut dyn ProxyBridge,
+    make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
 ) -> i32 {
     let paths = match Paths::from_env(ctx.env) {
         Ok(p) => p,
@@ -180,15 +243,12 @@ pub fn run_with(
         }
         Err(e) => return fail(e),
     }
-    let extra = match gate.extra(&paths, &repo, ctx.env) {
-        Ok(x) => x,
+    let prepared = match gate.load(&paths, &repo, ctx.env) {
+        Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let identity = match gate.identity(&paths) {
-        Ok(i) => i,
-        Err(e) => return fail(e),
-    };
-    let (env, ignored) = senv::build(ctx.env, &repo.sandbox_path(), &identity, &extra);
+    let (env, ignored) =
+        senv::build(ctx.env, &repo.sandbox_path(), &prepared.identity, &prepared.extra);
     for name in ignored {
         eprintln!(
             "airlock: warning: [env] pass {name:?} ignored: Airlock sets it inside the sandbox"
@@ -206,9 +266,10 @@ pub fn run_with(
         repo,
         argv: args.command,
         env,
-        user_id: identity.user_id,
+        user_id: prepared.identity.user_id.clone(),
     };
-    match supervisor::run(&req, &kernel, bridge) {
+    let mut bridge = make_bridge(&prepared);
+    match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
             for q in &outcome.quarantined {
                 eprintln!(

@@ -1,0 +1,161 @@
+//! Glue between the proxy and the policy's address guard (SECURITY §3): resolve a name exactly
+//! once, check **every** answer (any refused answer refuses the whole attempt), dial exactly the
+//! checked addresses in order, and judge the ClientHello's SNI against the CONNECT target.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+
+use tokio::net::TcpStream;
+
+use crate::policy::{Decision, Host, Reason, canonicalize_host};
+
+use super::SessionProxy;
+use super::tls_peek::Peek;
+
+/// Why an allowed target could not be reached.
+#[derive(Debug)]
+pub enum Unreachable {
+    /// An answer failed the address guard: the attempt is refused.
+    Refused(Decision),
+    /// Resolution failed (`timed_out`: the DNS timeout ran out).
+    ResolveFailed { detail: String, timed_out: bool },
+    /// No checked address accepted the connection.
+    ConnectFailed { detail: String, timed_out: bool },
+}
+
+impl Unreachable {
+    pub fn reason(&self) -> Reason {
+        match self {
+            Self::Refused(d) => d.reason,
+            Self::ResolveFailed { .. } => Reason::ResolveFailed,
+            Self::ConnectFailed { .. } => Reason::ConnectFailed,
+        }
+    }
+}
+
+/// The addresses to dial for an allowed target, every one checked. An IP-literal target was
+/// already decided in full by `Policy::decide`; a name is resolved once, here.
+pub async fn resolve_checked(
+    session: &SessionProxy,
+    host: &Host,
+) -> Result<Vec<IpAddr>, Unreachable> {
+    let name = match host {
+        Host::Ip(ip) => return Ok(vec![*ip]),
+        Host::Name(name) => name,
+    };
+    let answers = match tokio::time::timeout(
+        session.limits.dns_timeout,
+        session.resolver.resolve(name),
+    )
+    .await
+    {
+        Ok(Ok(a)) if !a.is_empty() => a,
+        Ok(Ok(_)) => {
+            return Err(Unreachable::ResolveFailed {
+                detail: format!("{name} has no addresses"),
+                timed_out: false,
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(Unreachable::ResolveFailed {
+                detail: format!("cannot resolve {name}: {e}"),
+                timed_out: false,
+            });
+        }
+        Err(_) => {
+            return Err(Unreachable::ResolveFailed {
+                detail: format!(
+                    "resolving {name} took longer than {}s",
+                    session.limits.dns_timeout.as_secs_f32()
+                ),
+                timed_out: true,
+            });
+        }
+    };
+    for ip in &answers {
+        if let Some(refusal) = session.policy.check_answer(*ip, &session.local) {
+            return Err(Unreachable::Refused(refusal));
+        }
+    }
+    Ok(answers)
+}
+
+/// Dials the checked addresses in order within the connect timeout (shared by all of them).
+pub async fn dial(
+    session: &SessionProxy,
+    addrs: &[IpAddr],
+    port: u16,
+) -> Result<(TcpStream, SocketAddr), Unreachable> {
+    let deadline = tokio::time::Instant::now() + session.limits.connect_timeout;
+    let mut last: Option<io::Error> = None;
+    for ip in addrs {
+        let sa = SocketAddr::new(*ip, port);
+        match tokio::time::timeout_at(deadline, TcpStream::connect(sa)).await {
+            Ok(Ok(s)) => {
+                let _ = s.set_nodelay(true);
+                return Ok((s, sa));
+            }
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => {
+                return Err(Unreachable::ConnectFailed {
+                    detail: format!(
+                        "connecting to {sa} took longer than {}s",
+                        session.limits.connect_timeout.as_secs_f32()
+                    ),
+                    timed_out: true,
+                });
+            }
+        }
+    }
+    let detail = match last {
+        Some(e) => format!("connecting to port {port} failed: {e}"),
+        None => "no address to connect to".to_owned(),
+    };
+    Err(Unreachable::ConnectFailed { detail, timed_out: false })
+}
+
+/// The SNI rule of SECURITY §3, given what the agent sent after `200` (`None`: the ClientHello
+/// did not arrive in time or the agent closed). `Ok` lets the tunnel proceed.
+pub fn judge_sni(target: &Host, seen: Option<&Peek>) -> Result<(), Reason> {
+    match (target, seen) {
+        (Host::Name(want), Some(Peek::Hello { sni: Some(sni) })) => match canonicalize_host(sni) {
+            Ok(Host::Name(got)) if &got == want => Ok(()),
+            _ => Err(Reason::SniMismatch),
+        },
+        (Host::Name(_), _) => Err(Reason::SniMissing),
+        (Host::Ip(_), Some(Peek::NotTls | Peek::Hello { sni: None })) => Ok(()),
+        (Host::Ip(ip), Some(Peek::Hello { sni: Some(sni) })) => match canonicalize_host(sni) {
+            Ok(Host::Ip(got)) if got == *ip => Ok(()),
+            _ => Err(Reason::SniMismatch),
+        },
+        (Host::Ip(_), _) => Err(Reason::SniMissing),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sni_rules() {
+        let name = Host::Name("example.test".into());
+        let ip = Host::Ip("127.0.0.2".parse().unwrap());
+        let hello = |s: Option<&str>| Peek::Hello { sni: s.map(str::to_owned) };
+        assert_eq!(judge_sni(&name, Some(&hello(Some("example.test")))), Ok(()));
+        assert_eq!(judge_sni(&name, Some(&hello(Some("EXAMPLE.test.")))), Ok(()));
+        assert_eq!(judge_sni(&name, Some(&hello(Some("pastebin.com")))), Err(Reason::SniMismatch));
+        assert_eq!(
+            judge_sni(&name, Some(&hello(Some("sub.example.test")))),
+            Err(Reason::SniMismatch)
+        );
+        assert_eq!(judge_sni(&name, Some(&hello(None))), Err(Reason::SniMissing));
+        assert_eq!(judge_sni(&name, Some(&Peek::NotTls)), Err(Reason::SniMissing));
+        assert_eq!(judge_sni(&name, None), Err(Reason::SniMissing));
+        assert_eq!(judge_sni(&name, Some(&Peek::Malformed("x"))), Err(Reason::SniMissing));
+        assert_eq!(judge_sni(&ip, Some(&hello(None))), Ok(()));
+        assert_eq!(judge_sni(&ip, Some(&Peek::NotTls)), Ok(()));
+        assert_eq!(judge_sni(&ip, Some(&hello(Some("example.test")))), Err(Reason::SniMismatch));
+        assert_eq!(judge_sni(&ip, None), Err(Reason::SniMissing));
+    }
+}

@@ -1,0 +1,366 @@
+//! The egress proxy (DESIGN §4–§5, SECURITY §3): the only way out of a sandbox. Every attempt
+//! — a `CONNECT` tunnel or a plain-HTTP request — is parsed strictly, decided by the policy,
+//! written to the audit trail *before* anything is forwarded, resolved exactly once, checked
+//! answer by answer against the address guard, dialed, and (for TLS) checked for an SNI that
+//! matches the target. Allowed tunnels are spliced in the kernel.
+//!
+//! The daemon calls [`serve_session`] with a listener and an [`Arc<SessionProxy>`]; the
+//! standalone `airlockd proxy` ([`standalone`]) does the same in the foreground.
+//!
+//! Rooms: [`head`] (request heads), [`connect`] (tunnels), [`http`] (plain HTTP via hyper),
+//! [`guard`] (policy, resolver and address-guard glue), [`splice`] (the pump), [`tls_peek`]
+//! (ClientHello/SNI), [`resolver`], [`respond`] (refusal responses and audit lines).
+
+pub mod connect;
+pub mod guard;
+pub mod head;
+pub mod http;
+pub mod resolver;
+pub mod respond;
+pub mod splice;
+pub mod standalone;
+pub mod tls_peek;
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::audit::AuditSink;
+use crate::policy::{LocalAddrs, Policy};
+
+pub use resolver::{Resolver, SystemResolver};
+
+/// Timeouts and caps; every one is on by default (issue 3 item 6) and configurable.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Time for a whole request head to arrive (slow-drip defense).
+    pub header_timeout: Duration,
+    /// Largest accepted request head, in bytes (beyond: 431).
+    pub max_header_bytes: usize,
+    /// Name resolution.
+    pub dns_timeout: Duration,
+    /// Dialing all of a target's checked addresses.
+    pub connect_timeout: Duration,
+    /// A tunnel with no byte in either direction for this long is closed.
+    pub idle_timeout: Duration,
+    /// Open tunnels per session (beyond: 503, audited `tunnel_limit`).
+    pub max_tunnels: usize,
+    /// Time for the agent's ClientHello to arrive after `200`.
+    pub client_hello_timeout: Duration,
+    /// Largest ClientHello accepted for the SNI check.
+    pub max_client_hello: usize,
+    /// On shutdown: how long open connections may finish before they are closed and logged
+    /// `interrupted`.
+    pub drain_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            dns_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(15 * 60),
+            max_tunnels: 512,
+            client_hello_timeout: Duration::from_secs(10),
+            max_client_hello: 64 * 1024,
+            drain_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Who the session's lines are attributed to (audit `repo`, `repo_path`, `user_id`).
+#[derive(Debug, Clone, Default)]
+pub struct Identity {
+    pub repo: String,
+    pub repo_path: Option<String>,
+    pub user_id: Option<String>,
+}
+
+/// One session's proxy: its policy, audit sink, resolver, limits and live counters. Shared by
+/// every connection task of the session.
+pub struct SessionProxy {
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) audit: Arc<dyn AuditSink>,
+    pub(crate) resolver: Arc<dyn Resolver>,
+    pub(crate) limits: Limits,
+    pub(crate) local: LocalAddrs,
+    pub(crate) identity: Identity,
+    pub(crate) counters: Counters,
+    /// Turns true when the drain grace is over: open tunnels close and log `interrupted`.
+    pub(crate) kill: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for SessionProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionProxy")
+            .field("identity", &self.identity)
+            .field("limits", &self.limits)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Counters {
+    pub(crate) connections: AtomicUsize,
+    pub(crate) tunnels: AtomicUsize,
+    pub(crate) tunnels_total: AtomicU64,
+    pub(crate) requests_total: AtomicU64,
+    pub(crate) bytes: splice::Meter,
+    started: Instant,
+    /// Milliseconds since `started` of the last connection start or end.
+    last_ms: AtomicU64,
+}
+
+impl Counters {
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of a session's counters (`airlock status`, idle exit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// Open client connections (tunnels, kept-alive HTTP, heads being read).
+    pub active_connections: usize,
+    /// Open CONNECT tunnels.
+    pub active_tunnels: usize,
+    pub tunnels_total: u64,
+    pub http_requests_total: u64,
+    /// Agent → upstream bytes, all tunnels and requests so far.
+    pub bytes_sent: u64,
+    /// Upstream → agent bytes.
+    pub bytes_recv: u64,
+    /// Time since a connection last started or ended; zero while any is open.
+    pub idle_for: Duration,
+}
+
+impl SessionProxy {
+    /// `local` is the host's own interface addresses, read at session start
+    /// ([`local_addrs`]).
+    pub fn new(
+        policy: Arc<Policy>,
+        audit: Arc<dyn AuditSink>,
+        resolver: Arc<dyn Resolver>,
+        limits: Limits,
+        local: LocalAddrs,
+        identity: Identity,
+    ) -> Self {
+        let (kill, _) = watch::channel(false);
+        Self {
+            policy,
+            audit,
+            resolver,
+            limits,
+            local,
+            identity,
+            counters: Counters {
+                connections: AtomicUsize::new(0),
+                tunnels: AtomicUsize::new(0),
+                tunnels_total: AtomicU64::new(0),
+                requests_total: AtomicU64::new(0),
+                bytes: splice::Meter::default(),
+                started: Instant::now(),
+                last_ms: AtomicU64::new(0),
+            },
+            kill,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn stats(&self) -> ProxyStats {
+        let c = &self.counters;
+        let active_connections = c.connections.load(Ordering::Relaxed);
+        let idle_for = if active_connections > 0 {
+            Duration::ZERO
+        } else {
+            let last = Duration::from_millis(c.last_ms.load(Ordering::Relaxed));
+            c.started.elapsed().saturating_sub(last)
+        };
+        ProxyStats {
+            active_connections,
+            active_tunnels: c.tunnels.load(Ordering::Relaxed),
+            tunnels_total: c.tunnels_total.load(Ordering::Relaxed),
+            http_requests_total: c.requests_total.load(Ordering::Relaxed),
+            bytes_sent: c.bytes.sent.load(Ordering::Relaxed),
+            bytes_recv: c.bytes.recv.load(Ordering::Relaxed),
+            idle_for,
+        }
+    }
+
+    /// Claims a tunnel slot, or `None` at the cap.
+    pub(crate) fn claim_tunnel(self: &Arc<Self>) -> Option<TunnelSlot> {
+        let c = &self.counters;
+        let mut cur = c.tunnels.load(Ordering::Relaxed);
+        loop {
+            if cur >= self.limits.max_tunnels {
+                return None;
+            }
+            match c.tunnels.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        c.tunnels_total.fetch_add(1, Ordering::Relaxed);
+        Some(TunnelSlot(Arc::clone(self)))
+    }
+}
+
+/// A held tunnel slot; released on drop.
+pub(crate) struct TunnelSlot(Arc<SessionProxy>);
+
+impl Drop for TunnelSlot {
+    fn drop(&mut self) {
+        self.0.counters.tunnels.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts an open client connection; released on drop.
+struct ConnGuard(Arc<SessionProxy>);
+
+impl ConnGuard {
+    fn new(s: &Arc<SessionProxy>) -> Self {
+        s.counters.connections.fetch_add(1, Ordering::AcqRel);
+        s.counters.touch();
+        Self(Arc::clone(s))
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.counters.connections.fetch_sub(1, Ordering::AcqRel);
+        self.0.counters.touch();
+    }
+}
+
+/// The host's own interface addresses (`getifaddrs(3)`), refused by the address guard unless
+/// `allow_private` opens them. Read once per session; an error yields an empty set plus a
+/// warning (the special-purpose table still covers loopback and private ranges).
+pub fn local_addrs() -> LocalAddrs {
+    let mut out = Vec::new();
+    match nix::ifaddrs::getifaddrs() {
+        Ok(addrs) => {
+            for a in addrs {
+                let Some(sa) = a.address else { continue };
+                if let Some(v4) = sa.as_sockaddr_in() {
+                    out.push(std::net::IpAddr::V4(v4.ip()));
+                } else if let Some(v6) = sa.as_sockaddr_in6() {
+                    out.push(std::net::IpAddr::V6(v6.ip()));
+                }
+            }
+        }
+        Err(e) => tracing::warn!("cannot list interface addresses: {e}"),
+    }
+    out.sort();
+    out.dedup();
+    LocalAddrs::new(out)
+}
+
+/// Serves one session's listener until `shutdown` turns true (or its sender is dropped), then
+/// drains: stops accepting, lets open connections finish for [`Limits::drain_grace`], then
+/// closes the rest (their tunnels are logged `"interrupted": true`). Returns when every
+/// connection task has ended.
+pub async fn serve_session(
+    listener: TcpListener,
+    session: Arc<SessionProxy>,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    loop {
+        tokio::select! {
+            biased;
+            () = stopped(&mut shutdown) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((sock, _peer)) => {
+                    let s = Arc::clone(&session);
+                    tasks.spawn(handle_connection(s, sock));
+                }
+                Err(e) => {
+                    // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener
+                    // stays usable once descriptors free up.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let grace = tokio::time::sleep(session.limits.drain_grace);
+    tokio::pin!(grace);
+    loop {
+        tokio::select! {
+            () = &mut grace => break,
+            joined = tasks.join_next() => if joined.is_none() { return Ok(()) },
+        }
+    }
+    let _ = session.kill.send(true);
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Resolves when the flag turns true or its sender is gone (the watch `Ref` is dropped at
+/// once: it holds a lock and must not live across an await).
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// One client connection: read and check the first head, then hand off to the tunnel code or
+/// to the plain-HTTP server.
+async fn handle_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
+    let _conn = ConnGuard::new(&session);
+    let _ = sock.set_nodelay(true);
+    let mut buf = Vec::with_capacity(1024);
+    let limits = &session.limits;
+    let head = head::read_head(&mut sock, &mut buf, limits.max_header_bytes, limits.header_timeout);
+    let head_len = match head.await {
+        Ok(n) => n,
+        Err(head::HeadError::Empty) | Err(head::HeadError::Io) => return,
+        Err(head::HeadError::TooLarge) => {
+            let msg = format!("request head larger than {} bytes", limits.max_header_bytes);
+            respond::malformed(&session, &mut sock, "", "", &msg, respond::Status::HeadTooLarge)
+                .await;
+            return;
+        }
+        Err(head::HeadError::Timeout) => {
+            let msg = format!(
+                "request head not complete within {}s",
+                limits.header_timeout.as_secs_f32()
+            );
+            respond::malformed(&session, &mut sock, "", "", &msg, respond::Status::HeadTimeout)
+                .await;
+            return;
+        }
+    };
+    match head::parse_head(&buf[..head_len]) {
+        Err(msg) => {
+            let (method, target) = respond::first_words(&buf[..head_len]);
+            respond::malformed(&session, &mut sock, &method, &target, &msg, respond::Status::Bad)
+                .await;
+        }
+        Ok(head::RequestKind::Connect { authority, http10 }) => {
+            let authority = authority.to_owned();
+            let early = buf.split_off(head_len);
+            drop(buf);
+            connect::handle(&session, sock, &authority, http10, early).await;
+        }
+        Ok(head::RequestKind::Other { .. }) => {
+            http::serve(&session, sock, buf).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

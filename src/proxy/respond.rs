@@ -1,0 +1,221 @@
+//! Refusal responses and audit-line construction shared by the tunnel and HTTP paths. The
+//! order is always the same: the audit line is written first, the response second; if the line
+//! cannot be written the client gets `503` and nothing is forwarded (DESIGN §5).
+
+use std::time::{Duration, SystemTime};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::audit::{AuditLine, rfc3339_ms};
+use crate::policy::{Decision, LayerKind, Reason};
+
+use super::SessionProxy;
+
+/// The non-2xx answers the proxy itself gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Forbidden,
+    Bad,
+    HeadTooLarge,
+    HeadTimeout,
+    Unavailable,
+    BadGateway,
+    GatewayTimeout,
+}
+
+impl Status {
+    pub fn code(self) -> u16 {
+        match self {
+            Self::Forbidden => 403,
+            Self::Bad => 400,
+            Self::HeadTooLarge => 431,
+            Self::HeadTimeout => 408,
+            Self::Unavailable => 503,
+            Self::BadGateway => 502,
+            Self::GatewayTimeout => 504,
+        }
+    }
+
+    /// The reason phrase; a policy refusal's is fixed by SECURITY §3.
+    pub fn phrase(self) -> &'static str {
+        match self {
+            Self::Forbidden => "Forbidden by airlock policy",
+            Self::Bad => "Bad Request",
+            Self::HeadTooLarge => "Request Header Fields Too Large",
+            Self::HeadTimeout => "Request Timeout",
+            Self::Unavailable => "Service Unavailable",
+            Self::BadGateway => "Bad Gateway",
+            Self::GatewayTimeout => "Gateway Timeout",
+        }
+    }
+}
+
+/// A fresh line for an attempt starting now: stamped, attributed, `allowed: false`.
+pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &str) -> AuditLine {
+    let stamp = session.audit.stamp();
+    AuditLine {
+        ts: rfc3339_ms(SystemTime::now()),
+        user_id: session.identity.user_id.clone(),
+        repo: session.identity.repo.clone(),
+        host: host.to_owned(),
+        method: method.to_owned(),
+        allowed: false,
+        bytes_sent: None,
+        bytes_recv: None,
+        duration_ms: None,
+        id: stamp.id,
+        session: stamp.session,
+        boot: stamp.boot,
+        seq: stamp.seq,
+        port,
+        addr: None,
+        repo_path: session.identity.repo_path.clone(),
+        url: None,
+        status: None,
+        reason: None,
+        layer: None,
+        policy: None,
+        interrupted: None,
+        truncated: None,
+    }
+}
+
+/// Marks `line` as refused by `d`.
+pub fn set_refusal(line: &mut AuditLine, d: &Decision) {
+    line.allowed = false;
+    line.reason = Some(d.reason);
+    line.layer = Some(d.layer);
+    line.policy = d.policy.clone();
+}
+
+/// The status a refusal reason is answered with.
+pub fn status_for(reason: Reason) -> Status {
+    match reason {
+        Reason::Malformed => Status::Bad,
+        Reason::TunnelLimit | Reason::AuditUnavailable => Status::Unavailable,
+        Reason::ResolveFailed | Reason::ConnectFailed => Status::BadGateway,
+        _ => Status::Forbidden,
+    }
+}
+
+/// The body of a refusal: names the target and tells the agent not to retry.
+pub fn body_for(target: &str, reason: Reason, detail: Option<&str>) -> String {
+    let why = match reason {
+        Reason::Malformed => "the request was malformed",
+        Reason::TunnelLimit => "this session has too many open tunnels",
+        Reason::AuditUnavailable => "the audit log cannot be written, so nothing is forwarded",
+        Reason::ResolveFailed => "the name could not be resolved",
+        Reason::ConnectFailed => "no address of the host accepted the connection",
+        Reason::PrivateAddress => "it resolves to a private or special-purpose address",
+        Reason::BlockedAddress => "it resolves to a blocked address",
+        Reason::ReviewPlane => "it is a review-plane server",
+        _ => "the policy does not allow it",
+    };
+    let mut s = format!("airlock: {target} refused: {why} (reason: {reason}).");
+    if let Some(d) = detail {
+        s.push_str("\nDetail: ");
+        s.push_str(d);
+    }
+    if matches!(reason, Reason::TunnelLimit | Reason::ResolveFailed | Reason::ConnectFailed) {
+        s.push_str("\nThis may be temporary.\n");
+    } else {
+        s.push_str(
+            "\nDo not retry this request or work around it; ask the user to change the \
+             airlock policy if this host is needed.\n",
+        );
+    }
+    s
+}
+
+/// A complete HTTP/1.1 response that closes the connection.
+pub fn response_bytes(status: Status, reason: Reason, layer: LayerKind, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {} {}\r\nX-Airlock-Reason: {}\r\nX-Airlock-Layer: {}\r\n\
+         Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{}",
+        status.code(),
+        status.phrase(),
+        reason,
+        layer,
+        body.len(),
+        body
+    )
+    .into_bytes()
+}
+
+/// Sends a final response and closes gracefully: half-close, then discard what the client
+/// still sends for a moment so the kernel does not answer it with a reset that would destroy
+/// the response in flight (RFC 9112 §9.6).
+pub async fn send_and_close(sock: &mut TcpStream, bytes: &[u8]) {
+    if sock.write_all(bytes).await.is_err() {
+        return;
+    }
+    let _ = sock.shutdown().await;
+    let drain = async {
+        let mut scratch = [0u8; 4096];
+        let mut total = 0usize;
+        while total < 256 * 1024 {
+            match sock.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
+}
+
+/// Audits and answers a malformed request (or a too-large/too-slow head).
+pub async fn malformed(
+    session: &SessionProxy,
+    sock: &mut TcpStream,
+    method: &str,
+    target: &str,
+    msg: &str,
+    status: Status,
+) {
+    let mut line = new_line(session, target, None, method);
+    line.reason = Some(Reason::Malformed);
+    line.layer = Some(LayerKind::None);
+    let shown = if target.is_empty() { "the request" } else { target };
+    let bytes = match session.audit.append(&line) {
+        Ok(()) => response_bytes(
+            status,
+            Reason::Malformed,
+            LayerKind::None,
+            &body_for(&printable(shown), Reason::Malformed, Some(msg)),
+        ),
+        Err(e) => audit_failed(&e, shown),
+    };
+    send_and_close(sock, &bytes).await;
+}
+
+/// The 503 sent when the audit trail cannot be written.
+pub fn audit_failed(e: &crate::audit::AuditError, target: &str) -> Vec<u8> {
+    tracing::error!("audit write failed, refusing {target}: {e}");
+    response_bytes(
+        Status::Unavailable,
+        Reason::AuditUnavailable,
+        LayerKind::None,
+        &body_for(&printable(target), Reason::AuditUnavailable, None),
+    )
+}
+
+/// The method and target of an unparseable head, lossily, for the audit line.
+pub fn first_words(head: &[u8]) -> (String, String) {
+    let first = head.split(|&b| b == b'\n').next().unwrap_or(&[]);
+    let text = String::from_utf8_lossy(first);
+    let mut words = text.split_ascii_whitespace();
+    let method = words.next().unwrap_or("").chars().take(32).collect();
+    let target = words.next().unwrap_or("").chars().take(2048).collect();
+    (method, target)
+}
+
+/// Input echoed in a response body: control characters escaped, length capped.
+pub fn printable(s: &str) -> String {
+    let mut out: String = s.chars().take(256).flat_map(char::escape_default).collect();
+    if s.chars().count() > 256 {
+        out.push('…');
+    }
+    out
+}

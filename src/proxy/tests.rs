@@ -1,0 +1,293 @@
+//! Engine tests against an in-memory audit sink: ordering (line before response), fail-closed
+//! journal, tunnel cap, address guard on resolver answers, byte counts. Loopback only; names
+//! resolve only through the test resolver.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::resolver::FileResolver;
+use super::*;
+use crate::audit::{AuditError, AuditLine, AuditSink, Stamp};
+use crate::policy::{Entry, EntryKind, LayerKind, Policy, PolicyLayer, Reason};
+
+#[derive(Default)]
+struct MemSink {
+    /// ("append" | "open" | "close", line)
+    log: Mutex<Vec<(&'static str, AuditLine)>>,
+    seq: AtomicU64,
+    fail_journal: bool,
+}
+
+impl MemSink {
+    fn lines(&self) -> Vec<(&'static str, AuditLine)> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl AuditSink for MemSink {
+    fn stamp(&self) -> Stamp {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        Stamp { id: format!("t-{seq}"), session: "s".into(), boot: "b".into(), seq }
+    }
+    fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
+        self.log.lock().unwrap().push(("append", line.clone()));
+        Ok(())
+    }
+    fn journal_open(&self, line: &AuditLine) -> Result<(), AuditError> {
+        if self.fail_journal {
+            return Err(AuditError::Write {
+                path: "/nonexistent/journal".into(),
+                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            });
+        }
+        self.log.lock().unwrap().push(("open", line.clone()));
+        Ok(())
+    }
+    fn journal_close(&self, line: &AuditLine) -> Result<(), AuditError> {
+        self.log.lock().unwrap().push(("close", line.clone()));
+        Ok(())
+    }
+}
+
+/// An echo upstream on `ip`, counting connections.
+async fn echo_upstream(ip: &str) -> (SocketAddr, Arc<AtomicUsize>) {
+    let l = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&hits);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            h.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+struct Rig {
+    addr: SocketAddr,
+    sink: Arc<MemSink>,
+    session: Arc<SessionProxy>,
+    _stop: watch::Sender<bool>,
+}
+
+async fn rig(
+    allow: &[&str],
+    private: &[&str],
+    resolver: &str,
+    sink: MemSink,
+    limits: Limits,
+) -> Rig {
+    let mut layer = PolicyLayer::new(LayerKind::Operator, "test.toml");
+    layer.allow = allow.iter().map(|a| Entry::parse(a, EntryKind::Allow).unwrap()).collect();
+    layer.allow_private = private.iter().map(|p| p.parse().unwrap()).collect();
+    let (policy, _) = Policy::build(vec![layer], Vec::new()).unwrap();
+    let sink = Arc::new(sink);
+    let session = Arc::new(SessionProxy::new(
+        Arc::new(policy),
+        Arc::clone(&sink) as Arc<dyn AuditSink>,
+        Arc::new(FileResolver::from_text(resolver).unwrap()),
+        limits,
+        local_addrs(),
+        Identity { repo: "r".into(), repo_path: None, user_id: Some("u1".into()) },
+    ));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(serve_session(l, Arc::clone(&session), rx));
+    Rig { addr, sink, session, _stop: tx }
+}
+
+/// Sends `req` and reads the response head (up to the blank line).
+async fn ask(addr: SocketAddr, req: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut b).await.unwrap() == 0 {
+            break;
+        }
+        head.push(b[0]);
+    }
+    (s, String::from_utf8_lossy(&head).into_owned())
+}
+
+#[tokio::test]
+async fn denied_connect_is_audited_before_the_403() {
+    let r = rig(&["example.test"], &[], "", MemSink::default(), Limits::default()).await;
+    let (_s, head) = ask(r.addr, "CONNECT pastebin.com:443 HTTP/1.1\r\n\r\n").await;
+    // The line is in the sink by the time the client has the response.
+    let lines = r.sink.lines();
+    assert!(head.starts_with("HTTP/1.1 403 Forbidden by airlock policy\r\n"), "{head}");
+    assert!(head.contains("X-Airlock-Reason: not_allowed\r\n"), "{head}");
+    assert!(head.contains("X-Airlock-Layer: none\r\n"), "{head}");
+    assert!(head.contains("Connection: close\r\n"), "{head}");
+    assert_eq!(lines.len(), 1);
+    let (kind, line) = &lines[0];
+    assert_eq!(*kind, "append");
+    assert_eq!(line.host, "pastebin.com");
+    assert_eq!(line.reason, Some(Reason::NotAllowed));
+    assert_eq!(line.user_id.as_deref(), Some("u1"));
+    assert!(!line.allowed);
+}
+
+#[tokio::test]
+async fn allowed_tunnel_counts_bytes_and_records_addr() {
+    let (up, hits) = echo_upstream("127.0.0.2").await;
+    let entry = format!("example.test:{}", up.port());
+    let r = rig(
+        &[&entry],
+        &["127.0.0.2/32"],
+        "example.test 127.0.0.2",
+        MemSink::default(),
+        Limits::default(),
+    )
+    .await;
+    let (mut s, head) =
+        ask(r.addr, &format!("CONNECT example.test:{} HTTP/1.1\r\n\r\n", up.port())).await;
+    assert_eq!(head, "HTTP/1.1 200 Connection established\r\n\r\n");
+    s.write_all(b"ping-pong").await.unwrap();
+    let mut back = [0u8; 9];
+    s.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping-pong");
+    s.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await.unwrap();
+    for _ in 0..100 {
+        if r.sink.lines().iter().any(|(k, _)| *k == "close") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let lines = r.sink.lines();
+    assert_eq!(lines.iter().map(|(k, _)| *k).collect::<Vec<_>>(), ["open", "close"]);
+    let close = &lines[1].1;
+    assert!(close.allowed);
+    assert_eq!(close.bytes_sent, Some(9));
+    assert_eq!(close.bytes_recv, Some(9));
+    assert_eq!(close.addr.as_deref(), Some(up.to_string().as_str()));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(r.session.stats().bytes_sent, 9);
+}
+
+#[tokio::test]
+async fn private_answer_refuses_and_never_dials() {
+    // The sentinel on 127.0.0.3 must never see a connection: 127.0.0.3 is not in allow_private.
+    let (sentinel, hits) = echo_upstream("127.0.0.3").await;
+    let entry = format!("mixed.test:{}", sentinel.port());
+    let r = rig(
+        &[&entry],
+        &["127.0.0.2/32"],
+        "mixed.test 127.0.0.2 127.0.0.3",
+        MemSink::default(),
+        Limits::default(),
+    )
+    .await;
+    let (_s, head) =
+        ask(r.addr, &format!("CONNECT mixed.test:{} HTTP/1.1\r\n\r\n", sentinel.port())).await;
+    assert!(head.contains("X-Airlock-Reason: private_address"), "{head}");
+    let lines = r.sink.lines();
+    assert_eq!(lines.iter().map(|(k, _)| *k).collect::<Vec<_>>(), ["open", "close"]);
+    assert!(!lines[1].1.allowed);
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn journal_failure_is_503_and_nothing_forwarded() {
+    let (up, hits) = echo_upstream("127.0.0.2").await;
+    let entry = format!("example.test:{}", up.port());
+    let sink = MemSink { fail_journal: true, ..MemSink::default() };
+    let r =
+        rig(&[&entry], &["127.0.0.2/32"], "example.test 127.0.0.2", sink, Limits::default()).await;
+    let (_s, head) =
+        ask(r.addr, &format!("CONNECT example.test:{} HTTP/1.1\r\n\r\n", up.port())).await;
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: audit_unavailable"), "{head}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn tunnel_cap_is_503_and_audited() {
+    let (up, _hits) = echo_upstream("127.0.0.2").await;
+    let entry = format!("example.test:{}", up.port());
+    let limits = Limits { max_tunnels: 1, ..Limits::default() };
+    let r = rig(&[&entry], &["127.0.0.2/32"], "example.test 127.0.0.2", MemSink::default(), limits)
+        .await;
+    let req = format!("CONNECT example.test:{} HTTP/1.1\r\n\r\n", up.port());
+    let (_first, head) = ask(r.addr, &req).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (_second, head) = ask(r.addr, &req).await;
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: tunnel_limit"), "{head}");
+    let capped: Vec<_> =
+        r.sink.lines().into_iter().filter(|(_, l)| l.reason == Some(Reason::TunnelLimit)).collect();
+    assert_eq!(capped.len(), 1);
+    assert_eq!(capped[0].0, "append");
+}
+
+#[tokio::test]
+async fn slow_drip_and_flood_are_cut_off() {
+    let limits = Limits {
+        header_timeout: Duration::from_millis(200),
+        max_header_bytes: 1024,
+        ..Limits::default()
+    };
+    let r = rig(&["example.test"], &[], "", MemSink::default(), limits).await;
+    let mut s = TcpStream::connect(r.addr).await.unwrap();
+    s.write_all(b"CONNECT exam").await.unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).await.unwrap();
+    assert!(String::from_utf8_lossy(&resp).starts_with("HTTP/1.1 408 "));
+    let flood = format!("CONNECT example.test:443 HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(4096));
+    let (_s, head) = ask(r.addr, &flood).await;
+    assert!(head.starts_with("HTTP/1.1 431 "), "{head}");
+    let reasons: Vec<_> = r.sink.lines().iter().map(|(_, l)| l.reason).collect();
+    assert_eq!(reasons, [Some(Reason::Malformed), Some(Reason::Malformed)]);
+}
+
+#[tokio::test]
+async fn drain_closes_open_tunnels_as_interrupted() {
+    let (up, _hits) = echo_upstream("127.0.0.2").await;
+    let entry = format!("example.test:{}", up.port());
+    let limits = Limits { drain_grace: Duration::from_millis(50), ..Limits::default() };
+    let mut layer = PolicyLayer::new(LayerKind::Operator, "t");
+    layer.allow = vec![Entry::parse(&entry, EntryKind::Allow).unwrap()];
+    layer.allow_private = vec!["127.0.0.2/32".parse().unwrap()];
+    let (policy, _) = Policy::build(vec![layer], Vec::new()).unwrap();
+    let sink = Arc::new(MemSink::default());
+    let session = Arc::new(SessionProxy::new(
+        Arc::new(policy),
+        Arc::clone(&sink) as Arc<dyn AuditSink>,
+        Arc::new(FileResolver::from_text("example.test 127.0.0.2").unwrap()),
+        limits,
+        local_addrs(),
+        Identity::default(),
+    ));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = watch::channel(false);
+    let served = tokio::spawn(serve_session(l, Arc::clone(&session), rx));
+    let (_s, head) =
+        ask(addr, &format!("CONNECT example.test:{} HTTP/1.1\r\n\r\n", up.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"));
+    assert_eq!(session.stats().active_tunnels, 1);
+    tx.send(true).unwrap();
+    served.await.unwrap().unwrap();
+    let lines = sink.lines();
+    let close = lines.iter().find(|(k, _)| *k == "close").expect("final line");
+    assert_eq!(close.1.interrupted, Some(true));
+    assert_eq!(session.stats().active_tunnels, 0);
+    assert!(TcpStream::connect(addr).await.is_err(), "listener must be closed");
+}

@@ -1,0 +1,388 @@
+//! Helpers for the proxy suites: `airlockd proxy` under test, loopback upstreams (TLS with a
+//! test CA, plain HTTP, echo) and sentinels that must never be dialed. Everything binds to
+//! 127.0.0.0/8 only; names resolve only through the test resolver file.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::support::World;
+
+/// `airlockd proxy` running in the foreground.
+pub struct ProxyProc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log_dir: PathBuf,
+    pub queries: PathBuf,
+    pub stdout: Arc<Mutex<String>>,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl ProxyProc {
+    /// Starts the proxy with `config` (operator file) and `resolver` lines; `args` are extra
+    /// flags. Waits until it listens.
+    pub fn start(world: &World, tag: &str, config: &str, resolver: &str, args: &[&str]) -> Self {
+        let cfg = world.write(world.tmp.path().join(format!("{tag}.toml")), config);
+        let res = world.write(world.tmp.path().join(format!("{tag}.resolver")), resolver);
+        let log_dir = world.tmp.path().join(format!("{tag}-logs"));
+        Self::start_with(world, &cfg, &res, &log_dir, args)
+    }
+
+    pub fn start_with(
+        world: &World,
+        cfg: &Path,
+        res: &Path,
+        log_dir: &Path,
+        args: &[&str],
+    ) -> Self {
+        let queries = PathBuf::from(format!("{}.queries", res.display()));
+        let mut cmd = world
+            .airlockd(world.tmp.path())
+            .args(["proxy", "--repo-name", "demo", "--listen", "127.0.0.1:0"])
+            .args(["--config".as_ref(), cfg.as_os_str()])
+            .args(["--log-dir".as_ref(), log_dir.as_os_str()])
+            .args(["--user-id", "u-test"])
+            .args(args)
+            .env("AIRLOCK_TEST_RESOLVER", res)
+            .cmd;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
+        let err_buf = Arc::clone(&stderr);
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on ").nth(1)
+                    && let Some(a) = rest.split_whitespace().next()
+                    && let Ok(a) = a.parse()
+                {
+                    let _ = tx.send(a);
+                }
+                let mut b = err_buf.lock().unwrap();
+                b.push_str(&line);
+                b.push('\n');
+            }
+        });
+        let out_buf = Arc::clone(&stdout);
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let mut b = out_buf.lock().unwrap();
+                b.push_str(&line);
+                b.push('\n');
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("proxy did not start:\n{}", stderr.lock().unwrap());
+            }
+        };
+        Self { child, addr, log_dir: log_dir.to_path_buf(), queries, stdout, stderr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every audit line written so far, parsed.
+    pub fn audit(&self) -> Vec<serde_json::Value> {
+        audit_lines(&self.log_dir)
+    }
+
+    /// Polls until `pred` holds for the audit lines (or 10 s pass), then returns them.
+    pub fn wait_audit(
+        &self,
+        pred: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let lines = self.audit();
+            if pred(&lines) || Instant::now() > until {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Names the test resolver was asked for, in order.
+    pub fn queries(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.queries)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn stdout(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// Raw TCP connection to the proxy.
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    }
+
+    /// Sends `head` and returns the proxy's response head plus the socket.
+    pub fn ask(&self, head: &str) -> (TcpStream, String) {
+        let mut s = self.connect();
+        s.write_all(head.as_bytes()).unwrap();
+        let resp = read_head(&mut s);
+        (s, resp)
+    }
+}
+
+impl Drop for ProxyProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads one response head (through the blank line) byte by byte.
+pub fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+/// All audit lines in `dir` (every `audit-*.jsonl`).
+pub fn audit_lines(dir: &Path) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else { return out };
+    let mut files: Vec<_> = rd
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        for l in std::fs::read_to_string(&f).unwrap_or_default().lines() {
+            out.push(serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")));
+        }
+    }
+    out
+}
+
+/// A test CA and a leaf certificate for `names`.
+pub struct TestPki {
+    pub ca_pem: String,
+    pub leaf: rustls::pki_types::CertificateDer<'static>,
+    pub key_der: Vec<u8>,
+}
+
+impl TestPki {
+    pub fn new(names: &[&str]) -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "airlock test CA");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf_params =
+            CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        let leaf = leaf_params.signed_by(&leaf_key, &issuer).unwrap();
+        Self { ca_pem: ca_cert.pem(), leaf: leaf.der().clone(), key_der: leaf_key.serialize_der() }
+    }
+
+    pub fn write_ca(&self, world: &World, tag: &str) -> PathBuf {
+        world.write(world.tmp.path().join(format!("{tag}-ca.pem")), &self.ca_pem)
+    }
+
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(self.key_der.clone().into());
+        let cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![self.leaf.clone()], key)
+            .unwrap();
+        Arc::new(cfg)
+    }
+
+    pub fn client_config(&self) -> Arc<rustls::ClientConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(self.ca_pem.as_bytes());
+        roots.add(der.unwrap()).unwrap();
+        let cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Arc::new(cfg)
+    }
+}
+
+use rustls::pki_types::pem::PemObject;
+
+/// What an upstream does with each connection.
+#[derive(Clone)]
+pub enum Serve {
+    /// HTTP/1.1: `hello from NAME` (and the request head) or files under a directory.
+    Http { name: String, root: Option<PathBuf> },
+    /// Echo bytes back.
+    Echo,
+}
+
+/// A loopback server on its own runtime; counts accepted connections.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub hits: Arc<AtomicUsize>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Upstream {
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    /// `tls`: terminate TLS with this config first.
+    pub fn start(addr: &str, serve: Serve, tls: Option<Arc<rustls::ServerConfig>>) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(addr))
+            .unwrap_or_else(|e| panic!("cannot bind upstream {addr}: {e} (tests run as root)"));
+        let bound = listener.local_addr().unwrap();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = Arc::clone(&hits);
+        rt.spawn(async move {
+            let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+            while let Ok((sock, _)) = listener.accept().await {
+                h.fetch_add(1, Ordering::SeqCst);
+                let serve = serve.clone();
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    match acceptor {
+                        Some(a) => {
+                            if let Ok(s) = a.accept(sock).await {
+                                run(s, serve).await;
+                            }
+                        }
+                        None => run(sock, serve).await,
+                    }
+                });
+            }
+        });
+        Self { addr: bound, hits, _rt: rt }
+    }
+
+    /// A listener that must never receive a connection.
+    pub fn sentinel(addr: &str) -> Self {
+        Self::start(addr, Serve::Echo, None)
+    }
+}
+
+async fn run<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, serve: Serve) {
+    match serve {
+        Serve::Echo => {
+            let mut buf = vec![0u8; 65536];
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = s.shutdown().await;
+                        return;
+                    }
+                    Ok(n) => {
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        Serve::Http { name, root } => loop {
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(1) => head.push(b[0]),
+                    _ => return,
+                }
+                if head.len() > 65536 {
+                    return;
+                }
+            }
+            let head = String::from_utf8_lossy(&head).into_owned();
+            let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+            let (status, body) = match &root {
+                None => {
+                    ("200 OK", format!("hello from {name}\n--- upstream saw:\n{head}").into_bytes())
+                }
+                Some(root) => {
+                    let rel = path.split('?').next().unwrap_or("/").trim_start_matches('/');
+                    let file = root.join(rel);
+                    match (rel.contains(".."), std::fs::read(&file)) {
+                        (false, Ok(bytes)) => ("200 OK", bytes),
+                        _ => ("404 Not Found", b"not found\n".to_vec()),
+                    }
+                }
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: text/plain\r\n\r\n",
+                body.len()
+            );
+            if s.write_all(resp.as_bytes()).await.is_err() || s.write_all(&body).await.is_err() {
+                return;
+            }
+        },
+    }
+}
+
+/// `curl ARGS` with a clean environment; returns (exit code, stdout, stderr).
+pub fn curl(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new("curl")
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["--silent", "--show-error", "--max-time", "20"])
+        .args(args)
+        .output()
+        .expect("curl is a test prerequisite");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Lines matching `host` (and optionally `allowed`).
+pub fn lines_for<'a>(lines: &'a [serde_json::Value], host: &str) -> Vec<&'a serde_json::Value> {
+    lines.iter().filter(|l| l["host"] == host).collect()
+}
