@@ -73,27 +73,45 @@ fn allowed_host_through_the_proxy_and_denied_host_refused_and_audited() {
         },
     );
     let exec = |script: &str| {
-        world
+        let run = world
             .airlock(&repo)
             .env("AIRLOCK_SOCKET", h.socket())
             .args(["exec", "--", "sh", "-c", script])
-            .run()
+            .run();
+        if run.code() == 125 {
+            eprintln!(
+                "--- airlockd log\n{}\nexits {:?} activations {}",
+                h.log(),
+                h.exits(),
+                h.activations()
+            );
+        }
+        run
     };
-    // Allowed: curl and python (both honour the proxy variables).
-    let out = exec(&format!("curl -sS -m 10 http://allowed.test:{port}/")).expect_code(0);
-    assert_eq!(out.stdout(), "upstream-ok\n", "{}", out.stderr());
-    let py = format!(
-        "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test:{port}/', timeout=10).read().decode(), end='')\""
+    // One session (as an agent would): every attempt, then what the session can see. One
+    // session per daemon keeps this test independent of back-to-back session registration.
+    let script = format!(
+        "set -u\n\
+         echo \"allowed:$(curl -sS -m 10 http://allowed.test:{port}/)\"\n\
+         python3 -c \"import urllib.request; print('python:' + urllib.request.urlopen('http://allowed.test:{port}/', timeout=10).read().decode(), end='')\"\n\
+         echo \"denied:$(curl -sS -m 10 http://pastebin.com/ | head -c 300 | tr '\\n' ' ')\"\n\
+         curl -sS -m 10 https://pastebin.com/ 2>/dev/null; echo \"https:$?\"\n\
+         curl -sS -m 10 -D - -o /dev/null http://pastebin.com/ | tr -d '\\r' | sed 's/^/header:/'\n\
+         for f in /proc/self/fd/*; do echo \"fd:$(readlink $f)\"; done\n\
+         python3 -c \"import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n  s.connect('{sock}'); print('daemon:CONNECTED')\nexcept OSError as e: print('daemon:refused', e.errno)\"\n",
+        sock = h.socket().display()
     );
-    assert_eq!(exec(&py).expect_code(0).stdout(), "upstream-ok\n");
-    // Denied: the refusal names the host; HTTPS through CONNECT fails with curl's 56.
-    let denied = exec("curl -sS -m 10 http://pastebin.com/").expect_code(0);
-    assert!(denied.stdout().contains("pastebin.com"), "{}", denied.stdout());
-    let https = exec("curl -sS -m 10 https://pastebin.com/");
-    assert_eq!(https.code(), 56, "{}", https.stderr());
-    let headers = exec("curl -sS -m 10 -D - -o /dev/null http://pastebin.com/").stdout();
-    assert!(headers.starts_with("HTTP/1.1 403"), "{headers}");
-    assert!(headers.to_ascii_lowercase().contains("x-airlock-reason:"), "{headers}");
+    let run = exec(&script).expect_code(0);
+    let out = run.stdout();
+    assert!(out.contains("allowed:upstream-ok\n"), "{out}\n{}", run.stderr());
+    assert!(out.contains("python:upstream-ok\n"), "{out}");
+    let denied = out.lines().find(|l| l.starts_with("denied:")).unwrap();
+    assert!(denied.contains("pastebin.com"), "the refusal names the host: {out}");
+    assert!(out.contains("https:56\n"), "CONNECT refused → curl exit 56: {out}");
+    assert!(out.contains("header:HTTP/1.1 403"), "{out}");
+    assert!(out.to_ascii_lowercase().contains("header:x-airlock-reason:"), "{out}");
+    assert!(!out.lines().any(|l| l.starts_with("fd:socket:")), "{out}");
+    assert!(out.contains("daemon:refused"), "{out}");
 
     let lines = audit_lines(&world, "egress");
     let allowed: Vec<_> = lines.iter().filter(|l| l["allowed"] == true).collect();
