@@ -2,9 +2,9 @@
 //! `unshare -U -r -n -m -p -f true`, and `bwrap --unshare-all … true` (if installed), measured
 //! side by side in one run (issue 5: overhead p50 ≤ 15 ms, stretch 8 ms).
 //!
-//! Run: `cargo bench --features test-hooks --bench sandbox`. Until the daemon client is wired
-//! the session is handed to the test-only `hold` bridge, so this measures the sandbox alone
-//! (namespaces, mounts, seccomp, Landlock, init, relay) without the daemon round trip.
+//! Run: `cargo bench --features test-hooks --bench sandbox`. `airlock_exec_true` hands the
+//! session to the test-only `hold` bridge (the sandbox alone: namespaces, mounts, seccomp,
+//! Landlock, init, relay); `airlock_exec_true_warm_daemon` registers it with a warm `airlockd`.
 
 #![allow(clippy::expect_used)]
 
@@ -80,6 +80,20 @@ fn bench(c: &mut Criterion) {
                 .env("HOME", &home)
                 .env("PATH", "/usr/bin:/bin")
                 .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+                .args(["exec", "--", "true"]))
+        })
+    });
+    // The same through a warm airlockd (one-shot activation on the first call; the daemon
+    // stays up for its idle timeout): session registration + proxy serving included.
+    let sock = tmp.path().join("run/airlock.sock");
+    g.bench_function("airlock_exec_true_warm_daemon", |b| {
+        b.iter(|| {
+            run(Command::new(airlock)
+                .current_dir(&repo)
+                .env_clear()
+                .env("HOME", &home)
+                .env("PATH", "/usr/bin:/bin")
+                .env("AIRLOCK_SOCKET", &sock)
                 .args(["exec", "--", "true"]))
         })
     });

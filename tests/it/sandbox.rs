@@ -873,3 +873,41 @@ fn a_terminal_is_relayed_through_a_private_pty() {
     wait_for("got:abc");
     assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
 }
+
+#[test]
+fn untrusted_repo_config_asks_on_a_terminal() {
+    let sb = Sandbox::new("asktrust");
+    sb.world.write(sb.repo.join(".airlock.toml"), "[network]\nallow = [\"asked.example.test\"]\n");
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = sb.exec(&["sh", "-c", "echo ran-after-trust"]).cmd;
+    cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap()).stderr(slave);
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut reader = master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |needle: &str| {
+        while !seen.contains(needle) {
+            let chunk = rx.recv_timeout(Duration::from_secs(20)).expect(needle);
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    // The difference is shown before the question.
+    wait_for("asked.example.test");
+    wait_for("[y/N]");
+    master.write_all(b"y\n").unwrap();
+    wait_for("ran-after-trust");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+    // Trusted now: a non-interactive run applies it without asking.
+    sb.exec(&["true"]).run().expect_code(0);
+}
