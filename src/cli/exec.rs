@@ -213,6 +213,9 @@ pub fn run_with(
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    if let Some(why) = exposes_airlock_state(&repo, &paths, ctx.env) {
+        return fail(why);
+    }
     match gate.check(&paths, &repo) {
         Ok(Trust::Trusted) => {}
         Ok(Trust::Untrusted { diff }) => {
@@ -283,6 +286,28 @@ pub fn run_with(
         }
         Err(e) => fail(e),
     }
+}
+
+/// The repo is mounted read-write: it must not contain the home directory, `~/.airlock` (audit
+/// logs, identity, trust records) or the daemon's socket directory.
+fn exposes_airlock_state(repo: &Repo, paths: &Paths, env: &dyn Env) -> Option<String> {
+    let socket = crate::client::SocketPath::resolve(env);
+    let guarded = [
+        ("your home directory", paths.home().to_path_buf()),
+        ("~/.airlock (audit logs, identity, trust records)", paths.airlock_dir()),
+        ("airlockd's socket directory", socket.dir().to_path_buf()),
+    ];
+    guarded.iter().find_map(|(what, path)| {
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+        path.starts_with(&repo.path).then(|| {
+            format!(
+                "refusing to run with --repo {}: it contains {what} ({}), which the sandbox must \
+                 never reach; run from (or pass --repo) the project directory itself",
+                repo.path.display(),
+                path.display()
+            )
+        })
+    })
 }
 
 /// Prints each optional-layer warning once per machine state (marker under ~/.airlock).

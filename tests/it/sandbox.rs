@@ -911,3 +911,24 @@ fn untrusted_repo_config_asks_on_a_terminal() {
     // Trusted now: a non-interactive run applies it without asking.
     sb.exec(&["true"]).run().expect_code(0);
 }
+
+#[test]
+fn a_repo_containing_home_or_airlock_state_is_refused() {
+    let sb = Sandbox::new("inner");
+    let run = sb
+        .world
+        .airlock(&sb.repo)
+        .args(["exec", "--repo"])
+        .arg_path(sb.world.tmp.path())
+        .args(["--", "true"])
+        .run()
+        .expect_code(125);
+    assert!(run.stderr().contains("refusing to run with --repo"), "{}", run.stderr());
+    sb.world
+        .airlock(&sb.repo)
+        .args(["exec", "--repo"])
+        .arg_path(sb.home())
+        .args(["--", "true"])
+        .run()
+        .expect_code(125);
+}
