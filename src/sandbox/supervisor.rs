@@ -271,12 +271,19 @@ pub fn run(
     drop(err_w);
     drop(child_ends);
 
+    // The listener arrives once init has built the walls up to Landlock; the session is
+    // registered while init drops capabilities, installs seccomp and starts the command
+    // (connections made meanwhile wait in the listener's backlog).
     let received = receive_fds(&control);
-    let mut setup_error = String::new();
-    let _ = std::fs::File::from(err_r).read_to_string(&mut setup_error);
-    let (listener, master, landlock) = match (received, setup_error.is_empty()) {
-        (Ok((Some(listener), master, landlock)), true) => (listener, master, landlock),
-        (res, _) => {
+    let read_setup_error = move || {
+        let mut setup_error = String::new();
+        let _ = std::fs::File::from(err_r).read_to_string(&mut setup_error);
+        setup_error
+    };
+    let (listener, master, landlock) = match received {
+        Ok((Some(listener), master, landlock)) => (listener, master, landlock),
+        res => {
+            let setup_error = read_setup_error();
             let _ = kill(child, Signal::SIGKILL);
             let _ = waitpid(child, None);
             let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
@@ -310,11 +317,19 @@ pub fn run(
         layers,
         missing_layers: missing,
     };
-    if let Err(e) = bridge.start(listener, &info) {
+    let started = bridge.start(listener, &info);
+    let setup_error = read_setup_error();
+    if started.is_err() || !setup_error.is_empty() {
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
         let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
-        return Err(SandboxError::Bridge(e.to_string()));
+        return Err(match started {
+            Err(e) => SandboxError::Bridge(e.to_string()),
+            Ok(()) => {
+                bridge.end(&SessionEnd { exit_code: 125, quarantined: Vec::new() });
+                SandboxError::Setup(setup_error)
+            }
+        });
     }
 
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
