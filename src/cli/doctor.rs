@@ -51,7 +51,25 @@ impl Check {
 pub type Probe = fn(&Context<'_>) -> Vec<Check>;
 
 /// Every probe, in output order. The sandbox's kernel probes go at the end.
-pub const PROBES: &[Probe] = &[service_manager, control_socket, identity, configuration];
+pub const PROBES: &[Probe] = &[service_manager, control_socket, identity, configuration, kernel];
+
+/// The sandbox's kernel probes (`sandbox::probe`): the same data `exec` decides with.
+pub fn kernel(ctx: &Context<'_>) -> Vec<Check> {
+    use crate::sandbox::probe::{self, HostFs, Status};
+    probe::report(&HostFs::from_env(ctx.env))
+        .into_iter()
+        .map(|line| Check {
+            area: "kernel",
+            level: match line.status {
+                Status::Ok => Level::Ok,
+                Status::Warn => Level::Warn,
+                Status::Fail => Level::Fail,
+            },
+            detail: format!("{}: {}", line.name, line.detail),
+            fix: line.fix,
+        })
+        .collect()
+}
 
 pub fn run(args: &DoctorArgs, ctx: &Context<'_>) -> i32 {
     let checks: Vec<Check> = PROBES.iter().flat_map(|p| p(ctx)).collect();

@@ -932,3 +932,33 @@ fn a_repo_containing_home_or_airlock_state_is_refused() {
         .run()
         .expect_code(125);
 }
+
+#[test]
+fn doctor_shows_the_kernel_probes_exec_decides_with() {
+    let sb = Sandbox::new("doctor");
+    let fake = sb.world.tmp.path().join("probe");
+    sb.world.write(fake.join("proc/sys/kernel/apparmor_restrict_unprivileged_userns"), "1\n");
+    sb.world.write(fake.join("proc/self/attr/apparmor/current"), "unconfined\n");
+    let run = sb
+        .world
+        .airlock(&sb.repo)
+        .env("AIRLOCK_TEST_PROBE_ROOT", &fake)
+        .args(["doctor", "--json"])
+        .run();
+    let checks: serde_json::Value = serde_json::from_str(&run.stdout()).unwrap();
+    let kernel: Vec<&serde_json::Value> =
+        checks.as_array().unwrap().iter().filter(|c| c["area"] == "kernel").collect();
+    let find = |name: &str| {
+        *kernel.iter().find(|c| c["detail"].as_str().unwrap().starts_with(name)).unwrap()
+    };
+    assert_eq!(find("seccomp")["level"], "ok", "{kernel:?}");
+    assert_eq!(find("user namespaces")["level"], "ok", "{kernel:?}");
+    let apparmor = find("apparmor userns restriction");
+    if nix::unistd::getuid().is_root() {
+        assert_eq!(apparmor["level"], "ok");
+    } else {
+        assert_eq!(apparmor["level"], "fail");
+        assert!(apparmor["fix"].as_str().unwrap().contains("contrib/apparmor/airlock"));
+    }
+    assert!(find("landlock")["detail"].as_str().unwrap().starts_with("landlock: ABI"));
+}
