@@ -221,8 +221,11 @@ pub const MANDATORY_LAYERS: &[&str] = &[
 pub fn report(fs: &dyn ProbeFs) -> Vec<ProbeLine> {
     let k = probe(fs);
     let mut lines = Vec::new();
-    let userns_problems: Vec<String> =
-        k.mandatory_problems().into_iter().filter(|p| !p.contains("seccomp")).collect();
+    let userns_problems: Vec<String> = k
+        .mandatory_problems()
+        .into_iter()
+        .filter(|p| !p.contains("seccomp") && !p.contains("apparmor"))
+        .collect();
     lines.push(ProbeLine {
         name: "user namespaces",
         status: if userns_problems.is_empty() { Status::Ok } else { Status::Fail },
