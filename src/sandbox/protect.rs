@@ -89,6 +89,31 @@ fn state_of(path: &Path) -> Result<State, ProtectError> {
     }
 }
 
+/// The first component strictly between `root` and `root/rel` that is a symlink (or not a
+/// directory), if any: a path below it must never be looked up through it.
+fn blocked_parent(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut cur = root.to_path_buf();
+    let comps: Vec<_> = rel.components().collect();
+    for comp in comps.iter().take(comps.len().saturating_sub(1)) {
+        cur.push(comp);
+        match fs::symlink_metadata(&cur) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Some(cur),
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// [`state_of`] for `root/rel` without following a symlinked parent: such a path counts as
+/// the parent symlink itself.
+fn state_beneath(root: &Path, rel: &Path) -> Result<(PathBuf, State), ProtectError> {
+    match blocked_parent(root, rel) {
+        Some(parent) => Ok((parent.clone(), state_of(&parent)?)),
+        None => Ok((root.join(rel), state_of(&root.join(rel))?)),
+    }
+}
+
 /// Reads a `gitdir: <path>` file, resolving a relative path against `base`.
 fn read_gitdir_pointer(file: &Path, base: &Path) -> Result<PathBuf, ProtectError> {
     let text = fs::read_to_string(file).map_err(io_err(file))?;
@@ -124,8 +149,12 @@ struct Scan {
 impl Scan {
     fn list(&mut self, root: &Path, rel: impl Into<PathBuf>) -> Result<State, ProtectError> {
         let rel = rel.into();
-        let state = state_of(&root.join(&rel))?;
-        self.prot.listed.push(Listed { root: root.to_path_buf(), rel, state: state.clone() });
+        let (path, state) = state_beneath(root, &rel)?;
+        // Under a symlinked parent the parent itself is what is recorded (and checked later).
+        let rel = path.strip_prefix(root).map(Path::to_path_buf).unwrap_or(rel);
+        if !self.prot.listed.iter().any(|l| l.root == root && l.rel == rel) {
+            self.prot.listed.push(Listed { root: root.to_path_buf(), rel, state: state.clone() });
+        }
         Ok(state)
     }
 
@@ -244,7 +273,15 @@ pub fn quarantine(prot: &Protection, repo: &Path, dest: &Path) -> io::Result<Vec
     let mut moved = Vec::new();
     let mut candidates: Vec<(PathBuf, &'static str)> = Vec::new();
     for item in &prot.listed {
-        let now = state_of(&item.host_path()).map_err(io::Error::other)?;
+        // A parent the agent replaced with a symlink is what gets quarantined, never a path
+        // looked up through it.
+        let (path, now) = state_beneath(&item.root, &item.rel).map_err(io::Error::other)?;
+        if path != item.host_path() {
+            if !candidates.iter().any(|(p, _)| *p == path) {
+                candidates.push((path, "replaced"));
+            }
+            continue;
+        }
         let why = match (&item.state, &now) {
             (State::Absent, State::Absent) => continue,
             (State::Absent, _) => "created",
@@ -373,6 +410,36 @@ mod tests {
         assert!(p.listed.iter().any(|l| l.host_path() == main.join(".git/hooks")));
         assert!(p.listed.iter().any(|l| l.host_path() == main.join(".git/config")));
         assert!(p.listed.iter().any(|l| l.rel == Path::new(".git") && l.state == State::File));
+    }
+
+    #[test]
+    fn a_parent_swapped_for_a_symlink_is_quarantined_without_following_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = tmp.path().join("r");
+        fs::create_dir_all(&repo).unwrap();
+        let outside = tmp.path().join("host-config");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("settings.json"), "host file").unwrap();
+        let p = scan(&repo).unwrap();
+        // The agent points `.claude` at a host directory holding a `settings.json`.
+        std::os::unix::fs::symlink(&outside, repo.join(".claude")).unwrap();
+        let moved = quarantine(&p, &repo, &tmp.path().join("q")).unwrap();
+        assert_eq!(moved.len(), 1, "{moved:?}");
+        assert_eq!(moved[0].path, repo.join(".claude"));
+        assert_eq!(fs::read_to_string(outside.join("settings.json")).unwrap(), "host file");
+        assert!(fs::symlink_metadata(repo.join(".claude")).is_err());
+        // A repo that starts with a symlinked `.claude` records the link, not paths through it.
+        std::os::unix::fs::symlink(&outside, repo.join(".claude")).unwrap();
+        let p = scan(&repo).unwrap();
+        assert!(
+            p.listed
+                .iter()
+                .any(|l| l.rel == Path::new(".claude") && matches!(l.state, State::Symlink(_)))
+        );
+        assert!(
+            !p.listed.iter().any(|l| l.rel.starts_with(".claude") && l.rel != Path::new(".claude"))
+        );
+        assert!(quarantine(&p, &repo, &tmp.path().join("q2")).unwrap().is_empty());
     }
 
     #[test]
