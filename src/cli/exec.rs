@@ -134,8 +134,10 @@ impl ProxyBridge for DaemonBridge {
     fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
         let endpoint =
             self.endpoint.take().ok_or_else(|| BridgeError("session already started".into()))?;
+        // The supervisor's id: audit lines, session records and the quarantine directory
+        // all carry the same one.
         let spec = SessionSpec {
-            session: None,
+            session: Some(info.session.clone()),
             repo: info.repo_name.clone(),
             repo_path: info.repo_path.display().to_string(),
             config: self.prepared.layers.clone(),
