@@ -17,11 +17,14 @@
 
 pub mod audit;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod env;
 pub mod paths;
 pub mod policy;
+pub mod protocol;
 pub mod proxy;
 pub mod repo;
+pub mod sandbox;
 pub mod sys;

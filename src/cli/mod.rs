@@ -2,6 +2,7 @@
 //! command. Each command returns its exit code; only `main` touches the process.
 
 pub mod completions;
+pub mod exec;
 pub mod identity;
 pub mod policy;
 
@@ -11,7 +12,10 @@ use clap::{Parser, Subcommand};
 
 use crate::env::{Env, ProcessEnv};
 
+pub mod doctor;
 pub mod logs;
+pub mod service;
+pub mod status;
 
 /// Everything a command needs from its surroundings, injectable for tests.
 pub struct Context<'a> {
@@ -39,6 +43,19 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Show whether airlockd is up, its version, pid, uptime and sessions.
+    Status(status::StatusArgs),
+    /// Install, remove or inspect the airlockd user service (systemd or launchd).
+    #[command(subcommand)]
+    Service(service::ServiceCommand),
+    /// Check the service manager, socket, identity, configuration and trust; print each fix.
+    Doctor(doctor::DoctorArgs),
+    /// Show the repo's audit log: every connection attempt, allowed or denied
+    Logs(logs::LogsArgs),
+    /// Test-only: act as an audit writer that dies mid-tunnel (hidden)
+    #[cfg(feature = "test-hooks")]
+    #[command(name = "__audit-hold", hide = true)]
+    AuditHold(logs::AuditHoldArgs),
     /// Check targets against the network policy, show it, trust a repo's .airlock.toml
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
@@ -50,12 +67,8 @@ pub enum Command {
     Logout,
     /// Print a shell completion script
     Completions(completions::CompletionsArgs),
-    /// Show the repo's audit log: every connection attempt, allowed or denied
-    Logs(logs::LogsArgs),
-    /// Test-only: act as an audit writer that dies mid-tunnel (hidden)
-    #[cfg(feature = "test-hooks")]
-    #[command(name = "__audit-hold", hide = true)]
-    AuditHold(logs::AuditHoldArgs),
+    /// Run a command in the sandbox: no way out but Airlock's proxy.
+    Exec(exec::ExecArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -82,13 +95,17 @@ pub fn main() -> i32 {
 /// Dispatches one parsed command.
 pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
     match command {
+        Command::Status(args) => status::run(&args, ctx),
+        Command::Service(cmd) => service::run(&cmd, ctx),
+        Command::Doctor(args) => doctor::run(&args, ctx),
+        Command::Logs(args) => logs::run(&args, ctx),
+        #[cfg(feature = "test-hooks")]
+        Command::AuditHold(args) => logs::audit_hold(&args),
         Command::Policy(cmd) => policy::run(&cmd, ctx),
         Command::Login(args) => identity::login(&args, ctx),
         Command::Whoami => identity::whoami(ctx),
         Command::Logout => identity::logout(ctx),
         Command::Completions(args) => completions::run(&args),
-        Command::Logs(args) => logs::run(&args, ctx),
-        #[cfg(feature = "test-hooks")]
-        Command::AuditHold(args) => logs::audit_hold(&args),
+        Command::Exec(args) => exec::run(args, ctx),
     }
 }

@@ -1,4 +1,9 @@
 //! The only place with `unsafe`: socket activation, fd passing, fork/exec and sandbox setup.
 //! Every block carries a `// SAFETY:` comment.
 
+pub mod activation;
+pub mod exec;
+pub mod fdpass;
+pub mod namespaces;
+pub mod spawn;
 pub mod splice;

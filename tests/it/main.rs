@@ -4,8 +4,13 @@
 
 mod cli_identity;
 mod cli_policy;
+mod daemon;
+mod daemon_units;
+mod harness;
 mod logs;
 mod proxy;
 mod proxy_adversarial;
 mod proxy_support;
+mod sandbox;
+mod sandbox_proxy;
 mod support;

@@ -1,0 +1,372 @@
+//! `airlock doctor`: checks what Airlock needs on this machine and prints the fix for each
+//! problem. Checks are grouped in probes ([`PROBES`]); the sandbox adds its kernel probes
+//! (namespaces, Landlock, seccomp, AppArmor) by appending to that list.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::process::{Command, Stdio};
+
+use crate::client::{self, Activation, Endpoint, SocketSource};
+use crate::paths::Paths;
+
+use super::Context;
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Print the checks as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// One finding: what was checked, what was found, and how to fix it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Check {
+    pub area: &'static str,
+    pub level: Level,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl Check {
+    pub fn ok(area: &'static str, detail: impl Into<String>) -> Self {
+        Self { area, level: Level::Ok, detail: detail.into(), fix: None }
+    }
+    pub fn warn(area: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self { area, level: Level::Warn, detail: detail.into(), fix: Some(fix.into()) }
+    }
+    pub fn fail(area: &'static str, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self { area, level: Level::Fail, detail: detail.into(), fix: Some(fix.into()) }
+    }
+}
+
+/// A group of checks.
+pub type Probe = fn(&Context<'_>) -> Vec<Check>;
+
+/// Every probe, in output order. The sandbox's kernel probes go at the end.
+pub const PROBES: &[Probe] = &[service_manager, control_socket, identity, configuration, kernel];
+
+/// The sandbox's kernel probes (`sandbox::probe`): the same data `exec` decides with.
+pub fn kernel(ctx: &Context<'_>) -> Vec<Check> {
+    use crate::sandbox::probe::{self, HostFs, Status};
+    probe::report(&HostFs::from_env(ctx.env))
+        .into_iter()
+        .map(|line| Check {
+            area: "kernel",
+            level: match line.status {
+                Status::Ok => Level::Ok,
+                Status::Warn => Level::Warn,
+                Status::Fail => Level::Fail,
+            },
+            detail: format!("{}: {}", line.name, line.detail),
+            fix: line.fix,
+        })
+        .collect()
+}
+
+pub fn run(args: &DoctorArgs, ctx: &Context<'_>) -> i32 {
+    let checks: Vec<Check> = PROBES.iter().flat_map(|p| p(ctx)).collect();
+    if args.json {
+        match serde_json::to_string_pretty(&checks) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("airlock: {e}");
+                return 125;
+            }
+        }
+    } else {
+        for c in &checks {
+            let tag = match c.level {
+                Level::Ok => "ok  ",
+                Level::Warn => "warn",
+                Level::Fail => "FAIL",
+            };
+            println!("[{tag}] {:<9} {}", c.area, c.detail);
+            if let Some(fix) = &c.fix {
+                println!("                 fix: {fix}");
+            }
+        }
+    }
+    if checks.iter().any(|c| c.level == Level::Fail) { 1 } else { 0 }
+}
+
+fn systemd_user_manager() -> Result<(), String> {
+    match Command::new("systemctl")
+        .args(["--user", "show-environment"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+    {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_owned()),
+        Err(e) => Err(format!("systemctl: {e}")),
+    }
+}
+
+/// Which service manager can own the control socket, and whether a unit is installed.
+pub fn service_manager(ctx: &Context<'_>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let installed: Vec<_> =
+        client::service_unit_candidates(ctx.env).into_iter().filter(|p| p.exists()).collect();
+    if cfg!(target_os = "macos") {
+        match installed.first() {
+            Some(p) => out.push(Check::ok("service", format!("LaunchAgent installed: {}", p.display()))),
+            None => out.push(Check::warn(
+                "service",
+                "no LaunchAgent for airlockd is installed; the CLI starts airlockd itself (one-shot)",
+                "airlock service install",
+            )),
+        }
+        return out;
+    }
+    match systemd_user_manager() {
+        Ok(()) => match installed.first() {
+            Some(p) => out.push(Check::ok(
+                "service",
+                format!("systemd user manager; unit installed: {}", p.display()),
+            )),
+            None => out.push(Check::warn(
+                "service",
+                "a systemd user manager runs but airlock.socket is not installed; the CLI starts \
+                 airlockd itself (one-shot)",
+                "airlock service install",
+            )),
+        },
+        Err(why) => {
+            let why = if why.is_empty() { "unreachable".to_owned() } else { why };
+            out.push(Check::warn(
+                "service",
+                format!(
+                    "no systemd user manager ({why}); the CLI's one-shot activator starts airlockd \
+                     on demand (normal in containers and CI)"
+                ),
+                "on a desktop or server, log in through a session that starts `systemd --user` \
+                 (or `loginctl enable-linger $USER`), then `airlock service install`",
+            ));
+            if let Some(p) = installed.first() {
+                out.push(Check::fail(
+                    "service",
+                    format!("{} is installed but no user manager can run it, so the socket is never served", p.display()),
+                    "start the user manager, or remove the unit (`airlock service uninstall`) to use the one-shot activator",
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The socket path, its directory's safety, and whether airlockd answers.
+pub fn control_socket(ctx: &Context<'_>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let ep = Endpoint::resolve(ctx.env);
+    let path = &ep.socket.path;
+    out.push(Check::ok(
+        "socket",
+        format!("{} (from {})", path.display(), ep.socket.source.describe()),
+    ));
+    if ep.socket.source == SocketSource::TmpFallback {
+        out.push(Check::warn(
+            "socket",
+            "XDG_RUNTIME_DIR is not set, so the socket lives under /tmp",
+            "log in through a session that sets XDG_RUNTIME_DIR (pam_systemd), or set AIRLOCK_SOCKET",
+        ));
+    }
+    let dir = ep.socket.dir();
+    if dir.exists() {
+        match client::check_dir(dir) {
+            Ok(()) => out.push(Check::ok("socket", format!("{} is 0700 and yours", dir.display()))),
+            Err(e) => out.push(Check::fail(
+                "socket",
+                e.to_string(),
+                format!("chmod 0700 {}", dir.display()),
+            )),
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.uid() != nix::unistd::geteuid().as_raw() || mode & 0o077 != 0 {
+            out.push(Check::warn(
+                "socket",
+                format!("{} has mode {mode:04o} owned by uid {}", path.display(), meta.uid()),
+                "the socket should be 0600 and yours (SocketMode=0600); airlockd still refuses other uids",
+            ));
+        }
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => out.push(Check::ok(
+            "daemon",
+            "airlockd answers on the socket (`airlock status` for details)",
+        )),
+        Err(e) => match &ep.activation {
+            Activation::OneShot => out.push(Check::ok(
+                "daemon",
+                format!(
+                    "airlockd is not running ({e}); the next command starts it (one-shot activator)"
+                ),
+            )),
+            Activation::ServiceManager { unit } => out.push(Check::fail(
+                "daemon",
+                format!(
+                    "nothing listens on {} ({e}) although {} owns it",
+                    path.display(),
+                    unit.display()
+                ),
+                client::service_fix(),
+            )),
+        },
+    }
+    if client::find_daemon().is_none() {
+        out.push(Check::fail(
+            "daemon",
+            "airlockd was found neither next to airlock nor on PATH",
+            "install airlockd beside airlock",
+        ));
+    }
+    out
+}
+
+/// `~/.airlock/identity.toml`: present, private.
+pub fn identity(ctx: &Context<'_>) -> Vec<Check> {
+    let paths = match Paths::from_env(ctx.env) {
+        Ok(p) => p,
+        Err(e) => {
+            return vec![Check::fail("identity", e.to_string(), "set HOME to your home directory")];
+        }
+    };
+    let file = paths.identity_file();
+    match std::fs::metadata(&file) {
+        Err(_) => vec![Check::warn(
+            "identity",
+            format!("no identity ({} is missing): audit lines are unattributed", file.display()),
+            "airlock login --email you@example.com",
+        )],
+        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => vec![Check::fail(
+            "identity",
+            format!("{} has mode {:04o}", file.display(), meta.permissions().mode() & 0o777),
+            format!("chmod 0600 {}", file.display()),
+        )],
+        Ok(_) => match std::fs::read_to_string(&file).map(|t| t.parse::<toml::Table>()) {
+            Ok(Ok(t)) => {
+                let who = t.get("email").and_then(|v| v.as_str()).unwrap_or("(no email)");
+                vec![Check::ok("identity", format!("{who} ({})", file.display()))]
+            }
+            Ok(Err(e)) => vec![Check::fail(
+                "identity",
+                format!("{}: {}", file.display(), e.message()),
+                "airlock logout && airlock login --email you@example.com",
+            )],
+            Err(e) => vec![Check::fail(
+                "identity",
+                format!("{}: {e}", file.display()),
+                "check its permissions",
+            )],
+        },
+    }
+}
+
+fn toml_check(area: &'static str, what: &str, path: &std::path::Path, fix: &str) -> Check {
+    match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Check::ok(area, format!("{what}: none ({})", path.display()))
+        }
+        Err(e) => Check::fail(area, format!("{what} {}: {e}", path.display()), fix),
+        Ok(text) => match text.parse::<toml::Table>() {
+            Ok(_) => Check::ok(area, format!("{what}: {} parses", path.display())),
+            Err(e) => {
+                let line =
+                    e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+                Check::fail(
+                    area,
+                    format!(
+                        "{what} {}{}: {}",
+                        path.display(),
+                        line.map(|l| format!(":{l}")).unwrap_or_default(),
+                        e.message()
+                    ),
+                    fix,
+                )
+            }
+        },
+    }
+}
+
+/// The managed and user layers parse; the repo file's trust state.
+pub fn configuration(ctx: &Context<'_>) -> Vec<Check> {
+    let paths = match Paths::from_env(ctx.env) {
+        Ok(p) => p,
+        Err(e) => {
+            return vec![Check::fail("config", e.to_string(), "set HOME to your home directory")];
+        }
+    };
+    let mut out = Vec::new();
+    for o in &paths.overrides {
+        out.push(Check::warn(
+            "config",
+            format!("test hook in force: {o}"),
+            "unset it outside tests",
+        ));
+    }
+    out.push(toml_check(
+        "config",
+        "managed policy",
+        paths.managed_policy(),
+        "ask your fleet admin to fix it; airlockd refuses sessions until then",
+    ));
+    out.push(toml_check(
+        "config",
+        "user config",
+        &paths.user_config(),
+        "fix the file (see `airlock policy show`)",
+    ));
+    match crate::repo::Repo::resolve(None, &ctx.cwd) {
+        Ok(repo) => {
+            let file = repo.config_file();
+            if file.exists() {
+                out.push(toml_check(
+                    "config",
+                    "repo config",
+                    &file,
+                    "fix the file, then `airlock policy trust`",
+                ));
+                let trusted = std::fs::read_dir(paths.trust_dir())
+                    .map(|d| {
+                        d.flatten()
+                            .any(|e| e.file_name().to_string_lossy().starts_with(&repo.key()))
+                    })
+                    .unwrap_or(false);
+                if trusted {
+                    out.push(Check::ok(
+                        "trust",
+                        format!(
+                            "a trust record exists for {} (repo key {})",
+                            file.display(),
+                            repo.key()
+                        ),
+                    ));
+                } else {
+                    out.push(Check::warn(
+                        "trust",
+                        format!("{} is not trusted, so it does not apply", file.display()),
+                        "review it, then `airlock policy trust`",
+                    ));
+                }
+            } else {
+                out.push(Check::ok("trust", format!("repo {}: no .airlock.toml", repo.name)));
+            }
+        }
+        Err(e) => out.push(Check::warn(
+            "trust",
+            format!("no repo here: {e}"),
+            "run doctor inside a repo to check its trust",
+        )),
+    }
+    out
+}

@@ -1,0 +1,331 @@
+//! `airlock exec [--repo DIR] -- CMD [ARGS...]`: run any command in the sandbox (DESIGN §7).
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use std::os::fd::OwnedFd;
+
+use clap::Args;
+
+use super::Context;
+use crate::client::{Endpoint, SessionHandle, SessionOutcome};
+use crate::config::{self, ClientLayers, trust::TrustState};
+use crate::env::Env;
+use crate::paths::Paths;
+use crate::protocol::{self, IdentityInfo, SessionSpec};
+use crate::repo::Repo;
+use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
+use crate::sandbox::env::{self as senv, Extra, IdentityEnv};
+use crate::sandbox::probe::{self, HostFs};
+use crate::sandbox::supervisor::{self, Request};
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The repo directory (default: the git top level of the working directory).
+    #[arg(long, value_name = "DIR")]
+    pub repo: Option<PathBuf>,
+    /// The command and its arguments, resolved inside the sandbox with its PATH.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// Whether the repo's `.airlock.toml` may apply (DESIGN §4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// No repo file, or its content hash is trusted.
+    Trusted,
+    /// Untrusted or changed; `diff` shows the effective difference.
+    Untrusted { diff: String },
+}
+
+/// The trust decision and what trusted layers contribute to the sandbox.
+pub trait TrustGate {
+    fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String>;
+    /// Records trust after the user said yes on a terminal.
+    fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String>;
+    /// The configuration in force once trust is settled: `[env] pass` and `[mcp.*]` from the
+    /// applied layers, the identity, and the layers the daemon needs (the policy must build).
+    fn load(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Prepared, String>;
+}
+
+/// What the configuration contributes to one session.
+#[derive(Debug, Clone, Default)]
+pub struct Prepared {
+    pub extra: Extra,
+    pub identity: IdentityEnv,
+    /// The identity's review-plane server, if any.
+    pub server: Option<String>,
+    /// The user layer and the trusted repo layer, sent to the daemon.
+    pub layers: ClientLayers,
+}
+
+/// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
+/// applied layers, the identity file, and the policy that must build (an empty allowlist
+/// refuses to start).
+#[derive(Debug, Default)]
+pub struct ConfigGate;
+
+impl TrustGate for ConfigGate {
+    fn check(&self, paths: &Paths, repo: &Repo) -> Result<Trust, String> {
+        let Some(file) = config::load_repo_file(paths, repo).map_err(|e| e.to_string())? else {
+            return Ok(Trust::Trusted);
+        };
+        if file.trust.is_trusted() {
+            return Ok(Trust::Trusted);
+        }
+        if let TrustState::Unreadable { .. } = file.trust {
+            return Err(file.trust.describe(&file.name, &file.repo_dir));
+        }
+        let mut diff = format!("{}\n", file.trust.describe(&file.name, &file.repo_dir));
+        file.parse().map_err(|e| e.to_string())?;
+        diff.push_str("It would add to your effective policy:\n");
+        for line in String::from_utf8_lossy(&file.bytes).lines() {
+            diff.push_str(&format!("  + {line}\n"));
+        }
+        Ok(Trust::Untrusted { diff })
+    }
+    fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String> {
+        let file = config::load_repo_file(paths, repo)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "the repo file disappeared".to_string())?;
+        file.parse().map_err(|e| e.to_string())?;
+        config::trust::trust(paths, repo, &file.digest).map(|_| ()).map_err(|e| e.to_string())
+    }
+    fn load(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Prepared, String> {
+        let identity = config::load_identity(paths).map_err(|e| e.to_string())?;
+        let loaded =
+            config::load(paths, Some(repo), identity.as_ref()).map_err(|e| e.to_string())?;
+        loaded.build_policy().map_err(|e| e.to_string())?;
+        let extra = Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) };
+        Ok(Prepared {
+            extra,
+            server: identity.as_ref().and_then(|i| i.server.clone()),
+            identity: identity
+                .map(|i| IdentityEnv { user_id: Some(i.user_id), email: Some(i.email) })
+                .unwrap_or_default(),
+            layers: loaded.client_layers(),
+        })
+    }
+}
+
+/// The production bridge: registers the session with `airlockd` (activating it where DESIGN §6
+/// allows), which validates the listener, applies the managed layer, writes the session
+/// records and serves the proxy.
+#[derive(Debug)]
+pub struct DaemonBridge {
+    endpoint: Option<Endpoint>,
+    prepared: Prepared,
+    handle: Option<SessionHandle>,
+}
+
+impl DaemonBridge {
+    pub fn new(env: &dyn Env, prepared: Prepared) -> Self {
+        Self { endpoint: Some(Endpoint::resolve(env)), prepared, handle: None }
+    }
+}
+
+impl ProxyBridge for DaemonBridge {
+    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+        let endpoint =
+            self.endpoint.take().ok_or_else(|| BridgeError("session already started".into()))?;
+        // The supervisor's id: audit lines, session records and the quarantine directory
+        // all carry the same one.
+        let spec = SessionSpec {
+            session: Some(info.session.clone()),
+            repo: info.repo_name.clone(),
+            repo_path: info.repo_path.display().to_string(),
+            config: self.prepared.layers.clone(),
+            identity: IdentityInfo {
+                email: self.prepared.identity.email.clone(),
+                user_id: self.prepared.identity.user_id.clone(),
+                server: self.prepared.server.clone(),
+            },
+            agent: None,
+            agent_version: None,
+            airlock_version: env!("CARGO_PKG_VERSION").into(),
+            command: info.command.clone(),
+            layers: info.layers.clone(),
+            supervisor_pid: std::process::id(),
+        };
+        let handle = SessionHandle::start(endpoint, spec, listener)
+            .map_err(|e| BridgeError(e.to_string()))?;
+        self.handle = Some(handle);
+        Ok(())
+    }
+
+    fn end(&mut self, end: &SessionEnd) {
+        if let Some(handle) = self.handle.take() {
+            let outcome = SessionOutcome {
+                exit_status: Some(end.exit_code),
+                transcripts: Vec::new(),
+                quarantined: end
+                    .quarantined
+                    .iter()
+                    .map(|q| protocol::Quarantined {
+                        path: q.path.display().to_string(),
+                        moved_to: q.moved_to.display().to_string(),
+                    })
+                    .collect(),
+            };
+            if let Err(e) = handle.end(outcome) {
+                eprintln!("airlock: warning: recording the session end with airlockd: {e}");
+            }
+        }
+    }
+}
+
+fn bridge(ctx: &Context<'_>, prepared: &Prepared) -> Box<dyn ProxyBridge> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR)
+        && let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode)
+    {
+        return Box::new(b);
+    }
+    Box::new(DaemonBridge::new(ctx.env, prepared.clone()))
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("airlock: {msg}");
+    125
+}
+
+/// Runs `airlock exec`.
+pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
+    run_with(args, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+}
+
+/// `exec` with its collaborators injected.
+pub fn run_with(
+    args: ExecArgs,
+    ctx: &Context<'_>,
+    gate: &dyn TrustGate,
+    make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
+) -> i32 {
+    let paths = match Paths::from_env(ctx.env) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let repo = match Repo::resolve(args.repo.as_deref(), &ctx.cwd) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    if let Some(why) = exposes_airlock_state(&repo, &paths, ctx.env) {
+        return fail(why);
+    }
+    match gate.check(&paths, &repo) {
+        Ok(Trust::Trusted) => {}
+        Ok(Trust::Untrusted { diff }) => {
+            let file = repo.config_file();
+            let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+            if !interactive {
+                return fail(format!(
+                    "{} is not trusted (new or changed since you trusted it); review it and run \
+                     `airlock policy trust --repo {}`",
+                    file.display(),
+                    repo.path.display()
+                ));
+            }
+            eprintln!(
+                "airlock: {} is new or changed. Effective difference:\n{diff}",
+                file.display()
+            );
+            eprint!("Trust this file and continue? [y/N] ");
+            let _ = std::io::stderr().flush();
+            let mut answer = String::new();
+            let _ = std::io::stdin().read_line(&mut answer);
+            if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                return fail("not trusted; nothing was run");
+            }
+            if let Err(e) = gate.trust(&paths, &repo) {
+                return fail(format!("recording trust: {e}"));
+            }
+        }
+        Err(e) => return fail(e),
+    }
+    let prepared = match gate.load(&paths, &repo, ctx.env) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let (env, ignored) =
+        senv::build(ctx.env, &repo.sandbox_path(), &prepared.identity, &prepared.extra);
+    for name in ignored {
+        eprintln!(
+            "airlock: warning: [env] pass {name:?} ignored: Airlock sets it inside the sandbox"
+        );
+    }
+    let kernel = probe::probe(&HostFs::from_env(ctx.env));
+    warn_once(&paths, &kernel.optional_warnings());
+    let session = match supervisor::new_session_id() {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let req = Request {
+        quarantine_dir: supervisor::quarantine_dir(&paths.airlock_dir(), &session),
+        session,
+        repo,
+        argv: args.command,
+        env,
+        user_id: prepared.identity.user_id.clone(),
+    };
+    let mut bridge = make_bridge(&prepared);
+    match supervisor::run(&req, &kernel, &mut *bridge) {
+        Ok(outcome) => {
+            for q in &outcome.quarantined {
+                eprintln!(
+                    "airlock: quarantined {} ({} inside the sandbox) → {}",
+                    q.path.display(),
+                    q.why,
+                    q.moved_to.display()
+                );
+            }
+            outcome.exit_code
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// The repo is mounted read-write: it must not contain the home directory, `~/.airlock` (audit
+/// logs, identity, trust records) or the daemon's socket directory.
+fn exposes_airlock_state(repo: &Repo, paths: &Paths, env: &dyn Env) -> Option<String> {
+    let socket = crate::client::SocketPath::resolve(env);
+    let guarded = [
+        ("your home directory", paths.home().to_path_buf()),
+        ("~/.airlock (audit logs, identity, trust records)", paths.airlock_dir()),
+        ("airlockd's socket directory", socket.dir().to_path_buf()),
+    ];
+    guarded.iter().find_map(|(what, path)| {
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+        path.starts_with(&repo.path).then(|| {
+            format!(
+                "refusing to run with --repo {}: it contains {what} ({}), which the sandbox must \
+                 never reach; run from (or pass --repo) the project directory itself",
+                repo.path.display(),
+                path.display()
+            )
+        })
+    })
+}
+
+/// Prints each optional-layer warning once per machine state (marker under ~/.airlock).
+fn warn_once(paths: &Paths, warnings: &[String]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let joined = warnings.join("\n");
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(joined.as_bytes()));
+    let marker = paths.airlock_dir().join(format!("warned-{}", &digest[..16]));
+    if marker.exists() {
+        return;
+    }
+    for w in warnings {
+        eprintln!("airlock: warning: {w} (shown once; see `airlock doctor`)");
+    }
+    let _ = std::fs::create_dir_all(paths.airlock_dir());
+    let _ = std::fs::write(marker, joined);
+}

@@ -1,0 +1,410 @@
+//! The control protocol between the CLI (and the host-side supervisor) and `airlockd`, shared by
+//! [`crate::client`] and [`crate::daemon`] (DESIGN §6).
+//!
+//! Framing: a 4-byte big-endian length, then that many bytes of JSON (one object). The first
+//! frame on a connection is always [`Request::Hello`]; its reply names the protocol version both
+//! sides then speak (the highest they share; each side speaks N and N-1). `hello` and
+//! `quit_if_idle` keep their shape forever so that any two versions can still agree to disagree.
+//!
+//! The listener fd of `session_start`/`session_reregister` travels as `SCM_RIGHTS` ancillary data
+//! on the first byte of that request's frame.
+
+use serde::{Deserialize, Serialize};
+
+/// The newest protocol this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// The oldest protocol this build still speaks (N-1; version 1 is the first).
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+/// The largest frame either side accepts (layers are small; this bounds a hostile peer).
+pub const MAX_FRAME: usize = 4 << 20;
+
+/// A range of protocol versions one side speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRange {
+    pub min: u32,
+    pub max: u32,
+}
+
+impl VersionRange {
+    pub const CURRENT: Self = Self { min: MIN_PROTOCOL_VERSION, max: PROTOCOL_VERSION };
+
+    /// The highest version both ranges contain.
+    pub fn shared(self, other: Self) -> Option<u32> {
+        let hi = self.max.min(other.max);
+        let lo = self.min.max(other.min);
+        (hi >= lo).then_some(hi)
+    }
+
+    /// This build's range; with `test-hooks`, `var` (`MIN-MAX`) may replace it so tests can
+    /// play an older or newer peer.
+    pub fn from_test_override(var: Option<String>) -> Self {
+        #[cfg(feature = "test-hooks")]
+        if let Some((lo, hi)) = var.as_deref().and_then(|v| v.split_once('-'))
+            && let (Ok(min), Ok(max)) = (lo.parse(), hi.parse())
+        {
+            return Self { min, max };
+        }
+        let _ = var;
+        Self::CURRENT
+    }
+}
+
+impl std::fmt::Display for VersionRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.max)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
+        }
+    }
+}
+
+/// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
+pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
+/// Test hook (feature `test-hooks`): the client's protocol range, `MIN-MAX`.
+pub const TEST_CLIENT_PROTOCOL_VAR: &str = "AIRLOCK_TEST_CLIENT_PROTOCOL";
+/// Test hook (feature `test-hooks`): the version string the daemon reports.
+pub const TEST_DAEMON_VERSION_VAR: &str = "AIRLOCK_TEST_DAEMON_VERSION";
+
+/// Client → daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Always first. Stable forever.
+    Hello { protocol: VersionRange, client_version: String },
+    /// What the daemon is doing.
+    Status,
+    /// Registers a new session and hands over its proxy listener (one fd, SCM_RIGHTS). The
+    /// connection then belongs to the session: closing it without `session_end` ends the
+    /// session with `end_reason: "supervisor_lost"`.
+    SessionStart(Box<SessionSpec>),
+    /// Re-registers a running session with a new daemon instance after the old one died
+    /// (same `session` id, a dup of the same listener); `seq` restarts under the new `boot`.
+    SessionReregister(Box<SessionSpec>),
+    /// Ends the session owned by this connection.
+    SessionEnd(SessionEnd),
+    /// Version skew only: asks an older daemon to exit if it is idle. Stable forever.
+    QuitIfIdle,
+}
+
+/// Daemon → client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Response {
+    /// `version` is the protocol both sides now speak; `None` when they share none (the client
+    /// may then send only `quit_if_idle`). Stable forever.
+    Hello {
+        version: Option<u32>,
+        protocol: VersionRange,
+        daemon_version: String,
+        pid: u32,
+        boot: String,
+        sessions: usize,
+    },
+    Status(Box<StatusReply>),
+    SessionStarted {
+        session: String,
+        boot: String,
+        listen: String,
+    },
+    SessionEnded {
+        session: String,
+    },
+    /// Reply to `quit_if_idle`; stable forever.
+    QuitIfIdle {
+        quitting: bool,
+        sessions: usize,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// Machine-readable error kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The peer runs as another uid.
+    PeerUid,
+    /// A request before `hello`, after a failed `hello`, or not valid JSON.
+    Protocol,
+    /// The daemon's configuration (e.g. the managed layer) is broken; the message says how.
+    Config,
+    /// The listener fd is missing or failed validation (SECURITY §4).
+    Listener,
+    /// Unknown session, a second session on one connection, a duplicate id.
+    Session,
+    /// The daemon is stopping; retry with the next instance.
+    Stopping,
+    /// Anything else on the daemon's side.
+    Internal,
+}
+
+/// Who runs the session (`~/.airlock/identity.toml`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+}
+
+/// Everything the supervisor tells the daemon about a session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionSpec {
+    /// Required for `session_reregister`; for `session_start`, `None` lets the daemon choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The repo name (audit `repo`).
+    pub repo: String,
+    /// The repo's host path (audit `repo_path`).
+    pub repo_path: String,
+    /// The user layer and the *trusted* repo layer as separate parsed documents (each with its
+    /// display name and digest) plus the review-plane servers the daemon cannot read itself.
+    /// The daemon adds the managed layer it reads itself (DESIGN §4).
+    #[serde(default)]
+    pub config: crate::config::ClientLayers,
+    #[serde(default)]
+    pub identity: IdentityInfo,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    /// The airlock version of the supervisor.
+    #[serde(default)]
+    pub airlock_version: String,
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Sandbox layers in force (`landlock_fs`, `seccomp`, …) for the session record.
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// The supervisor's pid, shown by `airlock status`.
+    #[serde(default)]
+    pub supervisor_pid: u32,
+}
+
+/// A transcript file the session changed, hashed at session end (SECURITY §1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TranscriptHash {
+    pub path: String,
+    /// `sha256:<hex>`
+    pub sha256: String,
+}
+
+/// A protected path that appeared during the session and was moved away (SECURITY §4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    pub path: String,
+    pub moved_to: String,
+}
+
+/// `session_end`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEnd {
+    pub session: String,
+    /// The child's exit status as `airlock exec` reports it (128+N for signal N).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_status: Option<i32>,
+    #[serde(default)]
+    pub transcripts: Vec<TranscriptHash>,
+    #[serde(default)]
+    pub quarantined: Vec<Quarantined>,
+}
+
+/// `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReply {
+    pub daemon_version: String,
+    pub protocol: u32,
+    pub binary: String,
+    pub pid: u32,
+    pub boot: String,
+    pub started_at: String,
+    pub uptime_ms: u64,
+    pub idle_timeout_ms: u64,
+    /// `systemd` or `launchd` (the one-shot activator and the test harness speak systemd's).
+    pub activation: String,
+    pub tunnels: u64,
+    pub sessions: Vec<SessionStatus>,
+    /// Set when the daemon's own configuration is broken; sessions are refused until fixed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
+}
+
+/// One session in `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    pub session: String,
+    pub repo: String,
+    pub repo_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    pub started_at: String,
+    pub listen: String,
+    pub tunnels: u64,
+    pub bytes_sent: u64,
+    pub bytes_recv: u64,
+    /// False while the proxy is not serving the listener (see the daemon log).
+    pub serving: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("control frame of {0} bytes exceeds the {MAX_FRAME}-byte limit")]
+    TooLarge(usize),
+    #[error("malformed control message: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("control connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the peer closed the control connection")]
+    Closed,
+}
+
+/// Serializes `msg` as one frame.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let mut out = vec![0u8; 4];
+    serde_json::to_writer(&mut out, msg)?;
+    let len = out.len() - 4;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    // Cannot truncate: len <= MAX_FRAME < u32::MAX.
+    out[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(out)
+}
+
+/// Accumulates bytes from a stream and cuts complete frames out of them.
+#[derive(Debug, Default)]
+pub struct FrameBuf {
+    buf: Vec<u8>,
+}
+
+impl FrameBuf {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn extend(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// True when bytes of an incomplete frame are buffered.
+    pub fn is_partial(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    /// The next complete frame's JSON, if one is buffered.
+    pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        let Some(head) = self.buf.get(..4) else { return Ok(None) };
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if len > MAX_FRAME {
+            return Err(FrameError::TooLarge(len));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let frame = self.buf[4..4 + len].to_vec();
+        self.buf.drain(..4 + len);
+        Ok(Some(frame))
+    }
+
+    /// The next complete frame decoded as `T`.
+    pub fn next_message<T: for<'de> Deserialize<'de>>(&mut self) -> Result<Option<T>, FrameError> {
+        match self.next_frame()? {
+            Some(frame) => Ok(Some(serde_json::from_slice(&frame)?)),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn version_negotiation_picks_the_highest_shared() {
+        let r = |min, max| VersionRange { min, max };
+        assert_eq!(r(1, 2).shared(r(2, 3)), Some(2));
+        assert_eq!(r(2, 3).shared(r(1, 2)), Some(2));
+        assert_eq!(r(1, 1).shared(r(1, 1)), Some(1));
+        assert_eq!(r(1, 2).shared(r(3, 4)), None);
+        assert_eq!(r(3, 4).shared(r(1, 2)), None);
+    }
+
+    #[test]
+    fn wire_names_are_stable() {
+        let hello =
+            Request::Hello { protocol: VersionRange::CURRENT, client_version: "0.1.0".into() };
+        let json = serde_json::to_string(&hello).unwrap();
+        assert_eq!(json, r#"{"op":"hello","protocol":{"min":1,"max":1},"client_version":"0.1.0"}"#);
+        assert_eq!(
+            serde_json::to_string(&Request::QuitIfIdle).unwrap(),
+            r#"{"op":"quit_if_idle"}"#
+        );
+        let end = Request::SessionEnd(SessionEnd { session: "s".into(), ..Default::default() });
+        assert!(
+            serde_json::to_string(&end)
+                .unwrap()
+                .starts_with(r#"{"op":"session_end","session":"s""#)
+        );
+        let err = Response::Error { code: ErrorCode::PeerUid, message: "m".into() };
+        assert_eq!(
+            serde_json::to_string(&err).unwrap(),
+            r#"{"reply":"error","code":"peer_uid","message":"m"}"#
+        );
+    }
+
+    #[test]
+    fn frames_round_trip_in_pieces() {
+        let msgs =
+            vec![Request::Status, Request::QuitIfIdle, Request::SessionStart(Box::default())];
+        let mut bytes = Vec::new();
+        for m in &msgs {
+            bytes.extend(encode(m).unwrap());
+        }
+        let mut fb = FrameBuf::new();
+        let mut got = Vec::new();
+        for b in bytes {
+            fb.extend(&[b]);
+            if let Some(m) = fb.next_message::<Request>().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got, msgs);
+        assert!(!fb.is_partial());
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_before_buffering() {
+        let mut fb = FrameBuf::new();
+        fb.extend(&u32::MAX.to_be_bytes());
+        assert!(matches!(fb.next_frame(), Err(FrameError::TooLarge(_))));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let mut fb = FrameBuf::new();
+            fb.extend(&data);
+            while let Ok(Some(_)) = fb.next_message::<Request>() {}
+        }
+
+        #[test]
+        fn specs_round_trip(repo in "[a-z0-9._-]{1,20}", cmd in proptest::collection::vec(".*", 0..4)) {
+            let spec = SessionSpec { repo, command: cmd, ..Default::default() };
+            let req = Request::SessionStart(Box::new(spec));
+            let mut fb = FrameBuf::new();
+            fb.extend(&encode(&req).unwrap());
+            prop_assert_eq!(fb.next_message::<Request>().unwrap(), Some(req));
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The seam between the host-side supervisor and whoever serves the proxy: hand over the
+//! in-namespace listener with the session's facts, and say when the session ended. The real
+//! implementation registers the session with `airlockd` (which validates the fd, serves the
+//! proxy on it and writes the audit and session records); tests use the bridges below.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use super::protect::Quarantined;
+
+/// What the daemon needs to know about a session.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SessionInfo {
+    /// Globally unique session id.
+    pub session: String,
+    pub repo_name: String,
+    pub repo_path: PathBuf,
+    pub command: Vec<String>,
+    pub user_id: Option<String>,
+    /// Layers in force (mandatory, then optional).
+    pub layers: Vec<String>,
+    /// Optional layers that were not available.
+    pub missing_layers: Vec<String>,
+}
+
+/// How a session ended.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SessionEnd {
+    pub exit_code: i32,
+    pub quarantined: Vec<Quarantined>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BridgeError(pub String);
+
+/// Hands the proxy listener to whoever serves it.
+pub trait ProxyBridge {
+    /// Takes ownership of the listener (127.0.0.1:8888 inside the sandbox's netns).
+    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError>;
+    /// The session is over.
+    fn end(&mut self, end: &SessionEnd);
+}
+
+/// Test-only bridges, chosen with `AIRLOCK_TEST_PROXY_BRIDGE`.
+#[cfg(feature = "test-hooks")]
+pub mod test {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    pub const VAR: &str = "AIRLOCK_TEST_PROXY_BRIDGE";
+
+    /// `hold`: keeps the listener open and never serves it (network-escape tests: nothing but
+    /// the listener exists). `respond`: answers every connection with a fixed HTTP response
+    /// naming itself, proving the listener reached the host side.
+    #[derive(Debug)]
+    pub struct TestBridge {
+        respond: bool,
+        held: Option<OwnedFd>,
+    }
+
+    impl TestBridge {
+        pub fn new(mode: &str) -> Option<Self> {
+            match mode {
+                "hold" => Some(Self { respond: false, held: None }),
+                "respond" => Some(Self { respond: true, held: None }),
+                _ => None,
+            }
+        }
+    }
+
+    impl ProxyBridge for TestBridge {
+        fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+            if !self.respond {
+                self.held = Some(listener);
+                return Ok(());
+            }
+            let listener = TcpListener::from(listener);
+            let session = info.session.clone();
+            std::thread::spawn(move || {
+                for mut conn in listener.incoming().flatten() {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf);
+                    let body = format!("airlock-test-bridge session={session}\n");
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                }
+            });
+            Ok(())
+        }
+        fn end(&mut self, _end: &SessionEnd) {
+            self.held = None;
+        }
+    }
+}

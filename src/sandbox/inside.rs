@@ -1,0 +1,386 @@
+//! What runs inside the new namespaces: the setup of every wall (as the new user namespace's
+//! owner, before anything untrusted runs), then PID 1 — a small init that starts the command,
+//! forwards signals to it, reaps orphans and exits with the command's status.
+//!
+//! Any setup failure is written to the error pipe and ends the process with 125; the host-side
+//! supervisor prints it. The command itself never sees the control socket, the error pipe or
+//! any fd of the host beyond its three relayed stdio descriptors.
+
+use std::ffi::CString;
+use std::io::{self, Write};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{
+    AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, bind, listen,
+    sendmsg, setsockopt, socket, sockopt,
+};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use seccompiler::BpfProgram;
+
+use super::mounts::{self, Op};
+use crate::sys::exec as sysx;
+use crate::sys::namespaces::{self, Forked};
+
+/// Port of the proxy listener inside the sandbox.
+pub const PROXY_PORT: u16 = 8888;
+/// The command's limit on processes (RLIMIT_NPROC).
+pub const NPROC_LIMIT: u64 = 4096;
+
+/// Where one of the command's stdio descriptors comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// The pty slave made inside the sandbox's private devpts.
+    Pty,
+    /// A pipe end created by the supervisor (its raw fd number, inherited).
+    Fd(RawFd),
+}
+
+/// Everything the inside needs, prepared by the supervisor before the fork.
+#[derive(Debug)]
+pub struct Spec {
+    pub ops: Vec<Op>,
+    pub hostname: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub path_dirs: Vec<PathBuf>,
+    pub cwd: PathBuf,
+    pub stdio: [Slot; 3],
+    pub winsize: Option<libc::winsize>,
+    pub writable: Vec<PathBuf>,
+    pub landlock: bool,
+    pub seccomp: BpfProgram,
+    /// Our end of the control socketpair (listener and pty master go out over it).
+    pub control: RawFd,
+    /// Write end of the error pipe (CLOEXEC; closed once the command is started).
+    pub errpipe: RawFd,
+}
+
+/// Runs inside the child made by `fork_into_namespaces`; never returns.
+pub fn run(spec: &Spec) -> ! {
+    let errpipe = spec.errpipe;
+    match setup_and_start(spec) {
+        Ok(child) => init_loop(child),
+        Err(e) => {
+            let mut f = std::fs::File::from(sysx::own_raw(errpipe));
+            let _ = f.write_all(e.to_string().as_bytes());
+            sysx::exit_now(125)
+        }
+    }
+}
+
+fn ctx<T>(what: &str, r: Result<T, impl std::fmt::Display>) -> io::Result<T> {
+    r.map_err(|e| io::Error::other(format!("{what}: {e}")))
+}
+
+fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
+    sysx::die_with_parent()?;
+    sysx::install_noop_handlers(&forwarded_signals())?;
+    // If the supervisor died before PDEATHSIG was armed, its end of the socketpair is closed.
+    if peer_gone(spec.control) {
+        return Err(io::Error::other("supervisor exited during setup"));
+    }
+    isolate_fds(spec)?;
+    write_id_maps(spec.uid, spec.gid)?;
+    ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
+    ctx("bringing up lo", namespaces::loopback_up())?;
+    let listener = proxy_listener()?;
+    mounts::execute(&spec.ops)?;
+    let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
+    let mut fds = vec![listener.as_raw_fd()];
+    if let Some((master, _)) = &pty {
+        fds.push(master.as_raw_fd());
+    }
+    let landlock = if spec.landlock {
+        match super::landlock::apply(&spec.writable) {
+            Ok(enforced) => format!("{enforced:?}").to_lowercase(),
+            Err(e) => format!("error: {e}"),
+        }
+    } else {
+        "unavailable".to_string()
+    };
+    let msg = format!("landlock={landlock}");
+    let iov = [io::IoSlice::new(msg.as_bytes())];
+    ctx(
+        "passing the proxy listener",
+        sendmsg::<()>(
+            spec.control,
+            &iov,
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        ),
+    )?;
+    drop(listener);
+    let slave = pty.map(|(master, slave)| {
+        drop(master);
+        slave
+    });
+    sysx::set_rlimit_nproc(NPROC_LIMIT)?;
+    ctx("dropping capabilities", sysx::drop_all_capabilities())?;
+    ctx("no_new_privs", sysx::set_no_new_privs())?;
+    ctx("seccomp", super::seccomp::install(&spec.seccomp))?;
+    // Our memory is a copy of the supervisor's (the host's environment included): nothing in
+    // the sandbox may read it through /proc/1 (proc(5), PR_SET_DUMPABLE). Set last: a
+    // non-dumpable process cannot write its own uid_map. execve makes the command dumpable.
+    sysx::set_not_dumpable()?;
+    match namespaces::fork()? {
+        Forked::Child => exec_command(spec, slave.as_ref().map(|s| s.as_fd())),
+        Forked::Parent(child) => {
+            drop(slave);
+            for slot in spec.stdio {
+                if let Slot::Fd(fd) = slot {
+                    drop(sysx::own_raw(fd));
+                }
+            }
+            drop(sysx::own_raw(spec.errpipe));
+            drop(sysx::own_raw(spec.control));
+            Ok(child)
+        }
+    }
+}
+
+fn peer_gone(control: RawFd) -> bool {
+    let fd = sysx::borrow_raw(control);
+    let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+    match nix::poll::poll(&mut pfd, nix::poll::PollTimeout::ZERO) {
+        Ok(n) if n > 0 => pfd[0].revents().is_some_and(|r| {
+            r.intersects(nix::poll::PollFlags::POLLHUP | nix::poll::PollFlags::POLLERR)
+        }),
+        _ => false,
+    }
+}
+
+/// Puts /dev/null on 0–2 (the inherited ones may be the host's terminal) and closes every fd
+/// the setup does not need.
+fn isolate_fds(spec: &Spec) -> io::Result<()> {
+    let null = ctx(
+        "open /dev/null",
+        nix::fcntl::open("/dev/null", nix::fcntl::OFlag::O_RDWR, nix::sys::stat::Mode::empty()),
+    )?;
+    for target in 0..3 {
+        sysx::dup_onto(null.as_raw_fd(), target)?;
+    }
+    drop(null);
+    let mut keep = vec![0, 1, 2, spec.control, spec.errpipe];
+    keep.extend(spec.stdio.iter().filter_map(|s| match s {
+        Slot::Fd(fd) => Some(*fd),
+        Slot::Pty => None,
+    }));
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open {
+        if !keep.contains(&fd) {
+            // The directory iterator's own fd is already closed by now, or EBADF is harmless.
+            let _ = nix::unistd::close(fd);
+        }
+    }
+    Ok(())
+}
+
+/// `setgroups` deny first, then the caller's uid and gid mapped to themselves
+/// (user_namespaces(7)).
+fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
+    let w = |file: &str, text: String| {
+        std::fs::write(file, text).map_err(|e| io::Error::other(format!("writing {file}: {e}")))
+    };
+    w("/proc/self/setgroups", "deny".into())?;
+    w("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
+    w("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+}
+
+/// The proxy listener, made inside the new network namespace after `lo` is up.
+fn proxy_listener() -> io::Result<OwnedFd> {
+    let fd = ctx(
+        "proxy listener socket",
+        socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None),
+    )?;
+    ctx("SO_REUSEADDR", setsockopt(&fd, sockopt::ReuseAddr, &true))?;
+    let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT));
+    ctx("binding 127.0.0.1:8888", bind(fd.as_raw_fd(), &addr))?;
+    ctx("listen", listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)))?;
+    Ok(fd)
+}
+
+/// A pty pair from the sandbox's own devpts instance; the slave gets the host's window size.
+fn open_pty(ws: Option<libc::winsize>) -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::OFlag;
+    let master = ctx("posix_openpt", nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY))?;
+    ctx("grantpt", nix::pty::grantpt(&master))?;
+    ctx("unlockpt", nix::pty::unlockpt(&master))?;
+    let name = ctx("ptsname", nix::pty::ptsname_r(&master))?;
+    let slave = ctx(
+        "open pty slave",
+        nix::fcntl::open(
+            Path::new(&name),
+            OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ),
+    )?;
+    if let Some(ws) = ws {
+        sysx::set_window_size(slave.as_fd(), &ws)?;
+    }
+    let master = OwnedFd::from(master);
+    Ok((master, slave))
+}
+
+/// In the command's process: new session, controlling terminal, stdio, no other fds, exec.
+fn exec_command(spec: &Spec, slave: Option<BorrowedFd<'_>>) -> ! {
+    let code = match prepare_and_exec(spec, slave) {
+        Ok(never) => match never {},
+        Err((code, msg)) => {
+            let _ = writeln!(io::stderr(), "airlock: {msg}");
+            code
+        }
+    };
+    sysx::exit_now(code)
+}
+
+enum Never {}
+
+fn prepare_and_exec(spec: &Spec, slave: Option<BorrowedFd<'_>>) -> Result<Never, (i32, String)> {
+    let fail = |e: &dyn std::fmt::Display| (125, format!("starting the command: {e}"));
+    sysx::reset_signals_for_exec(&forwarded_signals()).map_err(|e| fail(&e))?;
+    nix::unistd::setsid().map_err(|e| fail(&e))?;
+    if let Some(slave) = slave {
+        sysx::set_controlling_tty(slave).map_err(|e| fail(&e))?;
+    }
+    for (target, slot) in spec.stdio.iter().enumerate() {
+        let src = match slot {
+            Slot::Pty => slave.map(|s| s.as_raw_fd()).ok_or_else(|| fail(&"no pty"))?,
+            Slot::Fd(fd) => *fd,
+        };
+        sysx::dup_onto(src, target as RawFd).map_err(|e| fail(&e))?;
+    }
+    sysx::close_fds_from(3).map_err(|e| fail(&e))?;
+    std::env::set_current_dir(&spec.cwd).map_err(|e| fail(&e))?;
+    let Some(cmd) = spec.argv.first() else { return Err((125, "no command given".into())) };
+    let cmd_str = cmd.to_string_lossy().into_owned();
+    let path = resolve(&cmd_str, &spec.path_dirs)?;
+    let path = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| fail(&e))?;
+    let err = match nix::unistd::execve(&path, &spec.argv, &spec.envp) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    Err(match err {
+        nix::errno::Errno::ENOENT => (127, format!("{cmd_str}: {err}")),
+        _ => (126, format!("{cmd_str}: cannot execute: {err}")),
+    })
+}
+
+/// Finds `cmd` like execvp(3) with the sandbox's PATH: 127 when absent, 126 when present but
+/// not executable.
+pub fn resolve(cmd: &str, path_dirs: &[PathBuf]) -> Result<PathBuf, (i32, String)> {
+    use nix::unistd::{AccessFlags, access};
+    if cmd.contains('/') {
+        let p = PathBuf::from(cmd);
+        return match std::fs::metadata(&p) {
+            Err(_) => Err((127, format!("{cmd}: No such file or directory"))),
+            Ok(m) if m.is_dir() => Err((126, format!("{cmd}: Is a directory"))),
+            Ok(_) => Ok(p),
+        };
+    }
+    let mut denied = None;
+    for dir in path_dirs {
+        let p = dir.join(cmd);
+        if let Ok(meta) = std::fs::metadata(&p) {
+            if meta.is_file() && access(&p, AccessFlags::X_OK).is_ok() {
+                return Ok(p);
+            }
+            denied.get_or_insert(p);
+        }
+    }
+    match denied {
+        Some(p) => Err((126, format!("{}: Permission denied", p.display()))),
+        None => Err((127, format!("{cmd}: command not found"))),
+    }
+}
+
+/// The status the sandbox reports for a finished command (DESIGN §3).
+pub fn exit_code(status: WaitStatus) -> Option<i32> {
+    match status {
+        WaitStatus::Exited(_, code) => Some(code),
+        WaitStatus::Signaled(_, sig, _) => Some(128 + sig as i32),
+        _ => None,
+    }
+}
+
+/// Signals init passes on to the command.
+pub fn forwarded_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGCHLD,
+        Signal::SIGWINCH,
+    ] {
+        set.add(s);
+    }
+    set
+}
+
+/// PID 1: wait for signals (they are blocked, inherited from the supervisor), forward them,
+/// reap everything, and leave with the command's status.
+fn init_loop(child: Pid) -> ! {
+    let set = forwarded_signals();
+    loop {
+        let sig = match set.wait() {
+            Ok(sig) => sig,
+            Err(_) => continue,
+        };
+        if sig == Signal::SIGCHLD {
+            loop {
+                match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(WaitStatus::StillAlive) | Err(_) => break,
+                    Ok(status) => {
+                        if status.pid() == Some(child)
+                            && let Some(code) = exit_code(status)
+                        {
+                            sysx::exit_now(code);
+                        }
+                    }
+                }
+            }
+        } else if sig != Signal::SIGWINCH {
+            let _ = nix::sys::signal::kill(child, sig);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolution_gives_127_and_126_like_a_shell() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = vec![tmp.path().to_path_buf(), PathBuf::from("/usr/bin")];
+        assert_eq!(resolve("sh", &dirs).unwrap(), PathBuf::from("/usr/bin/sh"));
+        assert_eq!(resolve("no-such-cmd-xyz", &dirs).unwrap_err().0, 127);
+        std::fs::write(tmp.path().join("noexec"), "#!/bin/sh\n").unwrap();
+        let (code, msg) = resolve("noexec", &dirs).unwrap_err();
+        assert_eq!(code, 126, "{msg}");
+        assert_eq!(resolve("/nonexistent/x", &dirs).unwrap_err().0, 127);
+        assert_eq!(resolve("/usr", &dirs).unwrap_err().0, 126);
+    }
+
+    #[test]
+    fn signals_map_to_128_plus_n() {
+        let pid = Pid::from_raw(2);
+        assert_eq!(exit_code(WaitStatus::Exited(pid, 3)), Some(3));
+        assert_eq!(exit_code(WaitStatus::Signaled(pid, Signal::SIGINT, false)), Some(130));
+        assert_eq!(exit_code(WaitStatus::Signaled(pid, Signal::SIGKILL, true)), Some(137));
+    }
+}

@@ -1,0 +1,24 @@
+//! The Linux-native sandbox behind `airlock exec`/`run` (SECURITY §4, DESIGN §7; walkthrough in
+//! `docs/sandbox.md`).
+//!
+//! - [`supervisor`]: the host side of one session (`supervisor::run`): plan, fork into the
+//!   namespaces, receive the listener, hand it to a [`bridge::ProxyBridge`], relay, quarantine.
+//! - [`inside`]: setup inside the namespaces and the PID-1 init.
+//! - [`mounts`]: the filesystem plan (pure data) and its execution; [`protect`]: repo paths the
+//!   host runs later, and their quarantine.
+//! - [`seccomp`], [`landlock`]: the filters; [`probe`]: what the kernel offers (also
+//!   `airlock doctor`'s kernel lines via [`probe::report`]).
+//! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox.
+//!
+//! Every `unsafe` block lives in `crate::sys` (`namespaces`, `exec`).
+
+pub mod bridge;
+pub mod env;
+pub mod inside;
+pub mod landlock;
+pub mod mounts;
+pub mod probe;
+pub mod protect;
+pub mod relay;
+pub mod seccomp;
+pub mod supervisor;

@@ -1,0 +1,420 @@
+//! The host-side supervisor of one `exec` session: prepares the plan, forks into the new
+//! namespaces, receives the proxy listener (and pty master) over the socketpair made before
+//! the fork, hands the listener to the [`ProxyBridge`], relays stdio and signals, and at the
+//! end quarantines planted protected paths and reports the exit status.
+
+use std::ffi::{CString, OsString};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::sys::signal::{SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{
+    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, socketpair,
+};
+use nix::sys::termios::{self, SetArg, Termios};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, isatty};
+
+use super::bridge::{ProxyBridge, SessionEnd, SessionInfo};
+use super::inside::{self, Slot, Spec};
+use super::mounts::{self, HostView, PlanInput};
+use super::probe::{Kernel, MANDATORY_LAYERS};
+use super::protect::{self, Quarantined};
+use super::relay::{self, Endpoint, Events, Pump};
+use crate::repo::Repo;
+use crate::sys::exec as sysx;
+use crate::sys::namespaces::{self, Forked, SANDBOX_NAMESPACES};
+
+/// Why a session could not run (exit 125).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("the sandbox cannot be set up on this machine: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Protect(#[from] protect::ProtectError),
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    #[error("the proxy could not take the session: {0}")]
+    Bridge(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_ctx(what: &'static str) -> impl FnOnce(io::Error) -> SandboxError {
+    move |source| SandboxError::Io { what, source }
+}
+
+/// One `exec` request, fully resolved by the CLI.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub session: String,
+    pub repo: Repo,
+    pub argv: Vec<OsString>,
+    /// The complete environment inside (from [`super::env::build`]).
+    pub env: Vec<(OsString, OsString)>,
+    pub user_id: Option<String>,
+    /// `~/.airlock/quarantine/<session>/`.
+    pub quarantine_dir: PathBuf,
+}
+
+/// The result of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub exit_code: i32,
+    pub quarantined: Vec<Quarantined>,
+    /// What Landlock ended up enforcing, as reported from inside.
+    pub landlock: String,
+}
+
+fn cstring(s: impl AsRef<[u8]>) -> Result<CString, SandboxError> {
+    CString::new(s.as_ref()).map_err(|_| SandboxError::Setup("argument contains a NUL byte".into()))
+}
+
+/// Makes sure 0, 1 and 2 are open (a closed one would be reused by our pipes).
+fn ensure_stdio_open() -> io::Result<()> {
+    for fd in 0..3 {
+        if nix::fcntl::fcntl(sysx::borrow_raw(fd), nix::fcntl::FcntlArg::F_GETFD).is_err() {
+            let null = nix::fcntl::open(
+                "/dev/null",
+                nix::fcntl::OFlag::O_RDWR,
+                nix::sys::stat::Mode::empty(),
+            )?;
+            if null.as_raw_fd() != fd {
+                sysx::dup_onto(null.as_raw_fd(), fd)?;
+            } else {
+                std::mem::forget(null); // it *is* fd `fd` now; keep it open
+            }
+        }
+    }
+    Ok(())
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_ctx("pipe")(e.into()))
+}
+
+/// Restores the caller's terminal on drop.
+struct RawMode(Option<Termios>);
+
+impl RawMode {
+    fn enter(on: bool) -> Self {
+        if !on {
+            return Self(None);
+        }
+        let fd = sysx::borrow_raw(0);
+        match termios::tcgetattr(fd) {
+            Ok(saved) => {
+                let mut raw = saved.clone();
+                termios::cfmakeraw(&mut raw);
+                let _ = termios::tcsetattr(fd, SetArg::TCSANOW, &raw);
+                Self(Some(saved))
+            }
+            Err(_) => Self(None),
+        }
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        if let Some(saved) = &self.0 {
+            let _ = termios::tcsetattr(sysx::borrow_raw(0), SetArg::TCSAFLUSH, saved);
+        }
+    }
+}
+
+struct Watch {
+    child: Pid,
+    status: Option<WaitStatus>,
+    master: Option<OwnedFd>,
+    winsize_from: Option<i32>,
+}
+
+impl Events for Watch {
+    fn signal(&mut self, sig: Signal) {
+        match sig {
+            Signal::SIGCHLD => {
+                if let Ok(st @ (WaitStatus::Exited(..) | WaitStatus::Signaled(..))) =
+                    waitpid(self.child, Some(WaitPidFlag::WNOHANG))
+                {
+                    self.status = Some(st);
+                }
+            }
+            Signal::SIGWINCH => {
+                if let (Some(master), Some(from)) = (&self.master, self.winsize_from)
+                    && let Some(ws) = sysx::window_size(sysx::borrow_raw(from))
+                {
+                    let _ = sysx::set_window_size(master.as_fd(), &ws);
+                }
+            }
+            other => {
+                let _ = kill(self.child, other);
+            }
+        }
+    }
+    fn finished(&self) -> bool {
+        self.status.is_some()
+    }
+}
+
+/// Runs one session to its end.
+pub fn run(
+    req: &Request,
+    kernel: &Kernel,
+    bridge: &mut dyn ProxyBridge,
+) -> Result<Outcome, SandboxError> {
+    let problems = kernel.mandatory_problems();
+    if !problems.is_empty() {
+        return Err(SandboxError::Unavailable(problems.join("; ")));
+    }
+    let protection = protect::scan(&req.repo.path)?;
+    let repo_sandbox = req.repo.sandbox_path();
+    let uid = nix::unistd::getuid().as_raw();
+    let gid = nix::unistd::getgid().as_raw();
+    let ops = mounts::plan(
+        &PlanInput {
+            repo_host: &req.repo.path,
+            repo_sandbox: &repo_sandbox,
+            hostname: req.repo.hostname(),
+            uid,
+            gid,
+            protection: &protection,
+        },
+        &HostView::read(),
+    );
+    ensure_stdio_open().map_err(io_ctx("checking stdio"))?;
+    sysx::ignore_sigpipe().map_err(io_ctx("SIGPIPE"))?;
+
+    // Per-fd stdio: a pty for terminals, pipes otherwise.
+    let tty = [0, 1, 2].map(|fd| isatty(sysx::borrow_raw(fd)).unwrap_or(false));
+    let mut slots = [Slot::Pty; 3];
+    let mut child_ends: Vec<OwnedFd> = Vec::new();
+    let mut our_ends: [Option<OwnedFd>; 3] = [None, None, None];
+    for fd in 0..3 {
+        if tty[fd] {
+            continue;
+        }
+        let (r, w) = pipe()?;
+        let (theirs, ours) = if fd == 0 { (r, w) } else { (w, r) };
+        slots[fd] = Slot::Fd(theirs.as_raw_fd());
+        child_ends.push(theirs);
+        our_ends[fd] = Some(ours);
+    }
+    let winsize_from = [1, 0, 2].into_iter().find(|fd| tty[*fd as usize]);
+    let winsize = winsize_from.and_then(|fd| sysx::window_size(sysx::borrow_raw(fd)));
+
+    let (control, child_control) =
+        socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(|e| io_ctx("socketpair")(e.into()))?;
+    let (err_r, err_w) = pipe()?;
+
+    let path_dirs = req
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| std::env::split_paths(v).collect())
+        .unwrap_or_default();
+    let spec = Spec {
+        ops,
+        hostname: req.repo.hostname().to_string(),
+        uid,
+        gid,
+        argv: req.argv.iter().map(|a| cstring(a.as_encoded_bytes())).collect::<Result<_, _>>()?,
+        envp: req
+            .env
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = k.as_encoded_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_encoded_bytes());
+                cstring(kv)
+            })
+            .collect::<Result<_, _>>()?,
+        path_dirs,
+        cwd: repo_sandbox.clone(),
+        stdio: slots,
+        winsize,
+        writable: mounts::writable_paths(&repo_sandbox, &protection.external),
+        landlock: kernel.landlock_abi.is_some(),
+        seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
+        control: child_control.as_raw_fd(),
+        errpipe: err_w.as_raw_fd(),
+    };
+
+    // Signals are blocked before the fork: the supervisor reads them from a signalfd, init
+    // waits for them with sigwait, and the command unblocks them before exec.
+    let mask = inside::forwarded_signals();
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)
+        .map_err(|e| io_ctx("sigprocmask")(e.into()))?;
+    let child = match namespaces::fork_into_namespaces(SANDBOX_NAMESPACES) {
+        Ok(Forked::Child) => inside::run(&spec),
+        Ok(Forked::Parent(pid)) => pid,
+        Err(e) => {
+            let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+            return Err(SandboxError::Unavailable(format!(
+                "creating the namespaces failed: {e}{}",
+                if e.raw_os_error() == Some(libc::EPERM) || e.raw_os_error() == Some(libc::ENOSPC) {
+                    "; run `airlock doctor` for the kernel settings it needs"
+                } else {
+                    ""
+                }
+            )));
+        }
+    };
+    drop(spec);
+    drop(child_control);
+    drop(err_w);
+    drop(child_ends);
+
+    // The listener arrives once init has built the walls up to Landlock; the session is
+    // registered while init drops capabilities, installs seccomp and starts the command
+    // (connections made meanwhile wait in the listener's backlog).
+    let received = receive_fds(&control);
+    let read_setup_error = move || {
+        let mut setup_error = String::new();
+        let _ = std::fs::File::from(err_r).read_to_string(&mut setup_error);
+        setup_error
+    };
+    let (listener, master, landlock) = match received {
+        Ok((Some(listener), master, landlock)) => (listener, master, landlock),
+        res => {
+            let setup_error = read_setup_error();
+            let _ = kill(child, Signal::SIGKILL);
+            let _ = waitpid(child, None);
+            let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+            let msg = if !setup_error.is_empty() {
+                setup_error
+            } else {
+                match res {
+                    Err(e) => e.to_string(),
+                    _ => "the sandbox did not hand over its proxy listener".into(),
+                }
+            };
+            return Err(SandboxError::Setup(msg));
+        }
+    };
+
+    // Optional layers as actually enforced inside (Landlock reports from within).
+    let mut layers: Vec<String> = MANDATORY_LAYERS.iter().map(|s| s.to_string()).collect();
+    let mut missing = kernel.optional_warnings();
+    if matches!(landlock.as_str(), "full" | "partial") {
+        layers.extend(kernel.optional_layers());
+    } else {
+        layers.extend(kernel.optional_layers().into_iter().filter(|l| !l.starts_with("landlock")));
+        missing.push(format!("landlock not in force: {landlock}"));
+    }
+    let info = SessionInfo {
+        session: req.session.clone(),
+        repo_name: req.repo.name.clone(),
+        repo_path: req.repo.path.clone(),
+        command: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+        user_id: req.user_id.clone(),
+        layers,
+        missing_layers: missing,
+    };
+    let started = bridge.start(listener, &info);
+    let setup_error = read_setup_error();
+    if started.is_err() || !setup_error.is_empty() {
+        let _ = kill(child, Signal::SIGKILL);
+        let _ = waitpid(child, None);
+        let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+        return Err(match started {
+            Err(e) => SandboxError::Bridge(e.to_string()),
+            Ok(()) => {
+                bridge.end(&SessionEnd { exit_code: 125, quarantined: Vec::new() });
+                SandboxError::Setup(setup_error)
+            }
+        });
+    }
+
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| io_ctx("signalfd")(e.into()))?;
+    let mut pumps = build_pumps(&tty, our_ends, master.as_ref())?;
+    let _raw = RawMode::enter(tty[0]);
+    let mut watch = Watch { child, status: None, master, winsize_from };
+    // The child may have exited before the signalfd existed.
+    watch.signal(Signal::SIGCHLD);
+    let relayed = relay::run(&mut pumps, &signals, &mut watch);
+    let status = match watch.status {
+        Some(st) => st,
+        None => waitpid(child, None).map_err(|e| io_ctx("waitpid")(e.into()))?,
+    };
+    drop(_raw);
+    relayed.map_err(io_ctx("relaying stdio"))?;
+    let exit_code = inside::exit_code(status).unwrap_or(125);
+    let quarantined = protect::quarantine(&protection, &req.repo.path, &req.quarantine_dir)
+        .map_err(io_ctx("quarantining planted files"))?;
+    bridge.end(&SessionEnd { exit_code, quarantined: quarantined.clone() });
+    let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+    Ok(Outcome { exit_code, quarantined, landlock })
+}
+
+type Received = (Option<OwnedFd>, Option<OwnedFd>, String);
+
+/// Listener (and pty master) from inside, with its status text.
+fn receive_fds(control: &OwnedFd) -> io::Result<Received> {
+    let mut buf = [0u8; 256];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg =
+        recvmsg::<()>(control.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(raw) = c {
+            fds.extend(raw.into_iter().map(sysx::own_raw));
+        }
+    }
+    let n = msg.bytes;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let landlock = text.strip_prefix("landlock=").unwrap_or("unknown").to_string();
+    let mut it = fds.into_iter();
+    Ok((it.next(), it.next(), landlock))
+}
+
+fn build_pumps(
+    tty: &[bool; 3],
+    our_ends: [Option<OwnedFd>; 3],
+    master: Option<&OwnedFd>,
+) -> Result<Vec<Pump>, SandboxError> {
+    let dup = |m: &OwnedFd| m.try_clone().map_err(io_ctx("dup pty master"));
+    let mut pumps = Vec::new();
+    let [e0, e1, e2] = our_ends;
+    let mk = |s, d, input| Pump::new(s, d, input).map_err(io_ctx("relay setup"));
+    // stdin
+    match (e0, master) {
+        (Some(w), _) => pumps.push(mk(Endpoint::Caller(0), Endpoint::Owned(w), true)?),
+        (None, Some(m)) => pumps.push(mk(Endpoint::Caller(0), Endpoint::Owned(dup(m)?), true)?),
+        (None, None) => {}
+    }
+    // The pty's output goes to the caller's first terminal among stdout/stderr.
+    if let Some(m) = master
+        && (tty[1] || tty[2])
+    {
+        let to = if tty[1] { 1 } else { 2 };
+        pumps.push(mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?);
+    }
+    for (fd, end) in [(1, e1), (2, e2)] {
+        if let Some(r) = end {
+            pumps.push(mk(Endpoint::Owned(r), Endpoint::Caller(fd), false)?);
+        }
+    }
+    Ok(pumps)
+}
+
+/// A fresh, globally unique session id (128 random bits, hex).
+pub fn new_session_id() -> Result<String, SandboxError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| SandboxError::Setup(format!("no randomness for a session id: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// `~/.airlock/quarantine/<session>/`.
+pub fn quarantine_dir(airlock_dir: &Path, session: &str) -> PathBuf {
+    airlock_dir.join("quarantine").join(session)
+}

@@ -1,0 +1,96 @@
+//! Entering the sandbox's namespaces: a fork-like `clone(2)` straight into new user, mount,
+//! network, PID, UTS, IPC and cgroup namespaces, and bringing `lo` up inside the new netns.
+//! See user_namespaces(7), pid_namespaces(7), netdevice(7).
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use nix::unistd::Pid;
+
+/// Namespace flags for the sandbox (clone(2)).
+pub const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWCGROUP;
+
+/// Which side of the fork we are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forked {
+    Parent(Pid),
+    Child,
+}
+
+/// Number of threads in this process (from `/proc/self/task`).
+pub fn thread_count() -> io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// `clone(flags | SIGCHLD)` with no new stack: fork(2) semantics, but the child starts inside
+/// the new namespaces (as PID 1 of the new PID namespace). Refuses in a multi-threaded process,
+/// where the child could inherit a lock held by another thread.
+pub fn fork_into_namespaces(flags: libc::c_int) -> io::Result<Forked> {
+    if thread_count()? != 1 {
+        return Err(io::Error::other("the sandbox must be started from a single-threaded process"));
+    }
+    // SAFETY: a raw clone without CLONE_VM and with a NULL stack behaves like fork(2): the child
+    // gets a copy-on-write copy of the address space and continues on its own copy of the stack.
+    // The process is single-threaded (checked above), so no lock can be held by a thread that
+    // does not exist in the child; the parent/child tid pointers and tls are unused (NULL).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            std::ptr::null_mut::<libc::c_void>(),
+            0usize,
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(Forked::Child),
+        pid => Ok(Forked::Parent(Pid::from_raw(pid as libc::pid_t))),
+    }
+}
+
+/// Plain fork(2) (used by init to start the command).
+pub fn fork() -> io::Result<Forked> {
+    // SAFETY: called only from the sandbox's init, which is single-threaded; the child only
+    // performs setup syscalls and execve (or exits).
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent(child)),
+        nix::unistd::ForkResult::Child => Ok(Forked::Child),
+    }
+}
+
+/// Sets `IFF_UP` on the loopback interface of the current network namespace (netdevice(7)).
+pub fn loopback_up() -> io::Result<()> {
+    let sock: OwnedFd = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in `req` into `req`; the
+    // pointer is valid for the call and the struct is the size the kernel expects.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled the ifru_flags member of the union in the call above.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+    }
+    // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

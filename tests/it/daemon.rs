@@ -1,0 +1,803 @@
+//! airlockd as a socket-activated service (DESIGN §6, issue 4): activation through the in-repo
+//! harness and the real `systemd-socket-activate`, idle exit, peer uid, bad config, version
+//! skew, the one-shot activator, and session registration / re-registration.
+//!
+//! Every test uses its own socket directory (`AIRLOCK_SOCKET`), so none touches the real user's
+//! socket and all run in parallel.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use airlock::client::{Endpoint, SessionHandle, SessionOutcome};
+use airlock::env::MapEnv;
+use airlock::protocol::{self, FrameBuf, Request, Response, SessionSpec, VersionRange};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::harness::{Harness, Options};
+use crate::support::{World, bin, in_ci};
+
+const LONG: Duration = Duration::from_secs(20);
+
+fn status(world: &World, socket: &Path) -> crate::support::TestCommand {
+    world.airlock(world.tmp.path()).args(["status", "--json"]).env("AIRLOCK_SOCKET", socket)
+}
+
+fn json(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// A bare protocol client: no retries, no activation.
+struct Raw {
+    stream: UnixStream,
+    frames: FrameBuf,
+}
+
+impl Raw {
+    fn connect(path: &Path) -> Self {
+        let stream = UnixStream::connect(path).unwrap();
+        stream.set_read_timeout(Some(LONG)).unwrap();
+        Self { stream, frames: FrameBuf::new() }
+    }
+    fn send(&mut self, req: &Request) {
+        self.stream.write_all(&protocol::encode(req).unwrap()).unwrap();
+    }
+    fn recv(&mut self) -> Response {
+        loop {
+            if let Some(r) = self.frames.next_message::<Response>().unwrap() {
+                return r;
+            }
+            let mut buf = [0u8; 4096];
+            let n = self.stream.read(&mut buf).unwrap();
+            assert!(n > 0, "connection closed before a reply");
+            self.frames.extend(&buf[..n]);
+        }
+    }
+    fn hello(&mut self) -> Response {
+        self.send(&Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "test".into(),
+        });
+        self.recv()
+    }
+}
+
+fn boot_of(r: &Response) -> String {
+    match r {
+        Response::Hello { boot, .. } => boot.clone(),
+        other => panic!("expected hello, got {other:?}"),
+    }
+}
+
+fn endpoint(world: &World, socket: &Path) -> Endpoint {
+    Endpoint::resolve(&MapEnv::new().with("HOME", &world.home).with("AIRLOCK_SOCKET", socket))
+}
+
+/// A user layer as `airlock` would send it, parsed by the config module.
+fn user_layer(toml: &str) -> airlock::config::LayerDoc {
+    airlock::config::parse_layer(
+        airlock::policy::LayerKind::User,
+        "~/.airlock/config.toml",
+        toml.as_bytes(),
+    )
+    .unwrap()
+    .doc
+}
+
+fn spec(repo: &str) -> SessionSpec {
+    spec_with(repo, "[network]\nallow = [\"allowed.test\"]\n")
+}
+
+fn spec_with(repo: &str, user_toml: &str) -> SessionSpec {
+    SessionSpec {
+        config: airlock::config::ClientLayers {
+            user: Some(user_layer(user_toml)),
+            ..Default::default()
+        },
+        repo: repo.into(),
+        repo_path: format!("/src/{repo}"),
+        agent: Some("claude".into()),
+        command: vec!["claude".into()],
+        layers: vec!["seccomp".into()],
+        ..Default::default()
+    }
+}
+
+/// An "agent" in a fresh network namespace (as the sandbox makes one): it creates the proxy
+/// listener on 127.0.0.1:8888 inside, hands it back over a unix socket, and then makes proxy
+/// requests on command (one `CONNECT host:port` per stdin line; prints the status line and,
+/// for a 200, the echo of `ping`).
+struct NetnsAgent {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+const AGENT: &str = r#"
+import socket,sys
+s=socket.socket(); s.bind(('127.0.0.1',8888)); s.listen(16)
+u=socket.socket(socket.AF_UNIX); u.connect(sys.argv[1])
+socket.send_fds(u,[b'x'],[s.fileno()]); u.close(); s.close()
+for line in sys.stdin:
+    t=line.strip()
+    c=socket.create_connection(('127.0.0.1',8888))
+    c.sendall(('CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' % (t,t)).encode())
+    r=b''
+    while b'\r\n\r\n' not in r:
+        d=c.recv(4096)
+        if not d: break
+        r+=d
+    out=r.split(b'\r\n')[0].decode()
+    if ' 200 ' in out:
+        c.sendall(b'ping'); out+=' '+c.recv(4096).decode()
+    c.close()
+    print(out, flush=True)
+"#;
+
+impl NetnsAgent {
+    fn start(dir: &Path) -> (Self, OwnedFd) {
+        let path = dir.join(format!("fdpass-{}.sock", airlock::audit::new_id()));
+        let l = UnixListener::bind(&path).unwrap();
+        let mut child = Command::new("unshare")
+            .args(["-rn", "sh", "-c", "ip link set lo up && exec python3 -c \"$0\" \"$1\""])
+            .arg(AGENT)
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare, ip and python3 are prerequisites (.ci/prereqs)");
+        let (conn, _) = l.accept().unwrap();
+        let mut fds = Vec::new();
+        let mut buf = [0u8; 8];
+        airlock::sys::fdpass::recv_with_fds(conn.as_fd(), &mut buf, &mut fds).unwrap();
+        let fd = fds.pop().expect("the namespace helper sent no fd");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        (Self { child, stdin, stdout }, fd)
+    }
+
+    fn connect(&mut self, target: &str) -> String {
+        use std::io::BufRead;
+        writeln!(self.stdin, "{target}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+}
+
+impl Drop for NetnsAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Just the listener (the agent exits; the socket keeps its namespace alive).
+fn netns_listener(dir: &Path) -> OwnedFd {
+    NetnsAgent::start(dir).1
+}
+
+fn session_records(world: &World, repo: &str) -> Vec<Value> {
+    let dir = world.home.join(".airlock/logs").join(repo);
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("sessions-") && name.ends_with(".jsonl") {
+            for line in std::fs::read_to_string(e.path()).unwrap().lines() {
+                out.push(json(line));
+            }
+        }
+    }
+    out
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn pid_alive(pid: i64) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+}
+
+#[test]
+fn first_connect_is_served_after_ready() {
+    let world = World::new();
+    let h = Harness::start(&world, Options::default());
+    let run = status(&world, h.socket()).run().expect_code(0);
+    let s = json(&run.stdout());
+    // READY=1 was sent before the daemon accepted, so it is already queued when we get here.
+    let notes = h.notifications();
+    assert!(notes.iter().any(|n| n == "READY=1"), "{notes:?}");
+    assert!(notes.iter().any(|n| n.starts_with("STATUS=0 sessions")), "{notes:?}");
+    assert_eq!(h.activations(), 1);
+    assert_eq!(s["pid"].as_i64().unwrap(), i64::from(h.current_pid().unwrap()));
+    assert_eq!(s["activation"], "systemd");
+    assert_eq!(s["sessions"].as_array().unwrap().len(), 0);
+    assert!(s["binary"].as_str().unwrap().ends_with("airlockd"));
+}
+
+#[test]
+fn idle_exit_is_zero_with_stopping_and_the_socket_survives_for_the_next_instance() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options { args: vec!["--idle-timeout".into(), "1s".into()], ..Default::default() },
+    );
+    let first = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert_eq!(h.wait_exits(1, LONG), vec![0]);
+    assert!(h.notifications().iter().any(|n| n == "STOPPING=1"));
+    // The socket file and the listener outlive the daemon: the next client is served.
+    assert!(h.socket().exists());
+    let second = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert_eq!(h.activations(), 2);
+    assert_ne!(first["boot"], second["boot"]);
+}
+
+#[test]
+fn a_client_connecting_during_the_drain_is_answered_by_the_next_instance() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options {
+            args: vec!["--idle-timeout".into(), "300ms".into()],
+            env: vec![("AIRLOCK_TEST_DRAIN_DELAY_MS".into(), "1000".into())],
+            ..Default::default()
+        },
+    );
+    let first = boot_of(&Raw::connect(h.socket()).hello());
+    assert!(h.wait_notification(LONG, |n| n == "STOPPING=1"), "never drained:\n{}", h.log());
+    // The first instance no longer accepts but still holds the listener: this connection waits
+    // in the backlog and must be answered by the next instance, never refused or reset.
+    let mut late = Raw::connect(h.socket());
+    let second = boot_of(&late.hello());
+    assert_ne!(first, second);
+    assert_eq!(h.exits().first(), Some(&0));
+    assert_eq!(h.activations(), 2);
+}
+
+#[test]
+fn an_open_session_keeps_the_daemon_alive_and_is_recorded() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options { args: vec!["--idle-timeout".into(), "1s".into()], ..Default::default() },
+    );
+    let listener = netns_listener(h.dir.path());
+    let mut sp = spec("keepalive");
+    sp.identity.user_id = Some("u-123".into());
+    sp.identity.email = Some("dev@example.test".into());
+    let session = SessionHandle::start(endpoint(&world, h.socket()), sp, listener).unwrap();
+    // Three idle timeouts pass; the session keeps the daemon up.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(h.exits().is_empty(), "exited with a session open:\n{}", h.log());
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    let sessions = s["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1);
+    assert_eq!(sessions[0]["session"], session.id());
+    assert_eq!(sessions[0]["repo"], "keepalive");
+    assert_eq!(sessions[0]["email"], "dev@example.test");
+    assert_eq!(sessions[0]["listen"], "127.0.0.1:8888");
+    assert!(h.notifications().iter().any(|n| n.starts_with("STATUS=1 session,")));
+    let id = session.id().to_owned();
+    session.end(SessionOutcome { exit_status: Some(3), ..Default::default() }).unwrap();
+    assert_eq!(h.wait_exits(1, LONG), vec![0]);
+    let recs = session_records(&world, "keepalive");
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(recs[0]["id"], format!("{id}:start"));
+    assert_eq!(recs[0]["user_id"], "u-123");
+    assert_eq!(recs[0]["command"][0], "claude");
+    assert!(recs[0]["policy_digest"].as_str().unwrap().starts_with("sha256:"));
+    assert_eq!(recs[1]["id"], format!("{id}:end"));
+    assert_eq!(recs[1]["exit_status"], 3);
+    assert!(recs[1].get("end_reason").is_none());
+}
+
+#[test]
+fn a_dropped_supervisor_connection_ends_the_session_as_supervisor_lost() {
+    let world = World::new();
+    let h = Harness::start(&world, Options::default());
+    let session = SessionHandle::start(
+        endpoint(&world, h.socket()),
+        spec("lost"),
+        netns_listener(h.dir.path()),
+    )
+    .unwrap();
+    let id = session.id().to_owned();
+    drop(session);
+    assert!(wait_until(LONG, || session_records(&world, "lost").len() == 2));
+    let recs = session_records(&world, "lost");
+    assert_eq!(recs[1]["id"], format!("{id}:end"));
+    assert_eq!(recs[1]["end_reason"], "supervisor_lost");
+}
+
+#[test]
+fn listeners_from_the_daemons_own_namespace_are_refused() {
+    let world = World::new();
+    let h = Harness::start(&world, Options::default());
+    let own = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let err =
+        SessionHandle::start(endpoint(&world, h.socket()), spec("own"), own.into()).unwrap_err();
+    assert!(err.to_string().contains("own network namespace"), "{err}");
+}
+
+#[test]
+fn sigterm_exits_zero_after_answering_the_request_in_flight() {
+    let world = World::new();
+    let h = Harness::start(&world, Options::default());
+    let mut raw = Raw::connect(h.socket());
+    raw.hello();
+    let frame = protocol::encode(&Request::Status).unwrap();
+    let (a, b) = frame.split_at(frame.len() / 2);
+    raw.stream.write_all(a).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    h.signal(Signal::SIGTERM);
+    assert!(h.wait_notification(LONG, |n| n == "STOPPING=1"));
+    raw.stream.write_all(b).unwrap();
+    assert!(matches!(raw.recv(), Response::Status(_)), "the in-flight request was dropped");
+    assert_eq!(h.wait_exits(1, LONG), vec![0]);
+}
+
+#[test]
+fn without_activation_airlockd_exits_64_with_a_hint() {
+    let world = World::new();
+    let run = world.airlockd(world.tmp.path()).run().expect_code(64);
+    let err = run.stderr();
+    assert!(err.contains("no activation socket"), "{err}");
+    assert!(err.contains("systemctl --user enable --now airlock.socket"), "{err}");
+    assert!(err.contains("airlock status"), "{err}");
+}
+
+#[test]
+fn a_socket_with_the_wrong_name_is_a_clear_error() {
+    let world = World::new();
+    let h = Harness::start(&world, Options { fd_name: "control", ..Default::default() });
+    // The connection triggers activation; the instance refuses the socket and exits 64.
+    let _pending = UnixStream::connect(h.socket()).unwrap();
+    let exits = h.wait_exits(1, LONG);
+    assert_eq!(exits[0], 64);
+    let log = h.log();
+    assert!(log.contains("\"control\"") && log.contains("FileDescriptorName=airlock"), "{log}");
+}
+
+fn system_python3() -> PathBuf {
+    ["/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .expect("a system python3 (apt install python3)")
+}
+
+fn test_user() -> Option<(u32, u32)> {
+    let lookup = || nix::unistd::User::from_name("airlock-test").ok().flatten();
+    if lookup().is_none() && nix::unistd::geteuid().is_root() {
+        let _ = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "airlock-test"])
+            .status();
+    }
+    lookup().map(|u| (u.uid.as_raw(), u.gid.as_raw()))
+}
+
+#[test]
+fn a_peer_with_another_uid_is_refused() {
+    let Some((uid, gid)) = test_user() else {
+        assert!(!in_ci(), "CI needs the airlock-test user (created with useradd as root)");
+        eprintln!("skipping: no airlock-test user and not root to create it");
+        return;
+    };
+    if nix::unistd::geteuid().as_raw() == uid {
+        return;
+    }
+    let world = World::new();
+    let h = Harness::start(&world, Options { open_to_all: true, ..Default::default() });
+    let hello = hex::encode(
+        protocol::encode(&Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "x".into(),
+        })
+        .unwrap(),
+    );
+    let script = "import socket,sys\n\
+                  u=socket.socket(socket.AF_UNIX); u.connect(sys.argv[1]); u.sendall(bytes.fromhex(sys.argv[2]))\n\
+                  d=b''\n\
+                  while True:\n    c=u.recv(4096)\n    if not c: break\n    d+=c\n\
+                  print(d[4:].decode())\n";
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--init-groups")
+        // A system interpreter: per-user shims (pyenv under /root) are not readable by U.
+        .args([system_python3().as_path(), Path::new("-c"), Path::new(script)])
+        .arg(h.socket())
+        .arg(&hello)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let reply = json(stdout.trim());
+    assert_eq!(reply["code"], "peer_uid", "{reply}");
+    assert!(reply["message"].as_str().unwrap().contains(&format!("uid {uid}")));
+    // The daemon is still up and serves its own user (through a raw client: `airlock` itself
+    // refuses this deliberately world-writable directory).
+    assert!(matches!(Raw::connect(h.socket()).hello(), Response::Hello { version: Some(_), .. }));
+    let run = status(&world, h.socket()).run().expect_code(125);
+    assert!(run.stderr().contains("mode is 0777"), "{}", run.stderr());
+    assert!(h.exits().is_empty());
+}
+
+#[test]
+fn a_broken_managed_policy_keeps_the_daemon_up_and_answering() {
+    let world = World::new();
+    world.write(&world.managed, "[network]\nallow = [\"a.test\"\n");
+    let h = Harness::start(&world, Options::default());
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    let err = s["config_error"].as_str().unwrap();
+    assert!(err.contains(&format!("{}:", world.managed.display())), "{err}");
+    assert!(err.contains("sessions are refused"), "{err}");
+    // A session is refused with the same error; the daemon stays up.
+    let own = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let e =
+        SessionHandle::start(endpoint(&world, h.socket()), spec("cfg"), own.into()).unwrap_err();
+    assert!(e.to_string().contains("managed policy"), "{e}");
+    // Fixing the file fixes the daemon without a restart.
+    world.write(&world.managed, "[network]\nallow = [\"a.test\"]\n");
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert!(s.get("config_error").is_none(), "{s}");
+    assert!(h.exits().is_empty());
+    assert_eq!(h.activations(), 1);
+}
+
+#[test]
+fn version_skew_a_shared_version_is_used_without_restart() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_DAEMON_PROTOCOL".into(), "1-2".into())],
+            ..Default::default()
+        },
+    );
+    let s = json(
+        &status(&world, h.socket())
+            .env("AIRLOCK_TEST_CLIENT_PROTOCOL", "2-3")
+            .run()
+            .expect_code(0)
+            .stdout(),
+    );
+    let s2 = json(
+        &status(&world, h.socket())
+            .env("AIRLOCK_TEST_CLIENT_PROTOCOL", "0-1")
+            .run()
+            .expect_code(0)
+            .stdout(),
+    );
+    assert_eq!(s["pid"], s2["pid"]);
+    assert_eq!(h.activations(), 1);
+    assert!(h.exits().is_empty());
+}
+
+#[test]
+fn version_skew_an_older_cli_never_asks_a_newer_daemon_to_quit() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_DAEMON_PROTOCOL".into(), "3-4".into())],
+            ..Default::default()
+        },
+    );
+    let run = status(&world, h.socket())
+        .env("AIRLOCK_TEST_CLIENT_PROTOCOL", "1-2")
+        .run()
+        .expect_code(125);
+    assert!(run.stderr().contains("newer than this airlock"), "{}", run.stderr());
+    assert!(run.stderr().contains("upgrade airlock"), "{}", run.stderr());
+    status(&world, h.socket()).env("AIRLOCK_TEST_CLIENT_PROTOCOL", "3-3").run().expect_code(0);
+    assert!(h.exits().is_empty());
+    assert_eq!(h.activations(), 1);
+}
+
+#[test]
+fn version_skew_an_idle_older_daemon_is_replaced() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_DAEMON_PROTOCOL".into(), "1-1".into())],
+            ..Default::default()
+        },
+    );
+    h.set_env("AIRLOCK_TEST_DAEMON_VERSION", "0.0.1");
+    let old = boot_of(&Raw::connect(h.socket()).hello());
+    // The next instance is the upgraded binary.
+    h.set_env("AIRLOCK_TEST_DAEMON_PROTOCOL", "2-3");
+    let s = json(
+        &status(&world, h.socket())
+            .env("AIRLOCK_TEST_CLIENT_PROTOCOL", "2-3")
+            .run()
+            .expect_code(0)
+            .stdout(),
+    );
+    assert_ne!(s["boot"].as_str().unwrap(), old);
+    assert_eq!(s["protocol"], 3);
+    assert_eq!(h.exits(), vec![0]);
+    assert_eq!(h.activations(), 2);
+}
+
+#[test]
+fn version_skew_a_daemon_with_sessions_is_never_asked_to_quit() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![
+                ("AIRLOCK_TEST_DAEMON_PROTOCOL".into(), "1-1".into()),
+                ("AIRLOCK_TEST_DAEMON_VERSION".into(), "0.0.9".into()),
+            ],
+            ..Default::default()
+        },
+    );
+    let session = SessionHandle::start(
+        endpoint(&world, h.socket()),
+        spec("busy"),
+        netns_listener(h.dir.path()),
+    )
+    .unwrap();
+    let run = status(&world, h.socket())
+        .env("AIRLOCK_TEST_CLIENT_PROTOCOL", "2-3")
+        .run()
+        .expect_code(125);
+    assert!(
+        run.stderr().contains("airlockd v0.0.9 is busy with 1 sessions; retry after they end"),
+        "{}",
+        run.stderr()
+    );
+    assert!(h.exits().is_empty());
+    session.end(SessionOutcome::default()).unwrap();
+}
+
+#[test]
+fn daemon_kill_9_the_supervisor_reregisters_and_the_session_keeps_its_id() {
+    let world = World::new();
+    let h = Harness::start(&world, Options::default());
+    let session = SessionHandle::start(
+        endpoint(&world, h.socket()),
+        spec("phoenix"),
+        netns_listener(h.dir.path()),
+    )
+    .unwrap();
+    let id = session.id().to_owned();
+    h.signal(Signal::SIGKILL);
+    assert!(wait_until(LONG, || session.boots().len() == 2), "never re-registered:\n{}", h.log());
+    assert_eq!(h.exits(), vec![128 + 9]);
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert_eq!(s["sessions"][0]["session"], id.as_str());
+    assert_eq!(s["boot"].as_str().unwrap(), session.boots()[1]);
+    session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
+    let recs = session_records(&world, "phoenix");
+    let ids: Vec<&str> = recs.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec![format!("{id}:start"), format!("{id}:end")]);
+    assert_ne!(recs[0]["boot"], recs[1]["boot"]);
+    assert!(recs[1].get("end_reason").is_none());
+}
+
+/// A socket directory that does not exist yet, for the one-shot activator.
+fn oneshot_socket(world: &World) -> PathBuf {
+    world.tmp.path().join("run").join("airlock.sock")
+}
+
+fn kill_daemon(pid: i64) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGTERM);
+    assert!(wait_until(LONG, || !pid_alive(pid)));
+}
+
+#[test]
+fn one_shot_activator_two_racing_clis_start_exactly_one_daemon() {
+    let world = World::new();
+    let sock = oneshot_socket(&world);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            status(&world, &sock)
+                .env("AIRLOCK_IDLE_TIMEOUT", "5s")
+                .cmd
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let pids: Vec<i64> = children
+        .into_iter()
+        .map(|c| {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            json(&String::from_utf8_lossy(&out.stdout))["pid"].as_i64().unwrap()
+        })
+        .collect();
+    assert!(pids.iter().all(|p| *p == pids[0]), "several daemons: {pids:?}");
+    let log = std::fs::read_to_string(world.home.join(".airlock/airlockd.log")).unwrap_or_default();
+    assert!(!log.contains("no activation socket"), "{log}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(sock.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    kill_daemon(pids[0]);
+}
+
+#[test]
+fn one_shot_activator_restarts_after_idle_exit_from_the_stale_socket() {
+    let world = World::new();
+    let sock = oneshot_socket(&world);
+    let first = json(
+        &status(&world, &sock).env("AIRLOCK_IDLE_TIMEOUT", "500ms").run().expect_code(0).stdout(),
+    );
+    let pid = first["pid"].as_i64().unwrap();
+    assert!(wait_until(LONG, || !pid_alive(pid)), "did not idle out");
+    assert!(sock.exists(), "the daemon must never unlink its socket");
+    let second = json(
+        &status(&world, &sock).env("AIRLOCK_IDLE_TIMEOUT", "5s").run().expect_code(0).stdout(),
+    );
+    assert_ne!(second["pid"], first["pid"]);
+    kill_daemon(second["pid"].as_i64().unwrap());
+}
+
+#[test]
+fn a_dead_socket_owned_by_a_unit_is_service_down_not_activated() {
+    let world = World::new();
+    let run_dir = world.tmp.path().join("xdg-run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let config = world.tmp.path().join("xdg-config");
+    world.write(config.join("systemd/user/airlock.socket"), "[Socket]\n");
+    let run = world
+        .airlock(world.tmp.path())
+        .args(["status"])
+        .env("XDG_RUNTIME_DIR", &run_dir)
+        .env("XDG_CONFIG_HOME", &config)
+        .run()
+        .expect_code(125);
+    assert!(
+        run.stderr().contains("systemctl --user enable --now airlock.socket"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!run_dir.join("airlock/airlock.sock").exists(), "activated despite the unit");
+}
+
+#[test]
+fn real_systemd_socket_activate_serves_and_idles_out() {
+    let Some(ssa) = which("systemd-socket-activate") else {
+        assert!(!in_ci(), "systemd-socket-activate is a prerequisite (.ci/prereqs)");
+        return;
+    };
+    let world = World::new();
+    let dir = tempfile::tempdir().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let sock = dir.path().join("airlock.sock");
+    let mut child = Command::new(ssa)
+        .arg("-l")
+        .arg(&sock)
+        .arg("--fdname=airlock")
+        .arg("-E")
+        .arg(format!("HOME={}", world.home.display()))
+        .arg("-E")
+        .arg(format!("AIRLOCK_TEST_MANAGED_POLICY={}", world.managed.display()))
+        .arg(bin("airlockd"))
+        .args(["--idle-timeout", "2s"])
+        .env_clear()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(LONG, || sock.exists()));
+    let s = json(&status(&world, &sock).run().expect_code(0).stdout());
+    // systemd-socket-activate execs airlockd in place: LISTEN_PID named this very process.
+    assert_eq!(s["pid"].as_i64().unwrap(), i64::from(child.id()));
+    let end = Instant::now() + LONG;
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        assert!(Instant::now() < end, "airlockd did not idle out");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(code, Some(0), "{err}");
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// A loopback echo server standing in for an allowed upstream.
+fn echo_server(ip: &str) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn the_daemon_serves_the_sessions_proxy_with_the_managed_layer_applied() {
+    let world = World::new();
+    let upstream = echo_server("127.0.0.2");
+    let resolver = world.write(
+        world.tmp.path().join("resolver"),
+        "allowed.test 127.0.0.2\nmanaged-blocked.test 127.0.0.2\n",
+    );
+    // The fleet blocks a host the user allows: the client cannot drop this layer.
+    world.write(&world.managed, "[network]\nblock = [\"managed-blocked.test\"]\n");
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let port = upstream.port();
+    let user = format!(
+        "[network]\nallow = [\"allowed.test:{port}\", \"managed-blocked.test:{port}\"]\nallow_private = [\"127.0.0.2/32\"]\n"
+    );
+    let (mut agent, fd) = NetnsAgent::start(h.dir.path());
+    let session =
+        SessionHandle::start(endpoint(&world, h.socket()), spec_with("served", &user), fd).unwrap();
+    assert_eq!(
+        agent.connect(&format!("allowed.test:{port}")),
+        "HTTP/1.1 200 Connection established ping"
+    );
+    let denied = agent.connect(&format!("managed-blocked.test:{port}"));
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    let denied = agent.connect("elsewhere.test:443");
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert_eq!(s["sessions"][0]["serving"], true);
+    let id = session.id().to_owned();
+    session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
+    // The audit log carries this session's lines, attributed and sequenced under this boot.
+    let logs = world.home.join(".airlock/logs/served");
+    let mut lines = Vec::new();
+    for e in std::fs::read_dir(&logs).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("audit-") {
+            lines.extend(std::fs::read_to_string(e.path()).unwrap().lines().map(json));
+        }
+    }
+    lines.sort_by_key(|l| l["seq"].as_u64());
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(lines.iter().all(|l| l["session"] == id.as_str() && l["repo"] == "served"));
+    assert_eq!(lines[0]["allowed"], true);
+    assert_eq!(lines[0]["bytes_sent"], 4);
+    assert_eq!(lines[1]["allowed"], false);
+    assert_eq!(lines[1]["layer"], "managed");
+    assert_eq!(lines[2]["reason"], "not_allowed");
+    let recs = session_records(&world, "served");
+    assert_eq!(recs[1]["tunnels"], 1);
+    assert_eq!(recs[0]["policy_layers"].as_array().unwrap().len(), 2);
+}

@@ -1,0 +1,964 @@
+//! The sandbox's walls, attempted for real (SECURITY §6, issue 5). Every escape attempt runs
+//! inside `airlock exec` and must fail; sentinel listeners on the host's loopback record any
+//! connection that leaks. Runs as root and, through `.ci/unprivileged`, as an unprivileged user.
+//! Network-escape tests use the test-only `hold` bridge: the listener exists and nothing serves
+//! it, so the only thing that could carry traffic out is a hole in the walls.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::support::{self, Run, World};
+
+/// A tool the tests drive; missing in CI is a failure, elsewhere a loud skip.
+fn have(tool: &str) -> bool {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+        && Path::new("/usr/bin").join(tool).exists();
+    if !found {
+        assert!(!support::in_ci(), "prerequisite {tool} missing in /usr/bin (CI must have it)");
+        eprintln!("SKIP: {tool} not installed in /usr/bin");
+    }
+    found
+}
+
+fn prereqs(tools: &[&str]) -> bool {
+    tools.iter().all(|t| have(t))
+}
+
+struct Sandbox {
+    world: World,
+    repo: PathBuf,
+}
+
+impl Sandbox {
+    fn new(name: &str) -> Self {
+        let world = World::new();
+        let repo = world.repo(name);
+        Self::with(world, repo)
+    }
+
+    /// A user layer allowing a test name, so the effective allowlist is not empty.
+    fn with(world: World, repo: PathBuf) -> Self {
+        world.write(
+            world.home.join(".airlock/config.toml"),
+            "[network]\nallow = [\"example.test\"]\n",
+        );
+        Self { world, repo }
+    }
+
+    fn exec<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> support::TestCommand {
+        self.world
+            .airlock(&self.repo)
+            .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+            .args(["exec", "--"])
+            .args(args)
+    }
+
+    /// `sh -c SCRIPT` inside.
+    fn sh(&self, script: &str) -> Run {
+        self.exec(&["sh", "-c", script]).run()
+    }
+
+    /// `python3 -c CODE` inside.
+    fn py(&self, code: &str) -> Run {
+        self.exec(&["python3", "-c", code]).run()
+    }
+
+    fn home(&self) -> &Path {
+        &self.world.home
+    }
+}
+
+/// Host-side listeners on every address (so connections to loopback *or* the host's own
+/// interface addresses are caught), counting whatever reaches them.
+struct Sentinel {
+    tcp_port: u16,
+    udp_port: u16,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Sentinel {
+    fn start() -> Self {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let tcp = TcpListener::bind("0.0.0.0:0").unwrap();
+        let tcp_port = tcp.local_addr().unwrap().port();
+        let h = hits.clone();
+        std::thread::spawn(move || {
+            for conn in tcp.incoming() {
+                if conn.is_ok() {
+                    h.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let udp_port = udp.local_addr().unwrap().port();
+        let h = hits.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1500];
+            while udp.recv_from(&mut buf).is_ok() {
+                h.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        Self { tcp_port, udp_port, hits }
+    }
+
+    #[track_caller]
+    fn assert_untouched(&self) {
+        // Give a leaked connection time to be accepted before judging.
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(self.hits.load(Ordering::SeqCst), 0, "a connection reached a host sentinel");
+    }
+}
+
+/// The host's own IPv4 addresses (loopback and interfaces).
+fn host_addresses() -> Vec<String> {
+    let mut out = vec!["127.0.0.1".to_string()];
+    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+        for a in addrs {
+            if let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()) {
+                let ip = sin.ip().to_string();
+                if !out.contains(&ip) {
+                    out.push(ip);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn runs_as_the_caller_with_every_capability_cleared() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("caps");
+    let run = sb.sh("grep -E '^(Cap|NoNewPrivs|Seccomp)' /proc/self/status; id -u; hostname; pwd");
+    let out = run.expect_code(0).stdout();
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(out.contains(&format!("{set}:\t0000000000000000")), "{set} not empty:\n{out}");
+    }
+    assert!(out.contains("NoNewPrivs:\t1") && out.contains("Seccomp:\t2"), "{out}");
+    let uid = nix::unistd::getuid().as_raw();
+    assert!(out.contains(&format!("\n{uid}\n")), "uid must map to itself:\n{out}");
+    assert!(out.contains("\ncaps\n/caps\n"), "hostname and cwd are the repo name:\n{out}");
+    // securebits locked: NOROOT|NOROOT_LOCKED|NO_SETUID_FIXUP(+LOCKED)|... (prctl PR_GET_SECUREBITS)
+    let bits = sb.py("import ctypes; print(ctypes.CDLL(None).prctl(27, 0, 0, 0, 0))");
+    let bits: u64 = bits.expect_code(0).stdout().trim().parse().unwrap();
+    assert_eq!(bits & 0b1111, 0b1111, "securebits {bits:#b}");
+}
+
+#[test]
+fn setuid_binaries_gain_nothing() {
+    let sb = Sandbox::new("suid");
+    let run = sb.sh(
+        "su -c 'id -u' root </dev/null; echo su=$?; mount -t tmpfs x /tmp 2>&1; echo mount=$?; \
+         grep CapEff /proc/self/status",
+    );
+    let out = run.stdout();
+    assert!(out.contains("su=1") || !out.contains("su=0"), "{out}");
+    assert!(!out.contains("mount=0"), "{out}");
+}
+
+#[test]
+fn direct_connections_to_host_listeners_fail() {
+    if !prereqs(&["python3", "curl", "bash"]) {
+        return;
+    }
+    let sentinel = Sentinel::start();
+    let sb = Sandbox::new("net");
+    for addr in host_addresses() {
+        let (t, u) = (sentinel.tcp_port, sentinel.udp_port);
+        let run = sb
+            .exec(&["curl", "-sS", "--noproxy", "*", "-m", "3", &format!("http://{addr}:{t}/")])
+            .run();
+        assert_ne!(run.code(), 0, "curl --noproxy reached {addr}:{t}: {}", run.stdout());
+        let run = sb.exec(&["bash", "-c", &format!("echo x > /dev/tcp/{addr}/{t}")]).run();
+        assert_ne!(run.code(), 0, "bash /dev/tcp reached {addr}:{t}");
+        let code = format!(
+            "import socket\n\
+             s = socket.socket(); s.settimeout(3)\n\
+             try:\n    s.connect(('{addr}', {t})); print('CONNECTED')\n\
+             except OSError as e: print('refused', e.errno)\n\
+             u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             try:\n    u.sendto(b'leak', ('{addr}', {u})); print('SENT')\n\
+             except OSError as e: print('unsent', e.errno)\n"
+        );
+        let out = sb.py(&code).expect_code(0).stdout();
+        assert!(!out.contains("CONNECTED"), "{addr}: {out}");
+    }
+    // IPv6 loopback too.
+    let code = format!(
+        "import socket\ns = socket.socket(socket.AF_INET6); s.settimeout(3)\n\
+         try:\n    s.connect(('::1', {})); print('CONNECTED')\nexcept OSError as e: print('no', e.errno)\n",
+        sentinel.tcp_port
+    );
+    assert!(!sb.py(&code).stdout().contains("CONNECTED"));
+    sentinel.assert_untouched();
+}
+
+#[test]
+fn only_lo_exists_and_there_is_no_resolver() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("dns");
+    let code = "import socket, os\n\
+        print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))\n\
+        print(repr(open('/etc/resolv.conf').read()))\n\
+        try:\n    socket.getaddrinfo('example.com', 80); print('RESOLVED')\n\
+        except OSError as e: print('noanswer', e)\n";
+    let out = sb.py(code).expect_code(0).stdout();
+    assert!(out.starts_with("['lo']\n''\n"), "{out}");
+    assert!(!out.contains("RESOLVED"), "{out}");
+}
+
+#[test]
+fn raw_packet_vsock_and_netlink_sockets_are_refused() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("raw");
+    let code = "import socket, errno\n\
+        cases = [('raw4', socket.AF_INET, socket.SOCK_RAW, 1), ('raw6', socket.AF_INET6, socket.SOCK_RAW, 58),\n\
+                 ('packet', socket.AF_PACKET, socket.SOCK_RAW, 0), ('inet_packet', socket.AF_INET, 10, 0),\n\
+                 ('netlink', socket.AF_NETLINK, socket.SOCK_RAW, 0), ('vsock', 40, socket.SOCK_STREAM, 0)]\n\
+        for name, fam, ty, proto in cases:\n\
+        \x20   try:\n\
+        \x20       socket.socket(fam, ty, proto); print(name, 'OPENED')\n\
+        \x20   except OSError as e: print(name, errno.errorcode.get(e.errno))\n";
+    let out = sb.py(code).expect_code(0).stdout();
+    for name in ["raw4", "raw6", "packet", "inet_packet", "netlink", "vsock"] {
+        assert!(out.contains(&format!("{name} EPERM")), "{name}:\n{out}");
+    }
+}
+
+#[test]
+fn daemon_socket_and_host_abstract_sockets_are_unreachable() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("unix");
+    let sock_dir = sb.home().join(".airlock");
+    std::fs::create_dir_all(&sock_dir).unwrap();
+    let path = sock_dir.join("airlock.sock");
+    let hits = Arc::new(AtomicUsize::new(0));
+    let named = UnixListener::bind(&path).unwrap();
+    let abstract_name = format!("airlock-test-{}", std::process::id());
+    let addr =
+        <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(
+            abstract_name.as_bytes(),
+        )
+        .unwrap();
+    let abs = UnixListener::bind_addr(&addr).unwrap();
+    for l in [named, abs] {
+        let h = hits.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                if c.is_ok() {
+                    h.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+    let code = format!(
+        "import socket\n\
+         for a in ['{}', '/tmp/airlock-{}/airlock.sock', '\\0{}']:\n\
+         \x20   s = socket.socket(socket.AF_UNIX)\n\
+         \x20   try:\n\
+         \x20       s.connect(a); print('CONNECTED', repr(a))\n\
+         \x20   except OSError as e: print('no', e.errno)\n",
+        path.display(),
+        nix::unistd::getuid(),
+        abstract_name
+    );
+    let out = sb.py(&code).expect_code(0).stdout();
+    assert!(!out.contains("CONNECTED"), "{out}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn no_inherited_descriptor_reaches_anything() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("fds");
+    // A descriptor the caller leaks to airlock (not CLOEXEC) must not reach the command.
+    let (leak_r, _leak_w) = nix::unistd::pipe().unwrap();
+    let leaked = std::os::fd::AsRawFd::as_raw_fd(&leak_r);
+    let code = "import os\n\
+        fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n\
+        for fd in fds:\n\
+        \x20   try: print(fd, os.readlink('/proc/self/fd/%d' % fd))\n\
+        \x20   except OSError: pass\n";
+    let out = sb.py(code).expect_code(0).stdout();
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines.len() <= 4, "{out}");
+    for line in &lines {
+        assert!(!line.contains("socket:"), "a socket reached the command: {out}");
+        let fd: i32 = line.split(' ').next().unwrap().parse().unwrap();
+        assert!(fd <= 3, "unexpected fd {line} (leaked fd was {leaked})");
+    }
+    // 0..2 are the relay's pipes; 3 is python's own listing of /proc/self/fd.
+    assert!(lines.iter().take(3).all(|l| l.contains("pipe:")), "{out}");
+    drop(leak_r);
+}
+
+#[test]
+fn host_secrets_and_other_homes_are_invisible() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("secrets");
+    let home = sb.home().to_path_buf();
+    sb.world.write(home.join(".ssh/id_ed25519"), "PRIVATE-KEY-SENTINEL");
+    sb.world.write(home.join(".aws/credentials"), "AWS-SENTINEL");
+    sb.world.airlock(&sb.repo).args(["login", "--email", "a@b.test"]).run().expect_code(0);
+    assert!(home.join(".airlock/identity.toml").is_file());
+    // A symlink in the repo pointing at the host's secrets, absolute and relative.
+    std::os::unix::fs::symlink(home.join(".ssh/id_ed25519"), sb.repo.join("key")).unwrap();
+    std::os::unix::fs::symlink("../home/.aws/credentials", sb.repo.join("aws")).unwrap();
+    let script = format!(
+        "for f in {h}/.ssh/id_ed25519 {h}/.aws/credentials {h}/.airlock/identity.toml /etc/shadow \
+         /root/.bashrc key aws; do cat $f 2>/dev/null && echo LEAK $f; done; ls /home; ls /root 2>&1; \
+         ls {h} 2>&1; true",
+        h = home.display()
+    );
+    let run = sb.exec(&["sh", "-c", &script]).env("AWS_SECRET_ACCESS_KEY", "ENV-SENTINEL").run();
+    let out = run.expect_code(0).stdout();
+    assert!(!out.contains("SENTINEL") && !out.contains("LEAK"), "{out}");
+    assert!(out.contains("agent\n"), "only the agent's home: {out}");
+    // The host environment does not come in; init's copy of it is not readable either.
+    let env = sb
+        .exec(&["sh", "-c", "env; cat /proc/1/environ /proc/1/cmdline 2>&1; true"])
+        .env("AWS_SECRET_ACCESS_KEY", "ENV-SENTINEL")
+        .run();
+    assert!(!env.stdout().contains("ENV-SENTINEL"), "{}", env.stdout());
+}
+
+#[test]
+fn host_processes_are_invisible_and_untraceable() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("pids");
+    let me = std::process::id();
+    let code = format!(
+        "import os, ctypes, errno\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n\
+         print('pids', pids)\n\
+         try:\n    os.kill({me}, 0); print('HOSTPID visible')\nexcept OSError as e: print('hostpid', errno.errorcode[e.errno])\n\
+         try:\n    print('root1', 'same' if sorted(os.listdir('/proc/1/root/')) == sorted(os.listdir('/')) else 'DIFFERENT')\nexcept OSError as e: print('root1', errno.errorcode[e.errno])\n\
+         r = libc.ptrace(16, 1, 0, 0); print('ptrace', r, errno.errorcode.get(ctypes.get_errno()))\n\
+         class iov(ctypes.Structure): _fields_ = [('b', ctypes.c_void_p), ('l', ctypes.c_size_t)]\n\
+         buf = ctypes.create_string_buffer(8); l = iov(ctypes.addressof(buf), 8); r_ = iov(0x400000, 8)\n\
+         r = libc.process_vm_readv(1, ctypes.byref(l), 1, ctypes.byref(r_), 1, 0)\n\
+         print('vm_readv', r, errno.errorcode.get(ctypes.get_errno()))\n\
+         try:\n    os.listdir('/proc/1/fd'); print('INITFDS', os.listdir('/proc/1/fd'))\nexcept OSError as e: print('initfds', errno.errorcode[e.errno])\n"
+    );
+    let out = sb.py(&code).expect_code(0).stdout();
+    let pids = out.lines().find(|l| l.starts_with("pids")).unwrap();
+    assert!(pids.starts_with("pids [1, "), "PID 1 is our init: {out}");
+    assert!(!pids.contains(&format!(" {me},")) && !pids.contains(&format!(" {me}]")), "{out}");
+    assert!(out.contains("hostpid ESRCH"), "{out}");
+    assert!(out.contains("root1 same\n") || out.contains("root1 EACCES\n"), "{out}");
+    assert!(out.contains("ptrace -1 EPERM"), "{out}");
+    assert!(out.contains("vm_readv -1 EPERM"), "{out}");
+    assert!(!out.contains("INITFDS ['0', '1', '2', '"), "init holds only stdio: {out}");
+}
+
+#[test]
+fn kernel_attack_surface_syscalls_are_refused() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("syscalls");
+    let code = "import ctypes, errno, os\n\
+        libc = ctypes.CDLL(None, use_errno=True)\n\
+        def sc(name, nr, *args):\n\
+        \x20   r = libc.syscall(nr, *args); print(name, r, errno.errorcode.get(ctypes.get_errno()))\n\
+        params = ctypes.create_string_buffer(120)\n\
+        sc('io_uring_setup', 425, 8, params)\n\
+        sc('clone3', 435, 0, 0)\n\
+        sc('unshare_user', 272, 0x10000000)\n\
+        sc('unshare_net', 272, 0x40000000)\n\
+        sc('unshare_mnt', 272, 0x20000)\n\
+        sc('clone_newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)\n\
+        sc('mount', 165, b'none', b'/usr', None, 32 | 4096, None)\n\
+        sc('umount2', 166, b'/usr', 2)\n\
+        sc('pivot_root', 155, b'/tmp', b'/tmp')\n\
+        sc('fsopen', 430, b'tmpfs', 0)\n\
+        sc('open_tree', 428, -100, b'/usr', 1)\n\
+        sc('mount_setattr', 442, -100, b'/usr', 0, None, 0)\n\
+        sc('setns', 308, 0, 0)\n\
+        sc('bpf', 321, 0, None, 0)\n\
+        sc('keyctl', 250, 0, 0)\n\
+        sc('perf_event_open', 298, None, 0, -1, -1, 0)\n\
+        sc('userfaultfd', 323, 0)\n\
+        sc('reboot', 169, 0, 0, 0, None)\n\
+        sc('unknown', 999)\n\
+        sc('x32_getpid', 0x40000000 | 39)\n";
+    let out = sb.py(code).expect_code(0).stdout();
+    for (name, errno) in [
+        ("io_uring_setup", "EPERM"),
+        ("clone3", "ENOSYS"),
+        ("unshare_user", "EPERM"),
+        ("unshare_net", "EPERM"),
+        ("unshare_mnt", "EPERM"),
+        ("clone_newuser", "EPERM"),
+        ("mount", "EPERM"),
+        ("umount2", "EPERM"),
+        ("pivot_root", "EPERM"),
+        ("fsopen", "EPERM"),
+        ("open_tree", "EPERM"),
+        ("mount_setattr", "EPERM"),
+        ("setns", "EPERM"),
+        ("bpf", "EPERM"),
+        ("keyctl", "EPERM"),
+        ("perf_event_open", "EPERM"),
+        ("userfaultfd", "EPERM"),
+        ("reboot", "EPERM"),
+        ("unknown", "ENOSYS"),
+        ("x32_getpid", "EPERM"),
+    ] {
+        assert!(
+            out.contains(&format!("{name} -1 {errno}\n")),
+            "{name} should fail {errno}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn nested_unshare_and_remounts_fail() {
+    if !prereqs(&["unshare", "python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("nested");
+    let out = sb
+        .sh("unshare -Ur true; echo u=$?; unshare -n true; echo n=$?; \
+             mount -o remount,rw /usr 2>/dev/null; echo m=$?; touch /usr/x 2>/dev/null; echo t=$?")
+        .stdout();
+    for key in ["u", "n", "m", "t"] {
+        assert!(!out.contains(&format!("{key}=0")), "{key} succeeded:\n{out}");
+    }
+}
+
+#[test]
+fn tiocsti_cannot_inject_with_stdout_a_tty_and_stdin_a_pipe() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("tty");
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave: OwnedFd = pty.slave;
+    let code = "import fcntl, termios, errno, os, sys\n\
+        res = []\n\
+        for fd in (0, 1, 2):\n\
+        \x20   try:\n\
+        \x20       fcntl.ioctl(fd, termios.TIOCSTI, b'x'); res.append('INJECTED')\n\
+        \x20   except OSError as e: res.append(errno.errorcode[e.errno])\n\
+        try:\n\
+        \x20   t = os.open('/dev/tty', os.O_RDWR); fcntl.ioctl(t, termios.TIOCSTI, b'x'); res.append('INJECTED')\n\
+        except OSError as e: res.append(errno.errorcode[e.errno])\n\
+        print(' '.join(res), os.isatty(0), os.isatty(1))\n";
+    let mut cmd = sb.exec(&["python3", "-c", code]).cmd;
+    cmd.stdin(Stdio::piped()).stdout(Stdio::from(slave)).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    drop(child.stdin.take());
+    let mut master = std::fs::File::from(pty.master);
+    let status = child.wait().unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The pty's output is complete once the child exited; read what is buffered.
+    nix::fcntl::fcntl(&master, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
+        .unwrap();
+    while let Ok(n) = master.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(!out.contains("INJECTED"), "{out}");
+    assert!(out.contains("EPERM"), "{out}");
+    assert!(out.contains("False True"), "stdin a pipe, stdout a pty: {out}");
+}
+
+#[test]
+fn writes_land_only_in_repo_home_and_tmp() {
+    let sb = Sandbox::new("writes");
+    let out = sb
+        .sh("for p in /usr/x /etc/x /x /bin/x /lib/x /dev/x /home/x /proc/sys/vm/drop_caches /run/x; do \
+             (echo 1 > $p) 2>/dev/null && echo WROTE $p; done; \
+             echo repo > /writes/from-inside && echo tmp > /tmp/t && echo home > $HOME/h && \
+             cat /tmp/t $HOME/h")
+        .expect_code(0)
+        .stdout();
+    assert!(!out.contains("WROTE"), "{out}");
+    assert_eq!(out, "tmp\nhome\n");
+    assert_eq!(std::fs::read_to_string(sb.repo.join("from-inside")).unwrap(), "repo\n");
+}
+
+fn git(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("git")
+        .current_dir(dir)
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.test",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `airlock policy trust` for the sandbox's repo.
+fn trust(sb: &Sandbox) {
+    sb.world.airlock(&sb.repo).args(["policy", "trust"]).run().expect_code(0);
+}
+
+#[test]
+fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let world = World::new();
+    let repo = world.tmp.path().join("prot");
+    std::fs::create_dir_all(&repo).unwrap();
+    assert!(git(&repo, &["init", "-q"]).status.success());
+    world.write(repo.join("README"), "hi\n");
+    world.write(repo.join(".airlock.toml"), "[network]\nallow = [\"example.test\"]\n");
+    std::fs::create_dir_all(repo.join(".claude")).unwrap();
+    world.write(repo.join(".claude/settings.json"), "{}");
+    assert!(git(&repo, &["add", "-A"]).status.success());
+    assert!(git(&repo, &["commit", "-qm", "init"]).status.success());
+    let sb = Sandbox::with(world, repo.clone());
+    trust(&sb);
+    let marker = sb.world.tmp.path().join("PLANTED-RAN");
+    let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
+    let script = format!(
+        "cd /prot; r=''; \
+         printf '{hook}' > .git/hooks/post-checkout 2>/dev/null && r=\"$r hook\"; \
+         chmod +x .git/hooks/post-checkout 2>/dev/null; \
+         echo '[core]' >> .git/config 2>/dev/null && r=\"$r config\"; \
+         git config core.hooksPath /tmp 2>/dev/null && r=\"$r hookspath\"; \
+         echo 'allow=[\"*\"]' >> .airlock.toml 2>/dev/null && r=\"$r airlock\"; \
+         echo '{{}}' > .claude/settings.json 2>/dev/null && r=\"$r claude\"; \
+         mv .git .git-away 2>/dev/null && r=\"$r mvgit\"; \
+         mv .claude .claude-away 2>/dev/null && r=\"$r mvclaude\"; \
+         rm -rf .git/hooks 2>/dev/null; [ -d .git/hooks ] || r=\"$r rmhooks\"; \
+         printf 'touch {m}\\n' > .envrc && printf '{{}}' > .mcp.json && \
+         mkdir -p .vscode && echo '{{}}' > .vscode/tasks.json && \
+         echo '{{}}' > .claude/settings.local.json && echo planted-new; \
+         echo result:$r",
+        m = marker.display()
+    );
+    let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0);
+    let stdout = out.stdout();
+    assert!(stdout.contains("result:\n"), "a protected path was writable: {stdout}");
+    assert!(stdout.contains("planted-new"), "{stdout}");
+    for path in [".envrc", ".mcp.json", ".vscode", ".claude/settings.local.json"] {
+        assert!(!repo.join(path).exists(), "{path} stayed in the repo");
+        assert!(
+            out.stderr().contains(&format!("quarantined {}", repo.join(path).display())),
+            "{}",
+            out.stderr()
+        );
+    }
+    let q = sb.home().join(".airlock/quarantine");
+    let session = std::fs::read_dir(&q).unwrap().next().unwrap().unwrap().path();
+    let envrc = session.join(repo.join(".envrc").strip_prefix("/").unwrap());
+    assert!(std::fs::read_to_string(envrc).unwrap().contains("touch"));
+    assert!(repo.join(".git").is_dir() && repo.join(".claude/settings.json").is_file());
+    // The host's next git checkout runs nothing planted.
+    assert!(git(&repo, &["checkout", "-q", "-b", "next"]).status.success());
+    assert!(!marker.exists(), "a planted hook ran on the host");
+    assert_eq!(std::fs::read_to_string(repo.join(".claude/settings.json")).unwrap(), "{}");
+}
+
+#[test]
+fn untrusted_repo_config_refuses_without_a_terminal() {
+    let sb = Sandbox::new("untrusted");
+    sb.world.write(sb.repo.join(".airlock.toml"), "[network]\nallow = [\"example.test\"]\n");
+    let run = sb.exec(&["true"]).run().expect_code(125);
+    assert!(run.stderr().starts_with("airlock: "), "{}", run.stderr());
+    assert!(run.stderr().contains("airlock policy trust"), "{}", run.stderr());
+    trust(&sb);
+    sb.exec(&["true"]).run().expect_code(0);
+    sb.world.write(sb.repo.join(".airlock.toml"), "[network]\nallow = [\"*.test\"]\n");
+    sb.exec(&["true"]).run().expect_code(125);
+}
+
+#[test]
+fn stdin_pipes_through_and_exit_codes_propagate() {
+    let sb = Sandbox::new("codes");
+    let mut cmd = sb.exec(&["cat"]).cmd;
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    assert_eq!(out.status.code(), Some(0));
+
+    sb.sh("exit 3").expect_code(3);
+    sb.sh("kill -TERM $$").expect_code(143);
+    let run = sb.exec(&["no-such-command-xyz"]).run().expect_code(127);
+    assert!(run.stderr().contains("airlock: no-such-command-xyz"), "{}", run.stderr());
+    sb.world.write(sb.repo.join("script.sh"), "#!/bin/sh\necho no\n");
+    sb.exec(&["./script.sh"]).run().expect_code(126);
+    sb.world.airlock(&sb.repo).args(["exec"]).run().expect_code(2);
+}
+
+#[test]
+fn stdin_pipe_with_stdout_on_a_terminal() {
+    let sb = Sandbox::new("ptyout");
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let mut cmd = sb.exec(&["cat"]).cmd;
+    cmd.stdin(Stdio::piped()).stdout(Stdio::from(pty.slave)).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
+    let mut reader = BufReader::new(std::fs::File::from(pty.master));
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line.trim_end(), "hi");
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
+
+#[test]
+fn sigint_reaches_the_command() {
+    if !prereqs(&["python3"]) {
+        return;
+    }
+    let sb = Sandbox::new("sigint");
+    // The handler writes with os.write: a print() could be re-entered if the signal lands
+    // while print('ready') is still returning.
+    let code = "import os, signal, sys, time\n\
+        def h(s, f):\n    os.write(1, b'got SIGINT\\n'); os._exit(42)\n\
+        signal.signal(signal.SIGINT, h)\n\
+        print('ready', flush=True)\n\
+        time.sleep(30)\n";
+    let mut cmd = sb.exec(&["python3", "-c", code]).cmd;
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGINT)
+        .unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "got SIGINT\n");
+    assert_eq!(child.wait().unwrap().code(), Some(42));
+}
+
+#[test]
+fn dev_server_on_loopback_inside_is_reachable_from_inside() {
+    if !prereqs(&["python3", "curl"]) {
+        return;
+    }
+    let sb = Sandbox::new("devserver");
+    sb.world.write(sb.repo.join("index.html"), "dev-server-ok\n");
+    let out = sb
+        .sh("python3 -m http.server 9000 --bind 127.0.0.1 >/dev/null 2>&1 & \
+             for i in $(seq 50); do curl -s http://127.0.0.1:9000/index.html && exit 0; sleep 0.1; done; exit 1")
+        .expect_code(0)
+        .stdout();
+    assert_eq!(out, "dev-server-ok\n");
+}
+
+#[test]
+fn proxy_listener_is_handed_to_the_host_side() {
+    if !prereqs(&["curl"]) {
+        return;
+    }
+    let sb = Sandbox::new("proxy");
+    // curl goes through HTTP_PROXY (127.0.0.1:8888 inside); the test bridge on the host side
+    // answers, which proves the listener made inside the netns reached the supervisor. The
+    // target name is never resolved.
+    let run = sb
+        .world
+        .airlock(&sb.repo)
+        .env("AIRLOCK_TEST_PROXY_BRIDGE", "respond")
+        .args(["exec", "--", "sh", "-c", "echo $HTTP_PROXY; curl -sS -m 5 http://example.test/"])
+        .run()
+        .expect_code(0);
+    let out = run.stdout();
+    assert!(out.starts_with("http://127.0.0.1:8888\n"), "{out}");
+    assert!(out.contains("airlock-test-bridge session="), "{out}");
+}
+
+#[test]
+fn environment_is_the_minimal_base() {
+    let sb = Sandbox::new("envbase");
+    let run = sb
+        .exec(&["env"])
+        .env("GITHUB_TOKEN", "ghp-sentinel")
+        .env("TERM", "xterm-test")
+        .run()
+        .expect_code(0);
+    let mut names: Vec<String> = run
+        .stdout()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, _)| k.to_string())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "AIRLOCK_REPO",
+            "HOME",
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
+            "LANG",
+            "NO_PROXY",
+            "PATH",
+            "TERM",
+            "http_proxy",
+            "https_proxy",
+            "no_proxy"
+        ]
+    );
+    assert!(run.stdout().contains("TERM=xterm-test\n"));
+    assert!(run.stdout().contains("PATH=/usr/local/bin:/usr/bin:/bin\n"));
+    assert!(run.stdout().contains("AIRLOCK_REPO=/envbase\n"));
+}
+
+#[test]
+fn identity_and_env_pass_come_in_from_trusted_layers_only() {
+    let sb = Sandbox::new("envpass");
+    sb.world.write(
+        sb.home().join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[env]\npass = [\"PASSED_VAR\"]\n",
+    );
+    sb.world.airlock(&sb.repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let run = sb
+        .exec(&["env"])
+        .env("PASSED_VAR", "passed-value")
+        .env("OTHER_VAR", "other-sentinel")
+        .run()
+        .expect_code(0);
+    let out = run.stdout();
+    assert!(out.contains("PASSED_VAR=passed-value\n"), "{out}");
+    assert!(!out.contains("other-sentinel"), "{out}");
+    assert!(out.contains("AIRLOCK_USER_EMAIL=dev@example.test\n"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("AIRLOCK_USER_ID=u_")), "{out}");
+}
+
+#[test]
+fn reserved_repo_names_are_mounted_under_workspace() {
+    let sb = Sandbox::new("etc");
+    let out = sb.sh("pwd; hostname; ls /etc/passwd").expect_code(0).stdout();
+    assert_eq!(out, "/workspace/etc\netc\n/etc/passwd\n");
+}
+
+#[test]
+fn apparmor_restriction_is_detected_with_the_fix() {
+    let sb = Sandbox::new("apparmor");
+    let fake = sb.world.tmp.path().join("probe");
+    sb.world.write(fake.join("proc/sys/kernel/apparmor_restrict_unprivileged_userns"), "1\n");
+    sb.world.write(fake.join("proc/self/attr/apparmor/current"), "unconfined\n");
+    let run = sb.exec(&["true"]).env("AIRLOCK_TEST_PROBE_ROOT", &fake).run();
+    if nix::unistd::getuid().is_root() {
+        // The restriction does not apply to root.
+        run.expect_code(0);
+    } else {
+        let run = run.expect_code(125);
+        assert!(run.stderr().contains("apparmor_restrict_unprivileged_userns"), "{}", run.stderr());
+        assert!(run.stderr().contains("contrib/apparmor/airlock"), "{}", run.stderr());
+    }
+    // A mandatory layer missing refuses in every mode.
+    sb.world.write(fake.join("proc/sys/user/max_user_namespaces"), "0\n");
+    let run = sb.exec(&["true"]).env("AIRLOCK_TEST_PROBE_ROOT", &fake).run().expect_code(125);
+    assert!(run.stderr().contains("max_user_namespaces"), "{}", run.stderr());
+}
+
+#[test]
+fn worktree_gitdir_outside_the_repo_is_usable_and_its_hooks_protected() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let world = World::new();
+    let main = world.tmp.path().join("main");
+    std::fs::create_dir_all(&main).unwrap();
+    assert!(git(&main, &["init", "-q"]).status.success());
+    world.write(main.join("f"), "x\n");
+    assert!(git(&main, &["add", "-A"]).status.success());
+    assert!(git(&main, &["commit", "-qm", "c"]).status.success());
+    let wt = world.tmp.path().join("wt");
+    assert!(git(&main, &["worktree", "add", "-q", wt.to_str().unwrap()]).status.success());
+    let sb = Sandbox::with(world, wt);
+    let hooks = main.join(".git/hooks");
+    let script = format!(
+        "git status --short >/dev/null && echo git-ok; \
+         echo x > {h}/post-checkout 2>/dev/null && echo HOOK-WRITTEN; true",
+        h = hooks.display()
+    );
+    let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0).stdout();
+    assert!(out.contains("git-ok"), "{out}");
+    assert!(!out.contains("HOOK-WRITTEN"), "{out}");
+}
+
+#[test]
+fn exec_refuses_cleanly_outside_a_directory_repo() {
+    let sb = Sandbox::new("norepo");
+    let file = sb.world.write(sb.world.tmp.path().join("afile"), "");
+    let run = sb
+        .world
+        .airlock(&sb.repo)
+        .args(["exec", "--repo"])
+        .arg_path(&file)
+        .args(["--", "true"])
+        .run()
+        .expect_code(125);
+    assert!(run.stderr().starts_with("airlock: --repo"), "{}", run.stderr());
+}
+
+trait ArgPath {
+    fn arg_path(self, p: &Path) -> Self;
+}
+impl ArgPath for support::TestCommand {
+    fn arg_path(mut self, p: &Path) -> Self {
+        self.cmd.arg(p);
+        self
+    }
+}
+
+#[test]
+fn a_terminal_is_relayed_through_a_private_pty() {
+    let sb = Sandbox::new("ptyin");
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = sb.exec(&["sh", "-c", "tty; read x; echo got:$x"]).cmd;
+    cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap()).stderr(slave);
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut reader = master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |needle: &str| {
+        while !seen.contains(needle) {
+            let chunk = rx.recv_timeout(Duration::from_secs(20)).expect("pty output");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    // The command's terminal is a pty of the sandbox's own devpts instance (numbered from 0).
+    wait_for("/dev/pts/0");
+    master.write_all(b"abc\r").unwrap();
+    wait_for("got:abc");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+}
+
+#[test]
+fn untrusted_repo_config_asks_on_a_terminal() {
+    let sb = Sandbox::new("asktrust");
+    sb.world.write(sb.repo.join(".airlock.toml"), "[network]\nallow = [\"asked.example.test\"]\n");
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = sb.exec(&["sh", "-c", "echo ran-after-trust"]).cmd;
+    cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap()).stderr(slave);
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    let mut master = std::fs::File::from(pty.master);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut reader = master.try_clone().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let mut wait_for = |needle: &str| {
+        while !seen.contains(needle) {
+            let chunk = rx.recv_timeout(Duration::from_secs(20)).expect(needle);
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    // The difference is shown before the question.
+    wait_for("asked.example.test");
+    wait_for("[y/N]");
+    master.write_all(b"y\n").unwrap();
+    wait_for("ran-after-trust");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+    // Trusted now: a non-interactive run applies it without asking.
+    sb.exec(&["true"]).run().expect_code(0);
+}
+
+#[test]
+fn a_repo_containing_home_or_airlock_state_is_refused() {
+    let sb = Sandbox::new("inner");
+    let run = sb
+        .world
+        .airlock(&sb.repo)
+        .args(["exec", "--repo"])
+        .arg_path(sb.world.tmp.path())
+        .args(["--", "true"])
+        .run()
+        .expect_code(125);
+    assert!(run.stderr().contains("refusing to run with --repo"), "{}", run.stderr());
+    sb.world
+        .airlock(&sb.repo)
+        .args(["exec", "--repo"])
+        .arg_path(sb.home())
+        .args(["--", "true"])
+        .run()
+        .expect_code(125);
+}
+
+#[test]
+fn doctor_shows_the_kernel_probes_exec_decides_with() {
+    let sb = Sandbox::new("doctor");
+    let fake = sb.world.tmp.path().join("probe");
+    sb.world.write(fake.join("proc/sys/kernel/apparmor_restrict_unprivileged_userns"), "1\n");
+    sb.world.write(fake.join("proc/self/attr/apparmor/current"), "unconfined\n");
+    let run = sb
+        .world
+        .airlock(&sb.repo)
+        .env("AIRLOCK_TEST_PROBE_ROOT", &fake)
+        .args(["doctor", "--json"])
+        .run();
+    let checks: serde_json::Value = serde_json::from_str(&run.stdout()).unwrap();
+    let kernel: Vec<&serde_json::Value> =
+        checks.as_array().unwrap().iter().filter(|c| c["area"] == "kernel").collect();
+    let find = |name: &str| {
+        *kernel.iter().find(|c| c["detail"].as_str().unwrap().starts_with(name)).unwrap()
+    };
+    assert_eq!(find("seccomp")["level"], "ok", "{kernel:?}");
+    assert_eq!(find("user namespaces")["level"], "ok", "{kernel:?}");
+    let apparmor = find("apparmor userns restriction");
+    if nix::unistd::getuid().is_root() {
+        assert_eq!(apparmor["level"], "ok");
+    } else {
+        assert_eq!(apparmor["level"], "fail");
+        assert!(apparmor["fix"].as_str().unwrap().contains("contrib/apparmor/airlock"));
+    }
+    assert!(find("landlock")["detail"].as_str().unwrap().starts_with("landlock: ABI"));
+}
