@@ -713,6 +713,15 @@ fn watch(
             Ok(n) => {
                 frames.extend(&buf[..n]);
                 while let Ok(Some(resp)) = frames.next_message::<Response>() {
+                    // A stopping daemon says so before closing; the EOF that follows triggers
+                    // re-registration. Anything else answers our `session_end`.
+                    if matches!(resp, Response::Error { code: ErrorCode::Stopping, .. }) {
+                        continue;
+                    }
+                    let ending = shared.lock().map(|s| s.pending_end.is_some()).unwrap_or(true);
+                    if !ending {
+                        continue;
+                    }
                     let done = matches!(resp, Response::SessionEnded { .. });
                     if tx.send(Ok(resp)).is_err() || done {
                         return;
