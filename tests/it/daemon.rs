@@ -826,3 +826,30 @@ fn sigterm_with_a_live_session_exits_zero_and_the_session_moves_to_the_next_inst
     assert_eq!(recs.len(), 2, "{recs:?}");
     assert!(recs.iter().all(|r| r.get("end_reason").is_none()), "{recs:?}");
 }
+
+#[test]
+fn doctor_names_what_is_missing_and_how_to_fix_it() {
+    let world = World::new();
+    let sock = oneshot_socket(&world);
+    let run = world
+        .airlock(world.tmp.path())
+        .args(["doctor"])
+        .env("AIRLOCK_SOCKET", &sock)
+        .run()
+        .expect_code(1);
+    let out = run.stdout();
+    assert!(out.contains("one-shot activator"), "{out}");
+    assert!(out.contains("fix: airlock login --email"), "{out}");
+    assert!(out.contains("[FAIL] config") && out.contains("allowlist is empty"), "{out}");
+    assert!(!sock.exists(), "doctor must not start the daemon");
+    // With an allow list the configuration passes.
+    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"example.test\"]\n");
+    let run = world
+        .airlock(world.tmp.path())
+        .args(["doctor", "--json"])
+        .env("AIRLOCK_SOCKET", &sock)
+        .run()
+        .expect_code(0);
+    let checks = json(&run.stdout());
+    assert!(checks.as_array().unwrap().iter().all(|c| c["level"] != "fail"), "{checks}");
+}
