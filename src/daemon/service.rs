@@ -104,6 +104,20 @@ pub struct Daemon {
     running_proxies: AtomicUsize,
     /// The audit writer state of this instance (one journal per repo), opened on first use.
     logs: Mutex<Option<Arc<LogRegistry>>>,
+    /// The managed layer as last read, keyed by the file's identity and change time, so every
+    /// request sees a fixed file at once without re-parsing an unchanged one.
+    managed: Mutex<Option<(FileKey, Result<Option<LayerDoc>, String>)>>,
+    binary: String,
+}
+
+/// What `stat(2)` says about a file; any change (or appearance/removal) means re-read it.
+type FileKey = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+
+fn file_key(path: &std::path::Path) -> FileKey {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
 }
 
 fn now() -> String {
@@ -138,6 +152,8 @@ impl Daemon {
             proxies: Mutex::new(Vec::new()),
             running_proxies: AtomicUsize::new(0),
             logs: Mutex::new(None),
+            managed: Mutex::new(None),
+            binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
         })
     }
 
@@ -197,12 +213,21 @@ impl Daemon {
     /// daemon; it is reported by `status` and refuses sessions until fixed.
     fn config_check(&self) -> Result<Option<LayerDoc>, String> {
         let paths = self.paths()?;
-        crate::config::load_managed(&paths).map_err(|e| {
+        let key = file_key(paths.managed_policy());
+        let mut cache = lock(&self.managed);
+        if let Some((k, result)) = cache.as_ref()
+            && *k == key
+        {
+            return result.clone();
+        }
+        let result = crate::config::load_managed(&paths).map_err(|e| {
             format!(
                 "managed policy: {e}; sessions are refused until it is fixed (ask your fleet \
                  admin, or run `airlock doctor`)"
             )
-        })
+        });
+        *cache = Some((key, result.clone()));
+        result
     }
 
     fn status(&self) -> StatusReply {
@@ -232,7 +257,7 @@ impl Daemon {
         StatusReply {
             daemon_version: self.version.clone(),
             protocol: self.protocol.max,
-            binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            binary: self.binary.clone(),
             pid: std::process::id(),
             boot: self.boot.clone(),
             started_at: self.started_at.clone(),
