@@ -106,9 +106,12 @@ pub struct Daemon {
     logs: Mutex<Option<Arc<LogRegistry>>>,
     /// The managed layer as last read, keyed by the file's identity and change time, so every
     /// request sees a fixed file at once without re-parsing an unchanged one.
-    managed: Mutex<Option<(FileKey, Result<Option<LayerDoc>, String>)>>,
+    managed: Mutex<ManagedCache>,
     binary: String,
 }
+
+/// The managed layer (or its error) and the file state it was read at.
+type ManagedCache = Option<(FileKey, Result<Option<LayerDoc>, String>)>;
 
 /// What `stat(2)` says about a file; any change (or appearance/removal) means re-read it.
 type FileKey = Option<(u64, u64, u64, i64, i64, i64, i64)>;
