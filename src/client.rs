@@ -262,7 +262,10 @@ impl Endpoint {
         let daemon_log = Paths::from_env(env).ok().map(|p| p.daemon_log());
         let protocol =
             VersionRange::from_test_override(env.var(protocol::TEST_CLIENT_PROTOCOL_VAR));
-        Self { socket, activation, daemon_log, protocol, daemon_env: std::env::vars_os().collect() }
+        // A one-shot daemon has no service manager: a NOTIFY_SOCKET inherited from whatever
+        // started this CLI would send READY=1 to the wrong manager.
+        let daemon_env = std::env::vars_os().filter(|(k, _)| k != "NOTIFY_SOCKET").collect();
+        Self { socket, activation, daemon_log, protocol, daemon_env }
     }
 
     /// Connects and says hello, activating the daemon where DESIGN §6 allows, retrying across
