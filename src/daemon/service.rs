@@ -108,6 +108,7 @@ pub struct Daemon {
     /// request sees a fixed file at once without re-parsing an unchanged one.
     managed: Mutex<ManagedCache>,
     binary: String,
+    last_status: Mutex<String>,
 }
 
 /// The managed layer (or its error) and the file state it was read at.
@@ -157,6 +158,7 @@ impl Daemon {
             logs: Mutex::new(None),
             managed: Mutex::new(None),
             binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            last_status: Mutex::new(notify::describe(0, 0)),
         })
     }
 
@@ -204,8 +206,14 @@ impl Daemon {
         Ok(Arc::new(SystemResolver))
     }
 
+    /// Sends `STATUS=` when the sessions/tunnels line changed since the last one.
     fn notify_status(&self) {
-        notify::status(&notify::describe(self.session_count(), self.tunnels()));
+        let line = notify::describe(self.session_count(), self.tunnels());
+        let mut last = lock(&self.last_status);
+        if *last != line {
+            notify::status(&line);
+            *last = line;
+        }
     }
 
     fn paths(&self) -> Result<Paths, String> {
@@ -311,6 +319,9 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
 
     let mut tasks = JoinSet::new();
     let mut idle_since = Instant::now();
+    // Tunnels open and close inside the proxy; refresh STATUS= periodically while busy.
+    let mut status_tick = tokio::time::interval(Duration::from_secs(2));
+    status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let reason = loop {
         let idle = daemon.active() == 0;
         let deadline = tokio::time::Instant::from_std(idle_since + daemon.options.idle_timeout);
@@ -342,6 +353,7 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
                 }
             }
             () = daemon.quit.notified() => break StopReason::Quit,
+            _ = status_tick.tick(), if daemon.session_count() > 0 => daemon.notify_status(),
             _ = sigterm.recv() => break StopReason::Signal,
             _ = sigint.recv() => break StopReason::Signal,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
