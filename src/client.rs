@@ -262,7 +262,10 @@ impl Endpoint {
         let daemon_log = Paths::from_env(env).ok().map(|p| p.daemon_log());
         let protocol =
             VersionRange::from_test_override(env.var(protocol::TEST_CLIENT_PROTOCOL_VAR));
-        Self { socket, activation, daemon_log, protocol, daemon_env: std::env::vars_os().collect() }
+        // A one-shot daemon has no service manager: a NOTIFY_SOCKET inherited from whatever
+        // started this CLI would send READY=1 to the wrong manager.
+        let daemon_env = std::env::vars_os().filter(|(k, _)| k != "NOTIFY_SOCKET").collect();
+        Self { socket, activation, daemon_log, protocol, daemon_env }
     }
 
     /// Connects and says hello, activating the daemon where DESIGN §6 allows, retrying across
@@ -713,6 +716,15 @@ fn watch(
             Ok(n) => {
                 frames.extend(&buf[..n]);
                 while let Ok(Some(resp)) = frames.next_message::<Response>() {
+                    // A stopping daemon says so before closing; the EOF that follows triggers
+                    // re-registration. Anything else answers our `session_end`.
+                    if matches!(resp, Response::Error { code: ErrorCode::Stopping, .. }) {
+                        continue;
+                    }
+                    let ending = shared.lock().map(|s| s.pending_end.is_some()).unwrap_or(true);
+                    if !ending {
+                        continue;
+                    }
                     let done = matches!(resp, Response::SessionEnded { .. });
                     if tx.send(Ok(resp)).is_err() || done {
                         return;

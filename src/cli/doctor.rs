@@ -3,6 +3,7 @@
 //! (namespaces, Landlock, seccomp, AppArmor) by appending to that list.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
 use std::process::{Command, Stdio};
 
 use crate::client::{self, Activation, Endpoint, SocketSource};
@@ -233,7 +234,7 @@ pub fn control_socket(ctx: &Context<'_>) -> Vec<Check> {
     out
 }
 
-/// `~/.airlock/identity.toml`: present, private.
+/// `~/.airlock/identity.toml`: present, private, parseable (the config module's reader).
 pub fn identity(ctx: &Context<'_>) -> Vec<Check> {
     let paths = match Paths::from_env(ctx.env) {
         Ok(p) => p,
@@ -242,63 +243,25 @@ pub fn identity(ctx: &Context<'_>) -> Vec<Check> {
         }
     };
     let file = paths.identity_file();
-    match std::fs::metadata(&file) {
-        Err(_) => vec![Check::warn(
+    match crate::config::load_identity(&paths) {
+        Ok(Some(id)) => vec![Check::ok("identity", format!("{} ({})", id.email, file.display()))],
+        Ok(None) => vec![Check::warn(
             "identity",
             format!("no identity ({} is missing): audit lines are unattributed", file.display()),
             "airlock login --email you@example.com",
         )],
-        Ok(meta) if meta.permissions().mode() & 0o077 != 0 => vec![Check::fail(
+        Err(e) => vec![Check::fail(
             "identity",
-            format!("{} has mode {:04o}", file.display(), meta.permissions().mode() & 0o777),
-            format!("chmod 0600 {}", file.display()),
+            e.to_string(),
+            format!(
+                "chmod 0600 {} if it is too open, else `airlock logout && airlock login --email ...`",
+                file.display()
+            ),
         )],
-        Ok(_) => match std::fs::read_to_string(&file).map(|t| t.parse::<toml::Table>()) {
-            Ok(Ok(t)) => {
-                let who = t.get("email").and_then(|v| v.as_str()).unwrap_or("(no email)");
-                vec![Check::ok("identity", format!("{who} ({})", file.display()))]
-            }
-            Ok(Err(e)) => vec![Check::fail(
-                "identity",
-                format!("{}: {}", file.display(), e.message()),
-                "airlock logout && airlock login --email you@example.com",
-            )],
-            Err(e) => vec![Check::fail(
-                "identity",
-                format!("{}: {e}", file.display()),
-                "check its permissions",
-            )],
-        },
     }
 }
 
-fn toml_check(area: &'static str, what: &str, path: &std::path::Path, fix: &str) -> Check {
-    match std::fs::read_to_string(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Check::ok(area, format!("{what}: none ({})", path.display()))
-        }
-        Err(e) => Check::fail(area, format!("{what} {}: {e}", path.display()), fix),
-        Ok(text) => match text.parse::<toml::Table>() {
-            Ok(_) => Check::ok(area, format!("{what}: {} parses", path.display())),
-            Err(e) => {
-                let line =
-                    e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-                Check::fail(
-                    area,
-                    format!(
-                        "{what} {}{}: {}",
-                        path.display(),
-                        line.map(|l| format!(":{l}")).unwrap_or_default(),
-                        e.message()
-                    ),
-                    fix,
-                )
-            }
-        },
-    }
-}
-
-/// The managed and user layers parse; the repo file's trust state.
+/// The managed and user layers load; the repo file's trust state; the effective policy builds.
 pub fn configuration(ctx: &Context<'_>) -> Vec<Check> {
     let paths = match Paths::from_env(ctx.env) {
         Ok(p) => p,
@@ -314,59 +277,54 @@ pub fn configuration(ctx: &Context<'_>) -> Vec<Check> {
             "unset it outside tests",
         ));
     }
-    out.push(toml_check(
-        "config",
-        "managed policy",
-        paths.managed_policy(),
-        "ask your fleet admin to fix it; airlockd refuses sessions until then",
-    ));
-    out.push(toml_check(
-        "config",
-        "user config",
-        &paths.user_config(),
-        "fix the file (see `airlock policy show`)",
-    ));
-    match crate::repo::Repo::resolve(None, &ctx.cwd) {
-        Ok(repo) => {
-            let file = repo.config_file();
-            if file.exists() {
-                out.push(toml_check(
+    match crate::config::load_managed(&paths) {
+        Ok(Some(doc)) => out.push(Check::ok("config", format!("managed policy: {}", doc.name))),
+        Ok(None) => out.push(Check::ok(
+            "config",
+            format!("managed policy: none ({})", paths.managed_policy().display()),
+        )),
+        Err(e) => out.push(Check::fail(
+            "config",
+            format!("managed policy: {e}"),
+            "ask your fleet admin to fix it; airlockd refuses sessions until then",
+        )),
+    }
+    let repo = crate::repo::Repo::resolve(None, &ctx.cwd).ok();
+    let identity = crate::config::load_identity(&paths).ok().flatten();
+    match crate::config::load(&paths, repo.as_ref(), identity.as_ref()) {
+        Ok(loaded) => {
+            match &loaded.user {
+                Some(u) => out.push(Check::ok("config", format!("user config: {}", u.doc.name))),
+                None => out.push(Check::warn(
                     "config",
-                    "repo config",
-                    &file,
-                    "fix the file, then `airlock policy trust`",
-                ));
-                let trusted = std::fs::read_dir(paths.trust_dir())
-                    .map(|d| {
-                        d.flatten()
-                            .any(|e| e.file_name().to_string_lossy().starts_with(&repo.key()))
-                    })
-                    .unwrap_or(false);
-                if trusted {
-                    out.push(Check::ok(
-                        "trust",
-                        format!(
-                            "a trust record exists for {} (repo key {})",
-                            file.display(),
-                            repo.key()
-                        ),
-                    ));
+                    format!("no user config ({})", paths.user_config().display()),
+                    "add an allow list to ~/.airlock/config.toml, e.g. [network] allow = [\"github.com\"]",
+                )),
+            }
+            for w in loaded.warnings() {
+                out.push(Check::warn("config", w.to_string(), "see `airlock policy show`"));
+            }
+            if let (Some(repo), Some(file)) = (&repo, &loaded.repo) {
+                let state = &file.trust;
+                let line = state.describe(&file.name, &repo.path);
+                if state.is_trusted() {
+                    out.push(Check::ok("trust", line));
                 } else {
-                    out.push(Check::warn(
-                        "trust",
-                        format!("{} is not trusted, so it does not apply", file.display()),
-                        "review it, then `airlock policy trust`",
-                    ));
+                    out.push(Check::warn("trust", line, "review it, then `airlock policy trust`"));
                 }
-            } else {
+            } else if let Some(repo) = &repo {
                 out.push(Check::ok("trust", format!("repo {}: no .airlock.toml", repo.name)));
             }
+            match loaded.build_policy() {
+                Ok(_) => out.push(Check::ok("config", "the effective policy builds")),
+                Err(e) => out.push(Check::fail(
+                    "config",
+                    e.to_string(),
+                    "add an allow entry (user or trusted repo layer)",
+                )),
+            }
         }
-        Err(e) => out.push(Check::warn(
-            "trust",
-            format!("no repo here: {e}"),
-            "run doctor inside a repo to check its trust",
-        )),
+        Err(e) => out.push(Check::fail("config", e.to_string(), "fix the file named above")),
     }
     out
 }

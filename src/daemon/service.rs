@@ -104,6 +104,24 @@ pub struct Daemon {
     running_proxies: AtomicUsize,
     /// The audit writer state of this instance (one journal per repo), opened on first use.
     logs: Mutex<Option<Arc<LogRegistry>>>,
+    /// The managed layer as last read, keyed by the file's identity and change time, so every
+    /// request sees a fixed file at once without re-parsing an unchanged one.
+    managed: Mutex<ManagedCache>,
+    binary: String,
+    last_status: Mutex<String>,
+}
+
+/// The managed layer (or its error) and the file state it was read at.
+type ManagedCache = Option<(FileKey, Result<Option<LayerDoc>, String>)>;
+
+/// What `stat(2)` says about a file; any change (or appearance/removal) means re-read it.
+type FileKey = Option<(u64, u64, u64, i64, i64, i64, i64)>;
+
+fn file_key(path: &std::path::Path) -> FileKey {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec()))
 }
 
 fn now() -> String {
@@ -138,6 +156,9 @@ impl Daemon {
             proxies: Mutex::new(Vec::new()),
             running_proxies: AtomicUsize::new(0),
             logs: Mutex::new(None),
+            managed: Mutex::new(None),
+            binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            last_status: Mutex::new(notify::describe(0, 0)),
         })
     }
 
@@ -185,8 +206,14 @@ impl Daemon {
         Ok(Arc::new(SystemResolver))
     }
 
+    /// Sends `STATUS=` when the sessions/tunnels line changed since the last one.
     fn notify_status(&self) {
-        notify::status(&notify::describe(self.session_count(), self.tunnels()));
+        let line = notify::describe(self.session_count(), self.tunnels());
+        let mut last = lock(&self.last_status);
+        if *last != line {
+            notify::status(&line);
+            *last = line;
+        }
     }
 
     fn paths(&self) -> Result<Paths, String> {
@@ -197,12 +224,21 @@ impl Daemon {
     /// daemon; it is reported by `status` and refuses sessions until fixed.
     fn config_check(&self) -> Result<Option<LayerDoc>, String> {
         let paths = self.paths()?;
-        crate::config::load_managed(&paths).map_err(|e| {
+        let key = file_key(paths.managed_policy());
+        let mut cache = lock(&self.managed);
+        if let Some((k, result)) = cache.as_ref()
+            && *k == key
+        {
+            return result.clone();
+        }
+        let result = crate::config::load_managed(&paths).map_err(|e| {
             format!(
                 "managed policy: {e}; sessions are refused until it is fixed (ask your fleet \
                  admin, or run `airlock doctor`)"
             )
-        })
+        });
+        *cache = Some((key, result.clone()));
+        result
     }
 
     fn status(&self) -> StatusReply {
@@ -232,7 +268,7 @@ impl Daemon {
         StatusReply {
             daemon_version: self.version.clone(),
             protocol: self.protocol.max,
-            binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+            binary: self.binary.clone(),
             pid: std::process::id(),
             boot: self.boot.clone(),
             started_at: self.started_at.clone(),
@@ -283,6 +319,9 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
 
     let mut tasks = JoinSet::new();
     let mut idle_since = Instant::now();
+    // Tunnels open and close inside the proxy; refresh STATUS= periodically while busy.
+    let mut status_tick = tokio::time::interval(Duration::from_secs(2));
+    status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let reason = loop {
         let idle = daemon.active() == 0;
         let deadline = tokio::time::Instant::from_std(idle_since + daemon.options.idle_timeout);
@@ -314,6 +353,7 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
                 }
             }
             () = daemon.quit.notified() => break StopReason::Quit,
+            _ = status_tick.tick(), if daemon.session_count() > 0 => daemon.notify_status(),
             _ = sigterm.recv() => break StopReason::Signal,
             _ = sigint.recv() => break StopReason::Signal,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
