@@ -23,4 +23,5 @@ pub mod env;
 pub mod paths;
 pub mod policy;
 pub mod repo;
+pub mod review;
 pub mod sys;

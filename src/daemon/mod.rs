@@ -15,7 +15,13 @@ pub struct DaemonCli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum DaemonCommand {}
+pub enum DaemonCommand {
+    /// Serve the review plane (or manage it: init-tls, migrate, maintain).
+    Review(crate::review::cli::ReviewArgs),
+    /// Manage review-plane users and tokens.
+    #[command(subcommand)]
+    Admin(crate::review::cli::AdminCommand),
+}
 
 /// Entry point of the `airlockd` binary; synchronous so socket adoption happens before any
 /// thread exists. Returns the process exit code.
@@ -28,7 +34,12 @@ pub fn main() -> i32 {
         }
     };
     match cli.command {
-        Some(command) => match command {},
+        Some(command) => match command {
+            DaemonCommand::Review(args) => crate::review::cli::run_review(args),
+            DaemonCommand::Admin(cmd) => {
+                crate::review::cli::run_admin(crate::review::cli::AdminArgs { command: cmd })
+            }
+        },
         None => {
             eprintln!("airlockd: not started by a service manager (no activation socket)");
             64
