@@ -572,3 +572,203 @@ pub fn session_checks(user_id: &str, session: &str, events: &[StoredEvent]) -> V
     }
     flags
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const CASES: &str = include_str!("../../tests/fixtures/detect/cases.jsonl");
+
+    fn hits(engine: &Engine, source: Source, payload: &Value) -> Vec<String> {
+        let view = transcript::view(source, payload);
+        engine
+            .scan(source, &view, payload)
+            .into_iter()
+            .map(|h| engine.rules()[h.rule].id.clone())
+            .collect()
+    }
+
+    /// Every built-in rule has a true-positive and a true-negative fixture, and each behaves.
+    #[test]
+    fn every_builtin_rule_has_passing_tp_and_tn_fixtures() {
+        let engine = Engine::builtin().unwrap();
+        let mut tp: HashSet<String> = HashSet::new();
+        let mut tn: HashSet<String> = HashSet::new();
+        for line in CASES.lines().filter(|l| !l.trim().is_empty()) {
+            let case: Value = serde_json::from_str(line).unwrap();
+            let rule = case["rule"].as_str().unwrap().to_string();
+            let expect = case["expect"].as_bool().unwrap();
+            let source: Source = case["source"].as_str().unwrap().parse().unwrap();
+            let got = hits(&engine, source, &case["payload"]);
+            assert_eq!(
+                got.contains(&rule),
+                expect,
+                "rule {rule} expect {expect} on {line}: got {got:?}"
+            );
+            if expect {
+                tp.insert(rule)
+            } else {
+                tn.insert(rule)
+            };
+        }
+        for r in engine.rules() {
+            assert!(tp.contains(&r.id), "rule {} has no true-positive fixture", r.id);
+            assert!(tn.contains(&r.id), "rule {} has no true-negative fixture", r.id);
+        }
+    }
+
+    #[test]
+    fn details_never_contain_the_secret() {
+        let engine = Engine::builtin().unwrap();
+        let secret = "sk_live_abcdefghijklmnop0000";
+        let p = serde_json::json!({"type":"user","message":{"content": format!("key {secret}")}});
+        let view = transcript::view(Source::Claude, &p);
+        let h = engine.scan(Source::Claude, &view, &p);
+        assert_eq!(h.len(), 1);
+        assert!(!h[0].detail.contains(secret), "{}", h[0].detail);
+    }
+
+    #[test]
+    fn rule_errors_name_file_line_and_column() {
+        let bad =
+            "[[rule]]\nid = \"x\"\ntitle = \"t\"\nseverity = \"extreme\"\nkeywords = [\"a\"]\n";
+        let e = Engine::from_sources(&[("admin.toml".into(), bad.into())]).unwrap_err().to_string();
+        assert!(e.starts_with("admin.toml:2:"), "{e}");
+        assert!(e.contains("extreme"), "{e}");
+        let syntax = "[[rule]]\nid = \n";
+        let e = Engine::from_sources(&[("s.toml".into(), syntax.into())]).unwrap_err().to_string();
+        assert!(e.starts_with("s.toml:2:"), "{e}");
+        let re = "[[rule]]\nid = \"r\"\ntitle = \"t\"\nseverity = \"low\"\nfields = [\"text\"]\nkeywords = [\"a\"]\nregex = \"(\"\n";
+        let e = Engine::from_sources(&[("r.toml".into(), re.into())]).unwrap_err().to_string();
+        assert!(e.contains("bad regex"), "{e}");
+        let dup = format!("{BUILTIN_RULES}");
+        assert!(Engine::from_sources(&[("a".into(), dup.clone()), ("b".into(), dup)]).is_err());
+    }
+
+    #[test]
+    fn admin_rules_from_a_dir_are_added() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("team.toml"),
+            "[[rule]]\nid = \"team.codename\"\ntitle = \"Project codename\"\nseverity = \"low\"\nfields = [\"text\"]\nkeywords = [\"bluefalcon\"]\n",
+        )
+        .unwrap();
+        let engine = Engine::with_dir(Some(dir.path())).unwrap();
+        let p = serde_json::json!({"type":"user","message":{"content":"about BlueFalcon"}});
+        assert_eq!(hits(&engine, Source::Claude, &p), vec!["team.codename".to_string()]);
+        let p = serde_json::json!({"type":"user","message":{"content":"about red hawk"}});
+        assert!(hits(&engine, Source::Claude, &p).is_empty());
+    }
+
+    fn ev(source: Source, id: &str, ts: Micros, payload: &str) -> NewEvent {
+        NewEvent {
+            source,
+            id: id.into(),
+            kind: "t".into(),
+            ts,
+            session: Some("s1".into()),
+            seq: None,
+            boot: None,
+            payload: payload.into(),
+        }
+    }
+
+    #[test]
+    fn backdating_future_ts_tp_and_tn() {
+        let engine = Engine::builtin().unwrap();
+        let now = 1_800_000_000_000_000;
+        let p = serde_json::json!({});
+        let future = ev(Source::External, "f", now + FUTURE_SKEW_US + 1, "{}");
+        let old = ev(Source::External, "o", now - 86_400_000_000, "{}");
+        let created = [
+            Created { pk: 1, event: &future, payload: &p, received_at: now },
+            Created { pk: 2, event: &old, payload: &p, received_at: now },
+        ];
+        let flags = engine.detect_batch("u", &created);
+        let back: Vec<_> = flags.iter().filter(|f| f.rule_id == "timing.backdated").collect();
+        assert_eq!(back.len(), 1, "old is not backdating; only the future one is");
+        assert_eq!(back[0].event_pks, vec![1]);
+    }
+
+    #[test]
+    fn denial_burst_tp_and_tn() {
+        let engine = Engine::builtin().unwrap();
+        let denied = serde_json::json!({"host":"x.example.test","allowed":false});
+        let mk = |n: usize, step: Micros| -> Vec<NewEvent> {
+            (0..n)
+                .map(|i| {
+                    ev(Source::Egress, &format!("d{i}"), 1_000_000_000 + i as Micros * step, "{}")
+                })
+                .collect()
+        };
+        let burst = mk(DENIAL_BURST, 1_000_000);
+        let created: Vec<Created<'_>> = burst
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Created { pk: i as i64, event: e, payload: &denied, received_at: e.ts })
+            .collect();
+        assert!(
+            engine.detect_batch("u", &created).iter().any(|f| f.rule_id == "egress.denial-burst")
+        );
+        let spread = mk(DENIAL_BURST, 30_000_000);
+        let created: Vec<Created<'_>> = spread
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Created { pk: i as i64, event: e, payload: &denied, received_at: e.ts })
+            .collect();
+        assert!(
+            !engine.detect_batch("u", &created).iter().any(|f| f.rule_id == "egress.denial-burst")
+        );
+    }
+
+    fn stored(
+        pk: i64,
+        source: Source,
+        id: &str,
+        ts: Micros,
+        seq: Option<i64>,
+        boot: &str,
+    ) -> StoredEvent {
+        StoredEvent {
+            pk,
+            user_id: "u".into(),
+            source,
+            id: id.into(),
+            kind: "t".into(),
+            ts,
+            session: Some("s1".into()),
+            seq,
+            boot: Some(boot.into()),
+            received_at: ts,
+            payload: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn session_span_and_seq_gap_tp_and_tn() {
+        let start = stored(1, Source::Session, "s1:start", 100, None, "");
+        let end = stored(9, Source::Session, "s1:end", 1000, None, "");
+        let good = vec![
+            start.clone(),
+            stored(2, Source::Egress, "e1", 200, Some(1), "b1"),
+            stored(3, Source::Egress, "e2", 300, Some(2), "b1"),
+            stored(4, Source::Egress, "e3", 300, Some(1), "b2"),
+            end.clone(),
+        ];
+        assert!(session_checks("u", "s1", &good).is_empty());
+        let bad = vec![
+            start,
+            stored(2, Source::Egress, "e1", 50, Some(1), "b1"),
+            stored(3, Source::Egress, "e4", 300, Some(4), "b1"),
+            stored(4, Source::Egress, "e5", 300, Some(1), "b2"),
+            end,
+        ];
+        let flags = session_checks("u", "s1", &bad);
+        let span = flags.iter().find(|f| f.rule_id == "timing.outside-session").unwrap();
+        assert_eq!(span.event_pks, vec![2]);
+        let gap = flags.iter().find(|f| f.rule_id == "session.seq-gap").unwrap();
+        assert!(gap.detail.contains("missing seq 2-3"), "{}", gap.detail);
+        assert_eq!(flags.len(), 2, "boot b2 has no gap: {flags:?}");
+    }
+}
