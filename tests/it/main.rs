@@ -7,4 +7,7 @@ compile_error!(
     "the integration suite needs test-only hooks: run `cargo test --features test-hooks`"
 );
 
+mod review;
+mod review_store;
+mod review_support;
 mod support;
