@@ -491,10 +491,16 @@ fn no_outbound_connections() {
         r#"
 set -e
 ip link set lo up
+# IPv4 OutNoRoutes + IPv6 Ip6OutNoRoutes: every dial or datagram with no route.
+cnt() {{
+  a=$(awk '/^Ip: [0-9]/ {{print $13}}' /proc/net/snmp)
+  b=$(awk '/^Ip6OutNoRoutes/ {{print $2}}' /proc/net/snmp6 2>/dev/null)
+  echo $((a + ${{b:-0}}))
+}}
 D={d}
 $D admin user add --email ana@example.test --role reviewer --data-dir {dir} >/dev/null
 T=$($D admin token create --user ana@example.test --data-dir {dir} 2>/dev/null)
-before=$(awk '/^Ip: [0-9]/ {{print $13}}' /proc/net/snmp)
+before=$(cnt)
 $D review --listen 127.0.0.1:18999 --data-dir {dir} 2>/dev/null &
 pid=$!
 for i in $(seq 100); do curl -s --noproxy '*' http://127.0.0.1:18999/healthz >/dev/null && break; sleep 0.05; done
@@ -502,9 +508,13 @@ printf '%s\n' '{batch}' > {dir}/b.ndjson
 curl -s --noproxy '*' -o /dev/null -w '%{{http_code}}\n' -H "Authorization: Bearer $T" -H 'Content-Type: application/x-ndjson' --data-binary @{dir}/b.ndjson http://127.0.0.1:18999/api/v1/events
 curl -s --noproxy '*' -o /dev/null -w '%{{http_code}}\n' -H "Authorization: Bearer $T" http://127.0.0.1:18999/api/v1/flags
 curl -s --noproxy '*' -o /dev/null -w '%{{http_code}}\n' -H "Authorization: Bearer $T" "http://127.0.0.1:18999/api/v1/events?user=ana@example.test"
-after=$(awk '/^Ip: [0-9]/ {{print $13}}' /proc/net/snmp)
+after=$(cnt)
 kill $pid; wait $pid || true
-echo "outnoroutes $before $after"
+# Positive control: a dial to a non-loopback address (TEST-NET-1; no route exists in this
+# namespace, so no packet leaves) must move the counter, proving the check can fail.
+curl -s --noproxy '*' --connect-timeout 1 http://192.0.2.1/ >/dev/null 2>&1 || true
+control=$(cnt)
+echo "outnoroutes $before $after $control"
 ss -tanH | awk '{{print $4, $5}}' | grep -v -E '^(127\.|\[::1\]|\[::ffff:127)' | grep -v -E '^(0\.0\.0\.0|\*|\[::\])' || true
 "#,
         d = d.display(),
