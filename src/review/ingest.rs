@@ -2,8 +2,8 @@
 //!
 //! Two error levels, kept strictly apart:
 //! - **body errors** (bad gzip, unknown media type, not a JSON array / NDJSON framing,
-//!   > [`MAX_ITEMS`] items, > [`MAX_BODY`] bytes after decompression): the request fails
-//!   with a 4xx and nothing is stored;
+//!   more than [`MAX_ITEMS`] items, more than [`MAX_BODY`] bytes after decompression): the
+//!   request fails with a 4xx and nothing is stored;
 //! - **item errors** (an element or NDJSON line that is not valid JSON, misses a field,
 //!   exceeds [`MAX_ITEM`], or names another user): that item gets its code in a 207, the
 //!   rest are stored.
@@ -178,15 +178,11 @@ fn split_array(body: &[u8]) -> Result<Vec<&[u8]>, BodyError> {
         match b {
             b'"' => in_str = true,
             b'[' | b'{' => stack.push(b),
-            b'}' => {
-                if stack.pop() != Some(b'{') {
-                    return Err(err("unbalanced '}'"));
-                }
+            b'}' if stack.pop() != Some(b'{') => {
+                return Err(err("unbalanced '}'"));
             }
-            b']' if !stack.is_empty() => {
-                if stack.pop() != Some(b'[') {
-                    return Err(err("unbalanced ']'"));
-                }
+            b']' if !stack.is_empty() && stack.pop() != Some(b'[') => {
+                return Err(err("unbalanced ']'"));
             }
             b',' | b']' if stack.is_empty() => {
                 let item = trim(&body[start..i]);
@@ -309,14 +305,14 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
     }
     let sid = Some(id.clone());
     // Attribution first: a foreign user_id is refused whatever else is wrong.
-    if let Some(claimed) = opt_string(env.user_id, "user_id", &sid)? {
-        if claimed != token_user {
-            return Err(ItemError {
+    if let Some(claimed) = opt_string(env.user_id, "user_id", &sid)?
+        && claimed != token_user
+    {
+        return Err(ItemError {
                 code: 403,
                 message: "`user_id` differs from the token's user; a token writes only its own user's history".into(),
                 id: sid,
             });
-        }
     }
     let source: Source = opt_string(env.source, "source", &sid)?
         .ok_or_else(|| ItemError::bad(sid.clone(), "`source` is required"))?

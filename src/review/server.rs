@@ -2,6 +2,9 @@
 //! (rustls). Authentication is by bearer token only, never by peer uid; the server makes no
 //! outbound connections (the store is the only peer, and it is configured by the operator).
 
+// Handlers return the error *response* itself as `Err`; boxing it would buy nothing.
+#![allow(clippy::result_large_err)]
+
 use super::detect::{self, Created, Engine};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::store::{EventQuery, FlagQuery, Store, StoreError, random_id};
@@ -181,10 +184,9 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
+        && len > ingest::MAX_BODY as u64
     {
-        if len > ingest::MAX_BODY as u64 {
-            return body_error(&BodyError::TooLarge);
-        }
+        return body_error(&BodyError::TooLarge);
     }
     let raw = match read_capped(req.into_body(), ingest::MAX_BODY).await {
         Ok(b) => b,
@@ -222,15 +224,15 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let mut created = Vec::new();
     let mut it = inserted.iter();
     for p in parsed.iter().flatten() {
-        if let Some(ins) = it.next() {
-            if ins.created {
-                created.push(Created {
-                    pk: ins.pk,
-                    event: &p.event,
-                    payload: &p.payload,
-                    received_at: ins.received_at,
-                });
-            }
+        if let Some(ins) = it.next()
+            && ins.created
+        {
+            created.push(Created {
+                pk: ins.pk,
+                event: &p.event,
+                payload: &p.payload,
+                received_at: ins.received_at,
+            });
         }
     }
     let mut flags = st.engine.detect_batch(&user.id, &created);
@@ -245,12 +247,12 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
             Err(e) => tracing::error!("session checks for {session} skipped: {e}"),
         }
     }
-    if !flags.is_empty() {
-        if let Err(e) = st.store.insert_flags(&flags).await {
-            // The events are stored; losing their flags is logged loudly rather than turning
-            // a successful write into an error the client would retry as duplicates.
-            tracing::error!("storing {} flags failed: {e}", flags.len());
-        }
+    if !flags.is_empty()
+        && let Err(e) = st.store.insert_flags(&flags).await
+    {
+        // The events are stored; losing their flags is logged loudly rather than turning
+        // a successful write into an error the client would retry as duplicates.
+        tracing::error!("storing {} flags failed: {e}", flags.len());
     }
     let mut results = Vec::with_capacity(parsed.len());
     let mut all_ok = true;

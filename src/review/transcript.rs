@@ -68,10 +68,10 @@ fn raw(v: &Value) -> String {
 }
 
 fn push_str(out: &mut Vec<String>, v: Option<&Value>) {
-    if let Some(s) = v.and_then(Value::as_str) {
-        if !s.is_empty() {
-            out.push(s.to_string());
-        }
+    if let Some(s) = v.and_then(Value::as_str)
+        && !s.is_empty()
+    {
+        out.push(s.to_string());
     }
 }
 
@@ -208,10 +208,10 @@ fn codex(line: &Value) -> View {
             v.tool.push(name.to_string());
             // `arguments` is JSON inside a string.
             let args_text = p.get("arguments").and_then(Value::as_str).unwrap_or("");
-            if let Ok(args) = serde_json::from_str::<Value>(args_text) {
-                if let Some(cmd) = shell_command(&args) {
-                    v.command.push(cmd);
-                }
+            if let Ok(args) = serde_json::from_str::<Value>(args_text)
+                && let Some(cmd) = shell_command(&args)
+            {
+                v.command.push(cmd);
             }
             v.text.push(args_text.to_string());
         }
@@ -233,10 +233,10 @@ fn codex(line: &Value) -> View {
         }
         ("response_item", "local_shell_call") => {
             v.kind = "local_shell_call".into();
-            if let Some(action) = p.get("action") {
-                if let Some(cmd) = shell_command(action) {
-                    v.command.push(cmd);
-                }
+            if let Some(action) = p.get("action")
+                && let Some(cmd) = shell_command(action)
+            {
+                v.command.push(cmd);
             }
         }
         ("event_msg", "user_message") | ("event_msg", "agent_message") => {

@@ -149,8 +149,8 @@ async fn conformance<S: Store>(s: &S) {
         detail: "d".into(),
         event_pks: vec![r[0].pk, r[1].pk],
     };
-    s.insert_flags(&[flag.clone()]).await.unwrap();
-    s.insert_flags(&[flag.clone()]).await.unwrap();
+    s.insert_flags(std::slice::from_ref(&flag)).await.unwrap();
+    s.insert_flags(std::slice::from_ref(&flag)).await.unwrap();
     let flags = s.list_flags(&FlagQuery { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(flags.len(), 1);
     assert_eq!(flags[0].1.state, FlagState::Open);
