@@ -92,7 +92,8 @@ async fn drive(port: u16, secret: &str, bodies: Vec<Bytes>, conns: usize) -> Res
     }
     let elapsed = start.elapsed();
     lat.sort();
-    let pct = |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).saturating_sub(1).min(lat.len() - 1)];
+    let pct =
+        |p: f64| lat[((lat.len() as f64 * p).ceil() as usize).saturating_sub(1).min(lat.len() - 1)];
     Result_ {
         events_per_s: (lat.len() * BATCH) as f64 / elapsed.as_secs_f64(),
         p50: pct(0.50),
@@ -167,10 +168,15 @@ fn psql(sql: &str) -> bool {
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing useful: run small.
     let quick = !std::env::args().any(|a| a == "--bench");
-    let batches: usize = std::env::var("BENCH_BATCHES").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick { 3 } else { 200 });
+    let batches: usize = std::env::var("BENCH_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 3 } else { 200 });
     let conns: usize = std::env::var("BENCH_CONNS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    println!("review ingest: {batches} batches of {BATCH} egress events (+10% resent), {conns} client connections, same machine");
+    println!(
+        "review ingest: {batches} batches of {BATCH} egress events (+10% resent), {conns} client connections, same machine"
+    );
     let dir = tempfile::tempdir().unwrap();
     rt.block_on(async {
         let s = SqliteStore::open(dir.path()).unwrap();

@@ -535,3 +535,47 @@ ss -tanH | awk '{{print $4, $5}}' | grep -v -E '^(127\.|\[::1\]|\[::ffff:127)' |
     );
     assert_eq!(lines.len(), 4, "non-loopback sockets seen: {stdout}");
 }
+
+/// Socket activation: the listener named `review` is adopted (systemd-socket-activate plays
+/// the service manager, as airlock-review.socket does).
+#[test]
+fn socket_activation_adopts_the_review_fd() {
+    if Command::new("systemd-socket-activate").arg("--help").output().is_err() {
+        assert!(!in_ci(), "systemd-socket-activate is missing in CI");
+        eprintln!("SKIP: systemd-socket-activate not installed");
+        return;
+    }
+    let world = World::new();
+    let dir = world.tmp.path().join("d");
+    let store = StoreSel::Embedded(dir.clone());
+    let tok = user_with_token(&world, &store, "ana@example.test", "member");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new("systemd-socket-activate")
+        .args(["-l", &format!("127.0.0.1:{port}"), "--fdname=review"])
+        .arg(bin("airlockd"))
+        .args(["review", "--data-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // systemd-socket-activate binds first and starts airlockd on the first connection.
+    let base = format!("http://127.0.0.1:{port}");
+    let mut r = get(
+        &base,
+        &tok,
+        "/api/v1/me",
+        &["--retry", "20", "--retry-connrefused", "--retry-delay", "0"],
+    );
+    for _ in 0..50 {
+        if r.status == 200 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        r = get(&base, &tok, "/api/v1/me", &[]);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["email"], "ana@example.test");
+}
