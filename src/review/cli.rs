@@ -3,7 +3,7 @@
 //! `--data-dir DIR` (embedded SQLite, the default).
 
 use super::detect::Engine;
-use super::server::{AppState, serve, tls_acceptor};
+use super::server::{AppState, serve, settle_loop, tls_acceptor};
 use super::store::postgres::{self, PgStore};
 use super::store::sqlite::SqliteStore;
 use super::store::{AnyStore, Store, StoreError, random_id};
@@ -68,6 +68,10 @@ pub struct ReviewArgs {
     /// Directory of extra detection rule files (`*.toml`), added to the built-in packs.
     #[arg(long, value_name = "DIR")]
     pub rules_dir: Option<PathBuf>,
+    /// Seconds a session must be quiet before its span and `seq` gaps are checked (they are
+    /// also checked as soon as its end record arrives).
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub settle_secs: u64,
     /// PostgreSQL connections to keep.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
@@ -394,7 +398,12 @@ fn run_server(args: ReviewArgs) -> i32 {
         );
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
         let state = Arc::new(AppState::new(store, engine));
+        let settle = tokio::spawn(settle_loop(
+            Arc::clone(&state),
+            std::time::Duration::from_secs(args.settle_secs.max(1)),
+        ));
         serve(listener, tls, state, shutdown_signal()).await;
+        settle.abort();
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         0
     })

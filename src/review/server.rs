@@ -8,13 +8,15 @@
 use super::detect::{self, Created, Engine};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::store::{EventQuery, FlagQuery, Store, StoreError, random_id};
-use super::{FlagState, NewEvent, Source, User, format_micros, now_micros, parse_rfc3339, token};
+use super::{
+    FlagState, Micros, NewEvent, Source, User, format_micros, now_micros, parse_rfc3339, token,
+};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,11 +33,66 @@ pub struct AppState<S> {
     pub store: S,
     pub engine: Engine,
     ingest: Semaphore,
+    /// Sessions that received events, with when they last did: the settle sweep re-checks a
+    /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
+    /// instance (lost on restart; the end-record check does not depend on it).
+    touched: std::sync::Mutex<HashMap<(String, String), Micros>>,
 }
 
 impl<S: Store> AppState<S> {
     pub fn new(store: S, engine: Engine) -> Self {
-        Self { store, engine, ingest: Semaphore::new(INGEST_CONCURRENCY) }
+        Self {
+            store,
+            engine,
+            ingest: Semaphore::new(INGEST_CONCURRENCY),
+            touched: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn touch(&self, user: &str, session: &str, at: Micros) {
+        if let Ok(mut t) = self.touched.lock() {
+            t.insert((user.to_string(), session.to_string()), at);
+        }
+    }
+
+    /// Runs the session checks for every session quiet for `settle`; returns how many ran.
+    pub async fn settle_once(&self, settle: Duration, now: Micros) -> usize {
+        let cutoff = now - settle.as_micros() as Micros;
+        let due: Vec<(String, String)> = match self.touched.lock() {
+            Ok(mut t) => {
+                let due: Vec<_> =
+                    t.iter().filter(|(_, at)| **at <= cutoff).map(|(k, _)| k.clone()).collect();
+                for k in &due {
+                    t.remove(k);
+                }
+                due
+            }
+            Err(_) => Vec::new(),
+        };
+        for (user, session) in &due {
+            match self.store.session_events(user, session).await {
+                Ok(evs) => {
+                    let flags = detect::session_checks(user, session, &evs);
+                    if let Err(e) = self.store.insert_flags(&flags).await {
+                        tracing::error!("settle checks for {session}: storing flags failed: {e}");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("settle checks for {session} postponed: {e}");
+                    self.touch(user, session, now);
+                }
+            }
+        }
+        due.len()
+    }
+}
+
+/// Periodically runs [`AppState::settle_once`].
+pub async fn settle_loop<S: Store>(state: Arc<AppState<S>>, settle: Duration) {
+    let tick = (settle / 4).clamp(Duration::from_millis(200), Duration::from_secs(30));
+    loop {
+        tokio::time::sleep(tick).await;
+        state.settle_once(settle, now_micros()).await;
     }
 }
 
@@ -236,6 +293,11 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         }
     }
     let mut flags = st.engine.detect_batch(&user.id, &created);
+    for c in &created {
+        if let Some(session) = c.event.session.as_deref() {
+            st.touch(&user.id, session, received_at);
+        }
+    }
     let ended: BTreeSet<&str> = created
         .iter()
         .filter(|c| c.event.source == Source::Session && c.event.id.ends_with(":end"))

@@ -579,3 +579,111 @@ fn socket_activation_adopts_the_review_fd() {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.json()["email"], "ana@example.test");
 }
+
+fn session_record(session: &str, kind: &str, ts: &str) -> Value {
+    json!({"id": format!("{session}:{kind}"), "source": "session", "type": kind, "ts": ts,
+           "session": session, "payload": {"id": format!("{session}:{kind}"), "ts": ts}})
+}
+
+fn egress_at(id: &str, session: &str, seq: i64, ts: &str) -> Value {
+    let mut e = egress(id, "example.test", true);
+    e["session"] = json!(session);
+    e["seq"] = json!(seq);
+    e["ts"] = json!(ts);
+    e
+}
+
+fn rules_of(base: &str, tok: &str) -> Vec<String> {
+    let r = get(base, tok, "/api/v1/flags?limit=1000", &[]);
+    r.json()["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["rule_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Backdating outside the session span and `seq` gaps are judged when the end record
+/// arrives; a clean session raises nothing.
+#[test]
+fn session_span_and_gaps_on_end_record() {
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    let tok = user_with_token(&world, &store, "ana@example.test", "reviewer");
+    let server = Server::start(&world, &store, &[]);
+    let clean = vec![
+        session_record("s-ok", "start", "2026-03-04T09:00:00Z"),
+        egress_at("ok1", "s-ok", 1, "2026-03-04T09:00:01Z"),
+        egress_at("ok2", "s-ok", 2, "2026-03-04T09:00:02Z"),
+        session_record("s-ok", "end", "2026-03-04T09:10:00Z"),
+    ];
+    let f = write_file(world.tmp.path(), "ok.ndjson", &ndjson(&clean));
+    assert_eq!(post_events(&server.base, &tok, &f, "application/x-ndjson", &[]).status, 200);
+    assert!(rules_of(&server.base, &tok).is_empty());
+    // Published in two batches; the end record arrives last.
+    let first = vec![
+        session_record("s-bad", "start", "2026-03-04T09:00:00Z"),
+        egress_at("b1", "s-bad", 1, "2026-03-04T08:00:00Z"),
+        egress_at("b2", "s-bad", 2, "2026-03-04T09:00:02Z"),
+    ];
+    let f = write_file(world.tmp.path(), "b1.ndjson", &ndjson(&first));
+    assert_eq!(post_events(&server.base, &tok, &f, "application/x-ndjson", &[]).status, 200);
+    assert!(rules_of(&server.base, &tok).is_empty(), "not judged before the end record");
+    let second = vec![
+        egress_at("b5", "s-bad", 5, "2026-03-04T09:00:05Z"),
+        session_record("s-bad", "end", "2026-03-04T09:10:00Z"),
+    ];
+    let f = write_file(world.tmp.path(), "b2.ndjson", &ndjson(&second));
+    assert_eq!(post_events(&server.base, &tok, &f, "application/x-ndjson", &[]).status, 200);
+    let mut rules = rules_of(&server.base, &tok);
+    rules.sort();
+    assert_eq!(rules, vec!["session.seq-gap", "timing.outside-session"]);
+}
+
+/// Without an end record, the checks run once the session has been quiet for the settle delay.
+#[test]
+fn session_gaps_after_settle_delay() {
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    let tok = user_with_token(&world, &store, "ana@example.test", "reviewer");
+    let server = Server::start(&world, &store, &["--settle-secs", "1"]);
+    let evs = vec![
+        egress_at("g1", "s-open", 1, "2026-03-04T09:00:01Z"),
+        egress_at("g3", "s-open", 3, "2026-03-04T09:00:03Z"),
+    ];
+    let f = write_file(world.tmp.path(), "g.ndjson", &ndjson(&evs));
+    assert_eq!(post_events(&server.base, &tok, &f, "application/x-ndjson", &[]).status, 200);
+    let mut rules = Vec::new();
+    for _ in 0..200 {
+        rules = rules_of(&server.base, &tok);
+        if !rules.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(rules, vec!["session.seq-gap"]);
+}
+
+/// A store that goes away answers 503 with Retry-After, not 500.
+#[test]
+fn store_unavailable_is_503() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let store = StoreSel::Pg(db.runtime_url.clone());
+    let tok = user_with_token(&world, &store, "ana@example.test", "member");
+    let server = Server::start(&world, &store, &[]);
+    assert_eq!(get(&server.base, &tok, "/api/v1/me", &[]).status, 200);
+    db.owner_sql("SELECT 1").unwrap();
+    let admin = crate::review_support::PG_ADMIN;
+    let out = Command::new("psql")
+        .args([admin, "-qAt", "-c", &format!("DROP DATABASE {} WITH (FORCE)", db.name)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let f =
+        write_file(world.tmp.path(), "x.ndjson", &ndjson(&[egress("x1", "example.test", true)]));
+    let r = post_events(&server.base, &tok, &f, "application/x-ndjson", &[]);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(r.headers.to_ascii_lowercase().contains("retry-after:"), "{}", r.headers);
+}
