@@ -470,29 +470,37 @@ impl Store for PgStore {
         if flags.is_empty() {
             return Ok(());
         }
-        let c = self.client().await?;
+        let ids: Vec<&str> = flags.iter().map(|f| f.id.as_str()).collect();
+        let rules: Vec<&str> = flags.iter().map(|f| f.rule_id.as_str()).collect();
+        let titles: Vec<&str> = flags.iter().map(|f| f.title.as_str()).collect();
+        let sevs: Vec<&str> = flags.iter().map(|f| f.severity.as_str()).collect();
+        let users: Vec<&str> = flags.iter().map(|f| f.user_id.as_str()).collect();
+        let sessions: Vec<Option<&str>> = flags.iter().map(|f| f.session.as_deref()).collect();
+        let details: Vec<&str> = flags.iter().map(|f| f.detail.as_str()).collect();
+        let mut link_flags: Vec<&str> = Vec::new();
+        let mut link_pks: Vec<i64> = Vec::new();
         for f in flags {
-            // One statement: the flag and its links together; an existing id is left alone.
-            c.execute(
-                "WITH f AS (
-                   INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING RETURNING id
-                 )
-                 INSERT INTO flag_events(flag_id, event_pk)
-                 SELECT f.id, pk FROM f, unnest($8::int8[]) AS pk ON CONFLICT DO NOTHING",
-                &[
-                    &f.id,
-                    &f.rule_id,
-                    &f.title,
-                    &f.severity.as_str(),
-                    &f.user_id,
-                    &f.session,
-                    &f.detail,
-                    &f.event_pks,
-                ],
-            )
-            .await?;
+            for pk in &f.event_pks {
+                link_flags.push(&f.id);
+                link_pks.push(*pk);
+            }
         }
+        let c = self.client().await?;
+        // One statement: flags and their links together; an existing flag id is left alone.
+        c.execute(
+            "WITH f AS (
+               INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail)
+               SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                    $6::text[], $7::text[])
+               ON CONFLICT (id) DO NOTHING RETURNING id
+             )
+             INSERT INTO flag_events(flag_id, event_pk)
+             SELECT l.flag_id, l.pk FROM unnest($8::text[], $9::int8[]) AS l(flag_id, pk)
+             JOIN f ON f.id = l.flag_id
+             ON CONFLICT DO NOTHING",
+            &[&ids, &rules, &titles, &sevs, &users, &sessions, &details, &link_flags, &link_pks],
+        )
+        .await?;
         Ok(())
     }
 
