@@ -72,6 +72,9 @@ pub struct ReviewArgs {
     /// also checked as soon as its end record arrives).
     #[arg(long, default_value_t = 600, value_name = "SECS")]
     pub settle_secs: u64,
+    /// Ingest requests handled at once; more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub ingest_concurrency: usize,
     /// PostgreSQL connections to keep.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
@@ -397,7 +400,7 @@ fn run_server(args: ReviewArgs) -> i32 {
             engine.rules().len()
         );
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-        let state = Arc::new(AppState::new(store, engine));
+        let state = Arc::new(AppState::with_concurrency(store, engine, args.ingest_concurrency));
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
             std::time::Duration::from_secs(args.settle_secs.max(1)),

@@ -26,6 +26,8 @@ use tokio_rustls::TlsAcceptor;
 
 /// Ingest requests processed at once; more get 429 with `Retry-After`.
 pub const INGEST_CONCURRENCY: usize = 8;
+/// Time allowed for an ingest body to arrive.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Shared server state.
 #[derive(Debug)]
@@ -41,10 +43,15 @@ pub struct AppState<S> {
 
 impl<S: Store> AppState<S> {
     pub fn new(store: S, engine: Engine) -> Self {
+        Self::with_concurrency(store, engine, INGEST_CONCURRENCY)
+    }
+
+    /// As [`AppState::new`] with `n` concurrent ingest requests (more get 429).
+    pub fn with_concurrency(store: S, engine: Engine, n: usize) -> Self {
         Self {
             store,
             engine,
-            ingest: Semaphore::new(INGEST_CONCURRENCY),
+            ingest: Semaphore::new(n.max(1)),
             touched: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -245,7 +252,12 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     {
         return body_error(&BodyError::TooLarge);
     }
-    let raw = match read_capped(req.into_body(), ingest::MAX_BODY).await {
+    // The ingest slot is held while the body arrives; a stalled client loses it.
+    let read = tokio::time::timeout(BODY_TIMEOUT, read_capped(req.into_body(), ingest::MAX_BODY));
+    let Ok(read) = read.await else {
+        return error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time");
+    };
+    let raw = match read {
         Ok(b) => b,
         Err(ReadError::TooLarge) => return body_error(&BodyError::TooLarge),
         Err(ReadError::Io(m)) => {

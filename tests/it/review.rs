@@ -687,3 +687,50 @@ fn store_unavailable_is_503() {
     assert_eq!(r.status, 503, "{r:?}");
     assert!(r.headers.to_ascii_lowercase().contains("retry-after:"), "{}", r.headers);
 }
+
+/// Over the concurrency limit, ingest answers 429 with Retry-After (a slow upload holds the
+/// only slot).
+#[test]
+fn too_many_concurrent_ingests_is_429() {
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    let tok = user_with_token(&world, &store, "ana@example.test", "member");
+    let server = Server::start(&world, &store, &["--ingest-concurrency", "1"]);
+    let items: Vec<Value> =
+        (0..200).map(|i| egress(&format!("slow{i}"), "example.test", true)).collect();
+    let slow = write_file(world.tmp.path(), "slow.ndjson", &ndjson(&items));
+    let spawn_slow = || {
+        Command::new("curl")
+            .args(["-s", "--noproxy", "*", "--limit-rate", "2K", "-o", "/dev/null", "-H"])
+            .arg(format!("Authorization: Bearer {tok}"))
+            .args(["-H", "Content-Type: application/x-ndjson", "--data-binary"])
+            .arg(format!("@{}", slow.display()))
+            .arg(format!("{}/api/v1/events", server.base))
+            .spawn()
+            .unwrap()
+    };
+    let f = write_file(
+        world.tmp.path(),
+        "one.ndjson",
+        &ndjson(&[egress("fast", "example.test", true)]),
+    );
+    let mut slow_upload = spawn_slow();
+    let mut seen = None;
+    for _ in 0..300 {
+        // If our probe took the slot first, the slow upload was refused: start another.
+        if slow_upload.try_wait().unwrap().is_some() {
+            slow_upload = spawn_slow();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let r = post_events(&server.base, &tok, &f, "application/x-ndjson", &[]);
+        if r.status == 429 {
+            seen = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let _ = slow_upload.kill();
+    let _ = slow_upload.wait();
+    let r = seen.expect("never saw 429 while a slow upload held the only slot");
+    assert!(r.headers.to_ascii_lowercase().contains("retry-after: 1"), "{}", r.headers);
+}
