@@ -439,10 +439,12 @@ async fn resolve_user<S: Store>(st: &AppState<S>, v: &str) -> Result<String, Res
 
 async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
     let mut q = EventQuery { limit: 100, ..EventQuery::default() };
+    let mut with_view = false;
     for (k, v) in query_params(req) {
         let r: Result<(), Resp> = async {
             match k.as_str() {
                 "user" => q.user_id = Some(resolve_user(st, &v).await?),
+                "view" => with_view = v == "true" || v == "1",
                 "source" => {
                     q.source =
                         Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
@@ -515,7 +517,18 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
             let next = (evs.len() == q.limit as usize)
                 .then(|| evs.last().map(|e| e.pk.to_string()))
                 .flatten();
-            let events: Vec<Value> = evs.iter().map(|e| e.to_json()).collect();
+            let events: Vec<Value> = evs
+                .iter()
+                .map(|e| {
+                    let mut j = e.to_json();
+                    if with_view {
+                        // The typed view (messages, tool calls, files read, commands run).
+                        let v = super::transcript::view(e.source, &j["payload"]);
+                        j["view"] = serde_json::to_value(v).unwrap_or(Value::Null);
+                    }
+                    j
+                })
+                .collect();
             json_resp(StatusCode::OK, &json!({"events": events, "next_cursor": next}))
         }
         Err(e) => store_error(e),

@@ -7,7 +7,7 @@ use super::Source;
 use serde_json::Value;
 
 /// What one line says, in the terms detection rules use (`fields` in a rule).
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize)]
 pub struct View {
     /// Line kind as understood (`user`, `assistant`, `function_call`, …, or `unknown`).
     pub kind: String,

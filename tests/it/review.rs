@@ -89,6 +89,14 @@ fn done_when(world: &World, store: StoreSel) {
     let ev = evs.iter().find(|e| e["pk"] == json!(linked)).unwrap();
     assert_eq!(ev["source"], "claude");
     assert!(ev["payload"]["message"]["content"][0]["type"] == "tool_result", "{ev}");
+    // The typed view of the transcript lines: files read and the tool call.
+    let viewed =
+        all_events(&server.base, &reviewer, "&user=ana@example.test&source=claude&view=true");
+    assert!(
+        viewed.iter().any(|e| e["view"]["tool"] == json!(["Read"])
+            && e["view"]["file_read"] == json!(["/home/ana/src/payments/tests/retry_test.rs"])),
+        "{viewed:?}"
+    );
 
     // Resent: 200 with every stored item `duplicate` and the original received_at.
     let ok_only: Vec<Value> = items[..n - 1].to_vec();
