@@ -26,7 +26,7 @@ fn egress_line(run: &str, b: usize, i: usize) -> String {
         1 | 2 => "registry.npmjs.org",
         _ => "api.anthropic.com",
     };
-    let allowed = i % 10 != 0;
+    let allowed = !i.is_multiple_of(10);
     format!(
         r#"{{"id":"{run}-{b}-{i}","source":"egress","type":"connect","ts":"2026-03-04T09:12:05.118Z","session":"sess-{b}","seq":{seq},"payload":{{"id":"{run}-{b}-{i}","ts":"2026-03-04T09:12:05.118Z","user_id":"41f0c2","repo":"payments","host":"{host}","method":"CONNECT","allowed":{allowed},"port":443,"boot":"boot-1","session":"sess-{b}","seq":{seq},"bytes_sent":18204,"bytes_recv":91544,"duration_ms":2311}}}}"#,
         seq = i + 1
