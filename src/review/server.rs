@@ -688,7 +688,11 @@ pub async fn serve<S: Store>(
                 let st = Arc::clone(&st);
                 async move { Ok::<_, Infallible>(handle(st, req).await) }
             });
-            let builder = hyper::server::conn::http1::Builder::new();
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            // A client that dribbles its headers loses the connection.
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30));
             let result = match tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
