@@ -19,7 +19,6 @@ CREATE TABLE events (pk bigint NOT NULL, user_id text NOT NULL, source text NOT 
   PRIMARY KEY (pk, received_at)) PARTITION BY RANGE (received_at);
 CREATE INDEX events_user ON events(user_id, pk);
 CREATE INDEX events_session ON events(user_id, session, pk);
-CREATE INDEX events_pk ON events(pk);
 CREATE TABLE events_default PARTITION OF events DEFAULT;
 -- Dedup key table: one row per (user, source, id), inserted with its event in one statement.
 CREATE TABLE event_keys (user_id text NOT NULL, source text NOT NULL, id text NOT NULL,
