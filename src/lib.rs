@@ -26,5 +26,6 @@ pub mod policy;
 pub mod protocol;
 pub mod proxy;
 pub mod repo;
+pub mod review;
 pub mod sandbox;
 pub mod sys;

@@ -47,6 +47,11 @@ pub enum DaemonCommand {
     /// Run the egress proxy in the foreground (no daemon): one listener, policy from an
     /// operator `--config` file, ALLOW/DENY lines on stdout. See docs/proxy.md.
     Proxy(crate::proxy::standalone::ProxyArgs),
+    /// Serve the review plane (or manage it: init-tls, migrate, maintain).
+    Review(crate::review::cli::ReviewArgs),
+    /// Manage review-plane users and tokens.
+    #[command(subcommand)]
+    Admin(crate::review::cli::AdminCommand),
 }
 
 /// Entry point of the `airlockd` binary; synchronous so socket adoption happens before any
@@ -63,6 +68,10 @@ pub fn main() -> i32 {
         Some(command) => match command {
             DaemonCommand::Proxy(args) => {
                 crate::proxy::standalone::main(args, &crate::env::ProcessEnv)
+            }
+            DaemonCommand::Review(args) => crate::review::cli::run_review(args),
+            DaemonCommand::Admin(cmd) => {
+                crate::review::cli::run_admin(crate::review::cli::AdminArgs { command: cmd })
             }
         },
         None => run_service(&cli),

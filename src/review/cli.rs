@@ -1,0 +1,534 @@
+//! `airlockd review …` and `airlockd admin …`: argument structs and their `run` functions.
+//! Every command takes the same store selection: `--database URL` (PostgreSQL) or
+//! `--data-dir DIR` (embedded SQLite, the default).
+
+use super::detect::Engine;
+use super::server::{AppState, serve, settle_loop, tls_acceptor};
+use super::store::postgres::{self, PgStore};
+use super::store::sqlite::SqliteStore;
+use super::store::{AnyStore, Store, StoreError, random_id};
+use super::{Role, token};
+use clap::{Args, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Which store to use.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// PostgreSQL connection URL (e.g. `postgres://airlock_runtime@127.0.0.1/airlock`).
+    #[arg(long, env = "AIRLOCK_REVIEW_DATABASE", value_name = "URL")]
+    pub database: Option<String>,
+    /// Directory of the embedded store (`review.db`); used when no --database is given.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(|| {
+            dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("airlock").join("review")
+        })
+    }
+
+    /// Opens the selected store.
+    pub async fn open(&self, pool: usize) -> Result<AnyStore, StoreError> {
+        match &self.database {
+            Some(url) => Ok(AnyStore::Pg(PgStore::connect(url, pool).await?)),
+            None => {
+                let dir = self.data_dir();
+                Ok(AnyStore::Sqlite(
+                    tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
+                        .await
+                        .map_err(|e| StoreError::Other(e.to_string()))??,
+                ))
+            }
+        }
+    }
+}
+
+/// `airlockd review`: serve the review API, or manage its store and TLS.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ReviewArgs {
+    #[command(subcommand)]
+    pub command: Option<ReviewCommand>,
+    /// Address to listen on (e.g. 127.0.0.1:8443). Without it, the socket passed by the
+    /// service manager under the name `review` is adopted.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// PEM certificate chain; with --tls-key the server speaks HTTPS only.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Directory of extra detection rule files (`*.toml`), added to the built-in packs.
+    #[arg(long, value_name = "DIR")]
+    pub rules_dir: Option<PathBuf>,
+    /// Seconds a session must be quiet before its span and `seq` gaps are checked (they are
+    /// also checked as soon as its end record arrives).
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub settle_secs: u64,
+    /// Ingest requests handled at once; more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub ingest_concurrency: usize,
+    /// PostgreSQL connections to keep.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub pool_size: usize,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReviewCommand {
+    /// Write a self-signed certificate and key for trials (rcgen).
+    InitTls(InitTlsArgs),
+    /// Apply schema migrations (PostgreSQL: as the owner role) and create partitions.
+    Migrate(MigrateArgs),
+    /// Create monthly partitions ahead; warn if the DEFAULT partition holds rows.
+    Maintain(MaintainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InitTlsArgs {
+    /// Certificate output path.
+    #[arg(long, value_name = "FILE", default_value = "review-cert.pem")]
+    pub cert: PathBuf,
+    /// Private key output path (written 0600).
+    #[arg(long, value_name = "FILE", default_value = "review-key.pem")]
+    pub key: PathBuf,
+    /// Names and addresses the certificate is valid for.
+    #[arg(long = "name", value_name = "NAME", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
+    pub names: Vec<String>,
+    /// Overwrite existing files.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// PostgreSQL role the server runs as; granted INSERT and SELECT on every table.
+    #[arg(long, value_name = "ROLE")]
+    pub runtime_role: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MaintainArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Months to create ahead of the current one.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub months_ahead: u32,
+}
+
+/// `airlockd admin`: users and tokens.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Manage users.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user with a role (admin, reviewer, member).
+    Add {
+        #[arg(long)]
+        email: String,
+        #[arg(long, default_value = "member")]
+        role: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List users.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Change a user's role (appended; history kept).
+    SetRole {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        role: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token for a user; the secret is printed once on stdout, its id on stderr.
+    Create {
+        #[arg(long, value_name = "EMAIL")]
+        user: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Revoke one token by id, or every token of a user.
+    Revoke {
+        /// Token id (as printed by `token create` / `token list`).
+        #[arg(value_name = "TOKEN_ID", required_unless_present = "user")]
+        id: Option<String>,
+        /// Revoke all tokens of this user instead.
+        #[arg(long, value_name = "EMAIL", conflicts_with = "id")]
+        user: Option<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List a user's token ids.
+    List {
+        #[arg(long, value_name = "EMAIL")]
+        user: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))
+}
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("airlockd: {msg}");
+    1
+}
+
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+}
+
+/// Entry point of `airlockd review`. Returns the exit code.
+pub fn run_review(args: ReviewArgs) -> i32 {
+    match args.command {
+        Some(ReviewCommand::InitTls(a)) => init_tls(&a),
+        Some(ReviewCommand::Migrate(a)) => migrate(&a),
+        Some(ReviewCommand::Maintain(a)) => maintain(&a),
+        None => run_server(args),
+    }
+}
+
+fn init_tls(a: &InitTlsArgs) -> i32 {
+    for p in [&a.cert, &a.key] {
+        if p.exists() && !a.force {
+            return fail(format!("{} exists; pass --force to overwrite", p.display()));
+        }
+    }
+    let ck = match rcgen::generate_simple_self_signed(a.names.clone()) {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot generate a certificate: {e}")),
+    };
+    if let Err(e) = std::fs::write(&a.cert, ck.cert.pem()) {
+        return fail(format!("cannot write {}: {e}", a.cert.display()));
+    }
+    let key_pem = zeroize::Zeroizing::new(ck.signing_key.serialize_pem());
+    let written = {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&a.key)
+            .and_then(|mut f| f.write_all(key_pem.as_bytes()))
+    };
+    if let Err(e) = written {
+        return fail(format!("cannot write {}: {e}", a.key.display()));
+    }
+    eprintln!(
+        "wrote {} and {} (self-signed, for trials: clients need --cacert {})",
+        a.cert.display(),
+        a.key.display(),
+        a.cert.display()
+    );
+    0
+}
+
+fn migrate(a: &MigrateArgs) -> i32 {
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    rt.block_on(async {
+        match &a.store.database {
+            Some(url) => match postgres::migrate(url, a.runtime_role.as_deref()).await {
+                Ok(report) => {
+                    report_maintenance(&report);
+                    eprintln!("migrations applied");
+                    0
+                }
+                Err(e) => fail(e),
+            },
+            None => match a.store.open(1).await {
+                Ok(_) => {
+                    eprintln!("embedded store at {} is up to date", a.store.data_dir().display());
+                    0
+                }
+                Err(e) => fail(e),
+            },
+        }
+    })
+}
+
+fn report_maintenance(r: &postgres::MaintainReport) {
+    for c in &r.created {
+        eprintln!("created partition {c}");
+    }
+    for w in &r.warnings {
+        eprintln!("airlockd: warning: {w}");
+    }
+}
+
+fn maintain(a: &MaintainArgs) -> i32 {
+    let Some(url) = &a.store.database else {
+        eprintln!("the embedded store needs no maintenance (no partitions); nothing to do");
+        return 0;
+    };
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    rt.block_on(async {
+        match postgres::maintain(url, a.months_ahead).await {
+            Ok(r) => {
+                report_maintenance(&r);
+                0
+            }
+            Err(e) => fail(e),
+        }
+    })
+}
+
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+fn run_server(args: ReviewArgs) -> i32 {
+    init_logging();
+    // Adopt the activation socket before any thread exists (DESIGN §6).
+    let std_listener = match args.listen {
+        Some(addr) => match std::net::TcpListener::bind(addr) {
+            Ok(l) => l,
+            Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
+        },
+        None => match crate::sys::adopt_named_tcp_listener("review") {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                eprintln!(
+                    "airlockd: review: no --listen address and no activation socket named `review`; \
+                     pass --listen 127.0.0.1:8443 or start airlock-review.socket"
+                );
+                return 64;
+            }
+            Err(e) => return fail(format!("cannot adopt the activation socket: {e}")),
+        },
+    };
+    let local = match std_listener.local_addr() {
+        Ok(a) => a,
+        Err(e) => return fail(format!("listener has no address: {e}")),
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => match tls_acceptor(c, k) {
+            Ok(a) => Some(a),
+            Err(e) => return fail(e),
+        },
+        _ => {
+            if !is_loopback(&local) {
+                return fail(format!(
+                    "refusing plain HTTP on non-loopback address {local}: tokens would cross the network in clear; \
+                     pass --tls-cert and --tls-key (see `airlockd review init-tls`)"
+                ));
+            }
+            eprintln!(
+                "airlockd: warning: serving plain HTTP on {local} (loopback only); use TLS for anything else"
+            );
+            None
+        }
+    };
+    let engine = match Engine::with_dir(args.rules_dir.as_deref()) {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = std_listener.set_nonblocking(true) {
+        return fail(format!("cannot make the listener non-blocking: {e}"));
+    }
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    rt.block_on(async move {
+        let store = match args.store.open(args.pool_size).await {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        };
+        let listener = match tokio::net::TcpListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => return fail(format!("cannot use the listener: {e}")),
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        eprintln!(
+            "airlockd: review plane listening on {scheme}://{local} ({} store, {} rules)",
+            match store {
+                AnyStore::Sqlite(_) => "embedded",
+                AnyStore::Pg(_) => "PostgreSQL",
+            },
+            engine.rules().len()
+        );
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+        let state = Arc::new(AppState::with_concurrency(store, engine, args.ingest_concurrency));
+        let settle = tokio::spawn(settle_loop(
+            Arc::clone(&state),
+            std::time::Duration::from_secs(args.settle_secs.max(1)),
+        ));
+        serve(listener, tls, state, shutdown_signal()).await;
+        settle.abort();
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        0
+    })
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Entry point of `airlockd admin`. Returns the exit code.
+pub fn run_admin(args: AdminArgs) -> i32 {
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    rt.block_on(admin(args.command))
+}
+
+async fn open(store: &StoreArgs) -> Result<AnyStore, i32> {
+    store.open(1).await.map_err(fail)
+}
+
+async fn find_user(s: &AnyStore, email: &str) -> Result<super::User, i32> {
+    match s.user_by_email(email).await {
+        Ok(Some(u)) => Ok(u),
+        Ok(None) => Err(fail(format!(
+            "no user {email}; add one with `airlockd admin user add --email {email} --role member`"
+        ))),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+async fn admin(cmd: AdminCommand) -> i32 {
+    let r: Result<i32, i32> = async {
+        match cmd {
+            AdminCommand::User(UserCommand::Add { email, role, store }) => {
+                let role: Role = role.parse().map_err(fail)?;
+                if !email.contains('@') {
+                    return Err(fail(format!("{email:?} is not an email address")));
+                }
+                let s = open(&store).await?;
+                let u = s.add_user(&email, role).await.map_err(fail)?;
+                println!("{}\t{}\t{}", u.id, u.email, u.role);
+                Ok(0)
+            }
+            AdminCommand::User(UserCommand::List { json, store }) => {
+                let s = open(&store).await?;
+                let users = s.list_users().await.map_err(fail)?;
+                if json {
+                    println!("{}", serde_json::to_string(&users).unwrap_or_default());
+                } else {
+                    for u in users {
+                        println!("{}\t{}\t{}", u.id, u.email, u.role);
+                    }
+                }
+                Ok(0)
+            }
+            AdminCommand::User(UserCommand::SetRole { email, role, store }) => {
+                let role: Role = role.parse().map_err(fail)?;
+                let s = open(&store).await?;
+                let u = find_user(&s, &email).await?;
+                s.set_role(&u.id, role).await.map_err(fail)?;
+                eprintln!("{email} is now {role}");
+                Ok(0)
+            }
+            AdminCommand::Token(TokenCommand::Create { user, store }) => {
+                let s = open(&store).await?;
+                let u = find_user(&s, &user).await?;
+                let t = token::Token::generate().map_err(fail)?;
+                let id = random_id();
+                s.create_token(&id, &u.id, t.hash()).await.map_err(fail)?;
+                eprintln!(
+                    "token id {id} for {} ({}); the secret below is shown once",
+                    u.email, u.role
+                );
+                println!("{}", t.expose());
+                Ok(0)
+            }
+            AdminCommand::Token(TokenCommand::Revoke { id, user, store }) => {
+                let s = open(&store).await?;
+                let ids: Vec<String> = match (id, user) {
+                    (Some(id), _) => vec![id],
+                    (None, Some(email)) => {
+                        let u = find_user(&s, &email).await?;
+                        s.list_tokens(&u.id)
+                            .await
+                            .map_err(fail)?
+                            .into_iter()
+                            .filter(|(_, revoked)| !revoked)
+                            .map(|(id, _)| id)
+                            .collect()
+                    }
+                    (None, None) => return Err(fail("name a token id or --user")),
+                };
+                for id in ids {
+                    if !s.revoke_token(&id).await.map_err(fail)? {
+                        return Err(fail(format!("no token with id {id}")));
+                    }
+                    eprintln!("revoked token {id}");
+                }
+                Ok(0)
+            }
+            AdminCommand::Token(TokenCommand::List { user, store }) => {
+                let s = open(&store).await?;
+                let u = find_user(&s, &user).await?;
+                for (id, revoked) in s.list_tokens(&u.id).await.map_err(fail)? {
+                    println!("{id}\t{}", if revoked { "revoked" } else { "active" });
+                }
+                Ok(0)
+            }
+        }
+    }
+    .await;
+    r.unwrap_or_else(|code| code)
+}

@@ -1,0 +1,774 @@
+//! Detection at ingest (DESIGN §8). Per-event rules come from TOML packs — the built-in
+//! pack (`rules/builtin.toml`) plus an admin's config dir — and run as: one aho-corasick
+//! prefilter over every rule's keywords, then the regex (or structured predicate) of only
+//! the rules whose keywords occurred in the field. Aggregate checks are code: bursts of
+//! denials, backdating (`ts` more than 5 minutes after `received_at`, or outside the span of
+//! its session's records) and `seq` gaps per (session, boot), the last two run when a
+//! session's end record arrives.
+
+use super::transcript::{self, FIELDS, View};
+use super::{Micros, NewEvent, NewFlag, Severity, Source, StoredEvent, format_micros};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+/// The built-in rule pack, embedded.
+pub const BUILTIN_RULES: &str = include_str!("rules/builtin.toml");
+
+/// `ts` later than `received_at` by more than this is backdating (DESIGN §8).
+pub const FUTURE_SKEW_US: Micros = 5 * 60 * 1_000_000;
+/// Denials within this window of each other count as one burst.
+pub const DENIAL_WINDOW_US: Micros = 60 * 1_000_000;
+/// Denials in one window that make a burst.
+pub const DENIAL_BURST: usize = 10;
+
+/// A rule file that cannot be used; `location` is `file:line:col`.
+#[derive(Debug, thiserror::Error)]
+pub enum RuleError {
+    #[error("{location}: {message}")]
+    Invalid { location: String, message: String },
+    #[error("cannot read rules from {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    #[serde(default)]
+    rule: Vec<RuleSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleSpec {
+    id: String,
+    title: String,
+    severity: String,
+    #[serde(default)]
+    sources: Vec<String>,
+    #[serde(default)]
+    fields: Vec<String>,
+    #[serde(default)]
+    keywords: Vec<String>,
+    regex: Option<String>,
+    predicate: Option<PredicateSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PredicateSpec {
+    field: String,
+    op: String,
+    value: toml::Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+}
+
+#[derive(Debug, Clone)]
+struct Predicate {
+    path: Vec<String>,
+    op: Op,
+    value: Value,
+}
+
+impl Predicate {
+    fn eval(&self, payload: &Value) -> Option<String> {
+        let mut cur = payload;
+        for k in &self.path {
+            cur = cur.get(k)?;
+        }
+        let hit = match (cur.as_f64(), self.value.as_f64()) {
+            (Some(a), Some(b)) => match self.op {
+                Op::Gt => a > b,
+                Op::Ge => a >= b,
+                Op::Lt => a < b,
+                Op::Le => a <= b,
+                Op::Eq => a == b,
+                Op::Ne => a != b,
+            },
+            _ => match self.op {
+                Op::Eq => cur == &self.value,
+                Op::Ne => cur != &self.value,
+                _ => false,
+            },
+        };
+        hit.then(|| format!("{} = {}", self.path.join("."), cur))
+    }
+}
+
+/// One compiled rule.
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub id: String,
+    pub title: String,
+    pub severity: Severity,
+    sources: Vec<Source>,
+    fields: Vec<String>,
+    has_keywords: bool,
+    regex: Option<Regex>,
+    predicate: Option<Predicate>,
+}
+
+impl Rule {
+    fn applies_to(&self, s: Source) -> bool {
+        self.sources.is_empty() || self.sources.contains(&s)
+    }
+}
+
+/// The compiled rule set.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    rules: Vec<Rule>,
+    ac: Option<AhoCorasick>,
+    /// Keyword pattern index → rules using it.
+    pattern_rules: Vec<Vec<usize>>,
+}
+
+/// A rule that matched one event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    pub rule: usize,
+    pub detail: String,
+}
+
+fn toml_to_json(v: &toml::Value) -> Value {
+    match v {
+        toml::Value::String(s) => Value::String(s.clone()),
+        toml::Value::Integer(i) => Value::from(*i),
+        toml::Value::Float(f) => Value::from(*f),
+        toml::Value::Boolean(b) => Value::Bool(*b),
+        other => Value::String(other.to_string()),
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+/// Parses one rule file; `name` is used in error locations.
+fn parse_rules(name: &str, text: &str) -> Result<Vec<(Vec<String>, Rule)>, RuleError> {
+    let file: RuleFile = toml::from_str(text).map_err(|e| {
+        let (l, c) = e.span().map_or((1, 1), |s| line_col(text, s.start));
+        RuleError::Invalid { location: format!("{name}:{l}:{c}"), message: e.message().to_string() }
+    })?;
+    let mut out = Vec::new();
+    for spec in file.rule {
+        // Locate the rule's `id = "…"` line for messages about its values.
+        let at = text.find(&format!("\"{}\"", spec.id)).unwrap_or(0);
+        let (l, c) = line_col(text, at);
+        let bad = |m: String| RuleError::Invalid {
+            location: format!("{name}:{l}:{c}"),
+            message: format!("rule {:?}: {m}", spec.id),
+        };
+        let severity = spec.severity.parse().map_err(bad)?;
+        let mut sources = Vec::new();
+        for s in &spec.sources {
+            sources.push(s.parse::<Source>().map_err(bad)?);
+        }
+        for f in &spec.fields {
+            if !FIELDS.contains(&f.as_str()) {
+                return Err(bad(format!(
+                    "unknown field {f:?}; expected one of {}",
+                    FIELDS.join(", ")
+                )));
+            }
+        }
+        let regex = spec
+            .regex
+            .as_deref()
+            .map(|r| Regex::new(r).map_err(|e| bad(format!("bad regex: {e}"))))
+            .transpose()?;
+        let predicate = spec
+            .predicate
+            .as_ref()
+            .map(|p| {
+                let op = match p.op.as_str() {
+                    "gt" => Op::Gt,
+                    "ge" => Op::Ge,
+                    "lt" => Op::Lt,
+                    "le" => Op::Le,
+                    "eq" => Op::Eq,
+                    "ne" => Op::Ne,
+                    other => {
+                        return Err(bad(format!(
+                            "unknown predicate op {other:?}; expected gt, ge, lt, le, eq or ne"
+                        )));
+                    }
+                };
+                Ok(Predicate {
+                    path: p.field.split('.').map(str::to_string).collect(),
+                    op,
+                    value: toml_to_json(&p.value),
+                })
+            })
+            .transpose()?;
+        if regex.is_none() && predicate.is_none() && spec.keywords.is_empty() {
+            return Err(bad("needs keywords, a regex or a predicate".into()));
+        }
+        if regex.is_some() && spec.fields.is_empty() {
+            return Err(bad("a regex rule needs `fields` to scan".into()));
+        }
+        if regex.is_some() && spec.keywords.is_empty() {
+            return Err(bad("a regex rule needs `keywords` for the prefilter".into()));
+        }
+        out.push((
+            spec.keywords,
+            Rule {
+                id: spec.id,
+                title: spec.title,
+                severity,
+                sources,
+                fields: spec.fields,
+                has_keywords: false,
+                regex,
+                predicate,
+            },
+        ));
+    }
+    Ok(out
+        .into_iter()
+        .map(|(k, mut r)| {
+            r.has_keywords = !k.is_empty();
+            (k, r)
+        })
+        .collect())
+}
+
+impl Engine {
+    /// The built-in pack only.
+    pub fn builtin() -> Result<Self, RuleError> {
+        Self::from_sources(&[("builtin.toml".into(), BUILTIN_RULES.to_string())])
+    }
+
+    /// The built-in pack plus every `*.toml` in `dir` (sorted by name).
+    pub fn with_dir(dir: Option<&Path>) -> Result<Self, RuleError> {
+        let mut files = vec![("builtin.toml".to_string(), BUILTIN_RULES.to_string())];
+        if let Some(dir) = dir {
+            let io = |e| RuleError::Io { path: dir.display().to_string(), source: e };
+            let mut paths: Vec<_> = std::fs::read_dir(dir)
+                .map_err(io)?
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            paths.sort();
+            for p in paths {
+                let text = std::fs::read_to_string(&p)
+                    .map_err(|e| RuleError::Io { path: p.display().to_string(), source: e })?;
+                files.push((p.display().to_string(), text));
+            }
+        }
+        Self::from_sources(&files)
+    }
+
+    /// Compiles rule files given as (name, text).
+    pub fn from_sources(files: &[(String, String)]) -> Result<Self, RuleError> {
+        let mut rules = Vec::new();
+        let mut keywords: Vec<Vec<String>> = Vec::new();
+        let mut seen = HashSet::new();
+        for (name, text) in files {
+            for (k, r) in parse_rules(name, text)? {
+                if !seen.insert(r.id.clone()) {
+                    return Err(RuleError::Invalid {
+                        location: name.clone(),
+                        message: format!("duplicate rule id {:?}", r.id),
+                    });
+                }
+                rules.push(r);
+                keywords.push(k);
+            }
+        }
+        let mut patterns: Vec<String> = Vec::new();
+        let mut pattern_rules: Vec<Vec<usize>> = Vec::new();
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        for (ri, kws) in keywords.iter().enumerate() {
+            for k in kws {
+                let key = k.to_ascii_lowercase();
+                let pi = *index.entry(key).or_insert_with(|| {
+                    patterns.push(k.clone());
+                    pattern_rules.push(Vec::new());
+                    patterns.len() - 1
+                });
+                if !pattern_rules[pi].contains(&ri) {
+                    pattern_rules[pi].push(ri);
+                }
+            }
+        }
+        let ac = if patterns.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasick::builder()
+                    .ascii_case_insensitive(true)
+                    .match_kind(MatchKind::Standard)
+                    .kind(Some(AhoCorasickKind::DFA))
+                    .build(&patterns)
+                    .map_err(|e| RuleError::Invalid {
+                        location: "rules".into(),
+                        message: format!("keyword set: {e}"),
+                    })?,
+            )
+        };
+        Ok(Self { rules, ac, pattern_rules })
+    }
+
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Runs every per-event rule over one event's view and payload.
+    pub fn scan(&self, source: Source, view: &View, payload: &Value) -> Vec<Hit> {
+        let mut hits: Vec<Hit> = Vec::new();
+        let mut done = vec![false; self.rules.len()];
+        if let Some(ac) = &self.ac {
+            let mut cand: Vec<usize> = Vec::new();
+            for field in FIELDS {
+                for s in view.field(field) {
+                    cand.clear();
+                    for m in ac.find_overlapping_iter(s.as_str()) {
+                        for &ri in &self.pattern_rules[m.pattern().as_usize()] {
+                            if !done[ri] && !cand.contains(&ri) {
+                                cand.push(ri);
+                            }
+                        }
+                    }
+                    for &ri in &cand {
+                        let r = &self.rules[ri];
+                        if !r.applies_to(source) || !r.fields.iter().any(|f| f == field) {
+                            continue;
+                        }
+                        let found = match &r.regex {
+                            None => Some(format!("keyword in `{field}`")),
+                            Some(re) => find(re, s)
+                                .or_else(|| {
+                                    // Read output: also judge the text after the `N→` prefixes.
+                                    transcript::strip_line_numbers(s).and_then(|t| find(re, &t))
+                                })
+                                .map(|m| format!("match in `{field}`: {m}")),
+                        };
+                        let pred_ok =
+                            r.predicate.as_ref().is_none_or(|p| p.eval(payload).is_some());
+                        if let Some(d) = found.filter(|_| pred_ok) {
+                            done[ri] = true;
+                            hits.push(Hit { rule: ri, detail: d });
+                        }
+                    }
+                }
+            }
+        }
+        for (ri, r) in self.rules.iter().enumerate() {
+            if done[ri] || r.has_keywords || !r.applies_to(source) {
+                continue;
+            }
+            if let Some(d) = r.predicate.as_ref().and_then(|p| p.eval(payload)) {
+                hits.push(Hit { rule: ri, detail: d });
+            }
+        }
+        hits
+    }
+}
+
+/// A redacted description of a regex match: never the secret itself.
+fn find(re: &Regex, s: &str) -> Option<String> {
+    re.find(s).map(|m| {
+        let t = m.as_str();
+        let head: String = t.chars().take(6).collect();
+        format!("{head}… ({} chars)", t.chars().count())
+    })
+}
+
+/// Deterministic flag id so re-running detection never duplicates a flag.
+pub fn flag_id(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// One created event handed to detection.
+#[derive(Debug, Clone, Copy)]
+pub struct Created<'a> {
+    pub pk: i64,
+    pub event: &'a NewEvent,
+    pub payload: &'a Value,
+    pub received_at: Micros,
+}
+
+impl Engine {
+    /// Per-event rules, future-dated `ts` and denial bursts over one ingested batch.
+    pub fn detect_batch(&self, user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
+        let mut flags = Vec::new();
+        for c in created {
+            let view = transcript::view(c.event.source, c.payload);
+            for hit in self.scan(c.event.source, &view, c.payload) {
+                let r = &self.rules[hit.rule];
+                flags.push(NewFlag {
+                    id: flag_id(&[&r.id, user_id, c.event.source.as_str(), &c.event.id]),
+                    rule_id: r.id.clone(),
+                    title: r.title.clone(),
+                    severity: r.severity,
+                    user_id: user_id.to_string(),
+                    session: c.event.session.clone(),
+                    detail: hit.detail,
+                    event_pks: vec![c.pk],
+                });
+            }
+            if c.event.ts > c.received_at + FUTURE_SKEW_US {
+                flags.push(NewFlag {
+                    id: flag_id(&[
+                        "timing.backdated",
+                        user_id,
+                        c.event.source.as_str(),
+                        &c.event.id,
+                    ]),
+                    rule_id: "timing.backdated".into(),
+                    title: "Event timestamp later than the server's receipt".into(),
+                    severity: Severity::Medium,
+                    user_id: user_id.to_string(),
+                    session: c.event.session.clone(),
+                    detail: format!(
+                        "ts {} is more than 5 minutes after received_at {}",
+                        format_micros(c.event.ts),
+                        format_micros(c.received_at)
+                    ),
+                    event_pks: vec![c.pk],
+                });
+            }
+        }
+        flags.extend(denial_bursts(user_id, created));
+        flags
+    }
+}
+
+fn denial_bursts(user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
+    let mut by_session: BTreeMap<&str, Vec<(Micros, i64)>> = BTreeMap::new();
+    for c in created {
+        if c.event.source == Source::Egress
+            && c.payload.get("allowed").and_then(Value::as_bool) == Some(false)
+        {
+            by_session
+                .entry(c.event.session.as_deref().unwrap_or(""))
+                .or_default()
+                .push((c.event.ts, c.pk));
+        }
+    }
+    let mut flags = Vec::new();
+    for (session, mut ds) in by_session {
+        if ds.len() < DENIAL_BURST {
+            continue;
+        }
+        ds.sort_unstable();
+        let mut start = 0;
+        let mut best: Option<(usize, usize)> = None;
+        for end in 0..ds.len() {
+            while ds[end].0 - ds[start].0 > DENIAL_WINDOW_US {
+                start += 1;
+            }
+            if end + 1 - start >= DENIAL_BURST && best.is_none_or(|(s, e)| end - start > e - s) {
+                best = Some((start, end));
+            }
+        }
+        if let Some((s, e)) = best {
+            let pks: Vec<i64> = ds[s..=e].iter().map(|d| d.1).collect();
+            let first = pks[0].to_string();
+            flags.push(NewFlag {
+                id: flag_id(&["egress.denial-burst", user_id, session, &first]),
+                rule_id: "egress.denial-burst".into(),
+                title: "Burst of denied connection attempts".into(),
+                severity: Severity::Medium,
+                user_id: user_id.to_string(),
+                session: (!session.is_empty()).then(|| session.to_string()),
+                detail: format!("{} denials within 60 s", pks.len()),
+                event_pks: pks,
+            });
+        }
+    }
+    flags
+}
+
+/// Span and gap checks for one finished session (run when its end record arrives).
+pub fn session_checks(user_id: &str, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
+    let mut flags = Vec::new();
+    let start =
+        events.iter().find(|e| e.source == Source::Session && e.id == format!("{session}:start"));
+    let end =
+        events.iter().find(|e| e.source == Source::Session && e.id == format!("{session}:end"));
+    if let (Some(start), Some(end)) = (start, end) {
+        let outside: Vec<&StoredEvent> = events
+            .iter()
+            .filter(|e| e.source != Source::Session && (e.ts < start.ts || e.ts > end.ts))
+            .collect();
+        if !outside.is_empty() {
+            flags.push(NewFlag {
+                id: flag_id(&["timing.outside-session", user_id, session]),
+                rule_id: "timing.outside-session".into(),
+                title: "Events timestamped outside their session".into(),
+                severity: Severity::Medium,
+                user_id: user_id.to_string(),
+                session: Some(session.to_string()),
+                detail: format!(
+                    "{} events have ts outside the session span {} – {}",
+                    outside.len(),
+                    format_micros(start.ts),
+                    format_micros(end.ts)
+                ),
+                event_pks: outside.iter().map(|e| e.pk).collect(),
+            });
+        }
+    }
+    // Gaps per (session, boot): seq starts at 1 and increases by one per attempt.
+    let mut by_boot: BTreeMap<&str, Vec<(i64, i64)>> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.source == Source::Egress) {
+        if let Some(seq) = e.seq {
+            by_boot.entry(e.boot.as_deref().unwrap_or("")).or_default().push((seq, e.pk));
+        }
+    }
+    for (boot, mut seqs) in by_boot {
+        seqs.sort_unstable();
+        seqs.dedup_by_key(|s| s.0);
+        let mut missing: Vec<String> = Vec::new();
+        let mut expect = 1;
+        let mut around = Vec::new();
+        for &(seq, pk) in &seqs {
+            if seq > expect {
+                missing.push(if seq - 1 == expect {
+                    expect.to_string()
+                } else {
+                    format!("{expect}-{}", seq - 1)
+                });
+                around.push(pk);
+            }
+            expect = seq + 1;
+        }
+        if !missing.is_empty() {
+            flags.push(NewFlag {
+                id: flag_id(&["session.seq-gap", user_id, session, boot]),
+                rule_id: "session.seq-gap".into(),
+                title: "Gap in a session's egress sequence".into(),
+                severity: Severity::High,
+                user_id: user_id.to_string(),
+                session: Some(session.to_string()),
+                detail: format!("boot {boot:?}: missing seq {}", missing.join(", ")),
+                event_pks: around,
+            });
+        }
+    }
+    flags
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const CASES: &str = include_str!("../../tests/fixtures/detect/cases.jsonl");
+
+    fn hits(engine: &Engine, source: Source, payload: &Value) -> Vec<String> {
+        let view = transcript::view(source, payload);
+        engine
+            .scan(source, &view, payload)
+            .into_iter()
+            .map(|h| engine.rules()[h.rule].id.clone())
+            .collect()
+    }
+
+    /// Every built-in rule has a true-positive and a true-negative fixture, and each behaves.
+    #[test]
+    fn every_builtin_rule_has_passing_tp_and_tn_fixtures() {
+        let engine = Engine::builtin().unwrap();
+        let mut tp: HashSet<String> = HashSet::new();
+        let mut tn: HashSet<String> = HashSet::new();
+        for line in CASES.lines().filter(|l| !l.trim().is_empty()) {
+            let case: Value = serde_json::from_str(line).unwrap();
+            let rule = case["rule"].as_str().unwrap().to_string();
+            let expect = case["expect"].as_bool().unwrap();
+            let source: Source = case["source"].as_str().unwrap().parse().unwrap();
+            let got = hits(&engine, source, &case["payload"]);
+            assert_eq!(
+                got.contains(&rule),
+                expect,
+                "rule {rule} expect {expect} on {line}: got {got:?}"
+            );
+            if expect {
+                tp.insert(rule)
+            } else {
+                tn.insert(rule)
+            };
+        }
+        for r in engine.rules() {
+            assert!(tp.contains(&r.id), "rule {} has no true-positive fixture", r.id);
+            assert!(tn.contains(&r.id), "rule {} has no true-negative fixture", r.id);
+        }
+    }
+
+    #[test]
+    fn details_never_contain_the_secret() {
+        let engine = Engine::builtin().unwrap();
+        let secret = "sk_live_abcdefghijklmnop0000";
+        let p = serde_json::json!({"type":"user","message":{"content": format!("key {secret}")}});
+        let view = transcript::view(Source::Claude, &p);
+        let h = engine.scan(Source::Claude, &view, &p);
+        assert_eq!(h.len(), 1);
+        assert!(!h[0].detail.contains(secret), "{}", h[0].detail);
+    }
+
+    #[test]
+    fn rule_errors_name_file_line_and_column() {
+        let bad =
+            "[[rule]]\nid = \"x\"\ntitle = \"t\"\nseverity = \"extreme\"\nkeywords = [\"a\"]\n";
+        let e = Engine::from_sources(&[("admin.toml".into(), bad.into())]).unwrap_err().to_string();
+        assert!(e.starts_with("admin.toml:2:"), "{e}");
+        assert!(e.contains("extreme"), "{e}");
+        let syntax = "[[rule]]\nid = \n";
+        let e = Engine::from_sources(&[("s.toml".into(), syntax.into())]).unwrap_err().to_string();
+        assert!(e.starts_with("s.toml:2:"), "{e}");
+        let re = "[[rule]]\nid = \"r\"\ntitle = \"t\"\nseverity = \"low\"\nfields = [\"text\"]\nkeywords = [\"a\"]\nregex = \"(\"\n";
+        let e = Engine::from_sources(&[("r.toml".into(), re.into())]).unwrap_err().to_string();
+        assert!(e.contains("bad regex"), "{e}");
+        let dup = BUILTIN_RULES.to_string();
+        assert!(Engine::from_sources(&[("a".into(), dup.clone()), ("b".into(), dup)]).is_err());
+    }
+
+    #[test]
+    fn admin_rules_from_a_dir_are_added() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("team.toml"),
+            "[[rule]]\nid = \"team.codename\"\ntitle = \"Project codename\"\nseverity = \"low\"\nfields = [\"text\"]\nkeywords = [\"bluefalcon\"]\n",
+        )
+        .unwrap();
+        let engine = Engine::with_dir(Some(dir.path())).unwrap();
+        let p = serde_json::json!({"type":"user","message":{"content":"about BlueFalcon"}});
+        assert_eq!(hits(&engine, Source::Claude, &p), vec!["team.codename".to_string()]);
+        let p = serde_json::json!({"type":"user","message":{"content":"about red hawk"}});
+        assert!(hits(&engine, Source::Claude, &p).is_empty());
+    }
+
+    fn ev(source: Source, id: &str, ts: Micros, payload: &str) -> NewEvent {
+        NewEvent {
+            source,
+            id: id.into(),
+            kind: "t".into(),
+            ts,
+            session: Some("s1".into()),
+            seq: None,
+            boot: None,
+            payload: payload.into(),
+        }
+    }
+
+    #[test]
+    fn backdating_future_ts_tp_and_tn() {
+        let engine = Engine::builtin().unwrap();
+        let now = 1_800_000_000_000_000;
+        let p = serde_json::json!({});
+        let future = ev(Source::External, "f", now + FUTURE_SKEW_US + 1, "{}");
+        let old = ev(Source::External, "o", now - 86_400_000_000, "{}");
+        let created = [
+            Created { pk: 1, event: &future, payload: &p, received_at: now },
+            Created { pk: 2, event: &old, payload: &p, received_at: now },
+        ];
+        let flags = engine.detect_batch("u", &created);
+        let back: Vec<_> = flags.iter().filter(|f| f.rule_id == "timing.backdated").collect();
+        assert_eq!(back.len(), 1, "old is not backdating; only the future one is");
+        assert_eq!(back[0].event_pks, vec![1]);
+    }
+
+    #[test]
+    fn denial_burst_tp_and_tn() {
+        let engine = Engine::builtin().unwrap();
+        let denied = serde_json::json!({"host":"x.example.test","allowed":false});
+        let mk = |n: usize, step: Micros| -> Vec<NewEvent> {
+            (0..n)
+                .map(|i| {
+                    ev(Source::Egress, &format!("d{i}"), 1_000_000_000 + i as Micros * step, "{}")
+                })
+                .collect()
+        };
+        let burst = mk(DENIAL_BURST, 1_000_000);
+        let created: Vec<Created<'_>> = burst
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Created { pk: i as i64, event: e, payload: &denied, received_at: e.ts })
+            .collect();
+        assert!(
+            engine.detect_batch("u", &created).iter().any(|f| f.rule_id == "egress.denial-burst")
+        );
+        let spread = mk(DENIAL_BURST, 30_000_000);
+        let created: Vec<Created<'_>> = spread
+            .iter()
+            .enumerate()
+            .map(|(i, e)| Created { pk: i as i64, event: e, payload: &denied, received_at: e.ts })
+            .collect();
+        assert!(
+            !engine.detect_batch("u", &created).iter().any(|f| f.rule_id == "egress.denial-burst")
+        );
+    }
+
+    fn stored(
+        pk: i64,
+        source: Source,
+        id: &str,
+        ts: Micros,
+        seq: Option<i64>,
+        boot: &str,
+    ) -> StoredEvent {
+        StoredEvent {
+            pk,
+            user_id: "u".into(),
+            source,
+            id: id.into(),
+            kind: "t".into(),
+            ts,
+            session: Some("s1".into()),
+            seq,
+            boot: Some(boot.into()),
+            received_at: ts,
+            payload: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn session_span_and_seq_gap_tp_and_tn() {
+        let start = stored(1, Source::Session, "s1:start", 100, None, "");
+        let end = stored(9, Source::Session, "s1:end", 1000, None, "");
+        let good = vec![
+            start.clone(),
+            stored(2, Source::Egress, "e1", 200, Some(1), "b1"),
+            stored(3, Source::Egress, "e2", 300, Some(2), "b1"),
+            stored(4, Source::Egress, "e3", 300, Some(1), "b2"),
+            end.clone(),
+        ];
+        assert!(session_checks("u", "s1", &good).is_empty());
+        let bad = vec![
+            start,
+            stored(2, Source::Egress, "e1", 50, Some(1), "b1"),
+            stored(3, Source::Egress, "e4", 300, Some(4), "b1"),
+            stored(4, Source::Egress, "e5", 300, Some(1), "b2"),
+            end,
+        ];
+        let flags = session_checks("u", "s1", &bad);
+        let span = flags.iter().find(|f| f.rule_id == "timing.outside-session").unwrap();
+        assert_eq!(span.event_pks, vec![2]);
+        let gap = flags.iter().find(|f| f.rule_id == "session.seq-gap").unwrap();
+        assert!(gap.detail.contains("missing seq 2-3"), "{}", gap.detail);
+        assert_eq!(flags.len(), 2, "boot b2 has no gap: {flags:?}");
+    }
+}

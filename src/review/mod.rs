@@ -1,0 +1,329 @@
+//! The review plane (DESIGN §8): ingest of published events, the insert-only stores
+//! (embedded SQLite and PostgreSQL behind one [`store::Store`] trait), detection at ingest,
+//! the HTTP API and the `airlockd review` / `airlockd admin` commands.
+//!
+//! Data flow: [`server`] authenticates a bearer token ([`token`]), [`ingest`] decodes and
+//! validates a batch, the store inserts it (dedup on `(user, source, id)`), and [`detect`]
+//! runs the rules over the newly created events ([`transcript`] gives them a typed view).
+
+pub mod cli;
+pub mod detect;
+pub mod ingest;
+pub mod server;
+pub mod store;
+pub mod token;
+pub mod transcript;
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where an event came from; a closed list (DESIGN §8, docs/api.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Egress,
+    Session,
+    Claude,
+    Codex,
+    External,
+    Gate,
+}
+
+impl Source {
+    pub const ALL: [Source; 6] = [
+        Source::Egress,
+        Source::Session,
+        Source::Claude,
+        Source::Codex,
+        Source::External,
+        Source::Gate,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Egress => "egress",
+            Source::Session => "session",
+            Source::Claude => "claude",
+            Source::Codex => "codex",
+            Source::External => "external",
+            Source::Gate => "gate",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Source {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Source::ALL
+            .into_iter()
+            .find(|x| x.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown source {s:?}; expected one of egress, session, claude, codex, external, gate")
+            })
+    }
+}
+
+/// A user's role. Members read only their own history; reviewers read everyone's and act
+/// on flags; admins additionally manage users (through `airlockd admin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Admin,
+    Reviewer,
+    Member,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Reviewer => "reviewer",
+            Role::Member => "member",
+        }
+    }
+    /// Whether this role may read other users' history and act on flags.
+    pub fn can_review(self) -> bool {
+        matches!(self, Role::Admin | Role::Reviewer)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "admin" => Ok(Role::Admin),
+            "reviewer" => Ok(Role::Reviewer),
+            "member" => Ok(Role::Member),
+            other => Err(format!("unknown role {other:?}; expected admin, reviewer or member")),
+        }
+    }
+}
+
+/// A user of the review plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct User {
+    pub id: String,
+    pub email: String,
+    pub role: Role,
+}
+
+/// Microseconds since the Unix epoch (UTC); the stores' time unit.
+pub type Micros = i64;
+
+/// Current server time in microseconds.
+pub fn now_micros() -> Micros {
+    let now = time::OffsetDateTime::now_utc();
+    (now.unix_timestamp_nanos() / 1000) as Micros
+}
+
+/// RFC 3339 with milliseconds, UTC (`2026-03-04T09:12:05.118Z`), as the audit log writes it.
+pub fn format_micros(us: Micros) -> String {
+    let dt = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    dt.format(&fmt).unwrap_or_default()
+}
+
+/// Parses an RFC 3339 timestamp into microseconds.
+pub fn parse_rfc3339(s: &str) -> Option<Micros> {
+    let dt = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(dt.unix_timestamp_nanos() / 1000).ok()
+}
+
+/// One validated event ready to be stored (attributed to the token's user by the caller).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    pub source: Source,
+    pub id: String,
+    pub kind: String,
+    pub ts: Micros,
+    pub session: Option<String>,
+    pub seq: Option<i64>,
+    /// The daemon instance for egress lines (`payload.boot`); gaps are judged per (session, boot).
+    pub boot: Option<String>,
+    /// The payload's JSON text, stored verbatim.
+    pub payload: String,
+}
+
+/// An event as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoredEvent {
+    /// Store-wide sequence number; cursors and flags refer to it.
+    pub pk: i64,
+    pub user_id: String,
+    pub source: Source,
+    pub id: String,
+    pub kind: String,
+    pub ts: Micros,
+    pub session: Option<String>,
+    pub seq: Option<i64>,
+    pub boot: Option<String>,
+    pub received_at: Micros,
+    pub payload: String,
+}
+
+impl StoredEvent {
+    /// The API's JSON shape (docs/api.md).
+    pub fn to_json(&self) -> serde_json::Value {
+        let payload: serde_json::Value =
+            serde_json::from_str(&self.payload).unwrap_or(serde_json::Value::Null);
+        serde_json::json!({
+            "pk": self.pk,
+            "user_id": self.user_id,
+            "source": self.source,
+            "id": self.id,
+            "type": self.kind,
+            "ts": format_micros(self.ts),
+            "session": self.session,
+            "seq": self.seq,
+            "boot": self.boot,
+            "received_at": format_micros(self.received_at),
+            "payload": payload,
+        })
+    }
+}
+
+/// Outcome of inserting one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Inserted {
+    /// `true` when this call created the event; `false` for a duplicate of `(user, source, id)`.
+    pub created: bool,
+    pub pk: i64,
+    /// The original `received_at` (for duplicates, that of the first copy).
+    pub received_at: Micros,
+}
+
+/// Flag severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Low,
+    Medium,
+    High,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Low => "low",
+            Severity::Medium => "medium",
+            Severity::High => "high",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+impl FromStr for Severity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "low" => Ok(Severity::Low),
+            "medium" => Ok(Severity::Medium),
+            "high" => Ok(Severity::High),
+            "critical" => Ok(Severity::Critical),
+            other => {
+                Err(format!("unknown severity {other:?}; expected low, medium, high or critical"))
+            }
+        }
+    }
+}
+
+/// A decision flag to be stored: raised by `rule_id` against the linked events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewFlag {
+    /// Deterministic id (hash of rule and linked events) so re-detection is idempotent.
+    pub id: String,
+    pub rule_id: String,
+    pub title: String,
+    pub severity: Severity,
+    pub user_id: String,
+    pub session: Option<String>,
+    pub detail: String,
+    pub event_pks: Vec<i64>,
+}
+
+/// Review state of a flag; changes are appended rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlagState {
+    Open,
+    Acknowledged,
+    Resolved,
+    Dismissed,
+}
+
+impl FlagState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlagState::Open => "open",
+            FlagState::Acknowledged => "acknowledged",
+            FlagState::Resolved => "resolved",
+            FlagState::Dismissed => "dismissed",
+        }
+    }
+}
+
+impl FromStr for FlagState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "open" => Ok(FlagState::Open),
+            "acknowledged" => Ok(FlagState::Acknowledged),
+            "resolved" => Ok(FlagState::Resolved),
+            "dismissed" => Ok(FlagState::Dismissed),
+            other => Err(format!(
+                "unknown flag state {other:?}; expected open, acknowledged, resolved or dismissed"
+            )),
+        }
+    }
+}
+
+/// A stored flag with its current state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Flag {
+    pub id: String,
+    pub rule_id: String,
+    pub title: String,
+    pub severity: Severity,
+    pub user_id: String,
+    pub session: Option<String>,
+    pub detail: String,
+    pub created_at: Micros,
+    pub state: FlagState,
+    pub note: Option<String>,
+    pub event_pks: Vec<i64>,
+}
+
+impl Flag {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "rule_id": self.rule_id,
+            "title": self.title,
+            "severity": self.severity,
+            "user_id": self.user_id,
+            "session": self.session,
+            "detail": self.detail,
+            "created_at": format_micros(self.created_at),
+            "state": self.state,
+            "note": self.note,
+            "events": self.event_pks,
+        })
+    }
+}

@@ -1,0 +1,255 @@
+//! The review store: one insert-only contract ([`Store`]) with two implementations —
+//! [`sqlite::SqliteStore`] (embedded, one file under the data dir) and
+//! [`postgres::PgStore`] (teams; partitioned, runtime role with INSERT + SELECT only).
+//! Both pass the same conformance suite (`tests/it/review_store.rs`).
+//!
+//! Nothing is ever updated or deleted: token revocations, role changes and flag states are
+//! appended rows, and the "current" value is the latest row.
+
+pub mod postgres;
+pub mod sqlite;
+
+use super::{
+    Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
+};
+use std::future::Future;
+
+/// Errors from a store. `Unavailable` maps to HTTP 503; the rest are the caller's mistake or
+/// a bug and are reported with what went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("review store unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("review store error: {0}")]
+    Other(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        match e {
+            rusqlite::Error::SqliteFailure(code, _)
+                if matches!(
+                    code.code,
+                    rusqlite::ErrorCode::DatabaseBusy
+                        | rusqlite::ErrorCode::DatabaseLocked
+                        | rusqlite::ErrorCode::CannotOpen
+                        | rusqlite::ErrorCode::DiskFull
+                ) =>
+            {
+                StoreError::Unavailable(e.to_string())
+            }
+            other => StoreError::Other(other.to_string()),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if e.is_closed() || e.as_db_error().is_none() {
+            return StoreError::Unavailable(e.to_string());
+        }
+        match e.as_db_error() {
+            Some(db) => StoreError::Other(format!("{}: {}", db.code().code(), db.message())),
+            None => StoreError::Other(e.to_string()),
+        }
+    }
+}
+
+/// Filters for reading events; `after` is the cursor (a `pk`); results are in `pk` order.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    pub user_id: Option<String>,
+    pub source: Option<Source>,
+    pub session: Option<String>,
+    /// Inclusive lower bound on `received_at`.
+    pub since: Option<Micros>,
+    /// Exclusive upper bound on `received_at`.
+    pub until: Option<Micros>,
+    /// `Some(true)`: only events linked to a flag; `Some(false)`: only unflagged.
+    pub flagged: Option<bool>,
+    pub after: Option<i64>,
+    pub limit: u32,
+}
+
+/// Filters for reading flags.
+#[derive(Debug, Clone, Default)]
+pub struct FlagQuery {
+    pub user_id: Option<String>,
+    pub state: Option<FlagState>,
+    pub rule_id: Option<String>,
+    /// Cursor: flags created strictly after this store row number.
+    pub after: Option<i64>,
+    pub limit: u32,
+}
+
+/// The store contract. Methods return `Send` futures so the server can run them on any
+/// runtime thread; implementations never update or delete a row.
+pub trait Store: Send + Sync + 'static {
+    /// Adds a user with a role; `Conflict` if the email exists.
+    fn add_user(
+        &self,
+        email: &str,
+        role: Role,
+    ) -> impl Future<Output = Result<User, StoreError>> + Send;
+    /// Appends a role change.
+    fn set_role(
+        &self,
+        user_id: &str,
+        role: Role,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn list_users(&self) -> impl Future<Output = Result<Vec<User>, StoreError>> + Send;
+    fn user_by_email(
+        &self,
+        email: &str,
+    ) -> impl Future<Output = Result<Option<User>, StoreError>> + Send;
+    /// Records a token by its SHA-256; the secret itself never reaches the store.
+    fn create_token(
+        &self,
+        token_id: &str,
+        user_id: &str,
+        hash: [u8; 32],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Appends a revocation; returns false if the token id is unknown.
+    fn revoke_token(&self, token_id: &str)
+    -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Token ids of a user with whether each is revoked.
+    fn list_tokens(
+        &self,
+        user_id: &str,
+    ) -> impl Future<Output = Result<Vec<(String, bool)>, StoreError>> + Send;
+    /// The user of a live (unrevoked) token with their current role.
+    fn authenticate(
+        &self,
+        hash: [u8; 32],
+    ) -> impl Future<Output = Result<Option<User>, StoreError>> + Send;
+    /// Inserts a batch for one user; each event atomically (key and row together), deduped
+    /// on `(user, source, id)`. Results are in input order. Within one call, a repeated key
+    /// reports the first copy.
+    fn insert_events(
+        &self,
+        user_id: &str,
+        received_at: Micros,
+        events: &[NewEvent],
+    ) -> impl Future<Output = Result<Vec<Inserted>, StoreError>> + Send;
+    fn query_events(
+        &self,
+        q: &EventQuery,
+    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send;
+    /// Every event of one user's session, in `pk` order (for span and gap checks).
+    fn session_events(
+        &self,
+        user_id: &str,
+        session: &str,
+    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send;
+    /// Inserts flags; an existing flag id is left as it is.
+    fn insert_flags(
+        &self,
+        flags: &[NewFlag],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn list_flags(
+        &self,
+        q: &FlagQuery,
+    ) -> impl Future<Output = Result<Vec<(i64, Flag)>, StoreError>> + Send;
+    fn get_flag(&self, id: &str) -> impl Future<Output = Result<Option<Flag>, StoreError>> + Send;
+    /// Appends a state row; returns false if the flag is unknown.
+    fn append_flag_state(
+        &self,
+        flag_id: &str,
+        state: FlagState,
+        note: Option<&str>,
+        actor: &str,
+        at: Micros,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// Either store, chosen at startup (`--database` given or not).
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    Sqlite(sqlite::SqliteStore),
+    Pg(postgres::PgStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Sqlite($s) => $e.await,
+            AnyStore::Pg($s) => $e.await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn add_user(&self, email: &str, role: Role) -> Result<User, StoreError> {
+        dispatch!(self, s => s.add_user(email, role))
+    }
+    async fn set_role(&self, user_id: &str, role: Role) -> Result<(), StoreError> {
+        dispatch!(self, s => s.set_role(user_id, role))
+    }
+    async fn list_users(&self) -> Result<Vec<User>, StoreError> {
+        dispatch!(self, s => s.list_users())
+    }
+    async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
+        dispatch!(self, s => s.user_by_email(email))
+    }
+    async fn create_token(&self, t: &str, u: &str, h: [u8; 32]) -> Result<(), StoreError> {
+        dispatch!(self, s => s.create_token(t, u, h))
+    }
+    async fn revoke_token(&self, t: &str) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.revoke_token(t))
+    }
+    async fn list_tokens(&self, u: &str) -> Result<Vec<(String, bool)>, StoreError> {
+        dispatch!(self, s => s.list_tokens(u))
+    }
+    async fn authenticate(&self, h: [u8; 32]) -> Result<Option<User>, StoreError> {
+        dispatch!(self, s => s.authenticate(h))
+    }
+    async fn insert_events(
+        &self,
+        u: &str,
+        r: Micros,
+        e: &[NewEvent],
+    ) -> Result<Vec<Inserted>, StoreError> {
+        dispatch!(self, s => s.insert_events(u, r, e))
+    }
+    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        dispatch!(self, s => s.query_events(q))
+    }
+    async fn session_events(&self, u: &str, sn: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        dispatch!(self, s => s.session_events(u, sn))
+    }
+    async fn insert_flags(&self, f: &[NewFlag]) -> Result<(), StoreError> {
+        dispatch!(self, s => s.insert_flags(f))
+    }
+    async fn list_flags(&self, q: &FlagQuery) -> Result<Vec<(i64, Flag)>, StoreError> {
+        dispatch!(self, s => s.list_flags(q))
+    }
+    async fn get_flag(&self, id: &str) -> Result<Option<Flag>, StoreError> {
+        dispatch!(self, s => s.get_flag(id))
+    }
+    async fn append_flag_state(
+        &self,
+        f: &str,
+        st: FlagState,
+        n: Option<&str>,
+        a: &str,
+        at: Micros,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.append_flag_state(f, st, n, a, at))
+    }
+}
+
+/// A fresh random id: 16 bytes as 32 hex digits.
+pub fn random_id() -> String {
+    let mut b = [0u8; 16];
+    // getrandom only fails if the OS has no entropy source; fall back to time-based bytes
+    // rather than panic (ids need uniqueness, not secrecy).
+    if getrandom::fill(&mut b).is_err() {
+        let n = super::now_micros().to_le_bytes();
+        b[..8].copy_from_slice(&n);
+    }
+    hex::encode(b)
+}

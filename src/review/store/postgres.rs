@@ -1,0 +1,682 @@
+//! PostgreSQL store for teams. The server connects as a runtime role holding INSERT and
+//! SELECT only (plus USAGE on the id sequences); the owner role runs [`migrate`] and
+//! [`maintain`]. Events are partitioned by month of the server's `received_at`; dedup goes
+//! through the `event_keys` table, each event's key and row inserted by one statement so an
+//! item is never half-written.
+//!
+//! Connections are plain TCP or a Unix socket (`NoTls`): point `--database` at a local
+//! PostgreSQL or a socket; TLS to a remote database is not supported yet.
+
+use super::{EventQuery, FlagQuery, Store, StoreError, random_id};
+use crate::review::{
+    Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row};
+
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/pg_0001.sql"))];
+
+/// Tables the runtime role gets INSERT + SELECT on (docs/review.md lists the grants).
+pub const TABLES: &[&str] = &[
+    "schema_migrations",
+    "users",
+    "user_roles",
+    "tokens",
+    "token_revocations",
+    "events",
+    "event_keys",
+    "flags",
+    "flag_events",
+    "flag_states",
+];
+
+/// A small fixed pool of pipelined connections; a closed one is replaced on next use.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    url: Arc<str>,
+    slots: Arc<Vec<RwLock<Arc<Client>>>>,
+    next: Arc<AtomicUsize>,
+}
+
+async fn connect(url: &str) -> Result<Client, StoreError> {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::warn!("review store connection ended: {e}");
+        }
+    });
+    Ok(client)
+}
+
+/// RFC 3339 with microseconds, for `::timestamptz` casts.
+fn ts_text(us: Micros) -> String {
+    let dt = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
+    dt.format(&fmt).unwrap_or_default()
+}
+
+const RECEIVED_US: &str = "(extract(epoch from received_at) * 1000000)::int8";
+
+impl PgStore {
+    /// Connects `size` connections to `url` (the runtime role).
+    pub async fn connect(url: &str, size: usize) -> Result<Self, StoreError> {
+        let mut slots = Vec::new();
+        for _ in 0..size.max(1) {
+            slots.push(RwLock::new(Arc::new(connect(url).await?)));
+        }
+        Ok(Self { url: url.into(), slots: Arc::new(slots), next: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    async fn client(&self) -> Result<Arc<Client>, StoreError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let slot = &self.slots[i];
+        let current =
+            slot.read().map_err(|_| StoreError::Unavailable("pool lock poisoned".into()))?.clone();
+        if !current.is_closed() {
+            return Ok(current);
+        }
+        let fresh = Arc::new(connect(&self.url).await?);
+        *slot.write().map_err(|_| StoreError::Unavailable("pool lock poisoned".into()))? =
+            fresh.clone();
+        Ok(fresh)
+    }
+
+    async fn user_with_role(
+        &self,
+        c: &Client,
+        row: Option<Row>,
+    ) -> Result<Option<User>, StoreError> {
+        let Some(row) = row else { return Ok(None) };
+        let id: String = row.get(0);
+        let email: String = row.get(1);
+        let role: String = c
+            .query_one(
+                "SELECT role FROM user_roles WHERE user_id = $1 ORDER BY n DESC LIMIT 1",
+                &[&id],
+            )
+            .await?
+            .get(0);
+        Ok(Some(User { id, email, role: role.parse().map_err(StoreError::Other)? }))
+    }
+
+    async fn load_flags(&self, c: &Client, rows: Vec<Row>) -> Result<Vec<(i64, Flag)>, StoreError> {
+        let ids: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
+        let mut states: HashMap<String, (String, Option<String>)> = HashMap::new();
+        for r in c
+            .query(
+                "SELECT DISTINCT ON (flag_id) flag_id, state, note FROM flag_states
+                 WHERE flag_id = ANY($1) ORDER BY flag_id, n DESC",
+                &[&ids],
+            )
+            .await?
+        {
+            states.insert(r.get(0), (r.get(1), r.get(2)));
+        }
+        let mut links: HashMap<String, Vec<i64>> = HashMap::new();
+        for r in c
+            .query(
+                "SELECT flag_id, event_pk FROM flag_events WHERE flag_id = ANY($1) ORDER BY event_pk",
+                &[&ids],
+            )
+            .await?
+        {
+            links.entry(r.get(0)).or_default().push(r.get(1));
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let id: String = r.get(1);
+            let (state, note) = match states.remove(&id) {
+                Some((s, n)) => (s.parse().map_err(StoreError::Other)?, n),
+                None => (FlagState::Open, None),
+            };
+            let severity: String = r.get(4);
+            out.push((
+                r.get(0),
+                Flag {
+                    event_pks: links.remove(&id).unwrap_or_default(),
+                    id,
+                    rule_id: r.get(2),
+                    title: r.get(3),
+                    severity: severity.parse().map_err(StoreError::Other)?,
+                    user_id: r.get(5),
+                    session: r.get(6),
+                    detail: r.get(7),
+                    created_at: r.get(8),
+                    state,
+                    note,
+                },
+            ));
+        }
+        Ok(out)
+    }
+}
+
+const FLAG_COLS: &str = "n, id, rule_id, title, severity, user_id, session, detail, \
+     (extract(epoch from created_at) * 1000000)::int8";
+
+fn event_from_row(r: &Row) -> StoredEvent {
+    let source: String = r.get(2);
+    StoredEvent {
+        pk: r.get(0),
+        user_id: r.get(1),
+        // Only valid sources are ever inserted; External is an inert fallback.
+        source: source.parse().unwrap_or(Source::External),
+        id: r.get(3),
+        kind: r.get(4),
+        ts: r.get(5),
+        session: r.get(6),
+        seq: r.get(7),
+        boot: r.get(8),
+        received_at: r.get(9),
+        payload: r.get(10),
+    }
+}
+
+const EVENT_COLS: &str = "pk, user_id, source, id, type, ts, session, seq, boot, \
+     (extract(epoch from received_at) * 1000000)::int8, payload";
+
+impl Store for PgStore {
+    async fn add_user(&self, email: &str, role: Role) -> Result<User, StoreError> {
+        let c = self.client().await?;
+        let id = random_id();
+        // One statement: the user and their first role row together.
+        let n = c
+            .execute(
+                "WITH u AS (INSERT INTO users(id, email) VALUES ($1, $2) ON CONFLICT (email) DO NOTHING RETURNING id)
+                 INSERT INTO user_roles(user_id, role) SELECT id, $3 FROM u",
+                &[&id, &email, &role.as_str()],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::Conflict(format!("user {email} already exists")));
+        }
+        Ok(User { id, email: email.to_string(), role })
+    }
+
+    async fn set_role(&self, user_id: &str, role: Role) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO user_roles(user_id, role) SELECT id, $2 FROM users WHERE id = $1",
+                &[&user_id, &role.as_str()],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("no user with id {user_id}")));
+        }
+        Ok(())
+    }
+
+    async fn list_users(&self) -> Result<Vec<User>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT u.id, u.email, (SELECT role FROM user_roles r WHERE r.user_id = u.id ORDER BY n DESC LIMIT 1)
+                 FROM users u ORDER BY u.email",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let role: String = r.get(2);
+                Ok(User {
+                    id: r.get(0),
+                    email: r.get(1),
+                    role: role.parse().map_err(StoreError::Other)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
+        let c = self.client().await?;
+        let row = c.query_opt("SELECT id, email FROM users WHERE email = $1", &[&email]).await?;
+        self.user_with_role(&c, row).await
+    }
+
+    async fn create_token(
+        &self,
+        token_id: &str,
+        user_id: &str,
+        hash: [u8; 32],
+    ) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO tokens(id, user_id, hash) VALUES ($1, $2, $3)",
+            &[&token_id, &user_id, &hash.as_slice()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn revoke_token(&self, token_id: &str) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO token_revocations(token_id) SELECT id FROM tokens WHERE id = $1",
+                &[&token_id],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn list_tokens(&self, user_id: &str) -> Result<Vec<(String, bool)>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT t.id, EXISTS(SELECT 1 FROM token_revocations r WHERE r.token_id = t.id)
+                 FROM tokens t WHERE t.user_id = $1 ORDER BY t.created_at, t.id",
+                &[&user_id],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn authenticate(&self, hash: [u8; 32]) -> Result<Option<User>, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT u.id, u.email, (SELECT role FROM user_roles r WHERE r.user_id = u.id ORDER BY n DESC LIMIT 1)
+                 FROM tokens t JOIN users u ON u.id = t.user_id
+                 WHERE t.hash = $1
+                   AND NOT EXISTS (SELECT 1 FROM token_revocations r WHERE r.token_id = t.id)",
+                &[&hash.as_slice()],
+            )
+            .await?;
+        row.map(|r| {
+            let role: String = r.get(2);
+            Ok(User {
+                id: r.get(0),
+                email: r.get(1),
+                role: role.parse().map_err(StoreError::Other)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn insert_events(
+        &self,
+        user_id: &str,
+        received_at: Micros,
+        events: &[NewEvent],
+    ) -> Result<Vec<Inserted>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Collapse repeats within the batch: later copies report the first.
+        let mut first: HashMap<(Source, &str), usize> = HashMap::new();
+        let mut unique: Vec<&NewEvent> = Vec::new();
+        let mut slot_of = Vec::with_capacity(events.len());
+        for e in events {
+            let slot = *first.entry((e.source, e.id.as_str())).or_insert_with(|| {
+                unique.push(e);
+                unique.len() - 1
+            });
+            slot_of.push(slot);
+        }
+        let sources: Vec<&str> = unique.iter().map(|e| e.source.as_str()).collect();
+        let ids: Vec<&str> = unique.iter().map(|e| e.id.as_str()).collect();
+        let kinds: Vec<&str> = unique.iter().map(|e| e.kind.as_str()).collect();
+        let tss: Vec<i64> = unique.iter().map(|e| e.ts).collect();
+        let sessions: Vec<Option<&str>> = unique.iter().map(|e| e.session.as_deref()).collect();
+        let seqs: Vec<Option<i64>> = unique.iter().map(|e| e.seq).collect();
+        let boots: Vec<Option<&str>> = unique.iter().map(|e| e.boot.as_deref()).collect();
+        let payloads: Vec<&str> = unique.iter().map(|e| e.payload.as_str()).collect();
+        let ords: Vec<i32> = (0..unique.len() as i32).collect();
+        let received = ts_text(received_at);
+        let c = self.client().await?;
+        // One statement: each key and its row are inserted together or not at all.
+        let rows = c
+            .query(
+                "WITH input AS (
+                   SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
+                                        $7::int8[], $8::text[], $9::text[], $10::int4[])
+                     AS t(source, id, type, ts, session, seq, boot, payload, ord)
+                 ), keys AS (
+                   INSERT INTO event_keys (user_id, source, id, pk, received_at)
+                   SELECT $1, source, id, nextval('events_pk_seq'), $11::text::timestamptz
+                   FROM input ORDER BY ord
+                   ON CONFLICT DO NOTHING
+                   RETURNING source, id, pk
+                 ), ev AS (
+                   INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, received_at, payload)
+                   SELECT k.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot,
+                          $11::text::timestamptz, i.payload
+                   FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id
+                   RETURNING pk
+                 )
+                 SELECT i.ord, k.pk FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id",
+                &[
+                    &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
+                    &ords, &received,
+                ],
+            )
+            .await?;
+        let mut results: Vec<Option<Inserted>> = vec![None; unique.len()];
+        for r in rows {
+            let ord: i32 = r.get(0);
+            results[ord as usize] = Some(Inserted { created: true, pk: r.get(1), received_at });
+        }
+        let missing: Vec<usize> = (0..unique.len()).filter(|i| results[*i].is_none()).collect();
+        if !missing.is_empty() {
+            // Runs in a new snapshot, so it sees keys committed concurrently by other batches.
+            let ms: Vec<&str> = missing.iter().map(|i| sources[*i]).collect();
+            let mi: Vec<&str> = missing.iter().map(|i| ids[*i]).collect();
+            let mo: Vec<i32> = missing.iter().map(|i| *i as i32).collect();
+            let rows = c
+                .query(
+                    &format!(
+                        "SELECT m.ord, k.pk, {RECEIVED_US} FROM unnest($2::text[], $3::text[], $4::int4[]) AS m(source, id, ord)
+                         JOIN event_keys k ON k.user_id = $1 AND k.source = m.source AND k.id = m.id"
+                    ),
+                    &[&user_id, &ms, &mi, &mo],
+                )
+                .await?;
+            for r in rows {
+                let ord: i32 = r.get(0);
+                results[ord as usize] =
+                    Some(Inserted { created: false, pk: r.get(1), received_at: r.get(2) });
+            }
+        }
+        let unique_results: Vec<Inserted> = results
+            .into_iter()
+            .map(|r| r.ok_or_else(|| StoreError::Other("event key vanished during insert".into())))
+            .collect::<Result<_, _>>()?;
+        let mut seen = vec![false; unique_results.len()];
+        Ok(slot_of
+            .into_iter()
+            .map(|slot| {
+                let mut r = unique_results[slot];
+                if seen[slot] {
+                    r.created = false;
+                }
+                seen[slot] = true;
+                r
+            })
+            .collect())
+    }
+
+    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        let c = self.client().await?;
+        let mut sql = format!("SELECT {EVENT_COLS} FROM events e WHERE true");
+        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        if let Some(u) = &q.user_id {
+            args.push(Box::new(u.clone()));
+            sql.push_str(&format!(" AND e.user_id = ${}", args.len()));
+        }
+        if let Some(s) = q.source {
+            args.push(Box::new(s.as_str().to_string()));
+            sql.push_str(&format!(" AND e.source = ${}", args.len()));
+        }
+        if let Some(s) = &q.session {
+            args.push(Box::new(s.clone()));
+            sql.push_str(&format!(" AND e.session = ${}", args.len()));
+        }
+        if let Some(t) = q.since {
+            args.push(Box::new(ts_text(t)));
+            sql.push_str(&format!(" AND e.received_at >= ${}::text::timestamptz", args.len()));
+        }
+        if let Some(t) = q.until {
+            args.push(Box::new(ts_text(t)));
+            sql.push_str(&format!(" AND e.received_at < ${}::text::timestamptz", args.len()));
+        }
+        if let Some(a) = q.after {
+            args.push(Box::new(a));
+            sql.push_str(&format!(" AND e.pk > ${}", args.len()));
+        }
+        match q.flagged {
+            Some(true) => {
+                sql.push_str(" AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)")
+            }
+            Some(false) => sql.push_str(
+                " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
+            ),
+            None => {}
+        }
+        args.push(Box::new(i64::from(q.limit)));
+        sql.push_str(&format!(" ORDER BY e.pk LIMIT ${}", args.len()));
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
+        let rows = c.query(&sql, &refs).await?;
+        Ok(rows.iter().map(event_from_row).collect())
+    }
+
+    async fn session_events(
+        &self,
+        user_id: &str,
+        session: &str,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT {EVENT_COLS} FROM events WHERE user_id = $1 AND session = $2 ORDER BY pk"
+                ),
+                &[&user_id, &session],
+            )
+            .await?;
+        Ok(rows.iter().map(event_from_row).collect())
+    }
+
+    async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {
+        if flags.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<&str> = flags.iter().map(|f| f.id.as_str()).collect();
+        let rules: Vec<&str> = flags.iter().map(|f| f.rule_id.as_str()).collect();
+        let titles: Vec<&str> = flags.iter().map(|f| f.title.as_str()).collect();
+        let sevs: Vec<&str> = flags.iter().map(|f| f.severity.as_str()).collect();
+        let users: Vec<&str> = flags.iter().map(|f| f.user_id.as_str()).collect();
+        let sessions: Vec<Option<&str>> = flags.iter().map(|f| f.session.as_deref()).collect();
+        let details: Vec<&str> = flags.iter().map(|f| f.detail.as_str()).collect();
+        let mut link_flags: Vec<&str> = Vec::new();
+        let mut link_pks: Vec<i64> = Vec::new();
+        for f in flags {
+            for pk in &f.event_pks {
+                link_flags.push(&f.id);
+                link_pks.push(*pk);
+            }
+        }
+        let c = self.client().await?;
+        // One statement: flags and their links together; an existing flag id is left alone.
+        c.execute(
+            "WITH f AS (
+               INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail)
+               SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                    $6::text[], $7::text[])
+               ON CONFLICT (id) DO NOTHING RETURNING id
+             )
+             INSERT INTO flag_events(flag_id, event_pk)
+             SELECT l.flag_id, l.pk FROM unnest($8::text[], $9::int8[]) AS l(flag_id, pk)
+             JOIN f ON f.id = l.flag_id
+             ON CONFLICT DO NOTHING",
+            &[&ids, &rules, &titles, &sevs, &users, &sessions, &details, &link_flags, &link_pks],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn list_flags(&self, q: &FlagQuery) -> Result<Vec<(i64, Flag)>, StoreError> {
+        let c = self.client().await?;
+        let mut sql = format!("SELECT {FLAG_COLS} FROM flags f WHERE true");
+        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        if let Some(u) = &q.user_id {
+            args.push(Box::new(u.clone()));
+            sql.push_str(&format!(" AND f.user_id = ${}", args.len()));
+        }
+        if let Some(r) = &q.rule_id {
+            args.push(Box::new(r.clone()));
+            sql.push_str(&format!(" AND f.rule_id = ${}", args.len()));
+        }
+        if let Some(a) = q.after {
+            args.push(Box::new(a));
+            sql.push_str(&format!(" AND f.n > ${}", args.len()));
+        }
+        if let Some(s) = q.state {
+            args.push(Box::new(s.as_str().to_string()));
+            sql.push_str(&format!(
+                " AND coalesce((SELECT state FROM flag_states s WHERE s.flag_id = f.id ORDER BY n DESC LIMIT 1), 'open') = ${}",
+                args.len()
+            ));
+        }
+        args.push(Box::new(i64::from(q.limit)));
+        sql.push_str(&format!(" ORDER BY f.n LIMIT ${}", args.len()));
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
+        let rows = c.query(&sql, &refs).await?;
+        self.load_flags(&c, rows).await
+    }
+
+    async fn get_flag(&self, id: &str) -> Result<Option<Flag>, StoreError> {
+        let c = self.client().await?;
+        let rows = c.query(&format!("SELECT {FLAG_COLS} FROM flags WHERE id = $1"), &[&id]).await?;
+        Ok(self.load_flags(&c, rows).await?.into_iter().next().map(|(_, f)| f))
+    }
+
+    async fn append_flag_state(
+        &self,
+        flag_id: &str,
+        state: FlagState,
+        note: Option<&str>,
+        actor: &str,
+        at: Micros,
+    ) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO flag_states(flag_id, state, note, actor, at)
+                 SELECT id, $2, $3, $4, $5::text::timestamptz FROM flags WHERE id = $1",
+                &[&flag_id, &state.as_str(), &note, &actor, &ts_text(at)],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+}
+
+/// Applies pending migrations as the owner role, grants the runtime role (if named) INSERT
+/// and SELECT on every table, and creates partitions ahead ([`maintain`]).
+pub async fn migrate(url: &str, runtime_role: Option<&str>) -> Result<MaintainReport, StoreError> {
+    let c = connect(url).await?;
+    c.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await?;
+    // Serialize concurrent migrators.
+    c.batch_execute("SELECT pg_advisory_lock(7247001)").await?;
+    let current: i32 =
+        c.query_one("SELECT coalesce(max(version), 0) FROM schema_migrations", &[]).await?.get(0);
+    for (version, sql) in MIGRATIONS {
+        if *version > current {
+            c.batch_execute(&format!(
+                "BEGIN; {sql}; INSERT INTO schema_migrations(version) VALUES ({version}); COMMIT;"
+            ))
+            .await?;
+        }
+    }
+    c.batch_execute(
+        "DROP TRIGGER IF EXISTS schema_migrations_insert_only ON schema_migrations;
+         CREATE TRIGGER schema_migrations_insert_only BEFORE UPDATE OR DELETE ON schema_migrations
+           FOR EACH ROW EXECUTE FUNCTION airlock_insert_only();",
+    )
+    .await?;
+    if let Some(role) = runtime_role {
+        grant_runtime(&c, role).await?;
+    }
+    let report = maintain_with(&c, 3).await;
+    c.batch_execute("SELECT pg_advisory_unlock(7247001)").await?;
+    report
+}
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+async fn grant_runtime(c: &Client, role: &str) -> Result<(), StoreError> {
+    let r = quote_ident(role);
+    let tables = TABLES.join(", ");
+    c.batch_execute(&format!(
+        "REVOKE ALL ON {tables} FROM {r};
+         GRANT SELECT, INSERT ON {tables} TO {r};
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {r};"
+    ))
+    .await?;
+    Ok(())
+}
+
+/// What `maintain` did.
+#[derive(Debug, Clone, Default)]
+pub struct MaintainReport {
+    pub created: Vec<String>,
+    /// Rows found in `events_default`; non-zero is a warning (those months lacked a partition).
+    pub default_rows: i64,
+    pub warnings: Vec<String>,
+}
+
+/// Creates monthly partitions from the current month through `ahead` months later (owner role).
+pub async fn maintain(url: &str, ahead: u32) -> Result<MaintainReport, StoreError> {
+    let c = connect(url).await?;
+    maintain_with(&c, ahead).await
+}
+
+/// First day of the month `offset` months after the month of `now`.
+fn month_start(now: time::OffsetDateTime, offset: i32) -> (i32, u8) {
+    let m0 = now.year() * 12 + i32::from(u8::from(now.month())) - 1 + offset;
+    (m0.div_euclid(12), (m0.rem_euclid(12) + 1) as u8)
+}
+
+async fn maintain_with(c: &Client, ahead: u32) -> Result<MaintainReport, StoreError> {
+    maintain_at(c, time::OffsetDateTime::now_utc(), ahead).await
+}
+
+/// Partition maintenance relative to `now` (tests pass a future date to create a new month).
+pub async fn maintain_at(
+    c: &Client,
+    now: time::OffsetDateTime,
+    ahead: u32,
+) -> Result<MaintainReport, StoreError> {
+    let mut report = MaintainReport::default();
+    for k in 0..=(ahead as i32) {
+        let (y, m) = month_start(now, k);
+        let (ny, nm) = month_start(now, k + 1);
+        let name = format!("events_{y:04}_{m:02}");
+        let exists: bool =
+            c.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name]).await?.get(0);
+        if exists {
+            continue;
+        }
+        let from = format!("{y:04}-{m:02}-01T00:00:00Z");
+        let to = format!("{ny:04}-{nm:02}-01T00:00:00Z");
+        match c
+            .batch_execute(&format!(
+                "CREATE TABLE {name} PARTITION OF events FOR VALUES FROM ('{from}') TO ('{to}')"
+            ))
+            .await
+        {
+            Ok(()) => report.created.push(name),
+            Err(e) => report.warnings.push(format!(
+                "could not create partition {name}: {e} (rows for that month are in events_default)"
+            )),
+        }
+    }
+    report.default_rows = c.query_one("SELECT count(*) FROM events_default", &[]).await?.get(0);
+    if report.default_rows > 0 {
+        report.warnings.push(format!(
+            "events_default holds {} rows: a month had no partition; create it and move the rows as the owner",
+            report.default_rows
+        ));
+    }
+    Ok(report)
+}
+
+/// Connects as the owner for maintenance helpers and tests.
+pub async fn owner_client(url: &str) -> Result<Client, StoreError> {
+    connect(url).await
+}

@@ -1,0 +1,528 @@
+//! Embedded store: one SQLite file (`review.db`) under the data dir, WAL mode, one writer
+//! connection behind a mutex; blocking calls run on tokio's blocking pool.
+
+use super::{EventQuery, FlagQuery, Store, StoreError, random_id};
+use crate::review::{
+    Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
+    now_micros,
+};
+use rusqlite::{Connection, OptionalExtension, params, params_from_iter, types::Value};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite_0001.sql"))];
+
+/// The embedded store. Cloning shares the connection.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) `DIR/review.db` and applies pending migrations.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
+        })?;
+        let path = data_dir.join("review.db");
+        let conn = Connection::open(&path)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        migrate(&conn)?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    async fn with<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut guard =
+                conn.lock().map_err(|_| StoreError::Unavailable("store lock poisoned".into()))?;
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Other(format!("store task failed: {e}")))?
+    }
+
+    /// Runs raw SQL on the connection (tests use it to prove UPDATE/DELETE are rejected).
+    pub fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
+        let conn =
+            self.conn.lock().map_err(|_| StoreError::Unavailable("store lock poisoned".into()))?;
+        Ok(conn.execute(sql, [])?)
+    }
+}
+
+fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    let have: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_migrations'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(StoreError::from)?;
+    let current: i64 = if have == 0 {
+        0
+    } else {
+        conn.query_row("SELECT coalesce(max(version),0) FROM schema_migrations", [], |r| r.get(0))?
+    };
+    for (version, sql) in MIGRATIONS {
+        if *version > current {
+            conn.execute_batch(&format!("BEGIN;{sql}COMMIT;"))?;
+            conn.execute(
+                "INSERT INTO schema_migrations(version, applied_at) VALUES (?1, ?2)",
+                params![version, now_micros()],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn current_role(conn: &Connection, user_id: &str) -> Result<Role, StoreError> {
+    let role: String = conn.query_row(
+        "SELECT role FROM user_roles WHERE user_id = ?1 ORDER BY n DESC LIMIT 1",
+        [user_id],
+        |r| r.get(0),
+    )?;
+    role.parse().map_err(StoreError::Other)
+}
+
+fn user_row(conn: &Connection, id: String, email: String) -> Result<User, StoreError> {
+    let role = current_role(conn, &id)?;
+    Ok(User { id, email, role })
+}
+
+const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload";
+
+fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
+    let source: String = r.get(2)?;
+    Ok(StoredEvent {
+        pk: r.get(0)?,
+        user_id: r.get(1)?,
+        // Only valid sources are ever inserted; External is an inert fallback.
+        source: source.parse().unwrap_or(Source::External),
+        id: r.get(3)?,
+        kind: r.get(4)?,
+        ts: r.get(5)?,
+        session: r.get(6)?,
+        seq: r.get(7)?,
+        boot: r.get(8)?,
+        received_at: r.get(9)?,
+        payload: r.get(10)?,
+    })
+}
+
+fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT n, id, rule_id, title, severity, user_id, session, detail, created_at FROM flags WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, String>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
+                    r.get::<_, String>(7)?,
+                    r.get::<_, i64>(8)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((n, id, rule_id, title, severity, user_id, session, detail, created_at)) = row else {
+        return Ok(None);
+    };
+    let state: Option<(String, Option<String>)> = conn
+        .query_row(
+            "SELECT state, note FROM flag_states WHERE flag_id = ?1 ORDER BY n DESC LIMIT 1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let (state, note) = match state {
+        Some((s, n)) => (s.parse().map_err(StoreError::Other)?, n),
+        None => (FlagState::Open, None),
+    };
+    let mut stmt = conn
+        .prepare_cached("SELECT event_pk FROM flag_events WHERE flag_id = ?1 ORDER BY event_pk")?;
+    let event_pks = stmt.query_map([&id], |r| r.get(0))?.collect::<Result<Vec<i64>, _>>()?;
+    Ok(Some((
+        n,
+        Flag {
+            id,
+            rule_id,
+            title,
+            severity: severity.parse().map_err(StoreError::Other)?,
+            user_id,
+            session,
+            detail,
+            created_at,
+            state,
+            note,
+            event_pks,
+        },
+    )))
+}
+
+impl Store for SqliteStore {
+    async fn add_user(&self, email: &str, role: Role) -> Result<User, StoreError> {
+        let email = email.to_string();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let exists: Option<String> = tx
+                .query_row("SELECT id FROM users WHERE email = ?1", [&email], |r| r.get(0))
+                .optional()?;
+            if exists.is_some() {
+                return Err(StoreError::Conflict(format!("user {email} already exists")));
+            }
+            let id = random_id();
+            let now = now_micros();
+            tx.execute(
+                "INSERT INTO users(id, email, created_at) VALUES (?1, ?2, ?3)",
+                params![id, email, now],
+            )?;
+            tx.execute(
+                "INSERT INTO user_roles(user_id, role, at) VALUES (?1, ?2, ?3)",
+                params![id, role.as_str(), now],
+            )?;
+            tx.commit()?;
+            Ok(User { id, email, role })
+        })
+        .await
+    }
+
+    async fn set_role(&self, user_id: &str, role: Role) -> Result<(), StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            let n = c.execute(
+                "INSERT INTO user_roles(user_id, role, at) SELECT id, ?2, ?3 FROM users WHERE id = ?1",
+                params![user_id, role.as_str(), now_micros()],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("no user with id {user_id}")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_users(&self) -> Result<Vec<User>, StoreError> {
+        self.with(|c| {
+            let rows: Vec<(String, String)> = {
+                let mut stmt = c.prepare("SELECT id, email FROM users ORDER BY email")?;
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
+            };
+            rows.into_iter().map(|(id, email)| user_row(c, id, email)).collect()
+        })
+        .await
+    }
+
+    async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
+        let email = email.to_string();
+        self.with(move |c| {
+            let id: Option<String> = c
+                .query_row("SELECT id FROM users WHERE email = ?1", [&email], |r| r.get(0))
+                .optional()?;
+            id.map(|id| user_row(c, id, email)).transpose()
+        })
+        .await
+    }
+
+    async fn create_token(
+        &self,
+        token_id: &str,
+        user_id: &str,
+        hash: [u8; 32],
+    ) -> Result<(), StoreError> {
+        let (token_id, user_id) = (token_id.to_string(), user_id.to_string());
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO tokens(id, user_id, hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![token_id, user_id, hash.as_slice(), now_micros()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn revoke_token(&self, token_id: &str) -> Result<bool, StoreError> {
+        let token_id = token_id.to_string();
+        self.with(move |c| {
+            let n = c.execute(
+                "INSERT INTO token_revocations(token_id, at) SELECT id, ?2 FROM tokens WHERE id = ?1",
+                params![token_id, now_micros()],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    async fn list_tokens(&self, user_id: &str) -> Result<Vec<(String, bool)>, StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT t.id, EXISTS(SELECT 1 FROM token_revocations r WHERE r.token_id = t.id)
+                 FROM tokens t WHERE t.user_id = ?1 ORDER BY t.created_at, t.id",
+            )?;
+            let rows = stmt
+                .query_map([&user_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn authenticate(&self, hash: [u8; 32]) -> Result<Option<User>, StoreError> {
+        self.with(move |c| {
+            let row: Option<(String, String)> = c
+                .prepare_cached(
+                    "SELECT u.id, u.email FROM tokens t JOIN users u ON u.id = t.user_id
+                     WHERE t.hash = ?1
+                       AND NOT EXISTS (SELECT 1 FROM token_revocations r WHERE r.token_id = t.id)",
+                )?
+                .query_row([hash.as_slice()], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?;
+            row.map(|(id, email)| user_row(c, id, email)).transpose()
+        })
+        .await
+    }
+
+    async fn insert_events(
+        &self,
+        user_id: &str,
+        received_at: Micros,
+        events: &[NewEvent],
+    ) -> Result<Vec<Inserted>, StoreError> {
+        let user_id = user_id.to_string();
+        let events = events.to_vec();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let mut out = Vec::with_capacity(events.len());
+            {
+                let mut find = tx.prepare_cached(
+                    "SELECT pk, received_at FROM event_keys WHERE user_id = ?1 AND source = ?2 AND id = ?3",
+                )?;
+                let mut ins = tx.prepare_cached(
+                    "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )?;
+                let mut key = tx.prepare_cached(
+                    "INSERT INTO event_keys(user_id, source, id, pk, received_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                )?;
+                for e in &events {
+                    let found: Option<(i64, i64)> = find
+                        .query_row(params![user_id, e.source.as_str(), e.id], |r| {
+                            Ok((r.get(0)?, r.get(1)?))
+                        })
+                        .optional()?;
+                    if let Some((pk, received_at)) = found {
+                        out.push(Inserted { created: false, pk, received_at });
+                        continue;
+                    }
+                    ins.execute(params![
+                        user_id,
+                        e.source.as_str(),
+                        e.id,
+                        e.kind,
+                        e.ts,
+                        e.session,
+                        e.seq,
+                        e.boot,
+                        received_at,
+                        e.payload
+                    ])?;
+                    let pk = tx.last_insert_rowid();
+                    key.execute(params![user_id, e.source.as_str(), e.id, pk, received_at])?;
+                    out.push(Inserted { created: true, pk, received_at });
+                }
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| {
+            let mut sql = format!("SELECT {EVENT_COLS} FROM events e WHERE 1=1");
+            let mut args: Vec<Value> = Vec::new();
+            if let Some(u) = q.user_id {
+                args.push(Value::Text(u));
+                sql.push_str(&format!(" AND e.user_id = ?{}", args.len()));
+            }
+            if let Some(s) = q.source {
+                args.push(Value::Text(s.as_str().into()));
+                sql.push_str(&format!(" AND e.source = ?{}", args.len()));
+            }
+            if let Some(s) = q.session {
+                args.push(Value::Text(s));
+                sql.push_str(&format!(" AND e.session = ?{}", args.len()));
+            }
+            if let Some(t) = q.since {
+                args.push(Value::Integer(t));
+                sql.push_str(&format!(" AND e.received_at >= ?{}", args.len()));
+            }
+            if let Some(t) = q.until {
+                args.push(Value::Integer(t));
+                sql.push_str(&format!(" AND e.received_at < ?{}", args.len()));
+            }
+            if let Some(a) = q.after {
+                args.push(Value::Integer(a));
+                sql.push_str(&format!(" AND e.pk > ?{}", args.len()));
+            }
+            match q.flagged {
+                Some(true) => sql.push_str(
+                    " AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
+                ),
+                Some(false) => sql.push_str(
+                    " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
+                ),
+                None => {}
+            }
+            args.push(Value::Integer(i64::from(q.limit)));
+            sql.push_str(&format!(" ORDER BY e.pk LIMIT ?{}", args.len()));
+            let mut stmt = c.prepare(&sql)?;
+            let rows = stmt
+                .query_map(params_from_iter(args), event_from_row)?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn session_events(
+        &self,
+        user_id: &str,
+        session: &str,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let (user_id, session) = (user_id.to_string(), session.to_string());
+        self.with(move |c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {EVENT_COLS} FROM events e WHERE e.user_id = ?1 AND e.session = ?2 ORDER BY e.pk"
+            ))?;
+            let rows = stmt
+                .query_map([&user_id, &session], event_from_row)?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {
+        let flags = flags.to_vec();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let now = now_micros();
+            for f in &flags {
+                let n = tx.execute(
+                    "INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(id) DO NOTHING",
+                    params![
+                        f.id,
+                        f.rule_id,
+                        f.title,
+                        f.severity.as_str(),
+                        f.user_id,
+                        f.session,
+                        f.detail,
+                        now
+                    ],
+                )?;
+                if n == 0 {
+                    continue;
+                }
+                for pk in &f.event_pks {
+                    tx.execute(
+                        "INSERT INTO flag_events(flag_id, event_pk) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                        params![f.id, pk],
+                    )?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_flags(&self, q: &FlagQuery) -> Result<Vec<(i64, Flag)>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| {
+            let mut sql = String::from("SELECT id FROM flags f WHERE 1=1");
+            let mut args: Vec<Value> = Vec::new();
+            if let Some(u) = &q.user_id {
+                args.push(Value::Text(u.clone()));
+                sql.push_str(&format!(" AND f.user_id = ?{}", args.len()));
+            }
+            if let Some(r) = &q.rule_id {
+                args.push(Value::Text(r.clone()));
+                sql.push_str(&format!(" AND f.rule_id = ?{}", args.len()));
+            }
+            if let Some(a) = q.after {
+                args.push(Value::Integer(a));
+                sql.push_str(&format!(" AND f.n > ?{}", args.len()));
+            }
+            if let Some(s) = q.state {
+                args.push(Value::Text(s.as_str().into()));
+                sql.push_str(&format!(
+                    " AND coalesce((SELECT state FROM flag_states s WHERE s.flag_id = f.id ORDER BY n DESC LIMIT 1), 'open') = ?{}",
+                    args.len()
+                ));
+            }
+            args.push(Value::Integer(i64::from(q.limit)));
+            sql.push_str(&format!(" ORDER BY f.n LIMIT ?{}", args.len()));
+            let ids: Vec<String> = {
+                let mut stmt = c.prepare(&sql)?;
+                stmt.query_map(params_from_iter(args), |r| r.get(0))?
+                    .collect::<Result<_, _>>()?
+            };
+            let mut out = Vec::with_capacity(ids.len());
+            for id in ids {
+                if let Some(f) = load_flag(c, &id)? {
+                    out.push(f);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn get_flag(&self, id: &str) -> Result<Option<Flag>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| Ok(load_flag(c, &id)?.map(|(_, f)| f))).await
+    }
+
+    async fn append_flag_state(
+        &self,
+        flag_id: &str,
+        state: FlagState,
+        note: Option<&str>,
+        actor: &str,
+        at: Micros,
+    ) -> Result<bool, StoreError> {
+        let (flag_id, note, actor) =
+            (flag_id.to_string(), note.map(str::to_string), actor.to_string());
+        self.with(move |c| {
+            let n = c.execute(
+                "INSERT INTO flag_states(flag_id, state, note, actor, at) SELECT id, ?2, ?3, ?4, ?5 FROM flags WHERE id = ?1",
+                params![flag_id, state.as_str(), note, actor, at],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+}

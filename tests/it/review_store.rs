@@ -1,0 +1,324 @@
+//! The store conformance suite, run against the embedded store and real PostgreSQL
+//! (a fresh database per test; the insert-only checks connect as the runtime role).
+
+use crate::review_support::PgDb;
+use crate::support::World;
+use airlock::review::store::postgres::{self, PgStore};
+use airlock::review::store::sqlite::SqliteStore;
+use airlock::review::store::{EventQuery, FlagQuery, Store, StoreError};
+use airlock::review::{FlagState, Micros, NewEvent, NewFlag, Role, Severity, Source};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+fn ev(source: Source, id: &str, session: Option<&str>, seq: Option<i64>) -> NewEvent {
+    NewEvent {
+        source,
+        id: id.into(),
+        kind: "connect".into(),
+        ts: 1_772_615_525_118_000,
+        session: session.map(str::to_string),
+        seq,
+        boot: Some("boot-1".into()),
+        payload: format!(
+            r#"{{"id":"{id}","big":12345678901234567890123,"user_id":"not-compared"}}"#
+        ),
+    }
+}
+
+const T0: Micros = 1_772_615_600_000_000; // 2026-03-04
+
+/// The contract every store must meet.
+async fn conformance<S: Store>(s: &S) {
+    // Users and roles (role changes are appended; the latest wins).
+    let ana = s.add_user("ana@example.test", Role::Member).await.unwrap();
+    let bob = s.add_user("bob@example.test", Role::Member).await.unwrap();
+    assert!(matches!(
+        s.add_user("ana@example.test", Role::Admin).await,
+        Err(StoreError::Conflict(_))
+    ));
+    s.set_role(&bob.id, Role::Reviewer).await.unwrap();
+    s.set_role(&bob.id, Role::Admin).await.unwrap();
+    assert_eq!(s.user_by_email("bob@example.test").await.unwrap().unwrap().role, Role::Admin);
+    assert!(s.user_by_email("nobody@example.test").await.unwrap().is_none());
+    let users = s.list_users().await.unwrap();
+    assert_eq!(
+        users.iter().map(|u| u.email.as_str()).collect::<Vec<_>>(),
+        ["ana@example.test", "bob@example.test"]
+    );
+    assert!(matches!(s.set_role("no-such-id", Role::Admin).await, Err(StoreError::NotFound(_))));
+
+    // Tokens: stored by hash, revocation appended.
+    let h1 = [1u8; 32];
+    let h2 = [2u8; 32];
+    s.create_token("tok1", &ana.id, h1).await.unwrap();
+    s.create_token("tok2", &ana.id, h2).await.unwrap();
+    assert_eq!(s.authenticate(h1).await.unwrap().unwrap().id, ana.id);
+    assert!(s.authenticate([9u8; 32]).await.unwrap().is_none());
+    assert!(s.revoke_token("tok1").await.unwrap());
+    assert!(!s.revoke_token("nope").await.unwrap());
+    assert!(s.authenticate(h1).await.unwrap().is_none());
+    assert!(s.authenticate(h2).await.unwrap().is_some());
+    assert_eq!(
+        s.list_tokens(&ana.id).await.unwrap(),
+        vec![("tok1".into(), true), ("tok2".into(), false)]
+    );
+
+    // Insert with dedup on (user, source, id); repeats inside one batch report the first.
+    let batch = vec![
+        ev(Source::Egress, "e1", Some("s1"), Some(1)),
+        ev(Source::Egress, "e2", Some("s1"), Some(2)),
+        ev(Source::Claude, "e1", Some("s1"), None),
+        ev(Source::Egress, "e1", Some("s1"), Some(1)),
+    ];
+    let r = s.insert_events(&ana.id, T0, &batch).await.unwrap();
+    assert_eq!(r.iter().map(|x| x.created).collect::<Vec<_>>(), [true, true, true, false]);
+    assert_eq!(r[3].pk, r[0].pk);
+    assert!(r.iter().all(|x| x.received_at == T0));
+    let again = s.insert_events(&ana.id, T0 + 5_000_000, &batch[..3]).await.unwrap();
+    assert!(
+        again.iter().all(|x| !x.created && x.received_at == T0),
+        "duplicates keep the original received_at"
+    );
+    // Same key under another user is a different event.
+    let other = s.insert_events(&bob.id, T0 + 1, &batch[..1]).await.unwrap();
+    assert!(other[0].created);
+
+    // Reads: stored verbatim, filters, cursor pagination.
+    let all = s
+        .query_events(&EventQuery {
+            user_id: Some(ana.id.clone()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].payload, batch[0].payload, "payload verbatim (big numbers, foreign ids)");
+    assert_eq!(all[0].seq, Some(1));
+    assert_eq!(all[0].boot.as_deref(), Some("boot-1"));
+    assert_eq!(all[0].ts, batch[0].ts);
+    let claude = s
+        .query_events(&EventQuery {
+            source: Some(Source::Claude),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(claude.len(), 1);
+    let page1 = s
+        .query_events(&EventQuery { user_id: Some(ana.id.clone()), limit: 2, ..Default::default() })
+        .await
+        .unwrap();
+    let page2 = s
+        .query_events(&EventQuery {
+            user_id: Some(ana.id.clone()),
+            limit: 2,
+            after: Some(page1[1].pk),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page1.len() + page2.len(), 3);
+    assert!(page2[0].pk > page1[1].pk);
+    let later = s
+        .query_events(&EventQuery { since: Some(T0 + 1), limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(later.len(), 1, "time range on received_at");
+    assert_eq!(later[0].user_id, bob.id);
+    let before = s
+        .query_events(&EventQuery { until: Some(T0 + 1), limit: 100, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(before.len(), 3);
+    let sess = s.session_events(&ana.id, "s1").await.unwrap();
+    assert_eq!(sess.len(), 3);
+    assert!(s.session_events(&bob.id, "s1").await.unwrap().len() == 1);
+
+    // Flags: idempotent by id, linked events, appended states.
+    let flag = NewFlag {
+        id: "f1".into(),
+        rule_id: "secret.stripe-key".into(),
+        title: "t".into(),
+        severity: Severity::High,
+        user_id: ana.id.clone(),
+        session: Some("s1".into()),
+        detail: "d".into(),
+        event_pks: vec![r[0].pk, r[1].pk],
+    };
+    s.insert_flags(std::slice::from_ref(&flag)).await.unwrap();
+    s.insert_flags(std::slice::from_ref(&flag)).await.unwrap();
+    let flags = s.list_flags(&FlagQuery { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(flags.len(), 1);
+    assert_eq!(flags[0].1.state, FlagState::Open);
+    assert_eq!(flags[0].1.event_pks, vec![r[0].pk, r[1].pk]);
+    let flagged = s
+        .query_events(&EventQuery { flagged: Some(true), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(flagged.len(), 2);
+    let unflagged = s
+        .query_events(&EventQuery {
+            flagged: Some(false),
+            user_id: Some(ana.id.clone()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(unflagged.len(), 1);
+    assert!(
+        s.append_flag_state("f1", FlagState::Acknowledged, Some("seen"), &bob.id, T0)
+            .await
+            .unwrap()
+    );
+    assert!(s.append_flag_state("f1", FlagState::Resolved, None, &bob.id, T0 + 1).await.unwrap());
+    assert!(!s.append_flag_state("nope", FlagState::Resolved, None, &bob.id, T0).await.unwrap());
+    let f = s.get_flag("f1").await.unwrap().unwrap();
+    assert_eq!(f.state, FlagState::Resolved);
+    assert_eq!(f.note, None);
+    assert!(
+        s.list_flags(&FlagQuery { state: Some(FlagState::Open), limit: 10, ..Default::default() })
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        s.list_flags(&FlagQuery {
+            state: Some(FlagState::Resolved),
+            user_id: Some(ana.id.clone()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .len(),
+        1
+    );
+    assert!(
+        s.list_flags(&FlagQuery { user_id: Some(bob.id.clone()), limit: 10, ..Default::default() })
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn conformance_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path()).unwrap();
+    rt().block_on(conformance(&s));
+    // Insert-only: the triggers refuse UPDATE and DELETE on every table.
+    for sql in [
+        "UPDATE events SET payload = '{}'",
+        "DELETE FROM events",
+        "DELETE FROM event_keys",
+        "UPDATE user_roles SET role = 'admin'",
+        "DELETE FROM token_revocations",
+        "UPDATE flag_states SET state = 'open'",
+        "DELETE FROM flags",
+    ] {
+        let e = s.execute_raw(sql).unwrap_err().to_string();
+        assert!(e.contains("insert-only"), "{sql}: {e}");
+    }
+    // Reopening keeps the data (one file under the data dir).
+    drop(s);
+    assert!(dir.path().join("review.db").exists());
+    let s = SqliteStore::open(dir.path()).unwrap();
+    assert_eq!(rt().block_on(s.list_users()).unwrap().len(), 2);
+}
+
+#[test]
+fn conformance_postgres_as_runtime_role() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let rt = rt();
+    rt.block_on(async {
+        let s = PgStore::connect(&db.runtime_url, 2).await.unwrap();
+        conformance(&s).await;
+    });
+    // Insert-only, connected as the runtime role: no UPDATE, DELETE or TRUNCATE anywhere.
+    for table in postgres::TABLES {
+        for sql in [
+            format!("UPDATE {table} SET {} = {}", col(table), col(table)),
+            format!("DELETE FROM {table}"),
+            format!("TRUNCATE {table}"),
+        ] {
+            let e = db.runtime_sql(&sql).unwrap_err();
+            assert!(e.contains("permission denied") || e.contains("insert-only"), "{sql}: {e}");
+        }
+    }
+    // Even the owner is stopped by the triggers.
+    let e = db.owner_sql("UPDATE events SET payload = '{}'").unwrap_err();
+    assert!(e.contains("insert-only"), "{e}");
+    let e = db.owner_sql("DELETE FROM users").unwrap_err();
+    assert!(e.contains("insert-only"), "{e}");
+    let e = db.owner_sql("TRUNCATE events").unwrap_err();
+    assert!(e.contains("insert-only"), "{e}");
+    // The runtime role can read and insert.
+    assert_eq!(db.runtime_sql("SELECT count(*) FROM users").unwrap(), "2");
+    // Grants are exactly INSERT + SELECT on each table.
+    let grants = db
+        .owner_sql(&format!(
+            "SELECT string_agg(DISTINCT privilege_type, ',' ORDER BY privilege_type) FROM information_schema.role_table_grants WHERE grantee = '{}'",
+            db.role
+        ))
+        .unwrap();
+    assert_eq!(grants, "INSERT,SELECT");
+}
+
+fn col(table: &str) -> &'static str {
+    match table {
+        "schema_migrations" => "version",
+        "flag_events" => "flag_id",
+        "events" | "event_keys" => "id",
+        "token_revocations" | "user_roles" | "flag_states" => "n",
+        _ => "id",
+    }
+}
+
+#[test]
+fn postgres_partitions_by_received_month() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let rt = rt();
+    // A month far ahead has no partition yet: rows would land in DEFAULT. Create it, insert.
+    let future = time::macros::datetime!(2031-07-15 12:00 UTC);
+    rt.block_on(async {
+        let owner = postgres::owner_client(&db.owner_url).await.unwrap();
+        let report = postgres::maintain_at(&owner, future, 0).await.unwrap();
+        assert_eq!(report.created, vec!["events_2031_07".to_string()]);
+        assert_eq!(report.default_rows, 0);
+        let s = PgStore::connect(&db.runtime_url, 1).await.unwrap();
+        let u = s.add_user("p@example.test", Role::Member).await.unwrap();
+        let at = (future.unix_timestamp_nanos() / 1000) as Micros;
+        s.insert_events(&u.id, at, &[ev(Source::Egress, "p1", None, None)]).await.unwrap();
+        // A month without a partition goes to DEFAULT, and maintain warns.
+        let far =
+            (time::macros::datetime!(2040-01-02 00:00 UTC).unix_timestamp_nanos() / 1000) as Micros;
+        s.insert_events(&u.id, far, &[ev(Source::Egress, "p2", None, None)]).await.unwrap();
+    });
+    assert_eq!(
+        db.owner_sql("SELECT tableoid::regclass FROM events WHERE id = 'p1'").unwrap(),
+        "events_2031_07"
+    );
+    assert_eq!(
+        db.owner_sql("SELECT tableoid::regclass FROM events WHERE id = 'p2'").unwrap(),
+        "events_default"
+    );
+    let run = world
+        .airlockd(world.tmp.path())
+        .args(["review", "maintain", "--database", &db.owner_url])
+        .run()
+        .expect_code(0);
+    assert!(run.stderr().contains("events_default holds 1 rows"), "{}", run.stderr());
+    // The current month's partition exists after migrate.
+    let now = time::OffsetDateTime::now_utc();
+    let name = format!("events_{:04}_{:02}", now.year(), u8::from(now.month()));
+    assert_eq!(db.owner_sql(&format!("SELECT to_regclass('{name}') IS NOT NULL")).unwrap(), "t");
+}
