@@ -857,3 +857,26 @@ fn doctor_names_what_is_missing_and_how_to_fix_it() {
     let checks = json(&run.stdout());
     assert!(checks.as_array().unwrap().iter().all(|c| c["level"] != "fail"), "{checks}");
 }
+
+/// Regression: the 6th back-to-back session under the harness stalled, because the daemon
+/// blocked on a notify socket whose 10-datagram queue nobody drained. Sessions in a row must
+/// keep working, and every one must leave its start/end pair.
+#[test]
+fn many_sessions_in_a_row_never_stall_on_notifications() {
+    let world = World::new();
+    let h = Harness::start(&world, Options::default());
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        let listener = netns_listener(h.dir.path());
+        let session =
+            SessionHandle::start(endpoint(&world, h.socket()), spec("inarow"), listener).unwrap();
+        ids.push(session.id().to_owned());
+        session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
+    }
+    let recs = session_records(&world, "inarow");
+    for id in &ids {
+        assert!(recs.iter().any(|r| r["id"] == format!("{id}:start")), "{id} start missing");
+        assert!(recs.iter().any(|r| r["id"] == format!("{id}:end")), "{id} end missing");
+    }
+    status(&world, h.socket()).run().expect_code(0);
+}

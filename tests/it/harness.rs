@@ -35,8 +35,8 @@ struct State {
 pub struct Harness {
     pub dir: tempfile::TempDir,
     pub socket: PathBuf,
-    notify: UnixDatagram,
-    notes: Mutex<Vec<String>>,
+    notify: Arc<UnixDatagram>,
+    notes: Arc<Mutex<Vec<String>>>,
     state: Arc<(Mutex<State>, Condvar)>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -72,8 +72,9 @@ impl Harness {
         let mode = if opts.open_to_all { 0o777 } else { 0o600 };
         std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(mode)).unwrap();
         let notify_path = dir.path().join("notify");
-        let notify = UnixDatagram::bind(&notify_path).unwrap();
+        let notify = Arc::new(UnixDatagram::bind(&notify_path).unwrap());
         notify.set_nonblocking(true).unwrap();
+        let notes: Arc<Mutex<Vec<String>>> = Arc::default();
 
         let mut env: Vec<(OsString, OsString)> = vec![
             ("HOME".into(), world.home.clone().into()),
@@ -88,9 +89,13 @@ impl Harness {
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (Arc::clone(&state), Arc::clone(&stop));
         let log = std::fs::File::create(dir.path().join("airlockd.log")).unwrap();
+        let (drain_socket, drain_notes) = (Arc::clone(&notify), Arc::clone(&notes));
         let thread = std::thread::spawn(move || {
             let program = bin("airlockd");
             while !sp.load(Ordering::SeqCst) {
+                // Like systemd, read notifications continuously: the socket's queue is small
+                // (net.unix.max_dgram_qlen), and a full queue would stall or drop messages.
+                drain(&drain_socket, &drain_notes);
                 // Like systemd: start an instance when the socket is readable and none runs.
                 let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
                 match poll(&mut fds, PollTimeout::from(20u16)) {
@@ -143,15 +148,7 @@ impl Harness {
                 st.1.notify_all();
             }
         });
-        Self {
-            dir,
-            socket,
-            notify,
-            notes: Mutex::new(Vec::new()),
-            state,
-            stop,
-            thread: Some(thread),
-        }
+        Self { dir, socket, notify, notes, state, stop, thread: Some(thread) }
     }
 
     /// Adds a variable to the environment of the next instances.
@@ -161,12 +158,8 @@ impl Harness {
 
     /// Every notification received so far (drains the socket first).
     pub fn notifications(&self) -> Vec<String> {
-        let mut notes = self.notes.lock().unwrap();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = self.notify.recv(&mut buf) {
-            notes.extend(String::from_utf8_lossy(&buf[..n]).lines().map(str::to_owned));
-        }
-        notes.clone()
+        drain(&self.notify, &self.notes);
+        self.notes.lock().unwrap().clone()
     }
 
     /// Waits (up to `timeout`) until `pred` holds for any notification.
@@ -242,5 +235,14 @@ impl Drop for Harness {
             }
             let _ = t.join();
         }
+    }
+}
+
+/// Moves every pending notification datagram into `notes`.
+fn drain(socket: &UnixDatagram, notes: &Mutex<Vec<String>>) {
+    let mut notes = notes.lock().unwrap();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = socket.recv(&mut buf) {
+        notes.extend(String::from_utf8_lossy(&buf[..n]).lines().map(str::to_owned));
     }
 }
