@@ -329,6 +329,7 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 }
 
 fn run_server(args: ReviewArgs) -> i32 {
+    use crate::sys::activation::Family;
     init_logging();
     // Adopt the activation socket before any thread exists (DESIGN §6).
     let std_listener = match args.listen {
@@ -336,8 +337,8 @@ fn run_server(args: ReviewArgs) -> i32 {
             Ok(l) => l,
             Err(e) => return fail(format!("cannot listen on {addr}: {e}")),
         },
-        None => match crate::sys::adopt_named_tcp_listener("review") {
-            Ok(Some(l)) => l,
+        None => match crate::sys::activation::adopt_named("review", Family::Inet) {
+            Ok(Some(fd)) => std::net::TcpListener::from(fd),
             Ok(None) => {
                 eprintln!(
                     "airlockd: review: no --listen address and no activation socket named `review`; \

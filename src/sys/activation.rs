@@ -44,19 +44,19 @@ pub enum ActivationError {
     NoSocket,
     #[error(
         "the service manager passed {count} socket(s) named {names:?} but none named \
-         {SOCKET_NAME:?}; set `FileDescriptorName={SOCKET_NAME}` in airlock.socket \
-         (or the `{SOCKET_NAME}` key under `Sockets` in the launchd plist)"
+         {wanted:?}; set `FileDescriptorName={wanted}` in the .socket unit \
+         (or the `{wanted}` key under `Sockets` in the launchd plist)"
     )]
-    WrongName { count: usize, names: Vec<String> },
+    WrongName { wanted: &'static str, count: usize, names: Vec<String> },
     #[error("invalid socket-activation environment: {0}; check LISTEN_FDS/LISTEN_FDNAMES")]
     BadEnvironment(#[source] std::io::Error),
     #[error("launch_activate_socket({SOCKET_NAME:?}) failed: {0}")]
     Launchd(#[source] std::io::Error),
     #[error(
-        "the socket named {SOCKET_NAME:?} (fd {fd}) is not a listening unix stream socket \
+        "the socket named {wanted:?} (fd {fd}) is not a listening {family} stream socket \
          ({what}); use `ListenStream=` with `Accept=no`"
     )]
-    NotAListener { fd: RawFd, what: String },
+    NotAListener { wanted: &'static str, family: &'static str, fd: RawFd, what: String },
     #[error("cannot prepare the activation socket: {0}")]
     Prepare(#[source] nix::Error),
 }
@@ -84,12 +84,43 @@ pub fn adopt() -> Result<Adopted, ActivationError> {
     let fds = unsafe { sd_notify::listen_fds_with_names_and_unset_env() }
         .map_err(ActivationError::BadEnvironment)?;
     let fds: Vec<(RawFd, String)> = fds.collect();
-    pick_named(fds)
+    let fd = pick_named(fds, SOCKET_NAME, Family::Unix)?;
+    Ok(Adopted { fd, source: Source::Systemd })
 }
 
-/// Takes ownership of every passed fd, keeps the one named [`SOCKET_NAME`] (the rest are
-/// closed), and prepares it.
-fn pick_named(fds: Vec<(RawFd, String)>) -> Result<Adopted, ActivationError> {
+/// The address family an adopted listener must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// The control socket (`ListenStream=` a path).
+    Unix,
+    /// The review plane (`ListenStream=` a TCP port).
+    Inet,
+}
+
+/// Adopts the systemd socket named `name` (e.g. `review`, a TCP listener) for roles other than
+/// the control socket. `Ok(None)` when no activation fds were passed at all.
+///
+/// Must be called before any thread exists (it unsets `LISTEN_*`).
+pub fn adopt_named(name: &'static str, family: Family) -> Result<Option<OwnedFd>, ActivationError> {
+    // SAFETY: callers run this in the synchronous `main` before any thread exists, so removing
+    // the variables cannot race a concurrent `getenv` (std::env::remove_var's rule).
+    let fds = unsafe { sd_notify::listen_fds_with_names_and_unset_env() }
+        .map_err(ActivationError::BadEnvironment)?;
+    let fds: Vec<(RawFd, String)> = fds.collect();
+    match pick_named(fds, name, family) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(ActivationError::NoSocket) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Takes ownership of every passed fd, keeps the one named `wanted` (the rest are closed), and
+/// prepares it.
+fn pick_named(
+    fds: Vec<(RawFd, String)>,
+    wanted: &'static str,
+    family: Family,
+) -> Result<OwnedFd, ActivationError> {
     if fds.is_empty() {
         return Err(ActivationError::NoSocket);
     }
@@ -100,27 +131,40 @@ fn pick_named(fds: Vec<(RawFd, String)>) -> Result<Adopted, ActivationError> {
         // SAFETY: sd_listen_fds(3): fds 3..3+LISTEN_FDS were passed to this process (LISTEN_PID
         // matched) and nothing else in the process has claimed them; we take each exactly once.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        if name == SOCKET_NAME && chosen.is_none() {
+        if name == wanted && chosen.is_none() {
             chosen = Some(fd);
         }
         names.push(name);
     }
-    let fd = chosen.ok_or(ActivationError::WrongName { count, names })?;
-    prepare(&fd)?;
-    Ok(Adopted { fd, source: Source::Systemd })
+    let fd = chosen.ok_or(ActivationError::WrongName { wanted, count, names })?;
+    prepare_as(&fd, wanted, family)?;
+    Ok(fd)
 }
 
 /// Checks the fd is a listening unix stream socket and makes it non-blocking and CLOEXEC.
 pub fn prepare(fd: &OwnedFd) -> Result<(), ActivationError> {
+    prepare_as(fd, SOCKET_NAME, Family::Unix)
+}
+
+fn prepare_as(fd: &OwnedFd, wanted: &'static str, family: Family) -> Result<(), ActivationError> {
     let raw = fd.as_raw_fd();
-    let not_listener = |what: String| ActivationError::NotAListener { fd: raw, what };
+    let family_name = match family {
+        Family::Unix => "unix",
+        Family::Inet => "TCP",
+    };
+    let not_listener =
+        |what: String| ActivationError::NotAListener { wanted, family: family_name, fd: raw, what };
     match getsockopt(fd, sockopt::AcceptConn) {
         Ok(true) => {}
         Ok(false) => return Err(not_listener("not listening".into())),
         Err(err) => return Err(not_listener(format!("not a socket: {err}"))),
     }
     let addr: SockaddrStorage = getsockname(raw).map_err(|e| not_listener(e.to_string()))?;
-    if addr.family() != Some(AddressFamily::Unix) {
+    let family_ok = match family {
+        Family::Unix => addr.family() == Some(AddressFamily::Unix),
+        Family::Inet => matches!(addr.family(), Some(AddressFamily::Inet | AddressFamily::Inet6)),
+    };
+    if !family_ok {
         return Err(not_listener(format!("address family {:?}", addr.family())));
     }
     let flags = fcntl(fd, FcntlArg::F_GETFL).map_err(ActivationError::Prepare)?;
@@ -274,13 +318,28 @@ mod tests {
 
     #[test]
     fn no_fds_and_wrong_names_are_clear_errors() {
-        assert!(matches!(pick_named(Vec::new()), Err(ActivationError::NoSocket)));
+        assert!(matches!(
+            pick_named(Vec::new(), SOCKET_NAME, Family::Unix),
+            Err(ActivationError::NoSocket)
+        ));
         let dir = tempfile::tempdir().unwrap();
         let l = UnixListener::bind(dir.path().join("s")).unwrap();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(l);
-        let err = pick_named(vec![(raw, "control".into())]).unwrap_err();
+        let err = pick_named(vec![(raw, "control".into())], SOCKET_NAME, Family::Unix).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("\"control\"") && msg.contains("FileDescriptorName=airlock"), "{msg}");
+    }
+
+    #[test]
+    fn the_review_role_adopts_a_tcp_listener_and_refuses_a_unix_one() {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(tcp);
+        assert!(pick_named(vec![(raw, "review".into())], "review", Family::Inet).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let unix = UnixListener::bind(dir.path().join("s")).unwrap();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(unix);
+        let err = pick_named(vec![(raw, "review".into())], "review", Family::Inet).unwrap_err();
+        assert!(err.to_string().contains("not a listening TCP stream socket"), "{err}");
     }
 
     #[test]
