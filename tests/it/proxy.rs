@@ -58,7 +58,7 @@ fn done_when_allowed_tls_and_denied_pastebin() {
     assert_eq!(denied[0]["reason"], "not_allowed");
     assert_eq!(denied[0]["layer"], "none");
     assert!(!proxy.queries().iter().any(|q| q == "pastebin.com"), "denied name was resolved");
-    let out = proxy.stdout();
+    let out = proxy.wait_stdout(" DENY pastebin.com:443 CONNECT reason=not_allowed");
     assert!(out.contains(" ALLOW example.test:443 CONNECT"), "{out}");
     assert!(out.contains(" DENY pastebin.com:443 CONNECT reason=not_allowed"), "{out}");
 }

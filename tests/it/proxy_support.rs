@@ -128,6 +128,19 @@ impl ProxyProc {
         self.stdout.lock().unwrap().clone()
     }
 
+    /// The console output once it contains `needle` (or after 10 s): a reader thread collects
+    /// stdout, so a line the proxy printed may not have arrived yet.
+    pub fn wait_stdout(&self, needle: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let out = self.stdout();
+            if out.contains(needle) || Instant::now() > until {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Raw TCP connection to the proxy.
     pub fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(self.addr).unwrap();
