@@ -272,6 +272,7 @@ pub fn run_with(
         argv: args.command,
         env,
         user_id: prepared.identity.user_id.clone(),
+        limits: crate::sandbox::cgroup::Limits::from_env(ctx.env),
     };
     let mut bridge = make_bridge(&prepared);
     match supervisor::run(&req, &kernel, &mut *bridge) {

@@ -54,6 +54,9 @@ pub struct Spec {
     pub winsize: Option<libc::winsize>,
     pub writable: Vec<PathBuf>,
     pub landlock: bool,
+    /// Init was born in the session's cgroup leaf: make it the root of a new cgroup namespace
+    /// (the one made by clone is rooted at the supervisor's cgroup, see copy_cgroup_ns).
+    pub cgroup_ns_at_leaf: bool,
     pub seccomp: BpfProgram,
     /// Our end of the control socketpair (listener and pty master go out over it).
     pub control: RawFd,
@@ -87,6 +90,12 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     }
     isolate_fds(spec)?;
     write_id_maps(spec.uid, spec.gid)?;
+    if spec.cgroup_ns_at_leaf {
+        ctx(
+            "entering a cgroup namespace at the session's cgroup",
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP),
+        )?;
+    }
     ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
     ctx("bringing up lo", namespaces::loopback_up())?;
     let listener = proxy_listener()?;

@@ -8,11 +8,13 @@
 //!   host runs later, and their quarantine.
 //! - [`seccomp`], [`landlock`]: the filters; [`probe`]: what the kernel offers (also
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
+//! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
 //! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox.
 //!
 //! Every `unsafe` block lives in `crate::sys` (`namespaces`, `exec`).
 
 pub mod bridge;
+pub mod cgroup;
 pub mod env;
 pub mod inside;
 pub mod landlock;

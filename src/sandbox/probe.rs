@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::cgroup;
 use crate::env::Env;
 
 /// Test-only: a directory whose files shadow the real ones (`<dir>/proc/sys/...`).
@@ -23,6 +24,9 @@ pub trait ProbeFs {
     fn uid(&self) -> u32;
     fn landlock_abi(&self) -> Option<u32>;
     fn writable(&self, path: &Path) -> bool;
+    fn pid(&self) -> u32 {
+        std::process::id()
+    }
 }
 
 /// The running host, optionally shadowed by a test directory.
@@ -59,8 +63,13 @@ impl ProbeFs for HostFs {
     fn landlock_abi(&self) -> Option<u32> {
         crate::sys::exec::landlock_abi()
     }
+    /// Writable by us; unprivileged, also owned by us (delegation is a `chown`, cgroup-v2.rst
+    /// "Delegation": group- or world-writable cgroup files are not a delegation).
     fn writable(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let uid = self.uid();
         nix::unistd::access(path, nix::unistd::AccessFlags::W_OK).is_ok()
+            && (uid == 0 || std::fs::metadata(path).is_ok_and(|m| m.uid() == uid))
     }
 }
 
@@ -96,8 +105,15 @@ pub struct Kernel {
     pub apparmor_label: Option<String>,
     pub seccomp_filter: bool,
     pub landlock_abi: Option<u32>,
-    /// A cgroup v2 directory we may create children in.
+    /// A cgroup v2 directory we may create children in (our own cgroup).
     pub cgroup_delegated: Option<PathBuf>,
+    /// That directory is the hierarchy's root (exempt from the no-internal-processes rule).
+    pub cgroup_is_root: bool,
+    /// Its `cgroup.controllers` and `cgroup.subtree_control`.
+    pub cgroup_controllers: Vec<String>,
+    pub cgroup_subtree: Vec<String>,
+    /// Processes other than us are in it (listed in its `cgroup.procs`).
+    pub cgroup_shared: bool,
 }
 
 fn num(fs: &dyn ProbeFs, path: &str) -> Option<u64> {
@@ -106,6 +122,13 @@ fn num(fs: &dyn ProbeFs, path: &str) -> Option<u64> {
 
 /// Reads every probe.
 pub fn probe(fs: &dyn ProbeFs) -> Kernel {
+    let delegated = delegated_cgroup(fs);
+    let words = |d: &Option<(PathBuf, bool)>, file: &str| -> Vec<String> {
+        d.as_ref()
+            .and_then(|(dir, _)| fs.read(&dir.join(file).to_string_lossy()))
+            .map(|t| t.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    };
     let status = fs.read("/proc/self/status").unwrap_or_default();
     Kernel {
         uid: fs.uid(),
@@ -119,12 +142,17 @@ pub fn probe(fs: &dyn ProbeFs) -> Kernel {
         seccomp_filter: status.lines().any(|l| l.starts_with("Seccomp_filters:"))
             || status.lines().any(|l| l.starts_with("Seccomp:")),
         landlock_abi: fs.landlock_abi(),
-        cgroup_delegated: delegated_cgroup(fs),
+        cgroup_delegated: delegated.as_ref().map(|(dir, _)| dir.clone()),
+        cgroup_is_root: delegated.as_ref().is_some_and(|(_, root)| *root),
+        cgroup_controllers: words(&delegated, "cgroup.controllers"),
+        cgroup_subtree: words(&delegated, "cgroup.subtree_control"),
+        cgroup_shared: words(&delegated, "cgroup.procs").iter().any(|p| *p != fs.pid().to_string()),
     }
 }
 
-/// The cgroup v2 directory of this process if we can create children there.
-fn delegated_cgroup(fs: &dyn ProbeFs) -> Option<PathBuf> {
+/// The cgroup v2 directory of this process if we can create children there (and whether it
+/// is the hierarchy's root). Unprivileged, it must be ours ([`ProbeFs::writable`]).
+fn delegated_cgroup(fs: &dyn ProbeFs) -> Option<(PathBuf, bool)> {
     let cgroup = fs.read("/proc/self/cgroup")?;
     let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?.trim().to_string();
     let mountinfo = fs.read("/proc/self/mountinfo")?;
@@ -134,7 +162,7 @@ fn delegated_cgroup(fs: &dyn ProbeFs) -> Option<PathBuf> {
     })?;
     let dir = mount.join(rel.trim_start_matches('/'));
     (fs.writable(&dir.join("cgroup.procs")) && fs.writable(&dir.join("cgroup.subtree_control")))
-        .then_some(dir)
+        .then_some((dir, rel == "/"))
 }
 
 impl Kernel {
@@ -185,7 +213,48 @@ impl Kernel {
             )),
             Some(_) => {}
         }
+        out.extend(self.cgroup_warning());
         out
+    }
+
+    /// Why sessions get no cgroup limits (or only some), if they don't.
+    pub fn cgroup_warning(&self) -> Option<String> {
+        match &self.cgroup_delegated {
+            None => Some(
+                "no delegated cgroup v2 subtree: sessions run without pids.max/memory.max \
+                 (only RLIMIT_NPROC and the tmpfs size limits); fix: run under a systemd user \
+                 manager with delegation (`systemd-run --user -p Delegate=yes ...`)"
+                    .to_string(),
+            ),
+            Some(dir) if self.unavailable_controllers().is_empty() && self.cgroup_blocked() => {
+                Some(format!(
+                    "cgroup v2 at {} holds other processes, so the pids and memory controllers \
+                     cannot be enabled below it (cgroup v2's no-internal-processes rule): \
+                     sessions get their own cgroup but no pids.max/memory.max; fix: start \
+                     airlock in a cgroup of its own (`systemd-run --user --scope -p \
+                     Delegate=yes airlock exec ...`)",
+                    dir.display()
+                ))
+            }
+            Some(dir) => cgroup::unavailable_warning(dir, &self.unavailable_controllers()),
+        }
+    }
+
+    /// Controllers still have to be enabled in our own cgroup, but it is not the root and
+    /// other processes live in it, so the kernel would refuse (`EBUSY`).
+    pub fn cgroup_blocked(&self) -> bool {
+        let enabled = |c: &str| self.cgroup_subtree.iter().any(|x| x == c);
+        !self.cgroup_is_root
+            && self.cgroup_shared
+            && !cgroup::CONTROLLERS.iter().all(|c| enabled(c))
+    }
+
+    /// Wanted cgroup controllers our delegated cgroup does not offer.
+    pub fn unavailable_controllers(&self) -> Vec<&'static str> {
+        cgroup::CONTROLLERS
+            .into_iter()
+            .filter(|c| !self.cgroup_controllers.iter().any(|x| x == c))
+            .collect()
     }
 
     /// The optional layers in force, as recorded in the session record.
@@ -197,9 +266,7 @@ impl Kernel {
                 v.push("landlock-scope".into());
             }
         }
-        if self.cgroup_delegated.is_some() {
-            v.push("cgroup".into());
-        }
+        // cgroup layers are added by the supervisor from what it actually applied.
         v
     }
 }
@@ -260,18 +327,43 @@ pub fn report(fs: &dyn ProbeFs) -> Vec<ProbeLine> {
             Some(abi) => format!("ABI {abi}"),
             None => "not available".into(),
         },
-        fix: k.optional_warnings().first().cloned(),
+        fix: k.optional_warnings().into_iter().find(|w| w.starts_with("Landlock")),
     });
+    let cgroup_warning = k.cgroup_warning();
     lines.push(ProbeLine {
         name: "cgroup v2 delegation",
-        status: if k.cgroup_delegated.is_some() { Status::Ok } else { Status::Warn },
+        status: if cgroup_warning.is_none() { Status::Ok } else { Status::Warn },
         detail: match &k.cgroup_delegated {
-            Some(dir) => format!("delegated: {}", dir.display()),
+            Some(dir) if cgroup_warning.is_none() => format!(
+                "delegated: {}; each session gets its own cgroup with pids.max and memory.max",
+                dir.display()
+            ),
+            Some(dir) if k.unavailable_controllers().is_empty() => format!(
+                "delegated: {}, but it holds other processes; each session gets its own \
+                 cgroup, limits not applied",
+                dir.display(),
+            ),
+            Some(dir) => format!(
+                "delegated: {}, but without the {} controller(s); each session gets its own \
+                 cgroup, limits not applied",
+                dir.display(),
+                k.unavailable_controllers().join(", ")
+            ),
             None => "no delegated cgroup v2 slice; only RLIMIT_NPROC and /tmp size limit".into(),
         },
-        fix: k.cgroup_delegated.is_none().then(|| {
-            "run under a systemd user manager with delegation (`systemd-run --user -p Delegate=yes`)"
-                .to_string()
+        fix: cgroup_warning.is_some().then(|| match &k.cgroup_delegated {
+            None => "run under a systemd user manager with delegation \
+                     (`systemd-run --user -p Delegate=yes ...`)"
+                .to_string(),
+            Some(_) if k.unavailable_controllers().is_empty() => {
+                "start airlock in a cgroup of its own \
+                 (`systemd-run --user --scope -p Delegate=yes airlock exec ...`)"
+                    .to_string()
+            }
+            Some(_) => "boot with the unified cgroup hierarchy \
+                        (`systemd.unified_cgroup_hierarchy=1`) so pids and memory are cgroup v2 \
+                        controllers"
+                .to_string(),
         }),
     });
     lines
@@ -363,13 +455,71 @@ mod tests {
                     "/proc/self/mountinfo",
                     "30 1 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
                 ),
+                (
+                    "/sys/fs/cgroup/user.slice/user-1000.slice/session.scope/cgroup.controllers",
+                    "cpu memory pids\n",
+                ),
             ]),
             uid: 1000,
             abi: Some(6),
         };
+        let k = probe(&fake);
         assert_eq!(
-            probe(&fake).cgroup_delegated,
+            k.cgroup_delegated,
             Some(PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/session.scope"))
         );
+        assert!(!k.cgroup_is_root);
+        assert_eq!(k.cgroup_controllers, ["cpu", "memory", "pids"].map(String::from));
+        assert_eq!(k.cgroup_warning(), None);
+        let line = report(&fake).into_iter().find(|l| l.name == "cgroup v2 delegation").unwrap();
+        assert_eq!(line.status, Status::Ok, "{line:?}");
+    }
+
+    #[test]
+    fn a_delegated_cgroup_shared_with_other_processes_cannot_get_limits() {
+        let mut fake = Fake {
+            files: HashMap::from([
+                ("/proc/self/cgroup", "0::/user.slice/app.scope\n"),
+                ("/proc/self/mountinfo", "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n"),
+                ("/sys/fs/cgroup/user.slice/app.scope/cgroup.controllers", "memory pids\n"),
+                ("/sys/fs/cgroup/user.slice/app.scope/cgroup.procs", "1\n"),
+            ]),
+            uid: 1000,
+            abi: Some(6),
+        };
+        let k = probe(&fake);
+        assert!(k.cgroup_shared && k.cgroup_blocked());
+        assert!(k.cgroup_warning().unwrap().contains("holds other processes"));
+        let line = report(&fake).into_iter().find(|l| l.name == "cgroup v2 delegation").unwrap();
+        assert_eq!(line.status, Status::Warn);
+        // Once the controllers are enabled (a previous session moved out), nothing blocks.
+        fake.files
+            .insert("/sys/fs/cgroup/user.slice/app.scope/cgroup.subtree_control", "memory pids\n");
+        assert_eq!(probe(&fake).cgroup_warning(), None);
+    }
+
+    #[test]
+    fn hybrid_cgroup_without_controllers_is_a_warning() {
+        let fake = Fake {
+            files: HashMap::from([
+                ("/proc/self/cgroup", "4:memory:/x\n0::/\n"),
+                (
+                    "/proc/self/mountinfo",
+                    "30 1 0:26 / /sys/fs/cgroup/user.slice rw - cgroup2 cgroup2 rw\n",
+                ),
+                ("/sys/fs/cgroup/user.slice/cgroup.controllers", "hugetlb\n"),
+            ]),
+            uid: 0,
+            abi: Some(6),
+        };
+        let k = probe(&fake);
+        assert!(k.cgroup_is_root);
+        assert_eq!(k.unavailable_controllers(), vec!["pids", "memory"]);
+        assert!(k.optional_warnings()[0].contains("pids, memory"), "{:?}", k.optional_warnings());
+        let line = report(&fake).into_iter().find(|l| l.name == "cgroup v2 delegation").unwrap();
+        assert_eq!(line.status, Status::Warn);
+        assert!(line.detail.contains("limits not applied"), "{line:?}");
+        let landlock = report(&fake).into_iter().find(|l| l.name == "landlock").unwrap();
+        assert_eq!(landlock.fix, None);
     }
 }

@@ -18,6 +18,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, isatty};
 
 use super::bridge::{ProxyBridge, SessionEnd, SessionInfo};
+use super::cgroup::{self, Leaf};
 use super::inside::{self, Slot, Spec};
 use super::mounts::{self, HostView, PlanInput};
 use super::probe::{Kernel, MANDATORY_LAYERS};
@@ -61,6 +62,8 @@ pub struct Request {
     pub user_id: Option<String>,
     /// `~/.airlock/quarantine/<session>/`.
     pub quarantine_dir: PathBuf,
+    /// Limits for the session's cgroup (where a delegated cgroup v2 subtree exists).
+    pub limits: cgroup::Limits,
 }
 
 /// The result of a session.
@@ -208,6 +211,8 @@ pub fn run(
     let winsize_from = [1, 0, 2].into_iter().find(|fd| tty[*fd as usize]);
     let winsize = winsize_from.and_then(|fd| sysx::window_size(sysx::borrow_raw(fd)));
 
+    // The session's cgroup leaf, made before the fork so init is born in it.
+    let (mut leaf, mut cgroup_warnings) = session_cgroup(kernel, req);
     let (control, child_control) =
         socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
             .map_err(|e| io_ctx("socketpair")(e.into()))?;
@@ -241,6 +246,7 @@ pub fn run(
         winsize,
         writable: mounts::writable_paths(&repo_sandbox, &protection.external),
         landlock: kernel.landlock_abi.is_some(),
+        cgroup_ns_at_leaf: leaf.is_some(),
         seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
         control: child_control.as_raw_fd(),
         errpipe: err_w.as_raw_fd(),
@@ -251,7 +257,20 @@ pub fn run(
     let mask = inside::forwarded_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)
         .map_err(|e| io_ctx("sigprocmask")(e.into()))?;
-    let child = match namespaces::fork_into_namespaces(SANDBOX_NAMESPACES) {
+    let mut forked = match leaf.as_ref().and_then(Leaf::dir_fd) {
+        Some(dir) => namespaces::fork_into_namespaces_in_cgroup(SANDBOX_NAMESPACES, dir),
+        None => namespaces::fork_into_namespaces(SANDBOX_NAMESPACES),
+    };
+    if leaf.is_some()
+        && let Err(e) = &forked
+        && matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG))
+    {
+        // Kernel before 5.7 (no clone3 / CLONE_INTO_CGROUP): no cgroup rather than no session.
+        cgroup_warnings.push(format!("cgroup limits not applied: clone3 CLONE_INTO_CGROUP: {e}"));
+        leaf = None;
+        forked = namespaces::fork_into_namespaces(SANDBOX_NAMESPACES);
+    }
+    let child = match forked {
         Ok(Forked::Child) => inside::run(&spec),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => {
@@ -308,6 +327,10 @@ pub fn run(
         layers.extend(kernel.optional_layers().into_iter().filter(|l| !l.starts_with("landlock")));
         missing.push(format!("landlock not in force: {landlock}"));
     }
+    if let Some(leaf) = &leaf {
+        layers.extend(leaf.layers.iter().cloned());
+    }
+    missing.extend(cgroup_warnings);
     let info = SessionInfo {
         session: req.session.clone(),
         repo_name: req.repo.name.clone(),
@@ -347,11 +370,53 @@ pub fn run(
     drop(_raw);
     relayed.map_err(io_ctx("relaying stdio"))?;
     let exit_code = inside::exit_code(status).unwrap_or(125);
+    // Init is reaped, so every process of its PID namespace is gone: the leaf can go.
+    if let Some(leaf) = leaf.take()
+        && let Err(e) = leaf.remove()
+    {
+        eprintln!("airlock: warning: {e}");
+    }
     let quarantined = protect::quarantine(&protection, &req.repo.path, &req.quarantine_dir)
         .map_err(io_ctx("quarantining planted files"))?;
     bridge.end(&SessionEnd { exit_code, quarantined: quarantined.clone() });
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
     Ok(Outcome { exit_code, quarantined, landlock })
+}
+
+/// Makes the session's cgroup leaf where the probe found a delegated cgroup v2 subtree.
+/// Failures are warnings (an optional layer), printed now and returned for the session record;
+/// the probe's own warning (no delegation, missing controllers) was already shown once.
+fn session_cgroup(kernel: &Kernel, req: &Request) -> (Option<Leaf>, Vec<String>) {
+    let mut warnings: Vec<String> = Vec::new();
+    let Some(dir) = &kernel.cgroup_delegated else {
+        return (None, warnings);
+    };
+    // Controllers that cannot be enabled (our cgroup holds other processes) are planned as
+    // absent: a leaf without limits, and no pointless move of the supervisor.
+    let controllers: &[String] =
+        if kernel.cgroup_blocked() { &[] } else { &kernel.cgroup_controllers };
+    let plan = cgroup::plan(
+        dir,
+        kernel.cgroup_is_root,
+        controllers,
+        &kernel.cgroup_subtree,
+        &req.session,
+        &req.limits,
+    );
+    let leaf = match cgroup::apply(&plan) {
+        Ok(leaf) => {
+            warnings.extend(leaf.warnings.iter().cloned());
+            Some(leaf)
+        }
+        Err(e) => {
+            warnings.push(format!("cgroup limits not applied: {e}"));
+            None
+        }
+    };
+    for w in &warnings {
+        eprintln!("airlock: warning: {w}");
+    }
+    (leaf, warnings)
 }
 
 type Received = (Option<OwnedFd>, Option<OwnedFd>, String);
