@@ -21,7 +21,7 @@ use crate::env::Env;
 
 /// `pids.max` of a session unless overridden.
 pub const DEFAULT_PIDS_MAX: u64 = 4096;
-/// `memory.max` of a session: 8 GiB, or half the machine's memory if that is less.
+/// `memory.max` of a session: 8 GiB ([`Limits::from_env`] lowers it to half of `MemTotal`).
 pub const DEFAULT_MEMORY_MAX: u64 = 8 << 30;
 /// Test-only (`test-hooks`): a lower `pids.max`, so a test can reach it.
 pub const TEST_PIDS_MAX_VAR: &str = "AIRLOCK_TEST_PIDS_MAX";
@@ -173,6 +173,9 @@ pub enum CgroupError {
 pub struct Leaf {
     path: PathBuf,
     dir: Option<File>,
+    /// The process that made it: only it removes it (the sandbox's init holds a copy after
+    /// the fork and must never try, even if it unwinds).
+    owner: u32,
     /// Layers in force, e.g. `cgroup`, `cgroup-pids(4096)`.
     pub layers: Vec<String>,
     /// What could not be applied, one line each.
@@ -227,8 +230,13 @@ pub fn apply(plan: &Plan) -> Result<Leaf, CgroupError> {
     }
     fs::create_dir(&plan.leaf)
         .map_err(|source| CgroupError::Create { path: plan.leaf.clone(), source })?;
-    let mut leaf =
-        Leaf { path: plan.leaf.clone(), dir: None, layers: vec!["cgroup".into()], warnings };
+    let mut leaf = Leaf {
+        path: plan.leaf.clone(),
+        dir: None,
+        owner: std::process::id(),
+        layers: vec!["cgroup".into()],
+        warnings,
+    };
     if limits_ok {
         for (file, value) in &plan.limits {
             fs::write(plan.leaf.join(file), value).map_err(|source| CgroupError::Limit {
@@ -268,7 +276,7 @@ impl Leaf {
 
     fn remove_dir(&mut self) -> Result<(), CgroupError> {
         self.dir = None;
-        if self.path.as_os_str().is_empty() {
+        if self.path.as_os_str().is_empty() || self.owner != std::process::id() {
             return Ok(());
         }
         let _ = fs::write(self.path.join("cgroup.kill"), "1");

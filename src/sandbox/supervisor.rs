@@ -266,7 +266,9 @@ pub fn run(
         && matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG))
     {
         // Kernel before 5.7 (no clone3 / CLONE_INTO_CGROUP): no cgroup rather than no session.
-        cgroup_warnings.push(format!("cgroup limits not applied: clone3 CLONE_INTO_CGROUP: {e}"));
+        let warning = format!("cgroup limits not applied: clone3 CLONE_INTO_CGROUP: {e}");
+        eprintln!("airlock: warning: {warning}");
+        cgroup_warnings.push(warning);
         leaf = None;
         forked = namespaces::fork_into_namespaces(SANDBOX_NAMESPACES);
     }
