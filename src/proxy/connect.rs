@@ -41,12 +41,14 @@ pub async fn handle(
     let decision = session.policy.decide(&host, port, &session.local);
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
+        line.duration_ms = Some(ms_since(started));
         refuse_with_append(session, &mut sock, &line, &target, None).await;
         return;
     }
     let Some(_slot) = session.claim_tunnel() else {
         line.reason = Some(Reason::TunnelLimit);
         line.layer = Some(LayerKind::None);
+        line.duration_ms = Some(ms_since(started));
         let detail = format!("at most {} open tunnels per session", session.limits.max_tunnels);
         refuse_with_append(session, &mut sock, &line, &target, Some(&detail)).await;
         return;

@@ -74,6 +74,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let decision = s.policy.decide(&host, port, &s.local);
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
+        line.duration_ms = Some(ms_since(started));
         return match s.audit.append(&line) {
             Ok(()) => refusal(Status::Forbidden, decision.reason, decision.layer, &target, None),
             Err(e) => audit_failed(&e, &target),
@@ -249,6 +250,8 @@ fn malformed(s: &SessionProxy, method: &str, url: &str, msg: &str) -> Response<P
     line.reason = Some(Reason::Malformed);
     line.layer = Some(LayerKind::None);
     line.url = Some(url.to_owned());
+    // Refused on the spot: nothing was opened, so the attempt took no measurable time.
+    line.duration_ms = Some(0);
     match s.audit.append(&line) {
         Ok(()) => refusal(Status::Bad, Reason::Malformed, LayerKind::None, url, Some(msg)),
         Err(e) => audit_failed(&e, url),

@@ -51,7 +51,9 @@ impl Status {
     }
 }
 
-/// A fresh line for an attempt starting now: stamped, attributed, `allowed: false`.
+/// A fresh line for an attempt starting now: stamped, attributed, `allowed: false`. Its
+/// `duration_ms` is unset: the path that ends the attempt fills it in (an immediate refusal
+/// too — the page's denied line carries `"duration_ms":0`; an interrupted one never has it).
 pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &str) -> AuditLine {
     let stamp = session.audit.stamp();
     AuditLine {
@@ -177,6 +179,8 @@ pub async fn malformed(
     let mut line = new_line(session, target, None, method);
     line.reason = Some(Reason::Malformed);
     line.layer = Some(LayerKind::None);
+    // Refused on the spot: nothing was opened, so the attempt took no measurable time.
+    line.duration_ms = Some(0);
     let shown = if target.is_empty() { "the request" } else { target };
     let bytes = match session.audit.append(&line) {
         Ok(()) => response_bytes(

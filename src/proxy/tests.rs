@@ -141,6 +141,8 @@ async fn denied_connect_is_audited_before_the_403() {
     assert_eq!(line.reason, Some(Reason::NotAllowed));
     assert_eq!(line.user_id.as_deref(), Some("u1"));
     assert!(!line.allowed);
+    // docs/audit-format.md: `duration_ms` is present on every denied line.
+    assert!(line.duration_ms.is_some(), "{line:?}");
 }
 
 #[tokio::test]
@@ -235,6 +237,7 @@ async fn tunnel_cap_is_503_and_audited() {
         r.sink.lines().into_iter().filter(|(_, l)| l.reason == Some(Reason::TunnelLimit)).collect();
     assert_eq!(capped.len(), 1);
     assert_eq!(capped[0].0, "append");
+    assert!(capped[0].1.duration_ms.is_some(), "{:?}", capped[0].1);
 }
 
 #[tokio::test]
