@@ -55,31 +55,17 @@ impl Status {
 /// `duration_ms` is unset: the path that ends the attempt fills it in (an immediate refusal
 /// too — the page's denied line carries `"duration_ms":0`; an interrupted one never has it).
 pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &str) -> AuditLine {
-    let stamp = session.audit.stamp();
     AuditLine {
-        ts: rfc3339_ms(SystemTime::now()),
         user_id: session.identity.user_id.clone(),
         repo: session.identity.repo.clone(),
-        host: host.to_owned(),
-        method: method.to_owned(),
-        allowed: false,
-        bytes_sent: None,
-        bytes_recv: None,
-        duration_ms: None,
-        id: stamp.id,
-        session: stamp.session,
-        boot: stamp.boot,
-        seq: stamp.seq,
-        port,
-        addr: None,
         repo_path: session.identity.repo_path.clone(),
-        url: None,
-        status: None,
-        reason: None,
-        layer: None,
-        policy: None,
-        interrupted: None,
-        truncated: None,
+        ..AuditLine::attempt(
+            rfc3339_ms(SystemTime::now()),
+            session.audit.stamp(),
+            host,
+            port,
+            method,
+        )
     }
 }
 
