@@ -27,7 +27,7 @@ use crate::policy::{Host, LayerKind, Reason, parse_authority};
 
 use super::SessionProxy;
 use super::connect::ms_since;
-use super::guard::{self, Unreachable};
+use super::guard;
 use super::respond::{self, Status};
 
 /// The body type of every response the proxy gives.
@@ -91,21 +91,8 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {
-            let (status, detail) = match &why {
-                Unreachable::Refused(d) => {
-                    respond::set_refusal(&mut line, d);
-                    (Status::Forbidden, None)
-                }
-                Unreachable::ResolveFailed { detail, timed_out }
-                | Unreachable::ConnectFailed { detail, timed_out } => {
-                    line.allowed = false;
-                    line.reason = Some(why.reason());
-                    line.layer = Some(LayerKind::None);
-                    let st = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
-                    (st, Some(detail.clone()))
-                }
-            };
-            return close_refused(s, &mut line, started, status, &target, detail.as_deref());
+            let (status, detail) = respond::set_unreachable(&mut line, &why);
+            return close_refused(s, &mut line, started, status, &target, detail);
         }
     };
     line.addr = Some(addr.to_string());

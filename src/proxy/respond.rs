@@ -11,6 +11,7 @@ use crate::audit::{AuditLine, rfc3339_ms};
 use crate::policy::{Decision, LayerKind, Reason};
 
 use super::SessionProxy;
+use super::guard::Unreachable;
 
 /// The non-2xx answers the proxy itself gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +76,28 @@ pub fn set_refusal(line: &mut AuditLine, d: &Decision) {
     line.reason = Some(d.reason);
     line.layer = Some(d.layer);
     line.policy = d.policy.clone();
+}
+
+/// Records on `line` why an allowed attempt never reached its upstream, and returns the status
+/// to answer with and the detail for the body (shared by the tunnel and plain-HTTP paths).
+pub fn set_unreachable<'a>(
+    line: &mut AuditLine,
+    why: &'a Unreachable,
+) -> (Status, Option<&'a str>) {
+    match why {
+        Unreachable::Refused(d) => {
+            set_refusal(line, d);
+            (Status::Forbidden, None)
+        }
+        Unreachable::ResolveFailed { detail, timed_out }
+        | Unreachable::ConnectFailed { detail, timed_out } => {
+            line.allowed = false;
+            line.reason = Some(why.reason());
+            line.layer = Some(LayerKind::None);
+            let status = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
+            (status, Some(detail.as_str()))
+        }
+    }
 }
 
 /// The status a refusal reason is answered with.
