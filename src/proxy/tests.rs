@@ -146,6 +146,21 @@ async fn denied_connect_is_audited_before_the_403() {
 }
 
 #[tokio::test]
+async fn a_plain_http_target_hyper_cannot_parse_is_audited_as_malformed() {
+    let r = rig(&["example.test"], &[], "", MemSink::default(), Limits::default()).await;
+    let (_s, head) = ask(r.addr, "GET http://a%2ecom/ HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let lines = r.sink.lines();
+    assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: malformed\r\n"), "{head}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let (kind, line) = &lines[0];
+    assert_eq!(*kind, "append");
+    assert_eq!(line.reason, Some(Reason::Malformed));
+    assert_eq!(line.method, "GET");
+    assert!(!line.allowed);
+}
+
+#[tokio::test]
 async fn allowed_tunnel_counts_bytes_and_records_addr() {
     let (up, hits) = echo_upstream("127.0.0.2").await;
     let entry = format!("example.test:{}", up.port());
