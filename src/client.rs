@@ -107,7 +107,7 @@ pub enum ClientError {
     },
     #[error(
         "airlockd is not running: nothing listens on {path}, and {unit} says a service manager \
-         owns it. Start it with `{fix}`"
+         owns it. Start it with {fix}"
     )]
     ServiceDown { path: PathBuf, unit: PathBuf, fix: String },
     #[error("cannot start airlockd: {0}")]
@@ -195,15 +195,16 @@ pub fn service_unit_candidates(env: &dyn Env) -> Vec<PathBuf> {
     }
 }
 
-/// The fix printed when a managed socket is dead.
+/// The fix printed when a managed socket is dead: each command in its own backticks, so the
+/// message reads `Start it with `cmd` (check `cmd`)`, never nested quotes.
 pub fn service_fix() -> String {
     if cfg!(target_os = "macos") {
         format!(
-            "launchctl bootstrap gui/$(id -u) ~/Library/LaunchAgents/{LAUNCHD_LABEL}.plist \
+            "`launchctl bootstrap gui/$(id -u) ~/Library/LaunchAgents/{LAUNCHD_LABEL}.plist` \
              (or `airlock service install`)"
         )
     } else {
-        "systemctl --user enable --now airlock.socket (check `systemctl --user status \
+        "`systemctl --user enable --now airlock.socket` (check `systemctl --user status \
          airlock.socket airlock.service`)"
             .to_owned()
     }

@@ -13,7 +13,9 @@
 //! review/ (ingest, store, detect)
 //! ```
 //!
-//! `unsafe` lives only in [`sys`].
+//! `unsafe` lives only in [`sys`]; the compiler enforces it (`unsafe_code` is denied elsewhere).
+
+#![deny(unsafe_code)]
 
 pub mod audit;
 pub mod cli;
@@ -28,4 +30,5 @@ pub mod proxy;
 pub mod repo;
 pub mod review;
 pub mod sandbox;
+#[allow(unsafe_code)]
 pub mod sys;

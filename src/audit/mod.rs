@@ -83,6 +83,39 @@ pub struct AuditLine {
     pub truncated: Option<bool>,
 }
 
+impl AuditLine {
+    /// A new attempt's line: `ts` and `stamp` as given, `host`, `port`, `method`, `allowed:
+    /// false`, and every optional field unset. Attribution (`repo`, `user_id`, `repo_path`) is
+    /// the caller's to fill in, e.g. `AuditLine { repo, ..AuditLine::attempt(…) }`.
+    pub fn attempt(ts: String, stamp: Stamp, host: &str, port: Option<u16>, method: &str) -> Self {
+        Self {
+            ts,
+            user_id: None,
+            repo: String::new(),
+            host: host.to_owned(),
+            method: method.to_owned(),
+            allowed: false,
+            bytes_sent: None,
+            bytes_recv: None,
+            duration_ms: None,
+            id: stamp.id,
+            session: stamp.session,
+            boot: stamp.boot,
+            seq: stamp.seq,
+            port,
+            addr: None,
+            repo_path: None,
+            url: None,
+            status: None,
+            reason: None,
+            layer: None,
+            policy: None,
+            interrupted: None,
+            truncated: None,
+        }
+    }
+}
+
 /// Where the proxy sends its records. Implementations must be cheap to call from many tasks.
 ///
 /// Ordering contract (DESIGN §5): a denial is `append`ed before the refusal is sent; an allowed

@@ -398,31 +398,11 @@ impl FileAuditSink {
     /// A new attempt's line: `ts` now, a fresh stamp, the session's fields, `host`, `port`,
     /// `method`, and `allowed: false` until the caller decides otherwise.
     pub fn line(&self, host: &str, port: Option<u16>, method: &str) -> AuditLine {
-        let stamp = self.stamp();
         AuditLine {
-            ts: rfc3339_ms(self.log.now()),
             user_id: self.info.user_id.clone(),
             repo: self.info.repo.clone(),
-            host: host.to_owned(),
-            method: method.to_owned(),
-            allowed: false,
-            bytes_sent: None,
-            bytes_recv: None,
-            duration_ms: None,
-            id: stamp.id,
-            session: stamp.session,
-            boot: stamp.boot,
-            seq: stamp.seq,
-            port,
-            addr: None,
             repo_path: self.info.repo_path.clone(),
-            url: None,
-            status: None,
-            reason: None,
-            layer: None,
-            policy: None,
-            interrupted: None,
-            truncated: None,
+            ..AuditLine::attempt(rfc3339_ms(self.log.now()), self.stamp(), host, port, method)
         }
     }
 }

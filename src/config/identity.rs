@@ -52,8 +52,6 @@ pub enum IdentityError {
     },
     #[error("{0:?} is not an email address: {1}")]
     BadEmail(String, &'static str),
-    #[error("cannot generate a user id: {0}")]
-    Random(String),
     #[error("cannot encode the identity: {0}")]
     Encode(#[from] toml::ser::Error),
 }
@@ -99,7 +97,8 @@ pub fn write(path: &Path, identity: &Identity) -> Result<(), IdentityError> {
 }
 
 /// `airlock login --email ADDRESS`: a local identity. The `user_id` is kept when the email is
-/// unchanged (so audit history stays attributed to one id), otherwise freshly generated.
+/// unchanged (so audit history stays attributed to one id), otherwise derived from the email,
+/// so that logging out and back in (or switching away and back) gives the same id again.
 pub fn login_email(paths: &Paths, email: &str) -> Result<Identity, IdentityError> {
     let email = email.trim();
     validate_email(email).map_err(|why| IdentityError::BadEmail(email.to_owned(), why))?;
@@ -107,7 +106,7 @@ pub fn login_email(paths: &Paths, email: &str) -> Result<Identity, IdentityError
     let existing = read(&path)?;
     let user_id = match existing {
         Some(old) if old.email.eq_ignore_ascii_case(email) && old.server.is_none() => old.user_id,
-        _ => new_user_id()?,
+        _ => local_user_id(email),
     };
     let identity = Identity { email: email.to_owned(), user_id, server: None };
     fsutil::private_dir(&paths.airlock_dir())
@@ -126,11 +125,17 @@ pub fn logout(paths: &Paths) -> Result<bool, IdentityError> {
     }
 }
 
-/// `u_` + 16 lowercase hex characters from the OS random source.
-pub fn new_user_id() -> Result<String, IdentityError> {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| IdentityError::Random(e.to_string()))?;
-    Ok(format!("u_{}", hex::encode(bytes)))
+/// The stable local `user_id` of an email: `u_` + 16 lowercase hex characters of a SHA-256 of
+/// the lowercased address. DESIGN §3 asks for a *stable* id; a random one was lost on every
+/// `logout`, splitting one person's audit history across ids. It reveals nothing the session
+/// records (which carry the email) do not, and the review plane attributes by token anyway.
+pub fn local_user_id(email: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"airlock local user_id v1\n")
+        .chain_update(email.trim().to_ascii_lowercase().as_bytes())
+        .finalize();
+    format!("u_{}", hex::encode(&digest[..8]))
 }
 
 /// The shape of an address (`local@domain.tld`); deliverability is not our business.
@@ -223,6 +228,9 @@ mod tests {
         assert!(logout(&paths).unwrap());
         assert!(!logout(&paths).unwrap());
         assert_eq!(read(&paths.identity_file()).unwrap(), None);
+        // Stable across logout and a detour through another email (DESIGN §3), any case.
+        let d = login_email(&paths, "Dev@Example.com").unwrap();
+        assert_eq!(d.user_id, a.user_id);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::audit::AuditLine;
 use crate::policy::{LayerKind, Reason, parse_authority};
 
 use super::SessionProxy;
-use super::guard::{self, Unreachable};
+use super::guard;
 use super::respond::{self, Status};
 use super::splice::{self, Meter, TunnelEnd};
 use super::tls_peek::{self, Peek};
@@ -41,12 +41,14 @@ pub async fn handle(
     let decision = session.policy.decide(&host, port, &session.local);
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
+        line.duration_ms = Some(ms_since(started));
         refuse_with_append(session, &mut sock, &line, &target, None).await;
         return;
     }
     let Some(_slot) = session.claim_tunnel() else {
         line.reason = Some(Reason::TunnelLimit);
         line.layer = Some(LayerKind::None);
+        line.duration_ms = Some(ms_since(started));
         let detail = format!("at most {} open tunnels per session", session.limits.max_tunnels);
         refuse_with_append(session, &mut sock, &line, &target, Some(&detail)).await;
         return;
@@ -65,20 +67,7 @@ pub async fn handle(
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {
-            let (status, detail) = match &why {
-                Unreachable::Refused(d) => {
-                    respond::set_refusal(&mut line, d);
-                    (Status::Forbidden, None)
-                }
-                Unreachable::ResolveFailed { detail, timed_out }
-                | Unreachable::ConnectFailed { detail, timed_out } => {
-                    line.allowed = false;
-                    line.reason = Some(why.reason());
-                    line.layer = Some(LayerKind::None);
-                    let s = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
-                    (s, Some(detail.as_str()))
-                }
-            };
+            let (status, detail) = respond::set_unreachable(&mut line, &why);
             line.duration_ms = Some(ms_since(started));
             refuse_with_close(session, &mut sock, &line, &target, status, detail).await;
             return;

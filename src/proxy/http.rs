@@ -27,7 +27,7 @@ use crate::policy::{Host, LayerKind, Reason, parse_authority};
 
 use super::SessionProxy;
 use super::connect::ms_since;
-use super::guard::{self, Unreachable};
+use super::guard;
 use super::respond::{self, Status};
 
 /// The body type of every response the proxy gives.
@@ -74,6 +74,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let decision = s.policy.decide(&host, port, &s.local);
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
+        line.duration_ms = Some(ms_since(started));
         return match s.audit.append(&line) {
             Ok(()) => refusal(Status::Forbidden, decision.reason, decision.layer, &target, None),
             Err(e) => audit_failed(&e, &target),
@@ -90,21 +91,8 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {
-            let (status, detail) = match &why {
-                Unreachable::Refused(d) => {
-                    respond::set_refusal(&mut line, d);
-                    (Status::Forbidden, None)
-                }
-                Unreachable::ResolveFailed { detail, timed_out }
-                | Unreachable::ConnectFailed { detail, timed_out } => {
-                    line.allowed = false;
-                    line.reason = Some(why.reason());
-                    line.layer = Some(LayerKind::None);
-                    let st = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
-                    (st, Some(detail.clone()))
-                }
-            };
-            return close_refused(s, &mut line, started, status, &target, detail.as_deref());
+            let (status, detail) = respond::set_unreachable(&mut line, &why);
+            return close_refused(s, &mut line, started, status, &target, detail);
         }
     };
     line.addr = Some(addr.to_string());
@@ -249,6 +237,8 @@ fn malformed(s: &SessionProxy, method: &str, url: &str, msg: &str) -> Response<P
     line.reason = Some(Reason::Malformed);
     line.layer = Some(LayerKind::None);
     line.url = Some(url.to_owned());
+    // Refused on the spot: nothing was opened, so the attempt took no measurable time.
+    line.duration_ms = Some(0);
     match s.audit.append(&line) {
         Ok(()) => refusal(Status::Bad, Reason::Malformed, LayerKind::None, url, Some(msg)),
         Err(e) => audit_failed(&e, url),

@@ -356,6 +356,17 @@ async fn handle_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
             drop(buf);
             connect::handle(&session, sock, &authority, http10, early).await;
         }
+        // hyper answers a target it cannot parse with its own bare 400 and never calls us, so
+        // that attempt would go unaudited: refuse it here, audited, like any malformed head.
+        // (Later requests on a kept-alive connection are rarer; see `http::serve`.)
+        Ok(head::RequestKind::Other { method, target })
+            if target.parse::<::http::Uri>().is_err() =>
+        {
+            let msg = format!("request target {:?} is not a valid URI", respond::printable(target));
+            let (method, target) = (method.to_owned(), target.to_owned());
+            respond::malformed(&session, &mut sock, &method, &target, &msg, respond::Status::Bad)
+                .await;
+        }
         Ok(head::RequestKind::Other { .. }) => {
             http::serve(&session, sock, buf).await;
         }

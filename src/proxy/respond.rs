@@ -11,6 +11,7 @@ use crate::audit::{AuditLine, rfc3339_ms};
 use crate::policy::{Decision, LayerKind, Reason};
 
 use super::SessionProxy;
+use super::guard::Unreachable;
 
 /// The non-2xx answers the proxy itself gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,33 +52,21 @@ impl Status {
     }
 }
 
-/// A fresh line for an attempt starting now: stamped, attributed, `allowed: false`.
+/// A fresh line for an attempt starting now: stamped, attributed, `allowed: false`. Its
+/// `duration_ms` is unset: the path that ends the attempt fills it in (an immediate refusal
+/// too — the page's denied line carries `"duration_ms":0`; an interrupted one never has it).
 pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &str) -> AuditLine {
-    let stamp = session.audit.stamp();
     AuditLine {
-        ts: rfc3339_ms(SystemTime::now()),
         user_id: session.identity.user_id.clone(),
         repo: session.identity.repo.clone(),
-        host: host.to_owned(),
-        method: method.to_owned(),
-        allowed: false,
-        bytes_sent: None,
-        bytes_recv: None,
-        duration_ms: None,
-        id: stamp.id,
-        session: stamp.session,
-        boot: stamp.boot,
-        seq: stamp.seq,
-        port,
-        addr: None,
         repo_path: session.identity.repo_path.clone(),
-        url: None,
-        status: None,
-        reason: None,
-        layer: None,
-        policy: None,
-        interrupted: None,
-        truncated: None,
+        ..AuditLine::attempt(
+            rfc3339_ms(SystemTime::now()),
+            session.audit.stamp(),
+            host,
+            port,
+            method,
+        )
     }
 }
 
@@ -87,6 +76,28 @@ pub fn set_refusal(line: &mut AuditLine, d: &Decision) {
     line.reason = Some(d.reason);
     line.layer = Some(d.layer);
     line.policy = d.policy.clone();
+}
+
+/// Records on `line` why an allowed attempt never reached its upstream, and returns the status
+/// to answer with and the detail for the body (shared by the tunnel and plain-HTTP paths).
+pub fn set_unreachable<'a>(
+    line: &mut AuditLine,
+    why: &'a Unreachable,
+) -> (Status, Option<&'a str>) {
+    match why {
+        Unreachable::Refused(d) => {
+            set_refusal(line, d);
+            (Status::Forbidden, None)
+        }
+        Unreachable::ResolveFailed { detail, timed_out }
+        | Unreachable::ConnectFailed { detail, timed_out } => {
+            line.allowed = false;
+            line.reason = Some(why.reason());
+            line.layer = Some(LayerKind::None);
+            let status = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
+            (status, Some(detail.as_str()))
+        }
+    }
 }
 
 /// The status a refusal reason is answered with.
@@ -177,6 +188,8 @@ pub async fn malformed(
     let mut line = new_line(session, target, None, method);
     line.reason = Some(Reason::Malformed);
     line.layer = Some(LayerKind::None);
+    // Refused on the spot: nothing was opened, so the attempt took no measurable time.
+    line.duration_ms = Some(0);
     let shown = if target.is_empty() { "the request" } else { target };
     let bytes = match session.audit.append(&line) {
         Ok(()) => response_bytes(

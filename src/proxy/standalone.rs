@@ -50,7 +50,7 @@ pub struct ProxyArgs {
     #[arg(long, env = "AIRLOCK_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
     /// Close a tunnel after this long without a byte either way.
-    #[arg(long, env = "AIRLOCK_IDLE_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "AIRLOCK_TUNNEL_IDLE_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
     /// Open tunnels at once (beyond: 503, audited `tunnel_limit`).
     #[arg(long, env = "AIRLOCK_MAX_TUNNELS", default_value_t = 512)]

@@ -141,6 +141,23 @@ async fn denied_connect_is_audited_before_the_403() {
     assert_eq!(line.reason, Some(Reason::NotAllowed));
     assert_eq!(line.user_id.as_deref(), Some("u1"));
     assert!(!line.allowed);
+    // docs/audit-format.md: `duration_ms` is present on every denied line.
+    assert!(line.duration_ms.is_some(), "{line:?}");
+}
+
+#[tokio::test]
+async fn a_plain_http_target_hyper_cannot_parse_is_audited_as_malformed() {
+    let r = rig(&["example.test"], &[], "", MemSink::default(), Limits::default()).await;
+    let (_s, head) = ask(r.addr, "GET http://a%2ecom/ HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    let lines = r.sink.lines();
+    assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: malformed\r\n"), "{head}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let (kind, line) = &lines[0];
+    assert_eq!(*kind, "append");
+    assert_eq!(line.reason, Some(Reason::Malformed));
+    assert_eq!(line.method, "GET");
+    assert!(!line.allowed);
 }
 
 #[tokio::test]
@@ -235,6 +252,7 @@ async fn tunnel_cap_is_503_and_audited() {
         r.sink.lines().into_iter().filter(|(_, l)| l.reason == Some(Reason::TunnelLimit)).collect();
     assert_eq!(capped.len(), 1);
     assert_eq!(capped[0].0, "append");
+    assert!(capped[0].1.duration_ms.is_some(), "{:?}", capped[0].1);
 }
 
 #[tokio::test]

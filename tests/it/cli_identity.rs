@@ -42,6 +42,11 @@ fn login_whoami_logout() {
     assert!(!file.exists());
     world.airlock(&cwd).args(["whoami"]).run().expect_code(1);
     world.airlock(&cwd).args(["logout"]).run().expect_code(0);
+
+    // The id is stable (DESIGN §3): logging back in after logout gives the same one.
+    world.airlock(&cwd).args(["login", "--email", "dev@example.com"]).run().expect_code(0);
+    let back = world.airlock(&cwd).args(["whoami"]).run().expect_code(0).stdout();
+    assert_eq!(back, who);
 }
 
 #[test]

@@ -359,7 +359,7 @@ fn without_activation_airlockd_exits_64_with_a_hint() {
     let run = world.airlockd(world.tmp.path()).run().expect_code(64);
     let err = run.stderr();
     assert!(err.contains("no activation socket"), "{err}");
-    assert!(err.contains("systemctl --user enable --now airlock.socket"), "{err}");
+    assert!(err.contains("`systemctl --user enable --now airlock.socket`"), "{err}");
     assert!(err.contains("airlock status"), "{err}");
 }
 

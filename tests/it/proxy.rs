@@ -57,10 +57,12 @@ fn done_when_allowed_tls_and_denied_pastebin() {
     assert_eq!(denied[0]["allowed"], false);
     assert_eq!(denied[0]["reason"], "not_allowed");
     assert_eq!(denied[0]["layer"], "none");
+    assert!(denied[0]["duration_ms"].is_u64(), "the page's denied line has duration_ms");
     assert!(!proxy.queries().iter().any(|q| q == "pastebin.com"), "denied name was resolved");
-    let out = proxy.wait_stdout(" DENY pastebin.com:443 CONNECT reason=not_allowed");
+    let out = proxy.wait_stdout("reason=not_allowed layer=none\n");
     assert!(out.contains(" ALLOW example.test:443 CONNECT"), "{out}");
-    assert!(out.contains(" DENY pastebin.com:443 CONNECT reason=not_allowed"), "{out}");
+    let deny = out.lines().find(|l| l.contains(" DENY pastebin.com:443 CONNECT ")).unwrap();
+    assert!(deny.ends_with("ms reason=not_allowed layer=none"), "{deny}");
 }
 
 #[test]

@@ -283,6 +283,17 @@ impl Upstream {
         self.hits.load(Ordering::SeqCst)
     }
 
+    /// The accept count once it reaches `n` (or after 10 s, whatever it is then). The proxy
+    /// sees a dial complete as soon as the connection is in this listener's backlog, which can
+    /// be before this upstream's task has accepted and counted it.
+    pub fn hits_at_least(&self, n: usize) -> usize {
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.hits() < n && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.hits()
+    }
+
     /// `tls`: terminate TLS with this config first.
     pub fn start(addr: &str, serve: Serve, tls: Option<Arc<rustls::ServerConfig>>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
