@@ -265,7 +265,10 @@ impl Endpoint {
             VersionRange::from_test_override(env.var(protocol::TEST_CLIENT_PROTOCOL_VAR));
         // A one-shot daemon has no service manager: a NOTIFY_SOCKET inherited from whatever
         // started this CLI would send READY=1 to the wrong manager.
-        let daemon_env = std::env::vars_os().filter(|(k, _)| k != "NOTIFY_SOCKET").collect();
+        let mut daemon_env: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| k != "NOTIFY_SOCKET" && k != crate::sys::activation::ACTIVATOR_VAR)
+            .collect();
+        daemon_env.push((crate::sys::activation::ACTIVATOR_VAR.into(), "airlock".into()));
         Self { socket, activation, daemon_log, protocol, daemon_env }
     }
 

@@ -278,6 +278,7 @@ impl Daemon {
             activation: match self.options.activation {
                 Source::Systemd => "systemd".into(),
                 Source::Launchd => "launchd".into(),
+                Source::OneShot => "airlock (one-shot)".into(),
             },
             tunnels: list.iter().map(|s| s.tunnels).sum(),
             sessions: list,

@@ -18,11 +18,17 @@ use nix::sys::socket::{
 /// `Sockets` key in the launchd plists, the argument of `launch_activate_socket`.
 pub const SOCKET_NAME: &str = "airlock";
 
+/// Set (to `airlock`) by the CLI's one-shot activator in the daemon's environment, so `status`
+/// can say who started it: the `LISTEN_*` protocol alone looks the same as systemd's.
+pub const ACTIVATOR_VAR: &str = "AIRLOCK_ACTIVATOR";
+
 /// Where an adopted socket came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
     Systemd,
     Launchd,
+    /// The `airlock` CLI's one-shot activator (no service manager).
+    OneShot,
 }
 
 /// The adopted, prepared control socket.
@@ -85,7 +91,11 @@ pub fn adopt() -> Result<Adopted, ActivationError> {
         .map_err(ActivationError::BadEnvironment)?;
     let fds: Vec<(RawFd, String)> = fds.collect();
     let fd = pick_named(fds, SOCKET_NAME, Family::Unix)?;
-    Ok(Adopted { fd, source: Source::Systemd })
+    let one_shot = std::env::var_os(ACTIVATOR_VAR).is_some_and(|v| v == "airlock");
+    // SAFETY: as above, no other thread exists yet.
+    unsafe { std::env::remove_var(ACTIVATOR_VAR) };
+    let source = if one_shot { Source::OneShot } else { Source::Systemd };
+    Ok(Adopted { fd, source })
 }
 
 /// The address family an adopted listener must have.

@@ -659,6 +659,8 @@ fn one_shot_activator_restarts_after_idle_exit_from_the_stale_socket() {
     let first = json(
         &status(&world, &sock).env("AIRLOCK_IDLE_TIMEOUT", "500ms").run().expect_code(0).stdout(),
     );
+    // Regression: a one-shot activation used to be reported as "systemd".
+    assert_eq!(first["activation"], "airlock (one-shot)");
     let pid = first["pid"].as_i64().unwrap();
     assert!(wait_until(LONG, || !pid_alive(pid)), "did not idle out");
     assert!(sock.exists(), "the daemon must never unlink its socket");
