@@ -86,6 +86,46 @@ pub struct FlagQuery {
     pub limit: u32,
 }
 
+/// A value bound into a flag listing, before conversion to a backend's parameter type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FlagArg {
+    Text(String),
+    Int(i64),
+}
+
+impl FlagQuery {
+    /// The `WHERE`…`LIMIT` tail of a flag listing over `flags f` and its arguments in order, with
+    /// placeholders written by `placeholder(n)` (`$n` for PostgreSQL, `?n` for SQLite), so both
+    /// backends filter identically. A flag's state is its latest `flag_states` row, else open.
+    pub(crate) fn sql_tail(&self, placeholder: fn(usize) -> String) -> (String, Vec<FlagArg>) {
+        let mut sql = String::from(" WHERE 1=1");
+        let mut args = Vec::new();
+        let mut bind = |sql: &mut String, clause: &str, arg: FlagArg| {
+            args.push(arg);
+            sql.push_str(&clause.replace("{}", &placeholder(args.len())));
+        };
+        if let Some(u) = &self.user_id {
+            bind(&mut sql, " AND f.user_id = {}", FlagArg::Text(u.clone()));
+        }
+        if let Some(r) = &self.rule_id {
+            bind(&mut sql, " AND f.rule_id = {}", FlagArg::Text(r.clone()));
+        }
+        if let Some(a) = self.after {
+            bind(&mut sql, " AND f.n > {}", FlagArg::Int(a));
+        }
+        if let Some(s) = self.state {
+            bind(
+                &mut sql,
+                " AND coalesce((SELECT state FROM flag_states s WHERE s.flag_id = f.id \
+                 ORDER BY n DESC LIMIT 1), 'open') = {}",
+                FlagArg::Text(s.as_str().to_owned()),
+            );
+        }
+        bind(&mut sql, " ORDER BY f.n LIMIT {}", FlagArg::Int(i64::from(self.limit)));
+        (sql, args)
+    }
+}
+
 /// The store contract. Methods return `Send` futures so the server can run them on any
 /// runtime thread; implementations never update or delete a row.
 pub trait Store: Send + Sync + 'static {
@@ -252,4 +292,35 @@ pub fn random_id() -> String {
         b[..8].copy_from_slice(&n);
     }
     hex::encode(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_query_tail_numbers_placeholders_in_argument_order() {
+        let q = FlagQuery {
+            user_id: Some("u1".into()),
+            state: Some(crate::review::FlagState::Open),
+            rule_id: None,
+            after: Some(7),
+            limit: 50,
+        };
+        let (sql, args) = q.sql_tail(|n| format!("${n}"));
+        assert!(sql.contains("f.user_id = $1") && sql.contains("f.n > $2"), "{sql}");
+        assert!(sql.contains("'open') = $3") && sql.ends_with("ORDER BY f.n LIMIT $4"), "{sql}");
+        assert!(!sql.contains("rule_id"), "{sql}");
+        assert_eq!(
+            args,
+            vec![
+                FlagArg::Text("u1".into()),
+                FlagArg::Int(7),
+                FlagArg::Text("open".into()),
+                FlagArg::Int(50)
+            ]
+        );
+        let (sql, _) = FlagQuery { limit: 1, ..Default::default() }.sql_tail(|n| format!("?{n}"));
+        assert_eq!(sql, " WHERE 1=1 ORDER BY f.n LIMIT ?1");
+    }
 }

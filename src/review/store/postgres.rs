@@ -558,29 +558,17 @@ impl Store for PgStore {
 
     async fn list_flags(&self, q: &FlagQuery) -> Result<Vec<(i64, Flag)>, StoreError> {
         let c = self.client().await?;
-        let mut sql = format!("SELECT {FLAG_COLS} FROM flags f WHERE true");
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        if let Some(u) = &q.user_id {
-            args.push(Box::new(u.clone()));
-            sql.push_str(&format!(" AND f.user_id = ${}", args.len()));
-        }
-        if let Some(r) = &q.rule_id {
-            args.push(Box::new(r.clone()));
-            sql.push_str(&format!(" AND f.rule_id = ${}", args.len()));
-        }
-        if let Some(a) = q.after {
-            args.push(Box::new(a));
-            sql.push_str(&format!(" AND f.n > ${}", args.len()));
-        }
-        if let Some(s) = q.state {
-            args.push(Box::new(s.as_str().to_string()));
-            sql.push_str(&format!(
-                " AND coalesce((SELECT state FROM flag_states s WHERE s.flag_id = f.id ORDER BY n DESC LIMIT 1), 'open') = ${}",
-                args.len()
-            ));
-        }
-        args.push(Box::new(i64::from(q.limit)));
-        sql.push_str(&format!(" ORDER BY f.n LIMIT ${}", args.len()));
+        let (tail, flag_args) = q.sql_tail(|n| format!("${n}"));
+        let sql = format!("SELECT {FLAG_COLS} FROM flags f{tail}");
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = flag_args
+            .into_iter()
+            .map(|a| -> Box<dyn ToSql + Sync + Send> {
+                match a {
+                    super::FlagArg::Text(t) => Box::new(t),
+                    super::FlagArg::Int(i) => Box::new(i),
+                }
+            })
+            .collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
         let rows = c.query(&sql, &refs).await?;

@@ -462,33 +462,18 @@ impl Store for SqliteStore {
     async fn list_flags(&self, q: &FlagQuery) -> Result<Vec<(i64, Flag)>, StoreError> {
         let q = q.clone();
         self.with(move |c| {
-            let mut sql = String::from("SELECT id FROM flags f WHERE 1=1");
-            let mut args: Vec<Value> = Vec::new();
-            if let Some(u) = &q.user_id {
-                args.push(Value::Text(u.clone()));
-                sql.push_str(&format!(" AND f.user_id = ?{}", args.len()));
-            }
-            if let Some(r) = &q.rule_id {
-                args.push(Value::Text(r.clone()));
-                sql.push_str(&format!(" AND f.rule_id = ?{}", args.len()));
-            }
-            if let Some(a) = q.after {
-                args.push(Value::Integer(a));
-                sql.push_str(&format!(" AND f.n > ?{}", args.len()));
-            }
-            if let Some(s) = q.state {
-                args.push(Value::Text(s.as_str().into()));
-                sql.push_str(&format!(
-                    " AND coalesce((SELECT state FROM flag_states s WHERE s.flag_id = f.id ORDER BY n DESC LIMIT 1), 'open') = ?{}",
-                    args.len()
-                ));
-            }
-            args.push(Value::Integer(i64::from(q.limit)));
-            sql.push_str(&format!(" ORDER BY f.n LIMIT ?{}", args.len()));
+            let (tail, flag_args) = q.sql_tail(|n| format!("?{n}"));
+            let sql = format!("SELECT id FROM flags f{tail}");
+            let args: Vec<Value> = flag_args
+                .into_iter()
+                .map(|a| match a {
+                    super::FlagArg::Text(t) => Value::Text(t),
+                    super::FlagArg::Int(i) => Value::Integer(i),
+                })
+                .collect();
             let ids: Vec<String> = {
                 let mut stmt = c.prepare(&sql)?;
-                stmt.query_map(params_from_iter(args), |r| r.get(0))?
-                    .collect::<Result<_, _>>()?
+                stmt.query_map(params_from_iter(args), |r| r.get(0))?.collect::<Result<_, _>>()?
             };
             let mut out = Vec::with_capacity(ids.len());
             for id in ids {
