@@ -179,6 +179,23 @@ unsafe fn child(
                 libc::_exit(0);
             }
         }
+        // fd 3 is the listener's place: if /dev/null or the log happen to sit there (fd numbers
+        // depend on what the caller had open), move them above it first, or installing the
+        // listener would close them. The copies above 3 are closed by close_range below.
+        let mut null_fd = null_fd;
+        let mut stderr_fd = stderr_fd;
+        if null_fd == 3 {
+            null_fd = libc::fcntl(null_fd, libc::F_DUPFD, 4);
+            if null_fd < 0 {
+                libc::_exit(126);
+            }
+        }
+        if stderr_fd == 3 && listener_fd != 3 {
+            stderr_fd = libc::fcntl(stderr_fd, libc::F_DUPFD, 4);
+            if stderr_fd < 0 {
+                libc::_exit(126);
+            }
+        }
         // Move the listener to fd 3 first: dup2 onto 0..2 below could otherwise clobber it.
         if listener_fd == 3 {
             let flags = libc::fcntl(3, libc::F_GETFD);
@@ -189,9 +206,6 @@ unsafe fn child(
             libc::_exit(126);
         }
         let err = if stderr_fd >= 0 && stderr_fd != 3 { stderr_fd } else { null_fd };
-        if err == 3 || null_fd == 3 {
-            libc::_exit(126);
-        }
         if libc::dup2(null_fd, 0) < 0 || libc::dup2(null_fd, 1) < 0 || libc::dup2(err, 2) < 0 {
             libc::_exit(126);
         }
@@ -218,6 +232,54 @@ mod tests {
         write_pid_var(&mut buf, 7);
         let end = buf.iter().position(|&b| b == 0).unwrap();
         assert_eq!(&buf[..end], b"LISTEN_PID=7");
+    }
+
+    /// Regression: when the caller's `/dev/null` landed on fd 3, installing the listener there
+    /// closed it and the child gave up with 126 (seen as a flaky unit test under parallel load).
+    #[test]
+    fn a_devnull_or_log_on_fd_3_is_moved_out_of_the_listeners_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = std::os::unix::net::UnixListener::bind(dir.path().join("s")).unwrap();
+        let log = std::fs::File::create(dir.path().join("log")).unwrap();
+        let out = dir.path().join("out");
+        let script =
+            format!("test -S /proc/self/fd/3 && echo err-ok >&2 && echo ok > {}", out.display());
+        let args = vec![OsString::from("-c"), OsString::from(script)];
+        // Run the spawn in a forked test child whose fd 3 is the log file, so the parent test
+        // process's descriptors are untouched.
+        use std::os::fd::{AsFd, AsRawFd};
+        // SAFETY: test-only fork; the child only calls dup2/spawn_activated/waitpid/_exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: dup2 onto fd 3 in the forked child; the old fd 3 (if any) is not ours.
+            unsafe { libc::dup2(log.as_raw_fd(), 3) };
+            // SAFETY: fd 3 now refers to the log file and nothing else owns this number.
+            let log3 = unsafe { BorrowedFd::borrow_raw(3) };
+            let code = match spawn_activated(&ActivatedSpawn {
+                program: Path::new("/bin/sh"),
+                args: &args,
+                env: &[],
+                listener: l.as_fd(),
+                fd_name: "airlock",
+                stderr: Some(log3),
+                mode: Mode::Attached,
+            }) {
+                Ok(Some(child)) => {
+                    match nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None) {
+                        Ok(nix::sys::wait::WaitStatus::Exited(_, c)) => c,
+                        _ => 99,
+                    }
+                }
+                _ => 98,
+            };
+            // SAFETY: leave the forked test child without running the harness's atexit code.
+            unsafe { libc::_exit(code) };
+        }
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None).unwrap();
+        assert_eq!(status, nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(pid), 0));
+        assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "ok");
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+        assert_eq!(log.trim(), "err-ok", "stderr must still reach the log");
     }
 
     #[test]
