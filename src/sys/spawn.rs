@@ -247,19 +247,27 @@ mod tests {
         let args = vec![OsString::from("-c"), OsString::from(script)];
         // Run the spawn in a forked test child whose fd 3 is the log file, so the parent test
         // process's descriptors are untouched.
-        use std::os::fd::{AsFd, AsRawFd};
+        use std::os::fd::AsRawFd;
         // SAFETY: test-only fork; the child only calls dup2/spawn_activated/waitpid/_exit.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
-            // SAFETY: dup2 onto fd 3 in the forked child; the old fd 3 (if any) is not ours.
+            // Other tests run in parallel, so the listener itself may be fd 3: move it first.
+            let mut listener_fd = l.as_raw_fd();
+            if listener_fd == 3 {
+                // SAFETY: F_DUPFD on an fd we own, in the forked child.
+                listener_fd = unsafe { libc::fcntl(3, libc::F_DUPFD_CLOEXEC, 4) };
+            }
+            // SAFETY: dup2 onto fd 3 in the forked child; whatever sat there is not used again.
             unsafe { libc::dup2(log.as_raw_fd(), 3) };
             // SAFETY: fd 3 now refers to the log file and nothing else owns this number.
             let log3 = unsafe { BorrowedFd::borrow_raw(3) };
+            // SAFETY: `listener_fd` is the listener (or its copy), open for the child's life.
+            let listener = unsafe { BorrowedFd::borrow_raw(listener_fd) };
             let code = match spawn_activated(&ActivatedSpawn {
                 program: Path::new("/bin/sh"),
                 args: &args,
                 env: &[],
-                listener: l.as_fd(),
+                listener,
                 fd_name: "airlock",
                 stderr: Some(log3),
                 mode: Mode::Attached,
