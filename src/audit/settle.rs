@@ -199,20 +199,11 @@ pub(crate) fn pending_records(
     let mut open: Vec<AuditLine> = Vec::new();
     let mut closed: HashSet<String> = HashSet::new();
     let mut bad = 0;
-    let mut reader = BufReader::new(file);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| AuditError::Read { path: path.to_owned(), source })?;
-        if n == 0 {
-            break;
-        }
+    for_each_line(file, path, |buf| {
         if buf.iter().all(u8::is_ascii_whitespace) {
-            continue;
+            return;
         }
-        match serde_json::from_slice::<JournalRecord>(&buf) {
+        match serde_json::from_slice::<JournalRecord>(buf) {
             Ok(JournalRecord::Open { id, mut line }) => {
                 line.id = id;
                 open.push(*line);
@@ -225,7 +216,7 @@ pub(crate) fn pending_records(
                 tracing::warn!(journal = %path.display(), error = %e, "skipping a bad journal line");
             }
         }
-    }
+    })?;
     let mut seen = HashSet::new();
     open.retain(|l| !closed.contains(&l.id) && seen.insert(l.id.clone()));
     Ok((open, bad))
@@ -251,24 +242,36 @@ fn ids_in_audit_files(dir: &Path, pending: &[AuditLine]) -> Result<HashSet<Strin
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(source) => return Err(AuditError::Read { path, source }),
         };
-        let mut reader = BufReader::new(file);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            let n = reader
-                .read_until(b'\n', &mut buf)
-                .map_err(|source| AuditError::Read { path: path.clone(), source })?;
-            if n == 0 {
-                break;
-            }
-            if let Ok(IdOnly { id: Some(id) }) = serde_json::from_slice(&buf)
+        for_each_line(file, &path, |buf| {
+            if let Ok(IdOnly { id: Some(id) }) = serde_json::from_slice(buf)
                 && wanted.contains(id.as_str())
             {
                 found.insert(id);
             }
-        }
+        })?;
     }
     Ok(found)
+}
+
+/// Calls `f` with each `\n`-terminated line of `file` (raw bytes: hostile lines need not be
+/// UTF-8), the last one even without its newline.
+fn for_each_line(
+    file: impl std::io::Read,
+    path: &Path,
+    mut f: impl FnMut(&[u8]),
+) -> Result<(), AuditError> {
+    let mut reader = BufReader::new(file);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| AuditError::Read { path: path.to_owned(), source })?;
+        if n == 0 {
+            return Ok(());
+        }
+        f(&buf);
+    }
 }
 
 /// `YYYY-MM-DD` of the day before `date` (or `date` itself if it does not parse, which only

@@ -480,13 +480,8 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
             return resp;
         }
     }
-    if !user.role.can_review() {
-        match &q.user_id {
-            Some(u) if u != &user.id => {
-                return error(StatusCode::FORBIDDEN, "members can read only their own history");
-            }
-            _ => q.user_id = Some(user.id.clone()),
-        }
+    if let Err(resp) = scope_member_reads(user, &mut q.user_id, "history") {
+        return resp;
     }
     let foreign = q.user_id.as_deref() != Some(user.id.as_str());
     if foreign {
@@ -562,13 +557,8 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
             return resp;
         }
     }
-    if !user.role.can_review() {
-        match &q.user_id {
-            Some(u) if u != &user.id => {
-                return error(StatusCode::FORBIDDEN, "members can read only their own flags");
-            }
-            _ => q.user_id = Some(user.id.clone()),
-        }
+    if let Err(resp) = scope_member_reads(user, &mut q.user_id, "flags") {
+        return resp;
     }
     match st.store.list_flags(&q).await {
         Ok(flags) => {
@@ -710,5 +700,22 @@ pub async fn serve<S: Store>(
                 tracing::debug!("connection ended: {e}");
             }
         });
+    }
+}
+
+/// The one read-scoping rule: a member sees only their own records (asking for another user's
+/// is 403); reviewers and admins may name any user or none.
+fn scope_member_reads(user: &User, wanted: &mut Option<String>, what: &str) -> Result<(), Resp> {
+    if user.role.can_review() {
+        return Ok(());
+    }
+    match wanted {
+        Some(u) if *u != user.id => {
+            Err(error(StatusCode::FORBIDDEN, format!("members can read only their own {what}")))
+        }
+        _ => {
+            *wanted = Some(user.id.clone());
+            Ok(())
+        }
     }
 }
