@@ -17,6 +17,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod agent;
 pub mod audit;
 pub mod cli;
 pub mod client;

@@ -146,8 +146,8 @@ impl ProxyBridge for DaemonBridge {
                 user_id: self.prepared.identity.user_id.clone(),
                 server: self.prepared.server.clone(),
             },
-            agent: None,
-            agent_version: None,
+            agent: info.agent.clone(),
+            agent_version: info.agent_version.clone(),
             airlock_version: env!("CARGO_PKG_VERSION").into(),
             command: info.command.clone(),
             layers: info.layers.clone(),
@@ -163,7 +163,7 @@ impl ProxyBridge for DaemonBridge {
         if let Some(handle) = self.handle.take() {
             let outcome = SessionOutcome {
                 exit_status: Some(end.exit_code),
-                transcripts: Vec::new(),
+                transcripts: end.transcripts.clone(),
                 quarantined: end
                     .quarantined
                     .iter()
@@ -180,7 +180,7 @@ impl ProxyBridge for DaemonBridge {
     }
 }
 
-fn bridge(ctx: &Context<'_>, prepared: &Prepared) -> Box<dyn ProxyBridge> {
+pub(super) fn bridge(ctx: &Context<'_>, prepared: &Prepared) -> Box<dyn ProxyBridge> {
     #[cfg(feature = "test-hooks")]
     if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR)
         && let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode)
@@ -195,14 +195,27 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
     125
 }
 
-/// Runs `airlock exec`.
-pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
-    run_with(args, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+/// What a session starts: any command (`exec`) or an agent (`run`).
+#[derive(Debug, Clone)]
+pub enum Launch {
+    Command(Vec<OsString>),
+    /// `claude`, `codex` or a path, and the arguments after `--`.
+    Agent {
+        agent: String,
+        args: Vec<OsString>,
+    },
 }
 
-/// `exec` with its collaborators injected.
+/// Runs `airlock exec`.
+pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
+    let launch = Launch::Command(args.command);
+    run_with(args.repo.as_deref(), launch, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+}
+
+/// A session (`exec` or `run`) with its collaborators injected.
 pub fn run_with(
-    args: ExecArgs,
+    repo_arg: Option<&std::path::Path>,
+    launch: Launch,
     ctx: &Context<'_>,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
@@ -211,13 +224,24 @@ pub fn run_with(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let repo = match Repo::resolve(args.repo.as_deref(), &ctx.cwd) {
+    let repo = match Repo::resolve(repo_arg, &ctx.cwd) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
     if let Some(why) = exposes_airlock_state(&repo, &paths, ctx.env) {
         return fail(why);
     }
+    // An agent that is not installed is reported before anything is asked or started.
+    let agent = match &launch {
+        Launch::Command(_) => None,
+        Launch::Agent { agent, .. } => match super::run::resolve_agent(agent, ctx, &paths, &repo) {
+            Ok(resolved) => Some(resolved),
+            Err(e) => {
+                eprintln!("airlock: {e}");
+                return e.exit_code();
+            }
+        },
+    };
     match gate.check(&paths, &repo) {
         Ok(Trust::Trusted) => {}
         Ok(Trust::Untrusted { diff }) => {
@@ -252,7 +276,7 @@ pub fn run_with(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let (env, ignored) =
+    let (mut env, ignored) =
         senv::build(ctx.env, &repo.sandbox_path(), &prepared.identity, &prepared.extra);
     for name in ignored {
         eprintln!(
@@ -265,16 +289,37 @@ pub fn run_with(
         Ok(s) => s,
         Err(e) => return fail(e),
     };
-    let req = Request {
+    let mut req = Request {
         quarantine_dir: supervisor::quarantine_dir(&paths.airlock_dir(), &session),
         session,
         repo,
-        argv: args.command,
-        env,
+        argv: Vec::new(),
+        env: Vec::new(),
         user_id: prepared.identity.user_id.clone(),
         limits: crate::sandbox::cgroup::Limits::from_env(ctx.env),
+        home: crate::sandbox::mounts::HomeMount::Tmpfs,
+        ro_binds: Vec::new(),
+        symlinks: Vec::new(),
+        agent: None,
+        agent_version: None,
     };
     let mut bridge = make_bridge(&prepared);
+    let mut agent_session = None;
+    match (launch, agent) {
+        (Launch::Agent { args, .. }, Some(resolved)) => {
+            let setup = super::run::prepare(&resolved, args, &paths, &prepared, &mut env, &mut req);
+            match setup {
+                Ok(s) => agent_session = Some(s),
+                Err(e) => return fail(e),
+            }
+        }
+        (Launch::Command(argv), _) => req.argv = argv,
+        (Launch::Agent { .. }, None) => return fail("internal: the agent was not resolved"),
+    }
+    req.env = env;
+    if let Some(session) = agent_session.take() {
+        bridge = Box::new(session.wrap(bridge));
+    }
     match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
             for q in &outcome.quarantined {

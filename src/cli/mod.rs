@@ -5,6 +5,7 @@ pub mod completions;
 pub mod exec;
 pub mod identity;
 pub mod policy;
+pub mod run;
 
 use std::path::PathBuf;
 
@@ -69,6 +70,8 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
     /// Run a command in the sandbox: no way out but Airlock's proxy.
     Exec(exec::ExecArgs),
+    /// Run a coding agent (claude, codex, or a path) in the sandbox, with its per-repo home.
+    Run(run::RunArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -107,5 +110,6 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Logout => identity::logout(ctx),
         Command::Completions(args) => completions::run(&args),
         Command::Exec(args) => exec::run(args, ctx),
+        Command::Run(args) => run::run(args, ctx),
     }
 }

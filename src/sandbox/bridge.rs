@@ -17,6 +17,9 @@ pub struct SessionInfo {
     pub repo_path: PathBuf,
     pub command: Vec<String>,
     pub user_id: Option<String>,
+    /// The agent `airlock run` started, and its version (None for `exec`).
+    pub agent: Option<String>,
+    pub agent_version: Option<String>,
     /// Layers in force (mandatory, then optional).
     pub layers: Vec<String>,
     /// Optional layers that were not available.
@@ -24,10 +27,12 @@ pub struct SessionInfo {
 }
 
 /// How a session ended.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SessionEnd {
     pub exit_code: i32,
     pub quarantined: Vec<Quarantined>,
+    /// Transcript files the session created or changed, hashed after it ended (`run`).
+    pub transcripts: Vec<crate::protocol::TranscriptHash>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -115,6 +115,17 @@ impl HostView {
     }
 }
 
+/// What `/home/agent` is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum HomeMount {
+    /// `exec`: a private, size-limited tmpfs that vanishes with the session.
+    #[default]
+    Tmpfs,
+    /// `run`: the per-repo agent home `parent/name` (SECURITY §4), bound read-write as a
+    /// directory (so the agent's atomic renames work) without following a symlink at `name`.
+    Bind { parent: PathBuf, name: String },
+}
+
 /// Inputs of the plan besides the host view.
 #[derive(Debug, Clone)]
 pub struct PlanInput<'a> {
@@ -124,6 +135,12 @@ pub struct PlanInput<'a> {
     pub uid: u32,
     pub gid: u32,
     pub protection: &'a Protection,
+    pub home: &'a HomeMount,
+    /// `(host src, sandbox dst)` trees bound read-only (an agent's package and interpreter).
+    /// Sources are canonical host paths, opened without following symlinks.
+    pub ro_binds: &'a [(PathBuf, PathBuf)],
+    /// `(link, target)` symlinks made inside (`/opt/airlock/bin/claude` → the agent).
+    pub symlinks: &'a [(PathBuf, PathBuf)],
 }
 
 fn root(p: &str) -> PathBuf {
@@ -195,7 +212,18 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
     }
     // Private /tmp and home.
     ops.push(Op::Tmpfs { path: root("/tmp"), size: TMP_SIZE, mode: 0o1777 });
-    ops.push(Op::Tmpfs { path: root("/home/agent"), size: HOME_SIZE, mode: 0o700 });
+    match input.home {
+        HomeMount::Tmpfs => {
+            ops.push(Op::Tmpfs { path: root("/home/agent"), size: HOME_SIZE, mode: 0o700 })
+        }
+        HomeMount::Bind { parent, name } => ops.push(Op::BindBeneath {
+            root: parent.clone(),
+            rel: PathBuf::from(name),
+            dst: root("/home/agent"),
+            ro: false,
+            inside: false,
+        }),
+    }
     // Minimal /dev with a private devpts.
     ops.push(Op::Tmpfs { path: root("/dev"), size: "64k", mode: 0o755 });
     for dev in DEVICES {
@@ -283,6 +311,24 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
             let root = to_sandbox(&item.root);
             ops.push(Op::BindBeneath { root, rel: item.rel.clone(), dst, ro: true, inside: true });
         }
+    }
+    // Agent trees: canonical host paths, so opening them beneath `/` with no symlinks allowed
+    // fails rather than following a link swapped in since resolution.
+    for (src, dst) in input.ro_binds {
+        let rel = src.strip_prefix("/").unwrap_or(src).to_path_buf();
+        ops.push(Op::BindBeneath {
+            root: root("/"),
+            rel,
+            dst: dst.clone(),
+            ro: true,
+            inside: false,
+        });
+    }
+    for (link, target) in input.symlinks {
+        if let Some(parent) = link.parent() {
+            ops.push(Op::Dir { path: parent.to_path_buf(), mode: 0o755 });
+        }
+        ops.push(Op::Symlink { target: target.clone(), path: link.clone() });
     }
     ops.push(Op::RemountRo { path: root("/") });
     ops
@@ -536,6 +582,9 @@ mod tests {
             uid: 1000,
             gid: 1000,
             protection: &prot,
+            home: &HomeMount::Tmpfs,
+            ro_binds: &[],
+            symlinks: &[],
         };
         plan(&input, &host())
     }

@@ -64,6 +64,14 @@ pub struct Request {
     pub quarantine_dir: PathBuf,
     /// Limits for the session's cgroup (where a delegated cgroup v2 subtree exists).
     pub limits: cgroup::Limits,
+    /// `/home/agent`: a tmpfs for `exec`, the per-repo agent home for `run`.
+    pub home: mounts::HomeMount,
+    /// Read-only `(host, sandbox)` binds and `(link, target)` symlinks for an agent's files.
+    pub ro_binds: Vec<(PathBuf, PathBuf)>,
+    pub symlinks: Vec<(PathBuf, PathBuf)>,
+    /// The agent's name and version, for the session record (`run` only).
+    pub agent: Option<String>,
+    pub agent_version: Option<String>,
 }
 
 /// The result of a session.
@@ -187,6 +195,9 @@ pub fn run(
             uid,
             gid,
             protection: &protection,
+            home: &req.home,
+            ro_binds: &req.ro_binds,
+            symlinks: &req.symlinks,
         },
         &HostView::read(),
     );
@@ -339,6 +350,8 @@ pub fn run(
         repo_path: req.repo.path.clone(),
         command: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
         user_id: req.user_id.clone(),
+        agent: req.agent.clone(),
+        agent_version: req.agent_version.clone(),
         layers,
         missing_layers: missing,
     };
@@ -351,7 +364,7 @@ pub fn run(
         return Err(match started {
             Err(e) => SandboxError::Bridge(e.to_string()),
             Ok(()) => {
-                bridge.end(&SessionEnd { exit_code: 125, quarantined: Vec::new() });
+                bridge.end(&SessionEnd { exit_code: 125, ..SessionEnd::default() });
                 SandboxError::Setup(setup_error)
             }
         });
@@ -380,7 +393,11 @@ pub fn run(
     }
     let quarantined = protect::quarantine(&protection, &req.repo.path, &req.quarantine_dir)
         .map_err(io_ctx("quarantining planted files"))?;
-    bridge.end(&SessionEnd { exit_code, quarantined: quarantined.clone() });
+    bridge.end(&SessionEnd {
+        exit_code,
+        quarantined: quarantined.clone(),
+        ..SessionEnd::default()
+    });
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
     Ok(Outcome { exit_code, quarantined, landlock })
 }

@@ -15,5 +15,6 @@ mod review;
 mod review_store;
 mod review_support;
 mod sandbox;
+mod sandbox_agent;
 mod sandbox_proxy;
 mod support;
