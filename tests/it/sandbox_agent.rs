@@ -415,9 +415,12 @@ fn claude_code() -> Option<PathBuf> {
                 .join(format!("airlock-test-claude-{uid}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&staging);
             std::fs::create_dir_all(&staging).unwrap();
+            // A project of its own in the staging dir (not `--prefix`, which would also move
+            // npm's global config, and with it a machine's registry CA setting).
+            std::fs::write(staging.join("package.json"), "{\"private\": true}\n").unwrap();
             let out = Command::new(npm)
-                .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix"])
-                .arg(&staging)
+                .current_dir(&staging)
+                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
                 .arg(format!("@anthropic-ai/claude-code@{version}"))
                 .env("npm_config_cache", staging.join(".npm-cache"))
                 .env("npm_config_update_notifier", "false")
