@@ -642,3 +642,19 @@ fn real_claude_code_draws_its_tui_through_the_pty() {
     assert!(out.contains("api.anthropic.com"), "the refusal reached the TUI: {out:?}");
     assert!(!out.contains("TIMEOUT"), "{out:?}");
 }
+
+#[test]
+fn doctor_shows_which_agents_run_would_find() {
+    let a = Agents::new();
+    let repo = a.repo("doctor");
+    let run = a.world.airlock(&repo).env("PATH", a.path()).args(["doctor"]).run();
+    let out = run.stdout();
+    let claude = out.lines().find(|l| l.contains("agent") && l.contains("claude")).unwrap();
+    assert!(claude.starts_with("[ok  ]"), "{out}");
+    assert!(
+        claude.contains("/opt/airlock/agents/claude/claude"),
+        "relocated from the temp dir: {out}"
+    );
+    let codex = out.lines().position(|l| l.contains("codex: not installed")).unwrap();
+    assert!(out.lines().nth(codex + 1).unwrap().contains("npm install -g @openai/codex"), "{out}");
+}
