@@ -121,8 +121,8 @@ pub struct AgentHome {
     layout: &'static Layout,
 }
 
-/// What copy-in put into the home: per credential rel path, the sha256 of the bytes written
-/// (`None` if the shared store had none).
+/// What copy-in left in the home: per credential rel path, the sha256 of the bytes written, or
+/// of what the home already held when the shared store had nothing (`None`: no credential).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CopyIn {
     pub copied: Vec<(String, Option<[u8; 32]>)>,
@@ -177,10 +177,11 @@ impl Snapshot {
 }
 
 impl AgentHome {
-    /// Opens, creating as needed with mode 0700, `<agent_root>/<agent.name()>/<repo_key>/` where
+    /// Opens, creating as needed with mode 0700, `<agent_root>/<agent.dir_name()>/<repo_key>/` where
     /// `agent_root` is `~/.airlock/agent`, then the layout's directories inside it.
     pub fn open(agent_root: &Path, agent: &Agent, repo_key: &str) -> Result<Self, HomeError> {
-        check_component(agent.name())?;
+        let dir_name = agent.dir_name();
+        check_component(&dir_name)?;
         check_component(repo_key)?;
         if repo_key == SHARED_DIR {
             return Err(HomeError::BadName { name: repo_key.into() });
@@ -203,8 +204,8 @@ impl AgentHome {
         )
         .map_err(|e| dir_err("open directory", agent_root, e))?;
 
-        let agent_path = agent_root.join(agent.name());
-        let agent_dir = mkdir_open(root.as_fd(), &agent_path, OsStr::new(agent.name()))?;
+        let agent_path = agent_root.join(&dir_name);
+        let agent_dir = mkdir_open(root.as_fd(), &agent_path, OsStr::new(&dir_name))?;
         let path = agent_path.join(repo_key);
         let home = mkdir_open(agent_dir.as_fd(), &path, OsStr::new(repo_key))?;
         let layout = agent.layout();
@@ -242,7 +243,11 @@ impl AgentHome {
                 }
             };
             let Some(bytes) = bytes else {
-                out.copied.push((cred.rel.into(), None));
+                // Nothing shared (never signed in, or signed out by deleting it): remember what
+                // the home already holds, so copy-back promotes only a credential this session
+                // wrote, never a stale copy a sign-out meant to retire.
+                let held = self.read_home_credential(cred).ok().flatten().map(|b| sha256(&b));
+                out.copied.push((cred.rel.into(), held));
                 continue;
             };
             if !parses_as(cred.format, &bytes) {
@@ -307,14 +312,16 @@ impl AgentHome {
             if before == Some(sha256(&bytes)) {
                 continue;
             }
-            if !parses_as(cred.format, &bytes) {
+            // Only the credential's own fields cross to other repos, re-serialized: anything
+            // else the agent put in the file stays in this repo's home.
+            let Some(bytes) = credential_only(cred.format, &bytes) else {
                 let e = HomeError::BadCredential {
                     path: self.path.join(cred.rel),
                     what: format_name(cred.format),
                 };
                 out.skipped.push((cred.rel.into(), e.to_string()));
                 continue;
-            }
+            };
             match self.write_shared(cred, &bytes) {
                 Ok(()) => out.copied.push(cred.rel.into()),
                 Err(e) => out.skipped.push((cred.rel.into(), e.to_string())),
@@ -485,6 +492,52 @@ pub fn parses_as(format: CredentialFormat, bytes: &[u8]) -> bool {
                 || top.get("tokens").is_some_and(|t| t.is_object())
         }
     }
+}
+
+/// Largest credential taken back to the shared store after re-serialization: far above a real
+/// token set, small enough that the file is no bulk channel between repos.
+pub const SHARED_CREDENTIAL_CAP: usize = 16 << 10;
+
+/// The credential's known fields of `bytes`, re-serialized: Claude's `claudeAiOauth` object
+/// (scalar and scalar-array members only), Codex's `OPENAI_API_KEY`, `tokens` (scalar members)
+/// and `last_refresh`. `None` if it does not parse as `format` or the result exceeds
+/// [`SHARED_CREDENTIAL_CAP`].
+pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>> {
+    use serde_json::{Map, Value};
+    if !parses_as(format, bytes) {
+        return None;
+    }
+    let Ok(Value::Object(top)) = serde_json::from_slice::<Value>(bytes) else { return None };
+    let scalar = |v: &Value| !matches!(v, Value::Object(_) | Value::Array(_));
+    let flat = |v: &Value, arrays: bool| -> Option<Value> {
+        let obj = v.as_object()?;
+        let kept: Map<String, Value> = obj
+            .iter()
+            .filter(|(_, v)| {
+                scalar(v) || (arrays && v.as_array().is_some_and(|a| a.iter().all(scalar)))
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Some(Value::Object(kept))
+    };
+    let mut out = Map::new();
+    match format {
+        CredentialFormat::ClaudeOauth => {
+            out.insert("claudeAiOauth".into(), flat(top.get("claudeAiOauth")?, true)?);
+        }
+        CredentialFormat::CodexAuth => {
+            for key in ["OPENAI_API_KEY", "last_refresh"] {
+                if let Some(v) = top.get(key).filter(|v| scalar(v)) {
+                    out.insert(key.into(), v.clone());
+                }
+            }
+            if let Some(tokens) = top.get("tokens").and_then(|t| flat(t, false)) {
+                out.insert("tokens".into(), tokens);
+            }
+        }
+    }
+    let text = serde_json::to_vec(&Value::Object(out)).ok()?;
+    (text.len() <= SHARED_CREDENTIAL_CAP && parses_as(format, &text)).then_some(text)
 }
 
 fn format_name(format: CredentialFormat) -> &'static str {
@@ -903,7 +956,7 @@ mod tests {
         fs::write(home.path().join(CRED_REL), CLAUDE_CRED2).unwrap();
         let back = home.copy_back(&copied);
         assert_eq!(back, CopyBack { copied: vec![CRED_REL.into()], skipped: vec![] });
-        assert_eq!(fx.shared_cred().unwrap(), CLAUDE_CRED2);
+        assert_eq!(json(&fx.shared_cred().unwrap()), json(CLAUDE_CRED2));
         assert_eq!(mode(&fx.shared().join(".credentials.json")), 0o600);
     }
 
@@ -916,7 +969,43 @@ mod tests {
         let back = home.copy_back(&copied);
         assert_eq!(back.copied, vec![CRED_REL.to_string()]);
         assert_eq!(mode(&fx.shared()), 0o700);
-        assert_eq!(fx.shared_cred().unwrap(), CLAUDE_CRED);
+        assert_eq!(json(&fx.shared_cred().unwrap()), json(CLAUDE_CRED));
+    }
+
+    /// Copy-back re-serializes, so compare values, not bytes.
+    fn json(text: &str) -> serde_json::Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn only_the_credentials_own_fields_cross_to_other_repos() {
+        use CredentialFormat::*;
+        let planted = br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"],"nested":{"k":"v"}},"mcpServers":{"evil":{}},"note":"A-TRANSCRIPT"}"#;
+        let kept = credential_only(ClaudeOauth, planted).unwrap();
+        assert_eq!(kept, br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"]}}"#.to_vec());
+        let codex = br#"{"OPENAI_API_KEY":null,"tokens":{"access_token":"t","deep":{"x":1}},"last_refresh":"2026","x":"y"}"#;
+        let kept = credential_only(CodexAuth, codex).unwrap();
+        assert_eq!(
+            kept,
+            br#"{"OPENAI_API_KEY":null,"last_refresh":"2026","tokens":{"access_token":"t"}}"#
+                .to_vec()
+        );
+        let huge = format!(r#"{{"claudeAiOauth":{{"accessToken":"{}"}}}}"#, "x".repeat(20_000));
+        assert!(credential_only(ClaudeOauth, huge.as_bytes()).is_none());
+        assert!(credential_only(ClaudeOauth, b"{}").is_none());
+    }
+
+    #[test]
+    fn a_stale_home_credential_is_not_promoted_after_a_sign_out() {
+        let fx = Fixture::new();
+        fx.put_shared(CLAUDE_CRED);
+        let home = fx.open();
+        home.copy_in().unwrap();
+        // The user signs out everywhere by deleting the shared copy; the home still holds one.
+        fs::remove_file(fx.shared().join(".credentials.json")).unwrap();
+        let copied = home.copy_in().unwrap();
+        assert_eq!(home.copy_back(&copied), CopyBack::default());
+        assert!(fx.shared_cred().is_none(), "the retired credential came back");
     }
 
     #[test]

@@ -106,6 +106,16 @@ impl Agent {
         }
     }
 
+    /// The directory name under `~/.airlock/agent/` and `/opt/airlock/agents/`: a custom agent's
+    /// is prefixed `custom-`, so `airlock run ./claude` can never share Claude Code's homes or
+    /// credentials.
+    pub fn dir_name(&self) -> String {
+        match self {
+            Agent::Custom { name } => format!("custom-{name}"),
+            other => other.name().to_string(),
+        }
+    }
+
     pub fn layout(&self) -> &'static Layout {
         match self {
             Agent::Claude => &CLAUDE,
@@ -141,5 +151,8 @@ mod tests {
         assert_eq!(Agent::from_arg("./bin/My Agent").name(), "my-agent");
         assert_eq!(Agent::from_arg("/").name(), "agent");
         assert_eq!(Agent::from_arg("/x/..").name(), "agent");
+        assert_eq!(Agent::from_arg("./claude").dir_name(), "custom-claude");
+        assert_eq!(Agent::from_arg("./shared").dir_name(), "custom-shared");
+        assert_eq!(Agent::Claude.dir_name(), "claude");
     }
 }

@@ -48,6 +48,13 @@ pub enum ResolveError {
     UnknownFormat { path: PathBuf },
     #[error("{path}: its interpreter `{interpreter}` {why}")]
     Interpreter { path: PathBuf, interpreter: String, why: String },
+    #[error("{path}: its interpreter `{interpreter}` is not on your PATH; install it")]
+    InterpreterMissing { path: PathBuf, interpreter: String },
+    #[error(
+        "{path} is in the repo but resolves to {real}, outside it; Airlock runs a repo's own \
+         agent only from inside the repo (a link out would expose that tree to the session)"
+    )]
+    LeavesRepo { path: PathBuf, real: PathBuf },
     #[error("reading {path}: {source}")]
     Io {
         path: PathBuf,
@@ -61,9 +68,18 @@ impl ResolveError {
     /// executable, 125 Airlock's own failure).
     pub fn exit_code(&self) -> i32 {
         match self {
-            ResolveError::NotInstalled { .. } | ResolveError::NoSuchFile { .. } => 127,
+            ResolveError::NotInstalled { .. }
+            | ResolveError::NoSuchFile { .. }
+            | ResolveError::InterpreterMissing { .. } => 127,
             ResolveError::NotExecutable { .. } | ResolveError::UnknownFormat { .. } => 126,
-            ResolveError::Interpreter { .. } | ResolveError::Io { .. } => 125,
+            ResolveError::Io { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                126
+            }
+            ResolveError::Interpreter { .. }
+            | ResolveError::LeavesRepo { .. }
+            | ResolveError::Io { .. } => 125,
         }
     }
 }
@@ -80,6 +96,11 @@ pub struct Input<'a> {
     pub home: &'a Path,
     /// The repo (mounted elsewhere; trees inside it are relocated).
     pub repo: &'a Path,
+    /// Where the repo appears inside (`/<name>`): nothing else may be mounted over it.
+    pub repo_sandbox: &'a Path,
+    /// Host directories no bound tree may contain: `~/.airlock`, the daemon's socket
+    /// directory, `$XDG_RUNTIME_DIR` (the home and the repo are always added).
+    pub guarded: Vec<PathBuf>,
 }
 
 /// One read-only bind of a host tree (or file).
@@ -180,20 +201,81 @@ fn under(path: &Path, dirs: &[&str]) -> bool {
     dirs.iter().any(|d| path.starts_with(d))
 }
 
-/// The tree bound for a program at `real`: the outermost `node_modules` above it, else the
-/// nearest directory with a `package.json` (stopping below `/` and the home), else the file.
-fn package_root(real: &Path, home: &Path) -> PathBuf {
-    if let Some(outer) =
-        real.ancestors().filter(|a| a.file_name() == Some(OsStr::new("node_modules"))).last()
-    {
+/// What resolution checks every candidate tree against (canonical paths).
+struct Context<'a> {
+    input: &'a Input<'a>,
+    home: PathBuf,
+    repo: PathBuf,
+    /// The home, the repo and the caller's guarded directories.
+    guarded: Vec<PathBuf>,
+}
+
+impl<'a> Context<'a> {
+    fn new(input: &'a Input<'a>) -> Self {
+        // Compare canonical paths only: a home reached through a symlink would otherwise
+        // never match the canonical agent path it contains.
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let home = canon(input.home);
+        let repo = canon(input.repo);
+        let mut guarded: Vec<PathBuf> = input.guarded.iter().map(|p| canon(p)).collect();
+        guarded.push(home.clone());
+        guarded.push(repo.clone());
+        Self { input, home, repo, guarded }
+    }
+
+    /// A directory may be bound whole only if it is below a top-level directory, contains no
+    /// guarded directory (the home, `~/.airlock`, the repo, the socket and runtime dirs), and
+    /// is not writable by others (a shared dir like `/tmp` holds other programs' sockets).
+    fn bindable(&self, dir: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let deep =
+            dir.components().filter(|c| matches!(c, std::path::Component::Normal(_))).count() >= 2;
+        let shared = std::fs::metadata(dir).map(|m| m.mode() & 0o002 != 0).unwrap_or(true);
+        deep && !shared && !self.guarded.iter().any(|g| g.starts_with(dir))
+    }
+}
+
+/// Whether `dir/package.json` declares `real` among its `bin` entries.
+fn package_declares(dir: &Path, real: &Path) -> bool {
+    let Ok(meta) = std::fs::metadata(dir.join("package.json")) else { return false };
+    if !meta.is_file() || meta.len() > PACKAGE_JSON_CAP {
+        return false;
+    }
+    let Ok(json) = std::fs::read(dir.join("package.json"))
+        .map_err(drop)
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).map_err(drop))
+    else {
+        return false;
+    };
+    let names = |rel: &serde_json::Value| {
+        rel.as_str()
+            .is_some_and(|rel| std::fs::canonicalize(dir.join(rel)).is_ok_and(|p| p == real))
+    };
+    match json.get("bin") {
+        Some(serde_json::Value::Object(map)) => map.values().any(names),
+        Some(v) => names(v),
+        None => false,
+    }
+}
+
+/// The tree bound for a program at `real`: the outermost `node_modules` above it (so npm's
+/// optional native packages beside it resolve), else the package directory whose
+/// `package.json` declares it in `bin`, else the file alone; never a tree that fails
+/// [`Context::bindable`].
+fn package_root(real: &Path, cx: &Context<'_>) -> PathBuf {
+    let node_modules = real
+        .ancestors()
+        .filter(|a| a.file_name() == Some(OsStr::new("node_modules")))
+        .collect::<Vec<_>>();
+    if let Some(outer) = node_modules.into_iter().rev().find(|d| cx.bindable(d)) {
         return outer.to_path_buf();
     }
     for dir in real.ancestors().skip(1) {
-        if dir == Path::new("/") || home.starts_with(dir) {
+        if dir == Path::new("/") || cx.home.starts_with(dir) {
             break;
         }
-        if dir.join("package.json").is_file() {
-            return dir.to_path_buf();
+        if package_declares(dir, real) {
+            return if cx.bindable(dir) { dir.to_path_buf() } else { real.to_path_buf() };
         }
     }
     real.to_path_buf()
@@ -201,28 +283,33 @@ fn package_root(real: &Path, home: &Path) -> PathBuf {
 
 /// The tree bound for an interpreter at `real`: its install prefix when it sits in
 /// `PREFIX/bin/` next to `PREFIX/lib/` (nvm, asdf, a Node tarball), else the file alone.
-fn interpreter_root(real: &Path, home: &Path) -> PathBuf {
+fn interpreter_root(real: &Path, cx: &Context<'_>) -> PathBuf {
     let prefix = real
         .parent()
         .filter(|bin| bin.file_name() == Some(OsStr::new("bin")))
         .and_then(Path::parent)
         .filter(|p| p.join("lib").is_dir());
     match prefix {
-        // Never the home itself or `~/.local` (which holds far more than one program).
-        Some(p) if p != Path::new("/") && !home.starts_with(p) && p != home.join(".local") => {
-            p.to_path_buf()
-        }
+        // Never `~/.local` (which holds far more than one program).
+        Some(p) if cx.bindable(p) && p != cx.home.join(".local") => p.to_path_buf(),
         _ => real.to_path_buf(),
     }
 }
 
 /// Plans where `root` appears inside; `slot` names its place under the agent's directory.
-fn place(root: &Path, input: &Input<'_>, agent: &str, slot: &str) -> Option<Bind> {
+fn place(root: &Path, cx: &Context<'_>, agent: &str, slot: &str) -> Option<Bind> {
     if under(root, VISIBLE) {
         return None;
     }
-    let relocate =
-        under(root, RELOCATED) || root.starts_with(input.home) || root.starts_with(input.repo);
+    // The host path is kept only where the sandbox has nothing of its own: not the trees it
+    // never shows, not the repo's mount point (a mount point created there would land in the
+    // repo itself), not `/workspace`.
+    let repo_top: PathBuf = cx.input.repo_sandbox.components().take(2).collect();
+    let relocate = under(root, RELOCATED)
+        || root.starts_with(&cx.home)
+        || root.starts_with(&cx.repo)
+        || root.starts_with("/workspace")
+        || root.starts_with(&repo_top);
     let dst = if relocate {
         let base = root.file_name().map(OsStr::to_os_string).unwrap_or_else(|| "root".into());
         Path::new(AGENTS_DIR).join(agent).join(slot).join(base)
@@ -232,19 +319,23 @@ fn place(root: &Path, input: &Input<'_>, agent: &str, slot: &str) -> Option<Bind
     Some(Bind { src: root.to_path_buf(), dst })
 }
 
-/// `host` as seen inside, given the binds (visible trees keep their path).
-fn inside(host: &Path, binds: &[Bind]) -> Option<PathBuf> {
+/// `host` as seen inside, given the binds (visible trees keep their path; the repo is at its
+/// sandbox path).
+fn inside(host: &Path, binds: &[Bind], cx: &Context<'_>) -> Option<PathBuf> {
     if under(host, VISIBLE) {
         return Some(host.to_path_buf());
     }
-    binds.iter().find_map(|b| {
-        host.strip_prefix(&b.src)
-            .ok()
-            .map(|rel| if rel.as_os_str().is_empty() { b.dst.clone() } else { b.dst.join(rel) })
-    })
+    let join = |base: &Path, rel: &Path| {
+        if rel.as_os_str().is_empty() { base.to_path_buf() } else { base.join(rel) }
+    };
+    binds
+        .iter()
+        .find_map(|b| host.strip_prefix(&b.src).ok().map(|rel| join(&b.dst, rel)))
+        .or_else(|| host.strip_prefix(&cx.repo).ok().map(|rel| join(cx.input.repo_sandbox, rel)))
 }
 
-fn version_of(real: &Path, root: &Path) -> Option<String> {
+/// The nearest `package.json` above `real` (up to `root`): its `name` and `version`.
+fn package_of(real: &Path, root: &Path) -> (Option<String>, Option<String>) {
     for dir in real.ancestors().skip(1) {
         let file = dir.join("package.json");
         if let Ok(meta) = std::fs::metadata(&file)
@@ -252,13 +343,20 @@ fn version_of(real: &Path, root: &Path) -> Option<String> {
             && meta.len() <= PACKAGE_JSON_CAP
             && let Ok(bytes) = std::fs::read(&file)
             && let Ok(json) = serde_json::from_slice::<serde_json::Value>(&bytes)
-            && let Some(v) = json.get("version").and_then(|v| v.as_str())
         {
-            return Some(v.to_string());
+            let field = |k: &str| json.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            return (field("name"), field("version"));
         }
         if !dir.starts_with(root) || dir == root {
             break;
         }
+    }
+    (None, None)
+}
+
+fn version_of(real: &Path, root: &Path) -> Option<String> {
+    if let (_, Some(v)) = package_of(real, root) {
+        return Some(v);
     }
     // Claude Code's native installer: ~/.local/share/claude/versions/<version>.
     let parent = real.parent()?;
@@ -267,8 +365,18 @@ fn version_of(real: &Path, root: &Path) -> Option<String> {
         .flatten()
 }
 
+/// A path agent that is really Claude Code or Codex (run by path) gets that agent's layout.
+fn recognize(agent: Agent, real: &Path, root: &Path) -> Agent {
+    match (&agent, package_of(real, root).0.as_deref()) {
+        (Agent::Custom { .. }, Some("@anthropic-ai/claude-code")) => Agent::Claude,
+        (Agent::Custom { .. }, Some("@openai/codex")) => Agent::Codex,
+        _ => agent,
+    }
+}
+
 /// Resolves the agent named by `input.arg`.
 pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
+    let cx = Context::new(input);
     let agent = Agent::from_arg(input.arg);
     let found = if input.arg.contains('/') {
         let path = input.cwd.join(input.arg);
@@ -291,9 +399,22 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
     if !is_executable_file(&real) {
         return Err(ResolveError::NotExecutable { path: real });
     }
-    let name = agent.name().to_string();
-    let root = package_root(&real, input.home);
-    let mut binds: Vec<Bind> = place(&root, input, &name, "").into_iter().collect();
+    // A path into the repo (the repo's own agent script) runs from the repo's mount; it may
+    // not lead out of the repo, or it would carry a host tree of the repo's choosing inside.
+    let found_dir = found.parent().and_then(|d| std::fs::canonicalize(d).ok());
+    let repo_agent =
+        input.arg.contains('/') && found_dir.as_ref().is_some_and(|d| d.starts_with(&cx.repo));
+    if repo_agent && !real.starts_with(&cx.repo) {
+        return Err(ResolveError::LeavesRepo { path: found, real });
+    }
+    let root = if repo_agent { real.clone() } else { package_root(&real, &cx) };
+    let agent = recognize(agent, &real, &root);
+    let dir_name = agent.dir_name();
+    let mut binds: Vec<Bind> = if repo_agent {
+        Vec::new()
+    } else {
+        place(&root, &cx, &dir_name, "").into_iter().collect()
+    };
     let mut path_dirs = vec![PathBuf::from(BIN_DIR)];
 
     // Follow the `#!` chain; each interpreter is bound too and its directory put on PATH
@@ -318,10 +439,11 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
                     why: "names no program after `env`".into(),
                 });
             };
-            which(program, input.path_var.as_deref()).ok_or_else(|| ResolveError::Interpreter {
-                path: current.clone(),
-                interpreter: program.to_string(),
-                why: "is not on your PATH".into(),
+            which(program, input.path_var.as_deref()).ok_or_else(|| {
+                ResolveError::InterpreterMissing {
+                    path: current.clone(),
+                    interpreter: program.to_string(),
+                }
             })?
         } else {
             PathBuf::from(&interpreter)
@@ -332,21 +454,33 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
                 interpreter: program.display().to_string(),
                 why: format!("cannot be found: {e}"),
             })?;
+        // A repo's script names its interpreter itself: only the system's or the repo's own
+        // (an interpreter from your PATH through `env` is your choice, not the repo's).
+        if repo_agent
+            && !via_env
+            && !under(&interp_real, VISIBLE)
+            && !interp_real.starts_with(&cx.repo)
+        {
+            return Err(ResolveError::LeavesRepo { path: current, real: interp_real });
+        }
         let slot =
             format!("interpreter{}", if depth == 0 { String::new() } else { depth.to_string() });
-        let iroot = interpreter_root(&interp_real, input.home);
-        if inside(&interp_real, &binds).is_none()
-            && let Some(b) = place(&iroot, input, &name, &slot)
+        if inside(&interp_real, &binds, &cx).is_none()
+            && let Some(b) = place(&interpreter_root(&interp_real, &cx), &cx, &dir_name, &slot)
         {
             binds.push(b);
         }
-        let interp_inside = inside(&interp_real, &binds).unwrap_or_else(|| interp_real.clone());
+        let interp_inside =
+            inside(&interp_real, &binds, &cx).unwrap_or_else(|| interp_real.clone());
         if let Some(dir) = interp_inside.parent() {
             path_dirs.push(dir.to_path_buf());
         }
-        // With an absolute `#!` path that moved, the kernel could not find it inside: run the
-        // interpreter explicitly instead.
-        if !via_env && interp_inside != Path::new(&interpreter) && argv_prefix.is_empty() {
+        // The kernel follows the literal `#!` path inside; where nothing is there (the
+        // interpreter moved under /opt/airlock), run the interpreter explicitly instead.
+        let literal = Path::new(&interpreter);
+        let literal_works =
+            under(literal, VISIBLE) || inside(literal, &binds, &cx).as_deref() == Some(literal);
+        if !via_env && !literal_works && argv_prefix.is_empty() {
             argv_prefix.push(interp_inside.clone());
             if let Some(a) = &arg {
                 argv_prefix.push(PathBuf::from(a));
@@ -355,20 +489,19 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
         current = interp_real;
     }
 
-    let exec_path = inside(&real, &binds).unwrap_or_else(|| real.clone());
+    let exec_path = inside(&real, &binds, &cx).unwrap_or_else(|| real.clone());
     if let Some(dir) = exec_path.parent() {
         path_dirs.insert(1, dir.to_path_buf());
     }
     // The directory the agent was found in (npm's `node_modules/.bin`), where it is inside.
-    if let Some(dir) = found.parent().and_then(|d| std::fs::canonicalize(d).ok())
-        && let Some(dir) = inside(&dir, &binds)
+    if let Some(dir) = found_dir.as_deref().and_then(|d| inside(d, &binds, &cx))
         && !path_dirs.contains(&dir)
     {
         path_dirs.insert(1, dir);
     }
     path_dirs.dedup();
     let link_name =
-        found.file_name().map(OsStr::to_os_string).unwrap_or_else(|| name.clone().into());
+        found.file_name().map(OsStr::to_os_string).unwrap_or_else(|| dir_name.clone().into());
     let links = vec![(Path::new(BIN_DIR).join(link_name), exec_path.clone())];
     let mut argv = argv_prefix;
     argv.push(exec_path);
@@ -410,6 +543,8 @@ mod tests {
                 cwd: &self.repo,
                 home: &self.home,
                 repo: &self.repo,
+                repo_sandbox: Path::new("/pay"),
+                guarded: vec![self.home.join(".airlock")],
             }
         }
         /// An npm prefix with Claude Code as npm lays it out.
@@ -461,17 +596,24 @@ mod tests {
         // A prefix that is not under /tmp, /home, the home or the repo keeps its path; the test
         // tree lives under a temp dir, so check the placement rule directly.
         let input = host.input("claude", Path::new("/nonexistent"));
-        let b = place(Path::new("/opt/node/lib/node_modules"), &input, "claude", "").unwrap();
+        let cx = Context::new(&input);
+        let b = place(Path::new("/opt/node/lib/node_modules"), &cx, "claude", "").unwrap();
         assert_eq!(b.dst, Path::new("/opt/node/lib/node_modules"));
-        assert!(place(Path::new("/usr/lib/node_modules"), &input, "claude", "").is_none());
-        for relocated in
-            ["/tmp/x/node_modules", "/home/v/node_modules", "/root/.nvm/node", "/etc/x"]
-        {
-            let b = place(Path::new(relocated), &input, "claude", "").unwrap();
+        assert!(place(Path::new("/usr/lib/node_modules"), &cx, "claude", "").is_none());
+        for relocated in [
+            "/tmp/x/node_modules",
+            "/home/v/node_modules",
+            "/root/.nvm/node",
+            "/etc/x",
+            // The repo's own mount point (`/pay`) and `/workspace` are never mounted over.
+            "/pay/main/target",
+            "/workspace/x",
+        ] {
+            let b = place(Path::new(relocated), &cx, "claude", "").unwrap();
             assert!(b.dst.starts_with("/opt/airlock/agents/claude"), "{relocated}: {b:?}");
         }
         let in_repo = host.repo.join("node_modules");
-        let b = place(&in_repo, &input, "claude", "").unwrap();
+        let b = place(&in_repo, &cx, "claude", "").unwrap();
         assert_eq!(b.dst, Path::new("/opt/airlock/agents/claude/node_modules"));
     }
 
@@ -511,12 +653,18 @@ mod tests {
         std::fs::create_dir_all(host.root.join("opt-py/lib")).unwrap();
         let script = host.repo.join("tools/agent.py");
         exe(&script, format!("#!{} -u\nprint(1)\n", py.display()).as_bytes());
-        let r = resolve(&host.input("./tools/agent.py", Path::new("/nonexistent"))).unwrap();
+        // Not from the repo: a repo's script may only name the system's or its own interpreter.
+        let e = resolve(&host.input("./tools/agent.py", Path::new("/nonexistent"))).unwrap_err();
+        assert!(matches!(e, ResolveError::LeavesRepo { .. }), "{e}");
+        // The same script installed outside the repo runs, its interpreter named explicitly.
+        let tool = host.root.join("opt-tools/agent.py");
+        exe(&tool, format!("#!{} -u\nprint(1)\n", py.display()).as_bytes());
+        let r = resolve(&host.input(tool.to_str().unwrap(), Path::new("/nonexistent"))).unwrap();
         assert!(matches!(&r.agent, Agent::Custom { name } if name == "agent.py"));
         assert_eq!(r.argv.len(), 3, "{:?}", r.argv);
         assert!(r.argv[0].ends_with("opt-py/bin/python3"));
         assert_eq!(r.argv[1], Path::new("-u"));
-        assert!(r.argv[2].starts_with("/opt/airlock/agents/agent.py/"), "{:?}", r.argv);
+        assert!(r.argv[2].starts_with("/opt/airlock/agents/custom-agent.py/"), "{:?}", r.argv);
     }
 
     #[test]
@@ -557,6 +705,7 @@ mod tests {
         exe(&host.repo.join("c"), b"#!/usr/bin/env definitely-not-a-program-xyz\n");
         let e = resolve(&host.input("./c", Path::new("/x"))).unwrap_err();
         assert!(e.to_string().contains("not on your PATH"), "{e}");
+        assert_eq!(e.exit_code(), 127);
     }
 
     #[test]
@@ -581,8 +730,90 @@ mod tests {
         std::fs::write(host.home.join("package.json"), "{}").unwrap();
         let tool = host.home.join("bin/tool");
         exe(&tool, b"\x7fELF");
-        assert_eq!(package_root(&tool, &host.home), tool);
-        let b = place(&tool, &host.input("x", Path::new("/x")), "tool", "").unwrap();
+        let input = host.input("x", Path::new("/x"));
+        let cx = Context::new(&input);
+        assert_eq!(package_root(&tool, &cx), tool);
+        let b = place(&tool, &cx, "tool", "").unwrap();
         assert_eq!(b.dst, Path::new("/opt/airlock/agents/tool/tool"));
+    }
+
+    /// Regression (review of issue 6): a HOME reached through a symlink, a stray
+    /// `~/package.json` and Claude's native-installer layout bound the whole home.
+    #[test]
+    fn a_symlinked_home_is_never_bound() {
+        let host = Host::new();
+        let real_home = host.root.join("data/u");
+        std::fs::create_dir_all(&real_home).unwrap();
+        std::fs::create_dir_all(host.root.join("home")).unwrap();
+        let _ = std::fs::remove_dir_all(&host.home);
+        symlink(&real_home, &host.home).unwrap();
+        std::fs::write(
+            real_home.join("package.json"),
+            r#"{"bin":{"claude":".local/share/claude/versions/2.0.1"}}"#,
+        )
+        .unwrap();
+        let bin = real_home.join(".local/share/claude/versions/2.0.1");
+        exe(&bin, b"\x7fELF");
+        std::fs::create_dir_all(real_home.join(".local/bin")).unwrap();
+        symlink(&bin, real_home.join(".local/bin/claude")).unwrap();
+        let repo = host.repo.clone();
+        let input = Input {
+            repo: &repo,
+            cwd: &repo,
+            ..host.input("claude", &host.home.join(".local/bin"))
+        };
+        let r = resolve(&input).unwrap();
+        assert_eq!(r.binds.len(), 1, "{:?}", r.binds);
+        assert_eq!(r.binds[0].src, bin, "only the file: {:?}", r.binds);
+        assert_eq!(r.version.as_deref(), Some("2.0.1"));
+    }
+
+    #[test]
+    fn broad_or_shared_trees_are_not_bound_whole() {
+        let host = Host::new();
+        let input = host.input("x", Path::new("/x"));
+        let cx = Context::new(&input);
+        assert!(!cx.bindable(Path::new("/")));
+        assert!(!cx.bindable(Path::new("/opt")), "a top-level directory");
+        assert!(!cx.bindable(&host.home), "the home");
+        assert!(!cx.bindable(host.home.parent().unwrap()), "contains the home");
+        assert!(!cx.bindable(host.repo.parent().unwrap()), "contains the repo");
+        let shared = host.root.join("shared/x");
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(!cx.bindable(&shared), "writable by others");
+        // A package.json above a program binds that package only if it declares the program.
+        let pkg = host.root.join("opt-srv/pkg");
+        exe(&pkg.join("bin/tool"), b"\x7fELF");
+        std::fs::write(host.root.join("opt-srv/package.json"), r#"{"name":"other"}"#).unwrap();
+        assert_eq!(package_root(&pkg.join("bin/tool"), &cx), pkg.join("bin/tool"));
+        std::fs::write(pkg.join("package.json"), r#"{"bin":"bin/tool"}"#).unwrap();
+        assert_eq!(package_root(&pkg.join("bin/tool"), &cx), pkg);
+    }
+
+    #[test]
+    fn a_repo_agent_may_not_lead_out_of_the_repo() {
+        let host = Host::new();
+        let outside = host.root.join("other-repo/scripts/x.sh");
+        exe(&outside, b"#!/bin/sh\necho hi\n");
+        symlink(&outside, host.repo.join("agent")).unwrap();
+        let e = resolve(&host.input("./agent", Path::new("/x"))).unwrap_err();
+        assert!(matches!(e, ResolveError::LeavesRepo { .. }), "{e}");
+        assert_eq!(e.exit_code(), 125);
+        // Inside the repo it runs from the repo's mount, with nothing bound.
+        exe(&host.repo.join("tools/agent"), b"#!/bin/sh\necho hi\n");
+        let r = resolve(&host.input("./tools/agent", Path::new("/x"))).unwrap();
+        assert!(r.binds.is_empty(), "{:?}", r.binds);
+        assert_eq!(r.argv, vec![PathBuf::from("/pay/tools/agent")], "#!/bin/sh works as is");
+        assert_eq!(r.agent.dir_name(), "custom-agent");
+    }
+
+    #[test]
+    fn claude_code_run_by_path_is_recognized() {
+        let host = Host::new();
+        let bin = host.npm_claude(&host.root.join("opt-npm"));
+        let r =
+            resolve(&host.input(bin.join("claude").to_str().unwrap(), Path::new("/x"))).unwrap();
+        assert_eq!(r.agent, Agent::Claude);
     }
 }

@@ -58,38 +58,27 @@ pub const PROBES: &[Probe] =
 /// Which agents `airlock run` would find, where they come from and where they appear inside.
 pub fn agents(ctx: &Context<'_>) -> Vec<Check> {
     let Ok(paths) = crate::paths::Paths::from_env(ctx.env) else { return Vec::new() };
-    let repo_path = crate::repo::Repo::resolve(None, &ctx.cwd)
-        .map(|r| r.path)
-        .unwrap_or_else(|_| ctx.cwd.clone());
+    // Where the repo is decides where an agent appears inside; outside a usable repo there is
+    // nothing `run` could do, and the config checks already say why.
+    let Ok(repo) = crate::repo::Repo::resolve(None, &ctx.cwd) else { return Vec::new() };
     ["claude", "codex"]
         .into_iter()
-        .map(|name| {
-            let input = crate::agent::resolve::Input {
-                arg: name,
-                path_var: ctx.env.var_os("PATH"),
-                cwd: &ctx.cwd,
-                home: paths.home(),
-                repo: &repo_path,
-            };
-            match crate::agent::resolve::resolve(&input) {
-                Ok(r) => Check::ok(
-                    "agent",
-                    format!(
-                        "{name} {}: {} (inside: {})",
-                        r.version.as_deref().unwrap_or("(version unknown)"),
-                        r.real.display(),
-                        r.argv.last().map(|p| p.display().to_string()).unwrap_or_default()
-                    ),
+        .map(|name| match super::run::resolve_agent(name, ctx, &paths, &repo) {
+            Ok(r) => Check::ok(
+                "agent",
+                format!(
+                    "{name} {}: {} (inside: {})",
+                    r.version.as_deref().unwrap_or("(version unknown)"),
+                    r.real.display(),
+                    r.argv.last().map(|p| p.display().to_string()).unwrap_or_default()
                 ),
-                Err(crate::agent::resolve::ResolveError::NotInstalled { .. }) => Check::warn(
-                    "agent",
-                    format!("{name}: not installed (no `{name}` on your PATH)"),
-                    crate::agent::Agent::from_arg(name).install_hint(),
-                ),
-                Err(e) => {
-                    Check::fail("agent", e.to_string(), "reinstall it, or fix the file named")
-                }
-            }
+            ),
+            Err(crate::agent::resolve::ResolveError::NotInstalled { .. }) => Check::warn(
+                "agent",
+                format!("{name}: not installed (no `{name}` on your PATH)"),
+                crate::agent::Agent::from_arg(name).install_hint(),
+            ),
+            Err(e) => Check::fail("agent", e.to_string(), "reinstall it, or fix the file named"),
         })
         .collect()
 }

@@ -81,6 +81,12 @@ pub fn main() -> i32 {
         Err(err) => {
             // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
             let _ = err.print();
+            // `exec`/`run` exit with the child's status, so their own failures (a usage error
+            // included) are 125, never a status the child could have produced (DESIGN §3).
+            let sub = std::env::args().nth(1);
+            if err.use_stderr() && matches!(sub.as_deref(), Some("exec" | "run")) {
+                return 125;
+            }
             return err.exit_code();
         }
     };

@@ -48,12 +48,18 @@ pub fn resolve_agent(
     paths: &Paths,
     repo: &Repo,
 ) -> Result<Resolved, ResolveError> {
+    let repo_sandbox = repo.sandbox_path();
+    let mut guarded =
+        vec![paths.airlock_dir(), crate::client::SocketPath::resolve(ctx.env).dir().to_path_buf()];
+    guarded.extend(ctx.env.var_os("XDG_RUNTIME_DIR").map(PathBuf::from));
     resolve::resolve(&resolve::Input {
         arg,
         path_var: ctx.env.var_os("PATH"),
         cwd: &ctx.cwd,
         home: paths.home(),
         repo: &repo.path,
+        repo_sandbox: &repo_sandbox,
+        guarded,
     })
 }
 
@@ -79,6 +85,7 @@ pub fn prepare(
     let key = req.repo.key();
     let home = AgentHome::open(&paths.airlock_dir().join("agent"), &resolved.agent, &key)
         .map_err(|e| e.to_string())?;
+    claim_home(&home, &req.repo)?;
     let copied_in = home.copy_in().map_err(|e| e.to_string())?;
     if let Some(email) = &prepared.identity.email {
         let name = email.split('@').next().unwrap_or(email);
@@ -106,6 +113,36 @@ pub fn prepare(
     req.agent = Some(resolved.agent.name().to_string());
     req.agent_version = resolved.version.clone();
     Ok(AgentSession { home, copied_in, before })
+}
+
+/// Records which repo a home belongs to, beside it (`<repo key>.repo`, never mounted), and
+/// refuses a different repo whose key collides (8 hex digits of a path hash, DESIGN §3, can be
+/// matched on purpose by a directory an agent creates).
+fn claim_home(home: &AgentHome, repo: &Repo) -> Result<(), String> {
+    let Some(name) = home.path().file_name() else { return Ok(()) };
+    let mut marker = home.path().to_path_buf().into_os_string();
+    marker.push(".repo");
+    let marker = PathBuf::from(marker);
+    let ours = repo.path.to_string_lossy().into_owned();
+    match crate::config::fsutil::read_config(&marker, false) {
+        Ok(Some(bytes)) => {
+            let owner = String::from_utf8_lossy(&bytes).trim_end().to_string();
+            if owner == ours {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the agent home {} belongs to the repo {owner}, and {ours} maps to the same \
+                     key {}; move one of the repos (or remove {} if {owner} is gone)",
+                    home.path().display(),
+                    name.to_string_lossy(),
+                    home.path().display()
+                ))
+            }
+        }
+        Ok(None) => crate::config::fsutil::write_private(&marker, format!("{ours}\n").as_bytes())
+            .map_err(|e| format!("recording {}: {e}", marker.display())),
+        Err(e) => Err(format!("reading {}: {e}", marker.display())),
+    }
 }
 
 fn set_var(env: &mut Vec<(OsString, OsString)>, name: &str, value: OsString) {

@@ -9,7 +9,7 @@
 //! (`policy check`), the daemon and the standalone proxy ([`load_operator`]).
 
 mod diag;
-mod fsutil;
+pub mod fsutil;
 pub mod identity;
 mod layer;
 pub mod trust;

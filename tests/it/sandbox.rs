@@ -620,7 +620,8 @@ fn stdin_pipes_through_and_exit_codes_propagate() {
     assert!(run.stderr().contains("airlock: no-such-command-xyz"), "{}", run.stderr());
     sb.world.write(sb.repo.join("script.sh"), "#!/bin/sh\necho no\n");
     sb.exec(&["./script.sh"]).run().expect_code(126);
-    sb.world.airlock(&sb.repo).args(["exec"]).run().expect_code(2);
+    // A usage error is Airlock's own failure (125, like `docker run`), never a child status.
+    sb.world.airlock(&sb.repo).args(["exec"]).run().expect_code(125);
 }
 
 #[test]

@@ -88,6 +88,16 @@ impl Agents {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         p
     }
+
+    /// The user's real Claude credential on the host (a valid one: following a link to it
+    /// would pass the format check, so only not following it keeps it out).
+    fn host_credential(&self) -> PathBuf {
+        self.world.write(self.world.home.join(".claude/.credentials.json"), CRED_V2)
+    }
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
 }
 
 fn sha256_file(path: &Path) -> String {
@@ -149,6 +159,16 @@ fn the_agent_home_persists_per_repo_at_home_agent() {
     // The next session of the same repo finds it.
     let run = a.run(&repo, "cat ~/.claude/marker").expect_code(0);
     assert_eq!(run.stdout(), "one\n");
+    // The home is claimed by its repo (beside it, out of the agent's reach): another repo whose
+    // key collides is refused rather than handed this home.
+    let marker =
+        home.with_file_name(format!("{}.repo", home.file_name().unwrap().to_string_lossy()));
+    let owner = std::fs::read_to_string(&marker).unwrap();
+    assert_eq!(owner.trim_end(), std::fs::canonicalize(&repo).unwrap().to_string_lossy());
+    std::fs::write(&marker, "/somewhere/else/alpha\n").unwrap();
+    let run = a.run(&repo, "echo started").expect_code(125);
+    assert!(run.stderr().contains("belongs to the repo /somewhere/else/alpha"), "{}", run.stderr());
+    assert!(run.stdout().is_empty());
 }
 
 #[test]
@@ -205,7 +225,7 @@ fn a_refreshed_credential_is_shared_with_the_next_repos_session() {
     );
     let run = a.run(&repo_a, &refresh).expect_code(0);
     assert!(run.stdout().starts_with(CRED_V1), "copied in before start: {}", run.stdout());
-    assert_eq!(std::fs::read_to_string(a.shared_credential()).unwrap(), CRED_V2);
+    assert_eq!(json(&std::fs::read_to_string(a.shared_credential()).unwrap()), json(CRED_V2));
     // Only the credential is shared: nothing else lands in the shared store.
     let shared: Vec<_> = std::fs::read_dir(a.agent_dir().join("shared"))
         .unwrap()
@@ -216,9 +236,9 @@ fn a_refreshed_credential_is_shared_with_the_next_repos_session() {
     let run = a
         .run(&repo_b, "cat ~/.claude/.credentials.json; echo '{\"not\":\"a credential\"}' > ~/.claude/.credentials.json")
         .expect_code(0);
-    assert_eq!(run.stdout(), CRED_V2);
+    assert_eq!(json(&run.stdout()), json(CRED_V2));
     assert!(run.stderr().contains("not sharing"), "{}", run.stderr());
-    assert_eq!(std::fs::read_to_string(a.shared_credential()).unwrap(), CRED_V2);
+    assert_eq!(json(&std::fs::read_to_string(a.shared_credential()).unwrap()), json(CRED_V2));
     assert!(!a.home_of(&repo_b).join(".claude/settings.json").exists());
 }
 
@@ -226,20 +246,27 @@ fn a_refreshed_credential_is_shared_with_the_next_repos_session() {
 fn symlinks_planted_in_the_home_are_never_followed_by_copy_in_or_copy_back() {
     let a = Agents::new();
     let secret = a.host_secret();
+    let host_cred = a.host_credential();
     a.world.write(a.shared_credential(), CRED_V1);
     let repo = a.repo("alpha");
-    // The agent cannot read the host file itself, but it can name it in a symlink.
+    // The agent cannot read the host files themselves, but it can name them in symlinks.
     let plant = format!(
-        "cat {s} 2>/dev/null && echo READ-SECRET; \
-         ln -sf {s} ~/.claude/.credentials.json && ln -s {s} ~/.claude.json && echo planted",
-        s = secret.display()
+        "cat {s} {c} 2>/dev/null && echo READ-SECRET; \
+         ln -sf {c} ~/.claude/.credentials.json && ln -s {s} ~/.claude.json && echo planted",
+        s = secret.display(),
+        c = host_cred.display()
     );
     let run = a.run(&repo, &plant).expect_code(0);
     assert!(!run.stdout().contains("READ-SECRET"), "{}", run.stdout());
     assert!(run.stdout().contains("planted"), "{}", run.stdout());
-    // Copy-back did not follow the link: the shared credential is untouched.
+    // Copy-back did not follow the link (the host credential would have parsed): the shared
+    // credential is untouched.
     assert_eq!(std::fs::read_to_string(a.shared_credential()).unwrap(), CRED_V1);
-    assert!(run.stderr().contains("not sharing"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("not sharing") && run.stderr().contains("symlink"),
+        "{}",
+        run.stderr()
+    );
     // Copy-in replaces the link instead of writing through it.
     let run = a
         .run(
@@ -249,6 +276,7 @@ fn symlinks_planted_in_the_home_are_never_followed_by_copy_in_or_copy_back() {
         .expect_code(0);
     assert_eq!(run.stdout(), CRED_V1);
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "HOST-SECRET\n");
+    assert_eq!(std::fs::read_to_string(&host_cred).unwrap(), CRED_V2);
     // A symlink where a whole directory of the layout belongs is refused outright.
     let home = a.home_of(&repo);
     std::fs::rename(home.join(".claude"), home.join("claude-old")).unwrap();
@@ -267,6 +295,8 @@ fn symlinks_planted_in_the_home_are_never_followed_by_copy_in_or_copy_back() {
 fn session_records_carry_the_agent_and_hash_the_transcripts_it_changed() {
     let a = Agents::new();
     let secret = a.host_secret();
+    // A transcript-shaped file beside it: following `linkdir` would hash it.
+    a.world.write(secret.parent().unwrap().join("host.jsonl"), "{}\n");
     let repo = a.repo("records");
     a.world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
     let h = Harness::start(&a.world, Options::default());
@@ -378,7 +408,41 @@ fn a_path_agent_runs_with_its_own_home() {
         .run()
         .expect_code(0);
     assert!(run.stdout().starts_with("custom /home/agent x y\n"), "{}", run.stdout());
-    assert!(a.world.home.join(".airlock/agent/my-agent").is_dir());
+    assert!(a.world.home.join(".airlock/agent/custom-my-agent").is_dir());
+}
+
+/// Regression (review of issue 6): a repo's own `./claude` was a custom agent named `claude`
+/// and shared Claude Code's homes, credentials included.
+#[test]
+fn a_repo_script_named_claude_never_gets_claudes_credentials() {
+    let a = Agents::new();
+    a.world.write(a.shared_credential(), CRED_V1);
+    let repo = a.repo("impostor");
+    let fake = a.world.write(
+        repo.join("claude"),
+        "#!/bin/sh\ncat ~/.claude/.credentials.json 2>/dev/null && echo GOT-CREDENTIAL; echo \"$HOME\"\n",
+    );
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = a
+        .world
+        .airlock(&repo)
+        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .args(["run", "./claude"])
+        .run()
+        .expect_code(0);
+    assert!(!run.stdout().contains("GOT-CREDENTIAL"), "{}", run.stdout());
+    assert!(a.world.home.join(".airlock/agent/custom-claude").is_dir());
+    // A repo script that links out of the repo is refused before anything runs.
+    std::os::unix::fs::symlink(a.fakebin.join("claude"), repo.join("linked")).unwrap();
+    let run = a
+        .world
+        .airlock(&repo)
+        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .args(["run", "./linked"])
+        .run()
+        .expect_code(125);
+    assert!(run.stderr().contains("outside it"), "{}", run.stderr());
 }
 
 // ---- A real Claude Code from the npm registry ----
@@ -657,4 +721,16 @@ fn doctor_shows_which_agents_run_would_find() {
     );
     let codex = out.lines().position(|l| l.contains("codex: not installed")).unwrap();
     assert!(out.lines().nth(codex + 1).unwrap().contains("npm install -g @openai/codex"), "{out}");
+}
+
+#[test]
+fn usage_errors_of_run_and_exec_are_airlocks_own_failure() {
+    let a = Agents::new();
+    let repo = a.repo("usage");
+    // Arguments for the agent need `--`; without it the mistake is Airlock's 125, not a status
+    // the agent could have returned.
+    let run = a.world.airlock(&repo).args(["run", "claude", "-p", "hi"]).run().expect_code(125);
+    assert!(run.stderr().contains("Usage: airlock run"), "{}", run.stderr());
+    a.world.airlock(&repo).args(["exec"]).run().expect_code(125);
+    a.world.airlock(&repo).args(["run", "--help"]).run().expect_code(0);
 }
