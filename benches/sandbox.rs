@@ -83,6 +83,35 @@ fn bench(c: &mut Criterion) {
                 .args(["exec", "--", "true"]))
         })
     });
+    // `airlock run` with a stand-in agent named `claude` (a `#!/bin/sh` script that execs its
+    // arguments) and a shared credential: adds resolution, the per-repo home (open, copy-in,
+    // `.gitconfig`, transcript snapshot), its bind, and copy-back and hashing at the end.
+    let fakebin = tmp.path().join("fakebin");
+    std::fs::create_dir_all(&fakebin).expect("fakebin");
+    let fake = fakebin.join("claude");
+    std::fs::write(&fake, "#!/bin/sh\nexec \"$@\"\n").expect("fake agent");
+    std::fs::set_permissions(
+        &fake,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+    )
+    .expect("chmod");
+    std::fs::create_dir_all(home.join(".airlock/agent/claude/shared")).expect("shared");
+    std::fs::write(
+        home.join(".airlock/agent/claude/shared/.credentials.json"),
+        r#"{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":1}}"#,
+    )
+    .expect("credential");
+    g.bench_function("airlock_run_agent_true", |b| {
+        b.iter(|| {
+            run(Command::new(airlock)
+                .current_dir(&repo)
+                .env_clear()
+                .env("HOME", &home)
+                .env("PATH", format!("{}:/usr/bin:/bin", fakebin.display()))
+                .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+                .args(["run", "claude", "--", "true"]))
+        })
+    });
     // The same through a warm airlockd (one-shot activation on the first call; the daemon
     // stays up for its idle timeout): session registration + proxy serving included.
     let sock = tmp.path().join("run/airlock.sock");
