@@ -256,6 +256,10 @@ impl AgentHome {
                     what: format_name(cred.format),
                 });
             }
+            // The shared fields replace the home's; the rest of the home's file (Claude's
+            // per-repo MCP OAuth tokens, say) stays, as it would if nothing were shared.
+            let held = self.read_home_credential(cred).ok().flatten();
+            let bytes = merge_shared(cred.format, held.as_deref(), &bytes);
             let (parent, parent_path, file) = self
                 .credential_parent(cred, true)?
                 .ok_or_else(|| HomeError::BadName { name: cred.rel.into() })?;
@@ -538,6 +542,34 @@ pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>
     }
     let text = serde_json::to_vec(&Value::Object(out)).ok()?;
     (text.len() <= SHARED_CREDENTIAL_CAP && parses_as(format, &text)).then_some(text)
+}
+
+/// The top-level fields of a credential file that are shared across repos.
+fn shared_fields(format: CredentialFormat) -> &'static [&'static str] {
+    match format {
+        CredentialFormat::ClaudeOauth => &["claudeAiOauth"],
+        CredentialFormat::CodexAuth => &["OPENAI_API_KEY", "tokens", "last_refresh"],
+    }
+}
+
+/// The home's credential file (`held`, when it is a JSON object) with its shared fields
+/// replaced by `shared`'s; just `shared` otherwise.
+fn merge_shared(format: CredentialFormat, held: Option<&[u8]>, shared: &[u8]) -> Vec<u8> {
+    use serde_json::Value;
+    let parse = |b: &[u8]| match serde_json::from_slice::<Value>(b) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
+    };
+    let (Some(mut merged), Some(shared_map)) = (held.and_then(parse), parse(shared)) else {
+        return shared.to_vec();
+    };
+    for field in shared_fields(format) {
+        match shared_map.get(*field) {
+            Some(v) => merged.insert((*field).to_string(), v.clone()),
+            None => merged.remove(*field),
+        };
+    }
+    serde_json::to_vec(&serde_json::Value::Object(merged)).unwrap_or_else(|_| shared.to_vec())
 }
 
 fn format_name(format: CredentialFormat) -> &'static str {
@@ -993,6 +1025,26 @@ mod tests {
         let huge = format!(r#"{{"claudeAiOauth":{{"accessToken":"{}"}}}}"#, "x".repeat(20_000));
         assert!(credential_only(ClaudeOauth, huge.as_bytes()).is_none());
         assert!(credential_only(ClaudeOauth, b"{}").is_none());
+    }
+
+    #[test]
+    fn copy_in_keeps_the_homes_own_fields() {
+        let fx = Fixture::new();
+        fx.put_shared(CLAUDE_CRED2);
+        let home = fx.open();
+        let dst = home.path().join(CRED_REL);
+        fs::write(&dst, r#"{"claudeAiOauth":{"accessToken":"old"},"mcpOAuth":{"srv":"t"}}"#)
+            .unwrap();
+        home.copy_in().unwrap();
+        let v = json(&fs::read_to_string(&dst).unwrap());
+        assert_eq!(v["claudeAiOauth"], json(CLAUDE_CRED2)["claudeAiOauth"]);
+        assert_eq!(v["mcpOAuth"]["srv"], "t", "per-repo fields survive: {v}");
+        // And they never reach the shared store.
+        let copied = home.copy_in().unwrap();
+        fs::write(&dst, r#"{"claudeAiOauth":{"accessToken":"new"},"mcpOAuth":{"srv":"t2"}}"#)
+            .unwrap();
+        home.copy_back(&copied);
+        assert!(!fx.shared_cred().unwrap().contains("mcpOAuth"));
     }
 
     #[test]

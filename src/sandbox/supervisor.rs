@@ -185,6 +185,22 @@ pub fn run(
     }
     let protection = protect::scan(&req.repo.path)?;
     let repo_sandbox = req.repo.sandbox_path();
+    // Nothing extra may be mounted over (or under) the repo or an external git dir, which are
+    // bound read-write: a mount point made there would land in the host tree.
+    let overlaps = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+    let taken: Vec<&Path> = std::iter::once(repo_sandbox.as_path())
+        .chain(protection.external.iter().map(PathBuf::as_path))
+        .collect();
+    let extra = req.ro_binds.iter().map(|(_, dst)| dst).chain(req.symlinks.iter().map(|(l, _)| l));
+    for dst in extra {
+        if let Some(t) = taken.iter().find(|t| overlaps(dst, t)) {
+            return Err(SandboxError::Setup(format!(
+                "{} would be mounted over {} inside the sandbox; install the agent elsewhere",
+                dst.display(),
+                t.display()
+            )));
+        }
+    }
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     let ops = mounts::plan(
