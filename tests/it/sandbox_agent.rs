@@ -734,3 +734,43 @@ fn usage_errors_of_run_and_exec_are_airlocks_own_failure() {
     a.world.airlock(&repo).args(["exec"]).run().expect_code(125);
     a.world.airlock(&repo).args(["run", "--help"]).run().expect_code(0);
 }
+
+#[test]
+fn real_claude_code_takes_a_piped_prompt() {
+    let Some(bin) = claude_code() else { return };
+    let a = Agents::new();
+    let repo = a.repo("piped-claude");
+    a.world.write(
+        a.world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n\n[env]\npass = [\"ANTHROPIC_API_KEY\"]\n",
+    );
+    let h = Harness::start(&a.world, Options::default());
+    let mut cmd = a
+        .world
+        .airlock(&repo)
+        .env("PATH", format!("{}:{SYSTEM_PATH}", bin.display()))
+        .env("AIRLOCK_SOCKET", h.socket())
+        .env("ANTHROPIC_API_KEY", "sk-ant-test-dummy-key")
+        .args(["run", "claude", "--", "-p"])
+        .cmd;
+    let mut child =
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    child.stdin.take().unwrap().write_all(b"say hello\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    // The prompt came through the pipe (without one, `claude -p` stops before calling the API),
+    // and the proxy's refusal came back to Claude, which reports it.
+    assert!(text.contains("api.anthropic.com:443 refused"), "{text}");
+    let lines = jsonl(&a.world.home.join(".airlock/logs/piped-claude"), "audit-");
+    assert!(
+        lines.iter().any(|l| l["host"] == "api.anthropic.com" && l["allowed"] == false),
+        "{text}"
+    );
+    assert_ne!(out.status.code(), Some(0), "{text}");
+}
