@@ -235,18 +235,19 @@ impl<'a> Context<'a> {
     }
 }
 
+/// `dir/package.json`, if it is a regular file within the cap that parses.
+fn read_package_json(dir: &Path) -> Option<serde_json::Value> {
+    let file = dir.join("package.json");
+    let meta = std::fs::metadata(&file).ok()?;
+    if !meta.is_file() || meta.len() > PACKAGE_JSON_CAP {
+        return None;
+    }
+    serde_json::from_slice(&std::fs::read(&file).ok()?).ok()
+}
+
 /// Whether `dir/package.json` declares `real` among its `bin` entries.
 fn package_declares(dir: &Path, real: &Path) -> bool {
-    let Ok(meta) = std::fs::metadata(dir.join("package.json")) else { return false };
-    if !meta.is_file() || meta.len() > PACKAGE_JSON_CAP {
-        return false;
-    }
-    let Ok(json) = std::fs::read(dir.join("package.json"))
-        .map_err(drop)
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).map_err(drop))
-    else {
-        return false;
-    };
+    let Some(json) = read_package_json(dir) else { return false };
     let names = |rel: &serde_json::Value| {
         rel.as_str()
             .is_some_and(|rel| std::fs::canonicalize(dir.join(rel)).is_ok_and(|p| p == real))
@@ -334,44 +335,72 @@ fn inside(host: &Path, binds: &[Bind], cx: &Context<'_>) -> Option<PathBuf> {
         .or_else(|| host.strip_prefix(&cx.repo).ok().map(|rel| join(cx.input.repo_sandbox, rel)))
 }
 
-/// The nearest `package.json` above `real` (up to `root`): its `name` and `version`.
-fn package_of(real: &Path, root: &Path) -> (Option<String>, Option<String>) {
+/// The `name` and `version` of the package a program belongs to.
+#[derive(Debug, Default)]
+struct Package {
+    name: Option<String>,
+    version: Option<String>,
+}
+
+/// The nearest `package.json` above `real` (up to `root`); for Claude Code's native installer
+/// (`~/.local/share/claude/versions/<version>`), the version from the file name.
+fn package_of(real: &Path, root: &Path) -> Package {
     for dir in real.ancestors().skip(1) {
-        let file = dir.join("package.json");
-        if let Ok(meta) = std::fs::metadata(&file)
-            && meta.is_file()
-            && meta.len() <= PACKAGE_JSON_CAP
-            && let Ok(bytes) = std::fs::read(&file)
-            && let Ok(json) = serde_json::from_slice::<serde_json::Value>(&bytes)
-        {
+        if let Some(json) = read_package_json(dir) {
             let field = |k: &str| json.get(k).and_then(|v| v.as_str()).map(str::to_string);
-            return (field("name"), field("version"));
+            return Package { name: field("name"), version: field("version") };
         }
         if !dir.starts_with(root) || dir == root {
             break;
         }
     }
-    (None, None)
-}
-
-fn version_of(real: &Path, root: &Path) -> Option<String> {
-    if let (_, Some(v)) = package_of(real, root) {
-        return Some(v);
+    let installer = real.parent().and_then(Path::file_name) == Some(OsStr::new("versions"));
+    Package {
+        name: None,
+        version: installer
+            .then(|| real.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .flatten(),
     }
-    // Claude Code's native installer: ~/.local/share/claude/versions/<version>.
-    let parent = real.parent()?;
-    (parent.file_name() == Some(OsStr::new("versions")))
-        .then(|| real.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .flatten()
 }
 
 /// A path agent that is really Claude Code or Codex (run by path) gets that agent's layout.
-fn recognize(agent: Agent, real: &Path, root: &Path) -> Agent {
-    match (&agent, package_of(real, root).0.as_deref()) {
+fn recognize(agent: Agent, package: &Package) -> Agent {
+    match (&agent, package.name.as_deref()) {
         (Agent::Custom { .. }, Some("@anthropic-ai/claude-code")) => Agent::Claude,
         (Agent::Custom { .. }, Some("@openai/codex")) => Agent::Codex,
         _ => agent,
     }
+}
+
+/// The real file of `script`'s `#!` interpreter: the literal path, or for `#!/usr/bin/env
+/// PROGRAM` the `PROGRAM` on the host `PATH` (as `env` would find it).
+fn locate_interpreter(
+    script: &Path,
+    interpreter: &str,
+    arg: Option<&str>,
+    via_env: bool,
+    input: &Input<'_>,
+) -> Result<PathBuf, ResolveError> {
+    let program = if via_env {
+        let program = env_program(arg).ok_or_else(|| ResolveError::Interpreter {
+            path: script.to_path_buf(),
+            interpreter: interpreter.to_string(),
+            why: "names no program after `env`".into(),
+        })?;
+        which(program, input.path_var.as_deref()).ok_or_else(|| {
+            ResolveError::InterpreterMissing {
+                path: script.to_path_buf(),
+                interpreter: program.to_string(),
+            }
+        })?
+    } else {
+        PathBuf::from(interpreter)
+    };
+    std::fs::canonicalize(&program).map_err(|e| ResolveError::Interpreter {
+        path: script.to_path_buf(),
+        interpreter: program.display().to_string(),
+        why: format!("cannot be found: {e}"),
+    })
 }
 
 /// Resolves the agent named by `input.arg`.
@@ -408,7 +437,8 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
         return Err(ResolveError::LeavesRepo { path: found, real });
     }
     let root = if repo_agent { real.clone() } else { package_root(&real, &cx) };
-    let agent = recognize(agent, &real, &root);
+    let package = package_of(&real, &root);
+    let agent = recognize(agent, &package);
     let dir_name = agent.dir_name();
     let mut binds: Vec<Bind> = if repo_agent {
         Vec::new()
@@ -431,29 +461,8 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
             });
         }
         let via_env = Path::new(&interpreter).file_name() == Some(OsStr::new("env"));
-        let program = if via_env {
-            let Some(program) = env_program(arg.as_deref()) else {
-                return Err(ResolveError::Interpreter {
-                    path: current,
-                    interpreter,
-                    why: "names no program after `env`".into(),
-                });
-            };
-            which(program, input.path_var.as_deref()).ok_or_else(|| {
-                ResolveError::InterpreterMissing {
-                    path: current.clone(),
-                    interpreter: program.to_string(),
-                }
-            })?
-        } else {
-            PathBuf::from(&interpreter)
-        };
         let interp_real =
-            std::fs::canonicalize(&program).map_err(|e| ResolveError::Interpreter {
-                path: current.clone(),
-                interpreter: program.display().to_string(),
-                why: format!("cannot be found: {e}"),
-            })?;
+            locate_interpreter(&current, &interpreter, arg.as_deref(), via_env, input)?;
         // A repo's script names its interpreter itself: only the system's or the repo's own
         // (an interpreter from your PATH through `env` is your choice, not the repo's).
         if repo_agent
@@ -505,7 +514,7 @@ pub fn resolve(input: &Input<'_>) -> Result<Resolved, ResolveError> {
     let links = vec![(Path::new(BIN_DIR).join(link_name), exec_path.clone())];
     let mut argv = argv_prefix;
     argv.push(exec_path);
-    Ok(Resolved { version: version_of(&real, &root), agent, real, binds, links, path_dirs, argv })
+    Ok(Resolved { version: package.version, agent, real, binds, links, path_dirs, argv })
 }
 
 #[cfg(test)]
