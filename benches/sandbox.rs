@@ -72,20 +72,23 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // `airlock` in the repo with only this user's HOME and `path`.
+    let airlock_in_repo = |path: &str| {
+        let mut cmd = Command::new(airlock);
+        cmd.current_dir(&repo).env_clear().env("HOME", &home).env("PATH", path);
+        cmd
+    };
     g.bench_function("airlock_exec_true", |b| {
         b.iter(|| {
-            run(Command::new(airlock)
-                .current_dir(&repo)
-                .env_clear()
-                .env("HOME", &home)
-                .env("PATH", "/usr/bin:/bin")
+            run(airlock_in_repo("/usr/bin:/bin")
                 .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
                 .args(["exec", "--", "true"]))
         })
     });
     // `airlock run` with a stand-in agent named `claude` (a `#!/bin/sh` script that execs its
     // arguments) and a shared credential: adds resolution, the per-repo home (open, copy-in,
-    // `.gitconfig`, transcript snapshot), its bind, and copy-back and hashing at the end.
+    // transcript snapshot; no identity, so no `.gitconfig`), its bind, and copy-back and the
+    // transcript walk at the end.
     let fakebin = tmp.path().join("fakebin");
     std::fs::create_dir_all(&fakebin).expect("fakebin");
     let fake = fakebin.join("claude");
@@ -101,13 +104,10 @@ fn bench(c: &mut Criterion) {
         r#"{"claudeAiOauth":{"accessToken":"a","refreshToken":"r","expiresAt":1}}"#,
     )
     .expect("credential");
+    let fake_path = format!("{}:/usr/bin:/bin", fakebin.display());
     g.bench_function("airlock_run_agent_true", |b| {
         b.iter(|| {
-            run(Command::new(airlock)
-                .current_dir(&repo)
-                .env_clear()
-                .env("HOME", &home)
-                .env("PATH", format!("{}:/usr/bin:/bin", fakebin.display()))
+            run(airlock_in_repo(&fake_path)
                 .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
                 .args(["run", "claude", "--", "true"]))
         })
@@ -117,11 +117,7 @@ fn bench(c: &mut Criterion) {
     let sock = tmp.path().join("run/airlock.sock");
     g.bench_function("airlock_exec_true_warm_daemon", |b| {
         b.iter(|| {
-            run(Command::new(airlock)
-                .current_dir(&repo)
-                .env_clear()
-                .env("HOME", &home)
-                .env("PATH", "/usr/bin:/bin")
+            run(airlock_in_repo("/usr/bin:/bin")
                 .env("AIRLOCK_SOCKET", &sock)
                 .args(["exec", "--", "true"]))
         })

@@ -206,6 +206,12 @@ pub enum Launch {
     },
 }
 
+/// A [`Launch`] once the agent, if any, has been found on the host.
+enum Target {
+    Command(Vec<OsString>),
+    Agent(Box<crate::agent::resolve::Resolved>, Vec<OsString>),
+}
+
 /// Runs `airlock exec`.
 pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
     let launch = Launch::Command(args.command);
@@ -232,15 +238,17 @@ pub fn run_with(
         return fail(why);
     }
     // An agent that is not installed is reported before anything is asked or started.
-    let agent = match &launch {
-        Launch::Command(_) => None,
-        Launch::Agent { agent, .. } => match super::run::resolve_agent(agent, ctx, &paths, &repo) {
-            Ok(resolved) => Some(resolved),
-            Err(e) => {
-                eprintln!("airlock: {e}");
-                return e.exit_code();
+    let target = match launch {
+        Launch::Command(argv) => Target::Command(argv),
+        Launch::Agent { agent, args } => {
+            match super::run::resolve_agent(&agent, ctx, &paths, &repo) {
+                Ok(resolved) => Target::Agent(Box::new(resolved), args),
+                Err(e) => {
+                    eprintln!("airlock: {e}");
+                    return e.exit_code();
+                }
             }
-        },
+        }
     };
     match gate.check(&paths, &repo) {
         Ok(Trust::Trusted) => {}
@@ -304,22 +312,16 @@ pub fn run_with(
         agent_version: None,
     };
     let mut bridge = make_bridge(&prepared);
-    let mut agent_session = None;
-    match (launch, agent) {
-        (Launch::Agent { args, .. }, Some(resolved)) => {
-            let setup = super::run::prepare(&resolved, args, &paths, &prepared, &mut env, &mut req);
-            match setup {
-                Ok(s) => agent_session = Some(s),
+    match target {
+        Target::Command(argv) => req.argv = argv,
+        Target::Agent(resolved, args) => {
+            match super::run::prepare(&resolved, args, &paths, &prepared, &mut env, &mut req) {
+                Ok(session) => bridge = Box::new(session.wrap(bridge)),
                 Err(e) => return fail(e),
             }
         }
-        (Launch::Command(argv), _) => req.argv = argv,
-        (Launch::Agent { .. }, None) => return fail("internal: the agent was not resolved"),
     }
     req.env = env;
-    if let Some(session) = agent_session.take() {
-        bridge = Box::new(session.wrap(bridge));
-    }
     match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
             for q in &outcome.quarantined {

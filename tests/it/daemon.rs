@@ -21,7 +21,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::{Harness, Options};
-use crate::support::{World, bin, in_ci};
+use crate::support::{World, bin, in_ci, wait_until};
 
 const LONG: Duration = Duration::from_secs(20);
 
@@ -183,31 +183,6 @@ fn netns_listener(dir: &Path) -> OwnedFd {
     NetnsAgent::start(dir).1
 }
 
-fn session_records(world: &World, repo: &str) -> Vec<Value> {
-    let dir = world.home.join(".airlock/logs").join(repo);
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("sessions-") && name.ends_with(".jsonl") {
-            for line in std::fs::read_to_string(e.path()).unwrap().lines() {
-                out.push(json(line));
-            }
-        }
-    }
-    out
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 fn pid_alive(pid: i64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -297,7 +272,7 @@ fn an_open_session_keeps_the_daemon_alive_and_is_recorded() {
     let id = session.id().to_owned();
     session.end(SessionOutcome { exit_status: Some(3), ..Default::default() }).unwrap();
     assert_eq!(h.wait_exits(1, LONG), vec![0]);
-    let recs = session_records(&world, "keepalive");
+    let recs = world.session_records("keepalive");
     assert_eq!(recs.len(), 2, "{recs:?}");
     assert_eq!(recs[0]["id"], format!("{id}:start"));
     assert_eq!(recs[0]["user_id"], "u-123");
@@ -320,8 +295,8 @@ fn a_dropped_supervisor_connection_ends_the_session_as_supervisor_lost() {
     .unwrap();
     let id = session.id().to_owned();
     drop(session);
-    assert!(wait_until(LONG, || session_records(&world, "lost").len() == 2));
-    let recs = session_records(&world, "lost");
+    assert!(wait_until(LONG, || world.session_records("lost").len() == 2));
+    let recs = world.session_records("lost");
     assert_eq!(recs[1]["id"], format!("{id}:end"));
     assert_eq!(recs[1]["end_reason"], "supervisor_lost");
 }
@@ -593,7 +568,7 @@ fn daemon_kill_9_the_supervisor_reregisters_and_the_session_keeps_its_id() {
     assert_eq!(s["sessions"][0]["session"], id.as_str());
     assert_eq!(s["boot"].as_str().unwrap(), session.boots()[1]);
     session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
-    let recs = session_records(&world, "phoenix");
+    let recs = world.session_records("phoenix");
     let ids: Vec<&str> = recs.iter().map(|r| r["id"].as_str().unwrap()).collect();
     assert_eq!(ids, vec![format!("{id}:start"), format!("{id}:end")]);
     assert_ne!(recs[0]["boot"], recs[1]["boot"]);
@@ -812,7 +787,7 @@ fn the_daemon_serves_the_sessions_proxy_with_the_managed_layer_applied() {
     assert_eq!(lines[1]["allowed"], false);
     assert_eq!(lines[1]["layer"], "managed");
     assert_eq!(lines[2]["reason"], "not_allowed");
-    let recs = session_records(&world, "served");
+    let recs = world.session_records("served");
     assert_eq!(recs[1]["tunnels"], 1);
     assert_eq!(recs[0]["policy_layers"].as_array().unwrap().len(), 2);
 }
@@ -828,7 +803,7 @@ fn sigterm_with_a_live_session_exits_zero_and_the_session_moves_to_the_next_inst
     assert!(wait_until(LONG, || session.boots().len() == 2), "never re-registered:\n{}", h.log());
     assert!(agent.connect("denied.test:443").starts_with("HTTP/1.1 403"));
     session.end(SessionOutcome::default()).unwrap();
-    let recs = session_records(&world, "moving");
+    let recs = world.session_records("moving");
     assert_eq!(recs.len(), 2, "{recs:?}");
     assert!(recs.iter().all(|r| r.get("end_reason").is_none()), "{recs:?}");
 }
@@ -875,7 +850,7 @@ fn many_sessions_in_a_row_never_stall_on_notifications() {
         ids.push(session.id().to_owned());
         session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
     }
-    let recs = session_records(&world, "inarow");
+    let recs = world.session_records("inarow");
     for id in &ids {
         assert!(recs.iter().any(|r| r["id"] == format!("{id}:start")), "{id} start missing");
         assert!(recs.iter().any(|r| r["id"] == format!("{id}:end")), "{id} end missing");

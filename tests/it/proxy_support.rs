@@ -179,24 +179,7 @@ pub fn read_head(s: &mut TcpStream) -> String {
 
 /// All audit lines in `dir` (every `audit-*.jsonl`).
 pub fn audit_lines(dir: &Path) -> Vec<serde_json::Value> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else { return out };
-    let mut files: Vec<_> = rd
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".jsonl"))
-        })
-        .collect();
-    files.sort();
-    for f in files {
-        for l in std::fs::read_to_string(&f).unwrap_or_default().lines() {
-            out.push(serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")));
-        }
-    }
-    out
+    crate::support::jsonl_lines(dir, "audit-")
 }
 
 /// A test CA and a leaf certificate for `names`.

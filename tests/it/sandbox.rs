@@ -14,20 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::{self, Run, World};
-
-/// A tool the tests drive; missing in CI is a failure, elsewhere a loud skip.
-fn have(tool: &str) -> bool {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
-        .unwrap_or(false)
-        && Path::new("/usr/bin").join(tool).exists();
-    if !found {
-        assert!(!support::in_ci(), "prerequisite {tool} missing in /usr/bin (CI must have it)");
-        eprintln!("SKIP: {tool} not installed in /usr/bin");
-    }
-    found
-}
+use crate::support::{self, Run, World, have};
 
 fn prereqs(tools: &[&str]) -> bool {
     tools.iter().all(|t| have(t))

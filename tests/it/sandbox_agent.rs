@@ -11,13 +11,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::harness::{Harness, Options};
-use crate::support::{self, Run, TestCommand, World};
+use crate::support::{self, Run, TestCommand, World, wait_until};
 
 const SYSTEM_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 const CRED_V1: &str =
@@ -102,34 +102,6 @@ fn json(text: &str) -> Value {
 
 fn sha256_file(path: &Path) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(std::fs::read(path).unwrap())))
-}
-
-fn jsonl(dir: &Path, prefix: &str) -> Vec<Value> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(prefix) && name.ends_with(".jsonl") {
-            for line in std::fs::read_to_string(e.path()).unwrap().lines() {
-                out.push(serde_json::from_str(line).unwrap());
-            }
-        }
-    }
-    out
-}
-
-fn session_records(world: &World, repo: &str) -> Vec<Value> {
-    jsonl(&world.home.join(".airlock/logs").join(repo), "sessions-")
-}
-
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    f()
 }
 
 #[test]
@@ -313,7 +285,7 @@ fn session_records_carry_the_agent_and_hash_the_transcripts_it_changed() {
         d = secret.parent().unwrap().display()
     );
     session(&plant).expect_code(3);
-    let recs = session_records(&a.world, "records");
+    let recs = a.world.session_records("records");
     assert_eq!(recs.len(), 4, "{recs:?}");
     let (start, end) = (&recs[2], &recs[3]);
     let id = start["session"].as_str().unwrap();
@@ -354,8 +326,8 @@ fn killing_the_supervisor_records_supervisor_lost() {
     assert_eq!(line, "started\n");
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(wait_until(Duration::from_secs(20), || session_records(&a.world, "lost").len() == 2));
-    let recs = session_records(&a.world, "lost");
+    assert!(wait_until(Duration::from_secs(20), || a.world.session_records("lost").len() == 2));
+    let recs = a.world.session_records("lost");
     assert_eq!(recs[0]["agent"], "claude");
     assert_eq!(recs[1]["end_reason"], "supervisor_lost", "{recs:?}");
 }
@@ -510,6 +482,46 @@ fn claude_code() -> Option<PathBuf> {
         .clone()
 }
 
+/// A user policy that passes a dummy API key through `[env] pass` and lists no Anthropic
+/// host (so the proxy refuses it without resolving it).
+const API_KEY_POLICY: &str =
+    "[network]\nallow = [\"example.test\"]\n\n[env]\npass = [\"ANTHROPIC_API_KEY\"]\n";
+
+/// `airlock run claude -- ARGS` with the installed Claude Code, `h`'s daemon, a dummy key.
+fn real_claude(a: &Agents, bin: &Path, repo: &Path, h: &Harness, args: &[&str]) -> Command {
+    a.world
+        .airlock(repo)
+        .env("PATH", format!("{}:{SYSTEM_PATH}", bin.display()))
+        .env("AIRLOCK_SOCKET", h.socket())
+        .env("ANTHROPIC_API_KEY", "sk-ant-test-dummy-key")
+        .args(["run", "claude", "--"])
+        .args(args)
+        .cmd
+}
+
+/// Waits for `child`; if Claude is still retrying after 240 s, ends it as a user would
+/// (Ctrl-C), and failing that kills it, so the suite never hangs.
+fn finish(mut child: std::process::Child) -> std::process::Output {
+    let signal = |child: &std::process::Child, sig| {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig);
+    };
+    if !wait_until(Duration::from_secs(240), || child.try_wait().unwrap().is_some()) {
+        signal(&child, nix::sys::signal::Signal::SIGINT);
+        if !wait_until(Duration::from_secs(10), || child.try_wait().unwrap().is_some()) {
+            signal(&child, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Whether the repo's audit log holds a refusal of the Anthropic API host.
+fn refused_anthropic(world: &World, repo: &str) -> bool {
+    world
+        .audit_lines(repo)
+        .iter()
+        .any(|l| l["host"] == "api.anthropic.com" && l["allowed"] == false)
+}
+
 #[test]
 fn real_claude_code_prints_its_version_inside_the_sandbox() {
     let Some(bin) = claude_code() else { return };
@@ -531,52 +543,25 @@ fn real_claude_code_prompt_is_refused_audited_and_recorded() {
     let Some(bin) = claude_code() else { return };
     let a = Agents::new();
     let repo = a.repo("hello");
-    a.world.write(
-        a.world.home.join(".airlock/config.toml"),
-        "[network]\nallow = [\"example.test\"]\n\n[env]\npass = [\"ANTHROPIC_API_KEY\"]\n",
-    );
+    a.world.write(a.world.home.join(".airlock/config.toml"), API_KEY_POLICY);
     a.world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
     let h = Harness::start(&a.world, Options::default());
-    let mut cmd = a
-        .world
-        .airlock(&repo)
-        .env("PATH", format!("{}:{SYSTEM_PATH}", bin.display()))
-        .env("AIRLOCK_SOCKET", h.socket())
-        .env("ANTHROPIC_API_KEY", "sk-ant-test-dummy-key")
-        .args(["run", "claude", "--", "-p", "hello"])
-        .cmd;
-    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    // Claude retries a refused API call; once the refusal is on record the point is made.
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let refused = |a: &Agents| {
-        jsonl(&a.world.home.join(".airlock/logs/hello"), "audit-")
-            .into_iter()
-            .any(|l| l["host"] == "api.anthropic.com" && l["allowed"] == false)
-    };
-    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    if child.try_wait().unwrap().is_none() {
-        // Still retrying: end it like a user pressing Ctrl-C would.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGINT,
-        );
-    }
-    let out = child.wait_with_output().unwrap();
+    let mut cmd = real_claude(&a, &bin, &repo, &h, &["-p", "hello"]);
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let out = finish(child);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        refused(&a),
+        refused_anthropic(&a.world, "hello"),
         "no refused line for api.anthropic.com\n--- stderr\n{stderr}\n--- daemon\n{}",
         h.log()
     );
     let user_id = std::fs::read_to_string(a.world.home.join(".airlock/identity.toml")).unwrap();
-    let lines = jsonl(&a.world.home.join(".airlock/logs/hello"), "audit-");
+    let lines = a.world.audit_lines("hello");
     let line = lines.iter().find(|l| l["host"] == "api.anthropic.com").unwrap();
     assert!(user_id.contains(line["user_id"].as_str().unwrap()), "{line}");
     assert_eq!(line["repo"], "hello");
-    assert!(wait_until(Duration::from_secs(20), || session_records(&a.world, "hello").len() == 2));
-    let recs = session_records(&a.world, "hello");
+    assert!(wait_until(Duration::from_secs(20), || a.world.session_records("hello").len() == 2));
+    let recs = a.world.session_records("hello");
     assert_eq!(recs[0]["agent"], "claude");
     assert_eq!(recs[0]["agent_version"], claude_version().as_str());
     assert_eq!(recs[0]["command"][1], "-p");
@@ -663,8 +648,7 @@ print("\nEXIT", os.waitstatus_to_exitcode(status))
 
 #[test]
 fn on_a_terminal_the_agent_gets_a_pty_that_resizes_and_takes_ctrl_c() {
-    if !Path::new("/usr/bin/python3").exists() {
-        assert!(!support::in_ci(), "python3 missing (CI must have it)");
+    if !support::have("python3") {
         return;
     }
     let a = Agents::new();
@@ -740,37 +724,18 @@ fn real_claude_code_takes_a_piped_prompt() {
     let Some(bin) = claude_code() else { return };
     let a = Agents::new();
     let repo = a.repo("piped-claude");
-    a.world.write(
-        a.world.home.join(".airlock/config.toml"),
-        "[network]\nallow = [\"example.test\"]\n\n[env]\npass = [\"ANTHROPIC_API_KEY\"]\n",
-    );
+    a.world.write(a.world.home.join(".airlock/config.toml"), API_KEY_POLICY);
     let h = Harness::start(&a.world, Options::default());
-    let mut cmd = a
-        .world
-        .airlock(&repo)
-        .env("PATH", format!("{}:{SYSTEM_PATH}", bin.display()))
-        .env("AIRLOCK_SOCKET", h.socket())
-        .env("ANTHROPIC_API_KEY", "sk-ant-test-dummy-key")
-        .args(["run", "claude", "--", "-p"])
-        .cmd;
+    let mut cmd = real_claude(&a, &bin, &repo, &h, &["-p"]);
     let mut child =
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(b"say hello\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let _ = child.kill();
-    let out = child.wait_with_output().unwrap();
+    let out = finish(child);
     let text =
         format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     // The prompt came through the pipe (without one, `claude -p` stops before calling the API),
     // and the proxy's refusal came back to Claude, which reports it.
     assert!(text.contains("api.anthropic.com:443 refused"), "{text}");
-    let lines = jsonl(&a.world.home.join(".airlock/logs/piped-claude"), "audit-");
-    assert!(
-        lines.iter().any(|l| l["host"] == "api.anthropic.com" && l["allowed"] == false),
-        "{text}"
-    );
+    assert!(refused_anthropic(&a.world, "piped-claude"), "{text}");
     assert_ne!(out.status.code(), Some(0), "{text}");
 }

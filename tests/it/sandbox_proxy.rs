@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::path::Path;
 
 use crate::harness::{Harness, Options};
-use crate::support::{World, in_ci};
+use crate::support::{World, have};
 
 /// An HTTP server on `ip` answering every request with `body`.
 fn http_upstream(ip: &str, body: &'static str) -> u16 {
@@ -85,25 +85,6 @@ fn git(dir: &Path, args: &[&str]) {
         .unwrap()
         .success();
     assert!(ok, "git {args:?}");
-}
-
-fn have(tool: &str) -> bool {
-    let ok = Path::new("/usr/bin").join(tool).exists();
-    assert!(ok || !in_ci(), "prerequisite {tool} missing (CI must have it)");
-    ok
-}
-
-fn audit_lines(world: &World, repo: &str) -> Vec<serde_json::Value> {
-    let dir = world.home.join(".airlock/logs").join(repo);
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        if e.file_name().to_string_lossy().starts_with("audit-") {
-            for l in std::fs::read_to_string(e.path()).unwrap().lines() {
-                out.push(serde_json::from_str(l).unwrap());
-            }
-        }
-    }
-    out
 }
 
 #[test]
@@ -183,7 +164,7 @@ fn allowed_host_through_the_proxy_and_denied_host_refused_and_audited() {
     assert!(!out.lines().any(|l| l.starts_with("fd:socket:")), "{out}");
     assert!(out.contains("daemon:refused"), "{out}");
 
-    let lines = audit_lines(&world, "egress");
+    let lines = world.audit_lines("egress");
     let allowed: Vec<_> = lines.iter().filter(|l| l["allowed"] == true).collect();
     let refused: Vec<_> = lines.iter().filter(|l| l["allowed"] == false).collect();
     assert!(allowed.len() >= 2, "{lines:?}");

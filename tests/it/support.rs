@@ -133,3 +133,62 @@ impl Run {
         self
     }
 }
+
+/// Every line of `dir/<prefix>*.jsonl`, parsed, files in name (date) order; none if `dir` is
+/// absent. A line that is not JSON fails the test.
+pub fn jsonl_lines(dir: &Path, prefix: &str) -> Vec<serde_json::Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".jsonl"))
+        })
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        for l in std::fs::read_to_string(&f).unwrap_or_default().lines() {
+            out.push(serde_json::from_str(l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}")));
+        }
+    }
+    out
+}
+
+impl World {
+    /// The repo's audit lines (`~/.airlock/logs/<repo>/audit-*.jsonl`).
+    pub fn audit_lines(&self, repo: &str) -> Vec<serde_json::Value> {
+        jsonl_lines(&self.home.join(".airlock/logs").join(repo), "audit-")
+    }
+
+    /// The repo's session records (`~/.airlock/logs/<repo>/sessions-*.jsonl`).
+    pub fn session_records(&self, repo: &str) -> Vec<serde_json::Value> {
+        jsonl_lines(&self.home.join(".airlock/logs").join(repo), "sessions-")
+    }
+}
+
+/// Polls `f` until it holds or `timeout` passes; whether it held.
+pub fn wait_until(timeout: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    f()
+}
+
+/// A tool the tests drive, from `/usr/bin` (what the sandbox shows); missing in CI is a
+/// failure, elsewhere a loud skip.
+pub fn have(tool: &str) -> bool {
+    let found = Path::new("/usr/bin").join(tool).exists();
+    assert!(found || !in_ci(), "prerequisite {tool} missing in /usr/bin (CI must have it)");
+    if !found {
+        eprintln!("SKIP: {tool} not installed in /usr/bin");
+    }
+    found
+}
