@@ -39,12 +39,10 @@ impl Agents {
             "[network]\nallow = [\"example.test\"]\n",
         );
         let fakebin = world.tmp.path().join("fakebin");
-        let claude = world.write(
+        world.write_executable(
             fakebin.join("claude"),
             "#!/bin/sh\n# Stand-in for Claude Code: runs its first argument as a script.\nexec /bin/sh -c \"$1\"\n",
         );
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&claude, std::fs::Permissions::from_mode(0o755)).unwrap();
         Self { world, fakebin }
     }
 
@@ -367,11 +365,10 @@ fn a_missing_agent_exits_127_and_says_how_to_install_it() {
 fn a_path_agent_runs_with_its_own_home() {
     let a = Agents::new();
     let repo = a.repo("custom");
-    let tool = a
-        .world
-        .write(repo.join("tools/my-agent"), "#!/bin/sh\necho \"custom $HOME $*\"; ls -a ~\n");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    a.world.write_executable(
+        repo.join("tools/my-agent"),
+        "#!/bin/sh\necho \"custom $HOME $*\"; ls -a ~\n",
+    );
     let run = a
         .world
         .airlock(&repo)
@@ -390,12 +387,10 @@ fn a_repo_script_named_claude_never_gets_claudes_credentials() {
     let a = Agents::new();
     a.world.write(a.shared_credential(), CRED_V1);
     let repo = a.repo("impostor");
-    let fake = a.world.write(
+    a.world.write_executable(
         repo.join("claude"),
         "#!/bin/sh\ncat ~/.claude/.credentials.json 2>/dev/null && echo GOT-CREDENTIAL; echo \"$HOME\"\n",
     );
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
     let run = a
         .world
         .airlock(&repo)

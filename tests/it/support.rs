@@ -57,6 +57,14 @@ impl World {
         path
     }
 
+    /// Writes an executable file (mode 0755), creating parent directories.
+    pub fn write_executable(&self, path: impl AsRef<Path>, contents: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.write(path, contents);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
     /// `airlock ARGS` run in `cwd` with only this world's environment.
     pub fn airlock(&self, cwd: &Path) -> TestCommand {
         self.command("airlock", cwd)
