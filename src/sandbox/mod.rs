@@ -8,6 +8,8 @@
 //!   host runs later, and their quarantine.
 //! - [`seccomp`], [`landlock`]: the filters; [`probe`]: what the kernel offers (also
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
+//! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
+//!   into kept and held parts (pure: bytes in, bytes out).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
 //! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox.
 //!
@@ -15,6 +17,7 @@
 
 pub mod bridge;
 pub mod cgroup;
+pub mod codekeys;
 pub mod env;
 pub mod inside;
 pub mod landlock;

@@ -1,0 +1,1329 @@
+//! Code-running keys in the repo's host-read configuration files: deciding which keys of such a
+//! file can make the host run code, and splitting an agent's edit of the file into the part that
+//! is kept in place and the part that is held back for review (`airlock quarantine`).
+//!
+//! The agent may edit files that the *host* later reads as configuration, and several of those
+//! formats let a single key run a program: a host `cargo --version` alone runs the toolchain that
+//! `rust-toolchain.toml`'s `path` names; the next `cargo build` runs `.cargo/config.toml`'s
+//! `rustc-wrapper` or `linker`, `cargo run` its `runner`, and an `[alias]` makes `cargo b` mean
+//! anything; entering the directory with mise active runs its `env._.source` and `hooks`; `git
+//! status` in a new embedded repo runs its `core.fsmonitor`. This module is the pure engine that
+//! the supervisor calls at session end: bytes in, bytes out, no filesystem access.
+//!
+//! # The rule
+//!
+//! **An allowlist of keys known to be inert; everything else that changed is held.** A key is
+//! kept with the agent's value only if it is on the allowlist of its format (some entries also
+//! check the value's shape, e.g. a channel name may not be a path). Every other key that the
+//! agent added or changed is held: it is reverted to its value at session start, or removed if
+//! it had none. Keys the agent removed stay removed (a removal cannot make the host run
+//! anything). An allowlist rather than a denylist because every new release of these tools may
+//! add a code-running key (Cargo's `credential-provider` and mise's `hooks` are recent ones): a
+//! denylist silently widens with each release, an allowlist can only hold too much, and a held
+//! key costs the developer one `airlock quarantine restore`. When unsure, a key is not inert.
+//!
+//! A file that does not parse, or is over [`MAX_BYTES`], is held whole: nothing of the agent's
+//! version is kept ([`Reviewed::whole_file_held`]). A file identical to its session-start version
+//! is kept byte for byte (it is the developer's). An earlier version that does not parse counts
+//! as unknown: every non-inert key of the agent's version is then new.
+//!
+//! # Formats and their inert keys
+//!
+//! Keys are written as dotted paths the way the format spells them (`target."cfg(unix)".runner`,
+//! `remote.origin.url`). For TOML, a key is a leaf: a value that is not a table, or a whole array
+//! of tables.
+//!
+//! | Kind | Format reference | Inert keys (kept with the agent's value) |
+//! |---|---|---|
+//! | [`ConfigKind::RustToolchain`], [`ConfigKind::RustToolchainLegacy`] | rustup book, "Overrides" → "The toolchain file" | `toolchain.channel` (a name: `[A-Za-z0-9][A-Za-z0-9._-]*`, so never a path), `toolchain.components`, `toolchain.targets` (arrays of such names), `toolchain.profile` (a name). Not inert: `toolchain.path`, which runs a local toolchain, and anything else. The legacy `rust-toolchain` file is, as rustup reads it, one line naming a channel (inert if it is such a name, else held whole) or, if longer, TOML as above. |
+//! | [`ConfigKind::CargoConfig`] | Cargo book, "Configuration" reference | `build.jobs`, `build.target` (triples; a `.json` target spec or a path is held: a spec can name a linker), `build.target-dir` (a relative path without `..` that does not enter `.git`; elsewhere it would have the host's builds write outside the repo), `build.incremental`, `term.*`, `net.retry`, `net.offline`, `http.timeout`, `http.low-speed-limit`, `http.multiplexing`, `cargo-new.vcs`, `future-incompat-report.frequency`, `profile.<name>.{opt-level, debug, debug-assertions, overflow-checks, lto, panic, incremental, codegen-units, strip, split-debuginfo}`. Not inert: `alias`, `target.*` (`runner`, `linker`, `rustflags`), `build.rustc*`/`rustdoc`/`rustflags`, `env`, `source`, `registries`, `registry`, `credential-provider`, `paths`, `patch`, `doc.browser`, `unstable`, … |
+//! | [`ConfigKind::Mise`] | mise docs: "Configuration", "Environments", "Hooks" | `min_version` (also its `hard`/`soft` form), `tools.<name>` where the name has no backend prefix (`ubi:`, `http:`, `cargo:`, `npm:`, … fetch and run arbitrary code) and the value is a version string or an array of them. A version is held if it is not a plain version (`path:` uses a local directory as the tool, `ref:` builds one from source). Not inert: `env` (incl. `_.source`, `_.file`, `_.path`), `hooks`, `tasks`, `plugins`, `settings`, `redactions`, tool option tables, … |
+//! | [`ConfigKind::ToolVersions`] | asdf docs, "Configuration" → `.tool-versions` | A line `tool version…` whose tool has no backend prefix (mise reads this file too and honours `ubi:` names there) and whose versions are all plain. A line with a `path:` or `ref:` version is held: asdf uses or builds local code. Lines are compared by tool name; a held line is reverted to the line at session start, or dropped. |
+//! | [`ConfigKind::GitConfig`] | git-config(1), "CONFIGURATION FILE" → "Syntax" | `core.{repositoryformatversion, filemode, bare, logallrefupdates, ignorecase, precomposeunicode, symlinks}`, `extensions.{objectformat, refstorage}`, `remote.<name>.url` (unless it names a transport helper, `<helper>::<address>`, or starts with `-`), `remote.<name>.fetch`, `branch.<name>.remote` (same check as a url: it may be one), `branch.<name>.merge`, `user.name`, `user.email`. Everything else (`core.fsmonitor`, `core.hookspath`, `core.sshcommand`, `include.path`, `remote.<name>.uploadpack`, `alias.*`, `extensions.worktreeconfig`, …) is not inert. |
+//!
+//! # Kept output
+//!
+//! TOML files are edited with `toml_edit`, so the agent's comments and layout survive in the kept
+//! parts; a reverted key keeps its place. Comments directly above a removed key go with it
+//! (`toml_edit` attaches them to the key, and they usually describe it). The kept parts are the
+//! agent's bytes, so this relies on `toml_edit` reading them as the tool does; Cargo, rustup and
+//! mise all read TOML with the same parser family (`toml`/`toml_edit`), and the kept text is
+//! parsed once more and checked to hold nothing before it is returned.
+//!
+//! Git config is different: git's parser is C code with its own quirks, so a file is parsed by
+//! the small parser here and the kept file is **re-generated** from the entries kept, never copied
+//! through. Anything this parser does not understand is simply not carried over (a file it
+//! rejects is held whole), so a parser differential with git cannot smuggle a key through: git
+//! reads exactly the canonical text this module wrote. (The parser also agrees with git 2.47 on
+//! every file both accept, which the ignored test `git_parser_agrees_with_real_git` checks by
+//! hand; that is for faithful output, not for safety.)
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Component, Path};
+
+use toml_edit::{DocumentMut, InlineTable, Item, Key, Table, Value};
+
+/// Files larger than this are held whole: no real configuration file comes near it, and the
+/// parsers then never see adversarially large input.
+pub const MAX_BYTES: usize = 1 << 20;
+
+/// The formats this module knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum ConfigKind {
+    /// `rust-toolchain.toml`.
+    RustToolchain,
+    /// `rust-toolchain`: one line naming a channel, or TOML.
+    RustToolchainLegacy,
+    /// `.cargo/config.toml`, `.cargo/config`.
+    CargoConfig,
+    /// `mise.toml` and its siblings.
+    Mise,
+    /// `.tool-versions` (asdf, also read by mise).
+    ToolVersions,
+    /// A git config file (chosen by the caller, never by name).
+    GitConfig,
+}
+
+impl ConfigKind {
+    /// The file as error messages name it.
+    pub fn file(self) -> &'static str {
+        match self {
+            ConfigKind::RustToolchain => "rust-toolchain.toml",
+            ConfigKind::RustToolchainLegacy => "rust-toolchain file",
+            ConfigKind::CargoConfig => "Cargo config",
+            ConfigKind::Mise => "mise config",
+            ConfigKind::ToolVersions => ".tool-versions",
+            ConfigKind::GitConfig => "git config",
+        }
+    }
+}
+
+/// The kind of a file by its path relative to the repo (at any depth): `rust-toolchain.toml`,
+/// `rust-toolchain`, `.cargo/config.toml`, `.cargo/config`, `.tool-versions`, and mise's files
+/// (`mise.toml`, `.mise.toml`, `mise.local.toml`, `.mise.local.toml`, `.config/mise.toml`,
+/// `.config/mise/config.toml`, `.mise/config.toml`). For mise it also recognises the other files
+/// mise's "Configuration" docs list: `mise.<env>.toml` (`MISE_ENV`), `mise/config.toml`,
+/// `config.<x>.toml` beside those, and `.config/mise/conf.d/*.toml`. [`ConfigKind::GitConfig`] is
+/// never returned: which files are git config is the caller's knowledge.
+pub fn kind_of(rel: &Path) -> Option<ConfigKind> {
+    let mut names = rel.components().rev().map(|c| match c {
+        Component::Normal(n) => n.to_str(),
+        _ => None,
+    });
+    let name = names.next().flatten()?;
+    let parent = names.next().flatten();
+    let grandparent = names.next().flatten();
+    match name {
+        "rust-toolchain.toml" => Some(ConfigKind::RustToolchain),
+        "rust-toolchain" => Some(ConfigKind::RustToolchainLegacy),
+        ".tool-versions" => Some(ConfigKind::ToolVersions),
+        "config.toml" | "config" if parent == Some(".cargo") => Some(ConfigKind::CargoConfig),
+        _ if is_mise_file(name, parent, grandparent) => Some(ConfigKind::Mise),
+        _ => None,
+    }
+}
+
+fn is_mise_file(name: &str, parent: Option<&str>, grandparent: Option<&str>) -> bool {
+    // `mise.toml`, `mise.local.toml`, `mise.<env>.toml`, dotted or not.
+    let stem = name.strip_prefix('.').unwrap_or(name);
+    if stem == "mise.toml" || (stem.starts_with("mise.") && stem.ends_with(".toml")) {
+        return true;
+    }
+    // `mise/config.toml`, `.mise/config.toml`, `.config/mise/config.toml`, `config.local.toml`.
+    let in_mise_dir = matches!(parent, Some("mise" | ".mise"));
+    if in_mise_dir
+        && (name == "config.toml" || (name.starts_with("config.") && name.ends_with(".toml")))
+    {
+        return true;
+    }
+    parent == Some("conf.d") && grandparent == Some("mise") && name.ends_with(".toml")
+}
+
+/// One key held back from the agent's version of a file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HeldKey {
+    /// The dotted path as the format spells it: `target.x86_64-unknown-linux-gnu.runner`,
+    /// `toolchain.path`, `alias.b`, `core.fsmonitor`, `remote.origin.uploadpack`; for
+    /// `.tool-versions`, the tool name (`nodejs`).
+    pub key: String,
+    /// The agent's value in the file's own syntax: a TOML value (an array of tables becomes an
+    /// array of inline tables), a git value as it would follow `=` (quoted where needed; empty
+    /// for a bare `name`, which git reads as true), or a `.tool-versions` line's versions.
+    pub value: String,
+}
+
+/// The outcome of [`review`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reviewed {
+    /// The file to leave in place; `None` = remove it.
+    pub kept: Option<Vec<u8>>,
+    /// The keys held back, in the order they appear in the agent's version. Empty when the whole
+    /// file is held: the caller then keeps the agent's whole file.
+    pub held: Vec<HeldKey>,
+    /// The agent's version was unparsable or over [`MAX_BYTES`]: nothing of it is kept, and
+    /// `kept` is the file at session start (or `None` if there was none).
+    pub whole_file_held: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodeKeysError {
+    #[error(
+        "the current {file} is not UTF-8 text, so the held settings cannot be put back into it; \
+         fix or remove the file by hand, then run the restore again"
+    )]
+    NotText { file: &'static str },
+    #[error(
+        "the current {file} does not parse ({detail}), so the held settings cannot be put back \
+         into it; fix its syntax by hand, then run the restore again"
+    )]
+    Unparsable { file: &'static str, detail: String },
+    #[error(
+        "held key `{key}` is not a valid {file} key ({detail}); the quarantine record looks \
+         damaged, so put that setting back by hand"
+    )]
+    BadKey { file: &'static str, key: String, detail: String },
+    #[error(
+        "held value for `{key}` is not a valid {file} value ({detail}); the quarantine record \
+         looks damaged, so put that setting back by hand"
+    )]
+    BadValue { file: &'static str, key: String, detail: String },
+    #[error(
+        "cannot put `{key}` back into the current {file}: `{at}` there is a value, not a table; \
+         move or remove it by hand, then run the restore again"
+    )]
+    Conflict { file: &'static str, key: String, at: String },
+}
+
+/// Splits the agent's version of a file into what is kept and what is held.
+///
+/// `before`: the file's content at session start if known (`None` = it did not exist, or a nested
+/// file whose earlier content is unknown: every non-inert key is then new). `after`: its content
+/// now.
+pub fn review(kind: ConfigKind, before: Option<&[u8]>, after: &[u8]) -> Reviewed {
+    if before == Some(after) {
+        // Nothing changed: the host's own file stays exactly as it was.
+        return keep_all(after);
+    }
+    if after.len() > MAX_BYTES {
+        return whole_file(before);
+    }
+    // An oversized or non-text earlier version is treated as unknown: every key is then new.
+    let before_text =
+        before.filter(|b| b.len() <= MAX_BYTES).and_then(|b| std::str::from_utf8(b).ok());
+    let Ok(after_text) = std::str::from_utf8(after) else {
+        return whole_file(before);
+    };
+    let split = match kind {
+        ConfigKind::RustToolchain => toml_review(toolchain_inert, before_text, after_text),
+        ConfigKind::RustToolchainLegacy => legacy_review(before_text, after_text),
+        ConfigKind::CargoConfig => toml_review(cargo_inert, before_text, after_text),
+        ConfigKind::Mise => toml_review(mise_inert, before_text, after_text),
+        ConfigKind::ToolVersions => Some(tool_versions_review(before_text, after_text)),
+        ConfigKind::GitConfig => git_review(before_text, after_text),
+    };
+    // Even with nothing held, `kept` is the split's text: for git config that is the regenerated
+    // file, never the agent's bytes.
+    match split {
+        Some(Split { kept, held }) => {
+            Reviewed { kept: Some(kept.into_bytes()), held, whole_file_held: false }
+        }
+        None => whole_file(before),
+    }
+}
+
+/// Puts held keys back into `current` (for `airlock quarantine restore`). TOML keys are set at
+/// their dotted path, creating tables as needed; a `.tool-versions` line replaces the tool's line
+/// or is appended; a git entry is added under the last section of its name, or in a new section
+/// at the end.
+pub fn restore(
+    kind: ConfigKind,
+    current: &[u8],
+    held: &[HeldKey],
+) -> Result<Vec<u8>, CodeKeysError> {
+    let file = kind.file();
+    let text = std::str::from_utf8(current).map_err(|_| CodeKeysError::NotText { file })?;
+    let out = match kind {
+        ConfigKind::RustToolchain | ConfigKind::CargoConfig | ConfigKind::Mise => {
+            toml_restore(file, text, held)?
+        }
+        ConfigKind::RustToolchainLegacy => {
+            let trimmed = text.trim();
+            if trimmed.lines().count() <= 1 {
+                // rustup reads a one-line file as a channel name; to carry more keys it has to
+                // become TOML, with that name as the channel.
+                let mut doc = DocumentMut::new();
+                if !trimmed.is_empty() {
+                    let mut table = Table::new();
+                    table.insert("channel", toml_edit::value(trimmed));
+                    doc.insert("toolchain", Item::Table(table));
+                }
+                toml_restore(file, &doc.to_string(), held)?
+            } else {
+                toml_restore(file, text, held)?
+            }
+        }
+        ConfigKind::ToolVersions => tool_versions_restore(text, held)?,
+        ConfigKind::GitConfig => git_restore(text, held)?,
+    };
+    Ok(out.into_bytes())
+}
+
+/// A review's result before it becomes a [`Reviewed`].
+struct Split {
+    kept: String,
+    held: Vec<HeldKey>,
+}
+
+fn keep_all(after: &[u8]) -> Reviewed {
+    Reviewed { kept: Some(after.to_vec()), held: Vec::new(), whole_file_held: false }
+}
+
+fn whole_file(before: Option<&[u8]>) -> Reviewed {
+    Reviewed { kept: before.map(<[u8]>::to_vec), held: Vec::new(), whole_file_held: true }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Value shapes shared by the allowlists.
+
+/// A toolchain, component, target or profile name: never a path, never an option.
+fn plain_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// A target triple as `build.target` takes it: a `.json` name is a custom target spec file,
+/// which can name its own linker.
+fn target_triple(s: &str) -> bool {
+    plain_name(s) && !s.ends_with(".json")
+}
+
+/// A tool version for asdf/mise: a plain version, optionally `prefix:`-matched. Everything else
+/// with a colon (`path:`, `ref:`, `sub-1:` …) is held; `path:`/`ref:` use or build local code.
+fn plain_version(s: &str) -> bool {
+    let v = s.strip_prefix("prefix:").unwrap_or(s);
+    let mut chars = v.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'))
+}
+
+/// A tool name without a backend prefix (`ubi:`, `npm:`, `cargo:`, `http:` … install and run
+/// whatever they are pointed at).
+fn plain_tool(s: &str) -> bool {
+    plain_name(s)
+}
+
+/// `build.target-dir`: relative (to the directory holding `.cargo`), no `..`, not into `.git`.
+fn repo_relative_dir(s: &str) -> bool {
+    !s.is_empty()
+        && !s.starts_with('~')
+        && Path::new(s).components().all(|c| match c {
+            Component::Normal(n) => n != ".git",
+            Component::CurDir => true,
+            _ => false,
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// TOML kinds.
+
+/// Whether a leaf (its dotted path and value) is inert for one TOML format.
+type InertFn = fn(&[&str], &Item) -> bool;
+
+fn is_str(item: &Item, ok: fn(&str) -> bool) -> bool {
+    item.as_str().is_some_and(ok)
+}
+
+fn is_str_array(item: &Item, ok: fn(&str) -> bool) -> bool {
+    item.as_array().is_some_and(|a| a.iter().all(|v| v.as_str().is_some_and(ok)))
+}
+
+/// A value that is neither an array nor a table; for keys whose only meaning is a setting.
+fn is_scalar(item: &Item) -> bool {
+    matches!(item, Item::Value(v) if !v.is_array() && !v.is_inline_table())
+}
+
+fn toolchain_inert(path: &[&str], item: &Item) -> bool {
+    match path {
+        ["toolchain", "channel" | "profile"] => is_str(item, plain_name),
+        ["toolchain", "components" | "targets"] => is_str_array(item, plain_name),
+        _ => false,
+    }
+}
+
+const PROFILE_KEYS: &[&str] = &[
+    "opt-level",
+    "debug",
+    "debug-assertions",
+    "overflow-checks",
+    "lto",
+    "panic",
+    "incremental",
+    "codegen-units",
+    "strip",
+    "split-debuginfo",
+];
+
+fn cargo_inert(path: &[&str], item: &Item) -> bool {
+    match path {
+        ["build", "jobs"] => item.is_integer() || is_str(item, plain_name),
+        ["build", "target"] => is_str(item, target_triple) || is_str_array(item, target_triple),
+        ["build", "target-dir"] => is_str(item, repo_relative_dir),
+        ["build", "incremental"] => item.is_bool(),
+        ["term", _, ..] => true,
+        ["net", "retry" | "offline"]
+        | ["http", "timeout" | "low-speed-limit" | "multiplexing"]
+        | ["cargo-new", "vcs"]
+        | ["future-incompat-report", "frequency"] => is_scalar(item),
+        ["profile", _, key] => PROFILE_KEYS.contains(key) && is_scalar(item),
+        _ => false,
+    }
+}
+
+fn mise_inert(path: &[&str], item: &Item) -> bool {
+    match path {
+        ["min_version"] | ["min_version", "hard" | "soft"] => is_scalar(item),
+        ["tools", name] => {
+            plain_tool(name) && (is_str(item, plain_version) || is_str_array(item, plain_version))
+        }
+        _ => false,
+    }
+}
+
+/// Every leaf of a table: a value that is not a table, or a whole array of tables.
+fn leaves(table: &dyn toml_edit::TableLike) -> Vec<(Vec<String>, &Item)> {
+    fn walk<'a>(
+        table: &'a dyn toml_edit::TableLike,
+        prefix: &mut Vec<String>,
+        out: &mut Vec<(Vec<String>, &'a Item)>,
+    ) {
+        for (key, item) in table.iter() {
+            prefix.push(key.to_owned());
+            match item {
+                Item::None => {}
+                Item::Table(t) => walk(t, prefix, out),
+                Item::Value(Value::InlineTable(t)) => walk(t, prefix, out),
+                _ => out.push((prefix.clone(), item)),
+            }
+            prefix.pop();
+        }
+    }
+    let mut out = Vec::new();
+    walk(table, &mut Vec::new(), &mut out);
+    out
+}
+
+fn as_strs(path: &[String]) -> Vec<&str> {
+    path.iter().map(String::as_str).collect()
+}
+
+/// Same value, ignoring formatting (quotes, spacing, comments, inline vs standard tables).
+fn same_item(a: &Item, b: &Item) -> bool {
+    match (a, b) {
+        (Item::Value(x), Item::Value(y)) if !x.is_inline_table() || !y.is_inline_table() => {
+            same_value(x, y)
+        }
+        (Item::ArrayOfTables(x), Item::ArrayOfTables(y)) => {
+            x.len() == y.len() && x.iter().zip(y.iter()).all(|(s, t)| same_table(s, t))
+        }
+        _ => match (a.as_table_like(), b.as_table_like()) {
+            (Some(x), Some(y)) => same_table(x, y),
+            _ => false,
+        },
+    }
+}
+
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => x.value() == y.value(),
+        (Value::Integer(x), Value::Integer(y)) => x.value() == y.value(),
+        (Value::Float(x), Value::Float(y)) => x.value().to_bits() == y.value().to_bits(),
+        (Value::Boolean(x), Value::Boolean(y)) => x.value() == y.value(),
+        (Value::Datetime(x), Value::Datetime(y)) => x.value() == y.value(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y.iter()).all(|(v, w)| same_value(v, w))
+        }
+        (Value::InlineTable(x), Value::InlineTable(y)) => same_table(x, y),
+        _ => false,
+    }
+}
+
+fn same_table(a: &dyn toml_edit::TableLike, b: &dyn toml_edit::TableLike) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| v.is_none() || b.get(k).is_some_and(|w| same_item(v, w)))
+}
+
+fn get_path<'a>(table: &'a Table, path: &[String]) -> Option<&'a Item> {
+    let (last, parents) = path.split_last()?;
+    let mut cur: &dyn toml_edit::TableLike = table;
+    for seg in parents {
+        cur = cur.get(seg)?.as_table_like()?;
+    }
+    cur.get(last)
+}
+
+/// The dotted path, each part bare where TOML allows it and quoted otherwise.
+fn render_path(path: &[String]) -> String {
+    path.iter()
+        .map(|s| Key::new(s.as_str()).display_repr().into_owned())
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// The value without its surrounding whitespace and comments.
+fn render_item(item: &Item) -> String {
+    match item.clone().into_value() {
+        Ok(mut v) => {
+            v.decor_mut().clear();
+            v.to_string()
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// A table reached along a path; inline tables only hold values, so the two are kept apart.
+enum Parent<'a> {
+    Table(&'a mut Table),
+    Inline(&'a mut InlineTable),
+}
+
+impl<'a> Parent<'a> {
+    fn like(&mut self) -> &mut dyn toml_edit::TableLike {
+        match self {
+            Parent::Table(t) => &mut **t,
+            Parent::Inline(t) => &mut **t,
+        }
+    }
+
+    fn child(self, seg: &str) -> Option<Parent<'a>> {
+        let item = match self {
+            Parent::Table(t) => t.get_mut(seg)?,
+            Parent::Inline(t) => toml_edit::TableLike::get_mut(t, seg)?,
+        };
+        match item {
+            Item::Table(t) => Some(Parent::Table(t)),
+            Item::Value(Value::InlineTable(t)) => Some(Parent::Inline(t)),
+            _ => None,
+        }
+    }
+
+    /// Sets `key`, converting a table item to its inline form where only values may go.
+    fn set(&mut self, key: &str, item: Item) -> Option<()> {
+        match self {
+            Parent::Table(t) => {
+                t.insert(key, item);
+            }
+            Parent::Inline(t) => {
+                t.insert(key, item.into_value().ok()?);
+            }
+        }
+        Some(())
+    }
+}
+
+fn parent_mut<'a>(root: &'a mut Table, parents: &[String]) -> Option<Parent<'a>> {
+    let mut cur = Parent::Table(root);
+    for seg in parents {
+        cur = cur.child(seg)?;
+    }
+    Some(cur)
+}
+
+/// Puts the held leaf back to its earlier value, keeping its place and surrounding formatting.
+fn revert_leaf(root: &mut Table, path: &[String], mut earlier: Item) -> Option<()> {
+    let (last, parents) = path.split_last()?;
+    let mut parent = parent_mut(root, parents)?;
+    if let (Some(Item::Value(old)), Item::Value(new)) = (parent.like().get(last), &mut earlier) {
+        *new.decor_mut() = old.decor().clone();
+    }
+    parent.set(last, earlier)
+}
+
+/// Removes the held leaf, then every table on its path that this left empty (unless that table
+/// existed at session start: the developer's own empty section stays).
+fn remove_leaf(root: &mut Table, path: &[String], before: Option<&Table>) -> Option<()> {
+    let (last, parents) = path.split_last()?;
+    parent_mut(root, parents)?.like().remove(last)?;
+    for depth in (1..path.len()).rev() {
+        let table_path = &path[..depth];
+        if before.and_then(|b| get_path(b, table_path)).is_some_and(Item::is_table_like) {
+            break;
+        }
+        let (seg, above) = table_path.split_last()?;
+        let mut above = parent_mut(root, above)?;
+        let empty =
+            above.like().get(seg).and_then(Item::as_table_like).is_some_and(|t| t.is_empty());
+        if !empty {
+            break;
+        }
+        above.like().remove(seg);
+    }
+    Some(())
+}
+
+/// The held leaves of `after` (non-inert, and added or changed against `before`).
+fn held_leaves(
+    inert: InertFn,
+    before: Option<&Table>,
+    after: &Table,
+) -> Vec<(Vec<String>, HeldKey, Option<Item>)> {
+    let mut out = Vec::new();
+    for (path, item) in leaves(after) {
+        if inert(&as_strs(&path), item) {
+            continue;
+        }
+        let earlier = before.and_then(|b| get_path(b, &path)).filter(|e| !e.is_table_like());
+        if earlier.is_some_and(|e| same_item(e, item)) {
+            continue;
+        }
+        let held = HeldKey { key: render_path(&path), value: render_item(item) };
+        out.push((path, held, earlier.cloned()));
+    }
+    out
+}
+
+fn toml_review(inert: InertFn, before: Option<&str>, after: &str) -> Option<Split> {
+    let before_doc = before.and_then(|b| b.parse::<DocumentMut>().ok());
+    toml_review_docs(inert, before_doc.as_ref(), after)
+}
+
+fn toml_review_docs(inert: InertFn, before: Option<&DocumentMut>, after: &str) -> Option<Split> {
+    let before = before.map(DocumentMut::as_table);
+    let mut kept = after.parse::<DocumentMut>().ok()?;
+    let held = held_leaves(inert, before, kept.as_table());
+    if held.is_empty() {
+        return Some(Split { kept: after.to_owned(), held: Vec::new() });
+    }
+    let mut keys = Vec::with_capacity(held.len());
+    for (path, key, earlier) in held {
+        match earlier {
+            Some(item) => revert_leaf(kept.as_table_mut(), &path, item)?,
+            None => remove_leaf(kept.as_table_mut(), &path, before)?,
+        }
+        keys.push(key);
+    }
+    let text = kept.to_string();
+    // Belt and braces: what is left in place must itself hold nothing.
+    let again = text.parse::<DocumentMut>().ok()?;
+    if !held_leaves(inert, before, again.as_table()).is_empty() {
+        return None;
+    }
+    Some(Split { kept: text, held: keys })
+}
+
+fn legacy_review(before: Option<&str>, after: &str) -> Option<Split> {
+    // rustup reads a file of one (trimmed) line as the channel name, and anything longer as TOML.
+    let trimmed = after.trim();
+    if trimmed.lines().count() <= 1 {
+        return plain_name(trimmed).then(|| Split { kept: after.to_owned(), held: Vec::new() });
+    }
+    // A one-line earlier file named only a channel: nothing to revert to.
+    let before_doc =
+        before.filter(|b| b.trim().lines().count() > 1).and_then(|b| b.parse::<DocumentMut>().ok());
+    let split = toml_review_docs(toolchain_inert, before_doc.as_ref(), after)?;
+    // Removing keys must not turn the TOML into a one-line file rustup would read as a name.
+    (split.kept.trim().lines().count() > 1).then_some(split)
+}
+
+fn toml_restore(
+    file: &'static str,
+    current: &str,
+    held: &[HeldKey],
+) -> Result<String, CodeKeysError> {
+    let mut doc = current
+        .parse::<DocumentMut>()
+        .map_err(|e| CodeKeysError::Unparsable { file, detail: e.message().to_owned() })?;
+    for h in held {
+        let bad_key = |detail: String| CodeKeysError::BadKey { file, key: h.key.clone(), detail };
+        let path: Vec<String> = Key::parse(&h.key)
+            .map_err(|e| bad_key(e.message().to_owned()))?
+            .iter()
+            .map(|k| k.get().to_owned())
+            .collect();
+        let Some((last, parents)) = path.split_last() else {
+            return Err(bad_key("it is empty".to_owned()));
+        };
+        let value = parse_toml_value(&h.value).map_err(|detail| CodeKeysError::BadValue {
+            file,
+            key: h.key.clone(),
+            detail,
+        })?;
+        let mut cur = Parent::Table(doc.as_table_mut());
+        for (depth, seg) in parents.iter().enumerate() {
+            let conflict = || CodeKeysError::Conflict {
+                file,
+                key: h.key.clone(),
+                at: render_path(&path[..=depth]),
+            };
+            let like = cur.like();
+            if like.get(seg).is_none() {
+                // Implicit: a table that only holds other tables gets no header of its own.
+                let mut fresh = Table::new();
+                fresh.set_implicit(true);
+                if matches!(cur, Parent::Table(_)) {
+                    cur.set(seg, Item::Table(fresh)).ok_or_else(conflict)?;
+                } else {
+                    cur.set(seg, Item::Value(Value::InlineTable(InlineTable::new())))
+                        .ok_or_else(conflict)?;
+                }
+            }
+            cur = cur.child(seg).ok_or_else(conflict)?;
+        }
+        cur.set(last, Item::Value(value)).ok_or_else(|| CodeKeysError::BadValue {
+            file,
+            key: h.key.clone(),
+            detail: "it cannot be set there".to_owned(),
+        })?;
+    }
+    Ok(doc.to_string())
+}
+
+/// Parses one TOML value as [`HeldKey::value`] spells it.
+fn parse_toml_value(text: &str) -> Result<Value, String> {
+    let doc = format!("v = {text}\n").parse::<DocumentMut>().map_err(|e| e.message().to_owned())?;
+    if doc.as_table().len() != 1 {
+        return Err("it is more than one value".to_owned());
+    }
+    match doc.as_table().get("v") {
+        Some(Item::Value(v)) => {
+            let mut v = v.clone();
+            v.decor_mut().clear();
+            Ok(v)
+        }
+        _ => Err("it is not a value".to_owned()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `.tool-versions`.
+
+/// One line of a `.tool-versions` file: its text (with its line ending) and, unless it is blank
+/// or a comment, the tool and its versions.
+struct ToolLine<'a> {
+    raw: &'a str,
+    entry: Option<(&'a str, Vec<&'a str>)>,
+}
+
+fn tool_lines(text: &str) -> Vec<ToolLine<'_>> {
+    text.split_inclusive('\n')
+        .map(|raw| {
+            // asdf and mise both cut a line at the first `#`.
+            let content = raw.split('#').next().unwrap_or("");
+            let mut words = content.split_whitespace();
+            let entry = words.next().map(|tool| (tool, words.collect()));
+            ToolLine { raw, entry }
+        })
+        .collect()
+}
+
+fn tool_line_inert(tool: &str, versions: &[&str]) -> bool {
+    plain_tool(tool) && versions.iter().all(|v| plain_version(v))
+}
+
+fn tool_versions_review(before: Option<&str>, after: &str) -> Split {
+    let before_lines = before.map(tool_lines).unwrap_or_default();
+    let mut earlier: HashMap<&str, (&str, &[&str])> = HashMap::new();
+    for line in &before_lines {
+        if let Some((tool, versions)) = &line.entry {
+            earlier.entry(tool).or_insert((line.raw, versions.as_slice()));
+        }
+    }
+    let mut kept: Vec<&str> = Vec::new();
+    let mut held = Vec::new();
+    let mut reverted: HashSet<&str> = HashSet::new();
+    for line in tool_lines(after) {
+        let Some((tool, versions)) = &line.entry else {
+            kept.push(line.raw);
+            continue;
+        };
+        let unchanged = earlier.get(tool).is_some_and(|(_, v)| *v == versions.as_slice());
+        if tool_line_inert(tool, versions) || unchanged {
+            kept.push(line.raw);
+            continue;
+        }
+        held.push(HeldKey { key: (*tool).to_owned(), value: versions.join(" ") });
+        if let Some((raw, _)) = earlier.get(tool)
+            && reverted.insert(tool)
+        {
+            kept.push(raw);
+        }
+    }
+    Split { kept: join_lines(&kept), held }
+}
+
+/// Joins lines, giving every line but the last a line ending (a line taken from the earlier file
+/// may have been its unterminated last line).
+fn join_lines(lines: &[&str]) -> String {
+    let mut out = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        out.push_str(line);
+        if i + 1 < lines.len() && !line.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn tool_versions_restore(current: &str, held: &[HeldKey]) -> Result<String, CodeKeysError> {
+    let file = ConfigKind::ToolVersions.file();
+    let mut lines: Vec<String> = current.split_inclusive('\n').map(str::to_owned).collect();
+    for h in held {
+        let tool = h.key.as_str();
+        if tool.is_empty() || tool.contains(|c: char| c.is_whitespace() || c == '#') {
+            return Err(CodeKeysError::BadKey {
+                file,
+                key: h.key.clone(),
+                detail: "a tool name is one word without `#`".to_owned(),
+            });
+        }
+        let versions = h.value.split_whitespace().collect::<Vec<_>>();
+        if versions.is_empty() || h.value.contains(['#', '\n', '\r']) {
+            return Err(CodeKeysError::BadValue {
+                file,
+                key: h.key.clone(),
+                detail: "versions are words on one line, without `#`".to_owned(),
+            });
+        }
+        let line = format!("{tool} {}\n", versions.join(" "));
+        let at = lines.iter().position(|l| {
+            tool_lines(l).first().and_then(|t| t.entry.as_ref()).is_some_and(|(t, _)| *t == tool)
+        });
+        match at {
+            Some(i) => lines[i] = line,
+            None => {
+                if let Some(last) = lines.last_mut()
+                    && !last.ends_with('\n')
+                {
+                    last.push('\n');
+                }
+                lines.push(line);
+            }
+        }
+    }
+    Ok(lines.concat())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Git config: parser, review, regenerator.
+
+/// One `name = value` of a git config file. `section` and `name` are lower-cased (git compares
+/// them case-insensitively); `sub` is the subsection, case-sensitive, `None` for `[section]`.
+/// `value` is `None` for a bare `name`, which git reads as true.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct GitEntry {
+    section: String,
+    sub: Option<String>,
+    name: String,
+    value: Option<String>,
+}
+
+impl GitEntry {
+    fn key(&self) -> (&str, Option<&str>, &str) {
+        (&self.section, self.sub.as_deref(), &self.name)
+    }
+
+    fn dotted(&self) -> String {
+        match &self.sub {
+            Some(sub) => format!("{}.{sub}.{}", self.section, self.name),
+            None => format!("{}.{}", self.section, self.name),
+        }
+    }
+}
+
+/// A parsed git config file: its entries, and where each section header and entry line ends
+/// (so that `restore` can insert a line under a section without rewriting the file).
+struct GitDoc {
+    entries: Vec<GitEntry>,
+    /// `(section, subsection, byte offset just past the line)` for every header and entry.
+    line_ends: Vec<(String, Option<String>, usize)>,
+}
+
+#[derive(Debug)]
+struct GitSyntax {
+    line: usize,
+    what: &'static str,
+}
+
+impl std::fmt::Display for GitSyntax {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.what)
+    }
+}
+
+/// Reads bytes the way git's `get_next_char` does: CRLF is a newline, and the end of the input
+/// reads as a newline with `eof` set. Control characters other than tab are refused: git would
+/// accept some, but nothing legitimate needs them and refusing keeps the regenerator simple.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    line: usize,
+    eof: bool,
+}
+
+impl Cursor<'_> {
+    fn err(&self, what: &'static str) -> GitSyntax {
+        GitSyntax { line: self.line, what }
+    }
+
+    fn next(&mut self) -> Result<u8, GitSyntax> {
+        let Some(&c) = self.bytes.get(self.pos) else {
+            self.eof = true;
+            return Ok(b'\n');
+        };
+        self.pos += 1;
+        if c == b'\r' {
+            if self.bytes.get(self.pos) != Some(&b'\n') {
+                return Err(self.err("a carriage return that does not end a line"));
+            }
+            self.pos += 1;
+        }
+        if c == b'\n' || c == b'\r' {
+            self.line += 1;
+            return Ok(b'\n');
+        }
+        if (c < 0x20 && c != b'\t') || c == 0x7f {
+            return Err(self.err("a control character"));
+        }
+        Ok(c)
+    }
+
+    /// Offset just past the current line (the newline was the last byte read, or the input ended).
+    fn line_end(&self) -> usize {
+        self.pos
+    }
+}
+
+fn is_blank(c: u8) -> bool {
+    c == b' ' || c == b'\t'
+}
+
+fn is_key_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'-'
+}
+
+/// Parses git-config(1) syntax: `[section]`, `[section "sub"]` (`\"` and `\\` escape, any other
+/// backslash is dropped), legacy `[section.sub]` (lower-cased, as git does), `name = value`, a bare
+/// `name`, values with `"` quoting, `\n \t \b \\ \"` escapes and backslash-newline continuation,
+/// `#`/`;` comments outside quotes. It is stricter than git where git's reading is odd (a key
+/// before any section, `[a.b "c"]`, control characters): such a file does not parse, and is held
+/// whole.
+fn parse_git(text: &str) -> Result<GitDoc, GitSyntax> {
+    let bytes = text.as_bytes();
+    let start = if bytes.starts_with(b"\xef\xbb\xbf") { 3 } else { 0 };
+    let mut cur = Cursor { bytes, pos: start, line: 1, eof: false };
+    let mut doc = GitDoc { entries: Vec::new(), line_ends: Vec::new() };
+    let mut section: Option<(String, Option<String>)> = None;
+    let mut comment = false;
+    loop {
+        let c = cur.next()?;
+        if c == b'\n' {
+            if cur.eof {
+                return Ok(doc);
+            }
+            comment = false;
+            continue;
+        }
+        if comment || is_blank(c) {
+            continue;
+        }
+        if c == b'#' || c == b';' {
+            comment = true;
+            continue;
+        }
+        if c == b'[' {
+            let (name, sub) = parse_header(&mut cur)?;
+            let end = rest_of_line_end(bytes, cur.pos);
+            doc.line_ends.push((name.clone(), sub.clone(), end));
+            section = Some((name, sub));
+            continue;
+        }
+        if !c.is_ascii_alphabetic() {
+            return Err(cur.err("a line that is neither a section, a key nor a comment"));
+        }
+        let Some((sec, sub)) = &section else {
+            return Err(cur.err("a key before any [section]"));
+        };
+        let (name, value) = parse_entry(&mut cur, c)?;
+        doc.line_ends.push((sec.clone(), sub.clone(), cur.line_end()));
+        doc.entries.push(GitEntry { section: sec.clone(), sub: sub.clone(), name, value });
+    }
+}
+
+/// Offset just past the newline that ends the line containing `pos` (or the end of the input).
+fn rest_of_line_end(bytes: &[u8], pos: usize) -> usize {
+    bytes[pos.min(bytes.len())..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(bytes.len(), |i| pos + i + 1)
+}
+
+/// After `[`: the section name (lower-cased) and subsection.
+fn parse_header(cur: &mut Cursor<'_>) -> Result<(String, Option<String>), GitSyntax> {
+    let mut name = String::new();
+    let mut sub = None;
+    loop {
+        let c = cur.next()?;
+        match c {
+            b']' => break,
+            b'\n' => return Err(cur.err("a section header without `]`")),
+            c if is_blank(c) => {
+                sub = Some(parse_subsection(cur)?);
+                break;
+            }
+            c if is_key_char(c) || c == b'.' => name.push(char::from(c.to_ascii_lowercase())),
+            _ => return Err(cur.err("a character git does not allow in a section name")),
+        }
+    }
+    if sub.is_none()
+        && let Some((section, legacy)) = name.split_once('.')
+    {
+        // `[section.sub]`: git reads it as `[section "sub"]` with the name lower-cased.
+        let (section, legacy) = (section.to_owned(), legacy.to_owned());
+        name = section;
+        sub = Some(legacy);
+    }
+    if name.is_empty() || name.contains('.') {
+        return Err(cur.err("a section name that is empty or mixes `.` with a quoted subsection"));
+    }
+    Ok((name, sub))
+}
+
+/// After the blank following a section name: `"sub"]`.
+fn parse_subsection(cur: &mut Cursor<'_>) -> Result<String, GitSyntax> {
+    let mut c = cur.next()?;
+    while is_blank(c) {
+        c = cur.next()?;
+    }
+    if c != b'"' {
+        return Err(cur.err("a section header whose subsection is not quoted"));
+    }
+    let mut sub = Vec::new();
+    loop {
+        let mut c = cur.next()?;
+        if c == b'\n' {
+            return Err(cur.err("a subsection name that runs past the end of the line"));
+        }
+        if c == b'"' {
+            break;
+        }
+        if c == b'\\' {
+            c = cur.next()?;
+            if c == b'\n' {
+                return Err(cur.err("a subsection name that runs past the end of the line"));
+            }
+        }
+        sub.push(c);
+    }
+    if cur.next()? != b']' {
+        return Err(cur.err("a section header with text between the subsection and `]`"));
+    }
+    String::from_utf8(sub).map_err(|_| cur.err("a subsection name that is not UTF-8"))
+}
+
+/// From a key's first letter: its name (lower-cased) and value, through the end of its line.
+fn parse_entry(cur: &mut Cursor<'_>, first: u8) -> Result<(String, Option<String>), GitSyntax> {
+    let mut name = String::from(char::from(first.to_ascii_lowercase()));
+    let mut c;
+    loop {
+        c = cur.next()?;
+        if cur.eof || !is_key_char(c) {
+            break;
+        }
+        name.push(char::from(c.to_ascii_lowercase()));
+    }
+    while is_blank(c) {
+        c = cur.next()?;
+    }
+    if c == b'\n' {
+        return Ok((name, None));
+    }
+    if c != b'=' {
+        return Err(cur.err("a key followed by something other than `=`"));
+    }
+    Ok((name, Some(parse_value(cur)?)))
+}
+
+/// After `=`: the value, as git's `parse_value` reads it (leading and trailing unquoted blanks
+/// dropped, inner ones kept).
+fn parse_value(cur: &mut Cursor<'_>) -> Result<String, GitSyntax> {
+    let mut value = Vec::new();
+    let mut quote = false;
+    let mut comment = false;
+    // Length before the unquoted blanks at the end, if the value currently ends in some.
+    let mut trim: Option<usize> = None;
+    loop {
+        let c = cur.next()?;
+        if c == b'\n' {
+            if quote {
+                return Err(cur.err("a quoted value that runs past the end of the line"));
+            }
+            if let Some(len) = trim {
+                value.truncate(len);
+            }
+            break;
+        }
+        if comment {
+            continue;
+        }
+        if is_blank(c) && !quote {
+            if !value.is_empty() {
+                trim.get_or_insert(value.len());
+                value.push(c);
+            }
+            continue;
+        }
+        if !quote && (c == b'#' || c == b';') {
+            comment = true;
+            continue;
+        }
+        trim = None;
+        match c {
+            b'\\' => match cur.next()? {
+                b'\n' => {}
+                b't' => value.push(b'\t'),
+                b'b' => value.push(0x08),
+                b'n' => value.push(b'\n'),
+                e @ (b'\\' | b'"') => value.push(e),
+                _ => {
+                    return Err(cur.err("an escape git does not know (only \\n \\t \\b \\\\ \\\")"));
+                }
+            },
+            b'"' => quote = !quote,
+            _ => value.push(c),
+        }
+    }
+    String::from_utf8(value).map_err(|_| cur.err("a value that is not UTF-8"))
+}
+
+/// A url-like value git may hand to a program: `<helper>::<address>` runs `git-remote-<helper>`
+/// (`ext::` runs a shell command), and a leading `-` would read as an option.
+fn plain_url(value: Option<&str>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && !v.contains("::") && !v.starts_with('-'))
+}
+
+fn git_inert(e: &GitEntry) -> bool {
+    match (e.section.as_str(), e.sub.as_deref(), e.name.as_str()) {
+        (
+            "core",
+            None,
+            "repositoryformatversion"
+            | "filemode"
+            | "bare"
+            | "logallrefupdates"
+            | "ignorecase"
+            | "precomposeunicode"
+            | "symlinks",
+        )
+        | ("extensions", None, "objectformat" | "refstorage")
+        | ("remote", Some(_), "fetch")
+        | ("branch", Some(_), "merge")
+        | ("user", None, "name" | "email") => true,
+        ("remote", Some(_), "url") | ("branch", Some(_), "remote") => plain_url(e.value.as_deref()),
+        _ => false,
+    }
+}
+
+/// Splits `after` against `before`. A key is changed if `after` has a non-inert value for it that
+/// `before` lacks (repeated values are matched one for one). A changed key is reverted: the kept
+/// entries get `before`'s values for it, at the place of its first value in `after`, and every
+/// value of it in `after` that `before` lacks is held (an inert url added beside a held one too,
+/// so that nothing of the agent's is lost and `restore` brings it all back). Unchanged keys keep
+/// `after`'s entries.
+fn git_split(before: &[GitEntry], after: &[GitEntry]) -> (Vec<GitEntry>, Vec<HeldKey>) {
+    let counts = || {
+        let mut counts: HashMap<&GitEntry, usize> = HashMap::new();
+        for e in before {
+            *counts.entry(e).or_default() += 1;
+        }
+        counts
+    };
+    let take = |pool: &mut HashMap<&GitEntry, usize>, e: &GitEntry| match pool.get_mut(e) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    };
+    let mut pool = counts();
+    let mut changed = HashSet::new();
+    for e in after {
+        if !git_inert(e) && !take(&mut pool, e) {
+            changed.insert(e.key());
+        }
+    }
+    let mut pool = counts();
+    let mut held = Vec::new();
+    let mut reverted = HashSet::new();
+    let mut kept = Vec::new();
+    for e in after {
+        if !changed.contains(&e.key()) {
+            kept.push(e.clone());
+            continue;
+        }
+        if !take(&mut pool, e) {
+            held.push(HeldKey { key: e.dotted(), value: render_git_value(e.value.as_deref()) });
+        }
+        if reverted.insert(e.key()) {
+            kept.extend(before.iter().filter(|b| b.key() == e.key()).cloned());
+        }
+    }
+    (kept, held)
+}
+
+fn git_review(before: Option<&str>, after: &str) -> Option<Split> {
+    let after = parse_git(after).ok()?;
+    // An unparsable earlier file is treated as unknown: every non-inert entry is then new.
+    let before = before.and_then(|b| parse_git(b).ok()).map(|d| d.entries).unwrap_or_default();
+    let (kept, held) = git_split(&before, &after.entries);
+    let text = regenerate(&kept);
+    // Belt and braces: the text reads back as exactly the kept entries, and holds nothing.
+    let again = parse_git(&text).ok()?;
+    if again.entries != kept || !git_split(&before, &again.entries).1.is_empty() {
+        return None;
+    }
+    Some(Split { kept: text, held })
+}
+
+/// The canonical text of `entries`: a header whenever the section changes, tab-indented entries.
+fn regenerate(entries: &[GitEntry]) -> String {
+    let mut out = String::new();
+    let mut current: Option<(&str, Option<&str>)> = None;
+    for e in entries {
+        let here = (e.section.as_str(), e.sub.as_deref());
+        if current != Some(here) {
+            out.push_str(&render_header(&e.section, e.sub.as_deref()));
+            current = Some(here);
+        }
+        out.push_str(&render_entry(&e.name, e.value.as_deref()));
+    }
+    out
+}
+
+fn render_header(section: &str, sub: Option<&str>) -> String {
+    match sub {
+        None => format!("[{section}]\n"),
+        Some(sub) => {
+            let escaped = sub.replace('\\', "\\\\").replace('"', "\\\"");
+            format!("[{section} \"{escaped}\"]\n")
+        }
+    }
+}
+
+fn render_entry(name: &str, value: Option<&str>) -> String {
+    match value {
+        None => format!("\t{name}\n"),
+        Some(_) => format!("\t{name} = {}\n", render_git_value(value)),
+    }
+}
+
+/// A value as it follows `=`: bare when git reads it back unchanged, otherwise quoted with
+/// escapes. `None` (a bare key) renders as nothing; the empty string as `""`.
+fn render_git_value(value: Option<&str>) -> String {
+    let Some(v) = value else {
+        return String::new();
+    };
+    let needs_quotes = v.is_empty()
+        || v.starts_with(' ')
+        || v.ends_with(' ')
+        || v.contains(['"', '\\', '#', ';', '\n', '\t', '\u{8}']);
+    if !needs_quotes {
+        return v.to_owned();
+    }
+    let mut out = String::with_capacity(v.len() + 2);
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `section.name` or `section.sub.name` (the subsection may itself contain dots).
+fn split_git_key(key: &str) -> Option<(String, Option<String>, String)> {
+    let (section, rest) = key.split_once('.')?;
+    let (sub, name) = match rest.rsplit_once('.') {
+        Some((sub, name)) => (Some(sub), name),
+        None => (None, rest),
+    };
+    let word = |s: &str| !s.is_empty() && s.bytes().all(is_key_char);
+    let sub_ok = sub.is_none_or(|s| !s.contains(|c: char| c.is_control()));
+    let name_ok = word(name) && name.starts_with(|c: char| c.is_ascii_alphabetic());
+    (word(section) && name_ok && sub_ok)
+        .then(|| (section.to_ascii_lowercase(), sub.map(str::to_owned), name.to_ascii_lowercase()))
+}
+
+fn git_restore(current: &str, held: &[HeldKey]) -> Result<String, CodeKeysError> {
+    let file = ConfigKind::GitConfig.file();
+    let unparsable = |e: GitSyntax| CodeKeysError::Unparsable { file, detail: e.to_string() };
+    let mut text = current.to_owned();
+    for h in held {
+        let (section, sub, name) = split_git_key(&h.key).ok_or_else(|| CodeKeysError::BadKey {
+            file,
+            key: h.key.clone(),
+            detail: "expected `section.name` or `section.subsection.name`".to_owned(),
+        })?;
+        let value = parse_held_git_value(&h.value).map_err(|detail| CodeKeysError::BadValue {
+            file,
+            key: h.key.clone(),
+            detail,
+        })?;
+        let entry = GitEntry { section, sub, name, value };
+        let doc = parse_git(&text).map_err(unparsable)?;
+        let line = render_entry(&entry.name, entry.value.as_deref());
+        let under = doc
+            .line_ends
+            .iter()
+            .rev()
+            .find(|(s, sub, _)| *s == entry.section && *sub == entry.sub)
+            .map(|(_, _, end)| *end);
+        let mut inserted = None;
+        if let Some(at) = under {
+            let mut candidate = text.clone();
+            let sep = if at > 0 && !text[..at].ends_with('\n') { "\n" } else { "" };
+            candidate.insert_str(at, &format!("{sep}{line}"));
+            // A header sharing its line with another (`[a][b]`) would put the line elsewhere:
+            // accept the place only if the file now reads as before plus exactly this entry.
+            if parse_git(&candidate).is_ok_and(|d| inserted_once(&doc.entries, &d.entries, &entry))
+            {
+                inserted = Some(candidate);
+            }
+        }
+        text = match inserted {
+            Some(t) => t,
+            None => {
+                let sep = if text.is_empty() || text.ends_with('\n') { "" } else { "\n" };
+                let header = render_header(&entry.section, entry.sub.as_deref());
+                format!("{text}{sep}{header}{line}")
+            }
+        };
+    }
+    parse_git(&text).map_err(unparsable)?;
+    Ok(text)
+}
+
+/// Whether `new` is `old` with `entry` inserted at one place and nothing else changed.
+fn inserted_once(old: &[GitEntry], new: &[GitEntry], entry: &GitEntry) -> bool {
+    new.len() == old.len() + 1
+        && (0..new.len())
+            .any(|i| new[i] == *entry && new[..i] == old[..i] && new[i + 1..] == old[i..])
+}
+
+/// Parses [`HeldKey::value`] for git: empty = a bare key, otherwise exactly one value.
+fn parse_held_git_value(text: &str) -> Result<Option<String>, String> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let doc = parse_git(&format!("[x]\n\tk = {text}\n")).map_err(|e| e.to_string())?;
+    match doc.entries.as_slice() {
+        [GitEntry { name, value: Some(v), .. }] if name == "k" => Ok(Some(v.clone())),
+        _ => Err("it is not exactly one value".to_owned()),
+    }
+}
+
