@@ -1327,3 +1327,853 @@ fn parse_held_git_value(text: &str) -> Result<Option<String>, String> {
     }
 }
 
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn run(kind: ConfigKind, before: Option<&str>, after: &str) -> Reviewed {
+        review(kind, before.map(str::as_bytes), after.as_bytes())
+    }
+
+    fn kept(r: &Reviewed) -> &str {
+        std::str::from_utf8(r.kept.as_deref().expect("a kept file")).unwrap()
+    }
+
+    fn held_keys(r: &Reviewed) -> Vec<&str> {
+        r.held.iter().map(|h| h.key.as_str()).collect()
+    }
+
+    fn held(key: &str, value: &str) -> HeldKey {
+        HeldKey { key: key.to_owned(), value: value.to_owned() }
+    }
+
+    /// The leaves of a TOML text, compared by meaning.
+    fn same_toml(a: &str, b: &str) -> bool {
+        let (a, b) = (a.parse::<DocumentMut>().unwrap(), b.parse::<DocumentMut>().unwrap());
+        let (la, lb) = (leaves(a.as_table()), leaves(b.as_table()));
+        la.len() == lb.len()
+            && la.iter().all(|(p, i)| get_path(b.as_table(), p).is_some_and(|j| same_item(i, j)))
+    }
+
+    fn git_entries(text: &str) -> Vec<GitEntry> {
+        parse_git(text).unwrap().entries
+    }
+
+    fn sorted(mut v: Vec<GitEntry>) -> Vec<GitEntry> {
+        v.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        v
+    }
+
+    // --- kind_of -----------------------------------------------------------------------------
+
+    #[test]
+    fn kind_of_names_the_listed_files_at_any_depth() {
+        let cases = [
+            ("rust-toolchain.toml", ConfigKind::RustToolchain),
+            ("crates/x/rust-toolchain", ConfigKind::RustToolchainLegacy),
+            (".cargo/config.toml", ConfigKind::CargoConfig),
+            ("sub/.cargo/config", ConfigKind::CargoConfig),
+            ("mise.toml", ConfigKind::Mise),
+            (".mise.toml", ConfigKind::Mise),
+            ("mise.local.toml", ConfigKind::Mise),
+            ("a/.mise.local.toml", ConfigKind::Mise),
+            (".config/mise.toml", ConfigKind::Mise),
+            (".config/mise/config.toml", ConfigKind::Mise),
+            (".mise/config.toml", ConfigKind::Mise),
+            ("mise.development.toml", ConfigKind::Mise),
+            (".config/mise/conf.d/10-tools.toml", ConfigKind::Mise),
+            ("deep/er/.tool-versions", ConfigKind::ToolVersions),
+        ];
+        for (path, kind) in cases {
+            assert_eq!(kind_of(Path::new(path)), Some(kind), "{path}");
+        }
+    }
+
+    #[test]
+    fn kind_of_ignores_other_files() {
+        for path in [
+            "config.toml",
+            "cargo/config.toml",
+            ".cargo/credentials.toml",
+            "Cargo.toml",
+            "rust-toolchain.json",
+            ".git/config",
+            "mise.json",
+            "tool-versions",
+            "",
+            "..",
+        ] {
+            assert_eq!(kind_of(Path::new(path)), None, "{path}");
+        }
+    }
+
+    // --- rust-toolchain ----------------------------------------------------------------------
+
+    #[test]
+    fn toolchain_path_is_held_and_channel_bump_kept_with_its_comment() {
+        let before =
+            "[toolchain]\nchannel = \"1.79.0\"  # pinned for CI\ncomponents = [\"clippy\"]\n";
+        let after = "[toolchain]\nchannel = \"1.80.0\"  # pinned for CI\ncomponents = [\"clippy\"]\n\
+                     path = \"/tmp/evil\"\n";
+        let r = run(ConfigKind::RustToolchain, Some(before), after);
+        assert_eq!(r.held, vec![held("toolchain.path", "\"/tmp/evil\"")]);
+        assert!(!r.whole_file_held);
+        assert_eq!(
+            kept(&r),
+            "[toolchain]\nchannel = \"1.80.0\"  # pinned for CI\ncomponents = [\"clippy\"]\n"
+        );
+    }
+
+    #[test]
+    fn toolchain_new_file_with_only_a_path_keeps_nothing() {
+        let r = run(ConfigKind::RustToolchain, None, "[toolchain]\npath = \"/tmp/evil\"\n");
+        assert_eq!(held_keys(&r), ["toolchain.path"]);
+        assert_eq!(kept(&r), "");
+    }
+
+    #[test]
+    fn toolchain_channel_that_is_a_path_is_reverted() {
+        let before = "[toolchain]\nchannel = \"stable\"\n";
+        let after = "[toolchain]\nchannel = \"/tmp/evil\" # local\ntargets = [\"wasm32-unknown-unknown\"]\n";
+        let r = run(ConfigKind::RustToolchain, Some(before), after);
+        assert_eq!(r.held, vec![held("toolchain.channel", "\"/tmp/evil\"")]);
+        assert_eq!(
+            kept(&r),
+            "[toolchain]\nchannel = \"stable\" # local\ntargets = [\"wasm32-unknown-unknown\"]\n"
+        );
+    }
+
+    #[test]
+    fn toolchain_inline_table_form_is_flattened() {
+        let after = "toolchain = { channel = \"nightly\", path = \"/tmp/evil\" }\n";
+        let r = run(ConfigKind::RustToolchain, None, after);
+        assert_eq!(held_keys(&r), ["toolchain.path"]);
+        assert!(same_toml(kept(&r), "toolchain = { channel = \"nightly\" }"), "{}", kept(&r));
+    }
+
+    #[test]
+    fn legacy_toolchain_single_channel_line_is_kept() {
+        for after in ["1.80.0\n", "nightly-2024-01-01", "  stable-x86_64-unknown-linux-gnu  \n"] {
+            let r = run(ConfigKind::RustToolchainLegacy, Some("1.79.0\n"), after);
+            assert!(r.held.is_empty() && !r.whole_file_held, "{after:?}");
+            assert_eq!(kept(&r), after);
+        }
+    }
+
+    #[test]
+    fn legacy_toolchain_other_plain_content_is_held_whole() {
+        for after in ["/tmp/evil\n", "../toolchain", "stable; touch /tmp/x\n", "-v\n", ""] {
+            let r = run(ConfigKind::RustToolchainLegacy, Some("1.79.0\n"), after);
+            assert!(r.whole_file_held, "{after:?}");
+            assert_eq!(r.kept.as_deref(), Some(&b"1.79.0\n"[..]));
+            assert!(r.held.is_empty());
+        }
+    }
+
+    #[test]
+    fn legacy_toolchain_toml_form_holds_path() {
+        let after = "[toolchain]\nchannel = \"nightly\"\npath = \"/tmp/evil\"\n";
+        let r = run(ConfigKind::RustToolchainLegacy, Some("nightly\n"), after);
+        assert_eq!(held_keys(&r), ["toolchain.path"]);
+        assert_eq!(kept(&r), "[toolchain]\nchannel = \"nightly\"\n");
+    }
+
+    #[test]
+    fn legacy_toolchain_that_would_collapse_to_one_line_is_held_whole() {
+        // Without `path` this is one line, which rustup would read as a channel name.
+        let r = run(ConfigKind::RustToolchainLegacy, None, "[toolchain]\npath = \"/tmp/evil\"\n");
+        assert!(r.whole_file_held);
+        assert_eq!(r.kept, None);
+    }
+
+    // --- Cargo -------------------------------------------------------------------------------
+
+    const CARGO_BEFORE: &str = "\
+# Shared settings for the workspace.
+[build]
+jobs = 4
+
+[alias]
+t = \"test --workspace\"
+";
+
+    #[test]
+    fn cargo_code_running_keys_are_held_and_inert_edits_survive() {
+        let after = "\
+# Shared settings for the workspace.
+[build]
+jobs = 8  # the new box has more cores
+rustc-wrapper = \"/tmp/evil\"
+
+[alias]
+t = \"test --workspace\"
+b = \"run --bin evil\"
+
+[target.x86_64-unknown-linux-gnu]
+runner = \"./evil.sh\"
+linker = \"/tmp/ld\"
+
+[env]
+RUSTC_WRAPPER = \"/tmp/evil\"
+
+[source.crates-io]
+replace-with = \"evil\"
+
+[source.evil]
+directory = \"vendor\"
+
+[term]
+color = \"always\"
+";
+        let r = run(ConfigKind::CargoConfig, Some(CARGO_BEFORE), after);
+        assert_eq!(
+            held_keys(&r),
+            [
+                "build.rustc-wrapper",
+                "alias.b",
+                "target.x86_64-unknown-linux-gnu.runner",
+                "target.x86_64-unknown-linux-gnu.linker",
+                "env.RUSTC_WRAPPER",
+                "source.crates-io.replace-with",
+                "source.evil.directory",
+            ]
+        );
+        assert_eq!(r.held[2].value, "\"./evil.sh\"");
+        assert_eq!(
+            kept(&r),
+            "\
+# Shared settings for the workspace.
+[build]
+jobs = 8  # the new box has more cores
+
+[alias]
+t = \"test --workspace\"
+
+[term]
+color = \"always\"
+"
+        );
+    }
+
+    #[test]
+    fn cargo_changed_alias_is_reverted_in_place() {
+        let after = CARGO_BEFORE.replace("test --workspace", "run --bin evil");
+        let r = run(ConfigKind::CargoConfig, Some(CARGO_BEFORE), &after);
+        assert_eq!(r.held, vec![held("alias.t", "\"run --bin evil\"")]);
+        assert_eq!(kept(&r), CARGO_BEFORE);
+    }
+
+    #[test]
+    fn cargo_dotted_and_inline_spellings_are_held_too() {
+        let after = "\
+build = { jobs = 2, rustc-wrapper = \"/tmp/evil\" }
+target.'cfg(unix)'.runner = \"/tmp/evil\"
+alias.b = \"run --bin evil\"
+";
+        let r = run(ConfigKind::CargoConfig, None, after);
+        assert_eq!(
+            held_keys(&r),
+            ["build.rustc-wrapper", "target.\"cfg(unix)\".runner", "alias.b"]
+        );
+        assert!(same_toml(kept(&r), "build = { jobs = 2 }"), "{}", kept(&r));
+    }
+
+    #[test]
+    fn cargo_keys_the_agent_removed_stay_removed() {
+        let after = "# Shared settings for the workspace.\n[build]\njobs = 4\n";
+        let r = run(ConfigKind::CargoConfig, Some(CARGO_BEFORE), after);
+        assert!(r.held.is_empty());
+        assert_eq!(kept(&r), after);
+    }
+
+    #[test]
+    fn cargo_developers_own_code_running_keys_are_left_alone() {
+        let before = "[target.x86_64-unknown-linux-gnu]\nlinker = \"clang\"\n";
+        let after = "[target.x86_64-unknown-linux-gnu]\nlinker = \"clang\"  # faster links\n\
+                     [build]\njobs = 2\n";
+        let r = run(ConfigKind::CargoConfig, Some(before), after);
+        assert!(r.held.is_empty());
+        assert_eq!(kept(&r), after);
+    }
+
+    #[test]
+    fn cargo_empty_table_the_developer_had_is_not_pruned() {
+        let before = "# Aliases go here.\n[alias]\n";
+        let after = "# Aliases go here.\n[alias]\nb = \"run --bin evil\"\n";
+        let r = run(ConfigKind::CargoConfig, Some(before), after);
+        assert_eq!(held_keys(&r), ["alias.b"]);
+        assert_eq!(kept(&r), before);
+    }
+
+    #[test]
+    fn cargo_profile_settings_are_inert_but_not_package_overrides() {
+        let after = "\
+[profile.release]
+lto = \"thin\"
+codegen-units = 1
+debug = \"line-tables-only\"
+
+[profile.dev.package.\"*\"]
+opt-level = 2
+
+[profile.dev.build-override]
+opt-level = 3
+";
+        let r = run(ConfigKind::CargoConfig, None, after);
+        assert_eq!(
+            held_keys(&r),
+            ["profile.dev.package.\"*\".opt-level", "profile.dev.build-override.opt-level"]
+        );
+        assert!(kept(&r).starts_with("[profile.release]\nlto = \"thin\"\ncodegen-units = 1\n"));
+        assert!(!kept(&r).contains("opt-level"));
+    }
+
+    #[test]
+    fn cargo_target_and_target_dir_are_inert_only_in_their_plain_shape() {
+        let ok = "[build]\ntarget = \"wasm32-unknown-unknown\"\ntarget-dir = \"target/alt\"\n\
+                  incremental = false\n[net]\nretry = 3\noffline = true\n[http]\ntimeout = 30\n\
+                  [cargo-new]\nvcs = \"none\"\n[future-incompat-report]\nfrequency = \"never\"\n";
+        assert!(run(ConfigKind::CargoConfig, None, ok).held.is_empty());
+        for (line, key) in [
+            ("target = \"./evil.json\"", "build.target"),
+            ("target = [\"x86_64-unknown-linux-gnu\", \"specs/evil.json\"]", "build.target"),
+            ("target-dir = \"/home/dev/.local/bin\"", "build.target-dir"),
+            ("target-dir = \"../outside\"", "build.target-dir"),
+            ("target-dir = \".git/hooks\"", "build.target-dir"),
+            ("rustflags = [\"-Clinker=/tmp/evil\"]", "build.rustflags"),
+            ("rustc = \"/tmp/evil\"", "build.rustc"),
+        ] {
+            let r = run(ConfigKind::CargoConfig, None, &format!("[build]\n{line}\n"));
+            assert_eq!(held_keys(&r), [key], "{line}");
+        }
+    }
+
+    #[test]
+    fn cargo_other_code_running_tables_are_held() {
+        let after = "\
+credential-provider = \"/tmp/evil\"
+paths = [\"../evil\"]
+[doc]
+browser = \"/tmp/evil\"
+[registries.evil]
+index = \"sparse+https://example.com/\"
+[patch.crates-io]
+serde = { path = \"evil\" }
+[unstable]
+build-std = [\"std\"]
+";
+        let r = run(ConfigKind::CargoConfig, None, after);
+        assert_eq!(
+            held_keys(&r),
+            [
+                "credential-provider",
+                "paths",
+                "doc.browser",
+                "registries.evil.index",
+                "patch.crates-io.serde.path",
+                "unstable.build-std"
+            ]
+        );
+        assert_eq!(kept(&r), "");
+    }
+
+    #[test]
+    fn unparsable_toml_is_held_whole_and_the_earlier_file_stays() {
+        let r = run(ConfigKind::CargoConfig, Some(CARGO_BEFORE), "[build\nrustc-wrapper = 1\n");
+        assert!(r.whole_file_held && r.held.is_empty());
+        assert_eq!(r.kept.as_deref(), Some(CARGO_BEFORE.as_bytes()));
+        let r = run(ConfigKind::Mise, None, "[env]\n_.source = \n");
+        assert!(r.whole_file_held);
+        assert_eq!(r.kept, None);
+        let r = review(ConfigKind::CargoConfig, None, b"[build]\njobs = 1 # \xff\n");
+        assert!(r.whole_file_held);
+    }
+
+    #[test]
+    fn oversized_file_is_held_whole() {
+        let after = format!("[build]\njobs = 2\n# {}\n", "x".repeat(MAX_BYTES));
+        let r = run(ConfigKind::CargoConfig, Some(CARGO_BEFORE), &after);
+        assert!(r.whole_file_held);
+        assert_eq!(r.kept.as_deref(), Some(CARGO_BEFORE.as_bytes()));
+    }
+
+    #[test]
+    fn unchanged_file_is_kept_byte_for_byte_even_if_it_does_not_parse() {
+        let text = "[build\nweird = \n";
+        let r = run(ConfigKind::CargoConfig, Some(text), text);
+        assert!(!r.whole_file_held && r.held.is_empty());
+        assert_eq!(kept(&r), text);
+    }
+
+    // --- mise --------------------------------------------------------------------------------
+
+    #[test]
+    fn mise_env_hooks_and_backend_tools_are_held_plain_tools_kept() {
+        let before = "[tools]\nnode = \"18\"\n";
+        let after = "\
+min_version = \"2024.9.0\"
+
+[tools]
+node = \"20\"  # LTS
+python = [\"3.12\", \"3.11\"]
+\"ubi:evil/tool\" = \"latest\"
+ruby = \"path:/tmp/ruby\"
+go = \"ref:master\"
+
+[env]
+NODE_ENV = \"development\"
+_.source = \"./evil.sh\"
+_.path = [\"./bin\"]
+
+[hooks]
+enter = \"./evil.sh\"
+
+[tasks.build]
+run = \"cargo build\"
+
+[settings]
+experimental = true
+";
+        let r = run(ConfigKind::Mise, Some(before), after);
+        assert_eq!(
+            held_keys(&r),
+            [
+                "tools.\"ubi:evil/tool\"",
+                "tools.ruby",
+                "tools.go",
+                "env.NODE_ENV",
+                "env._.source",
+                "env._.path",
+                "hooks.enter",
+                "tasks.build.run",
+                "settings.experimental",
+            ]
+        );
+        assert_eq!(
+            kept(&r),
+            "min_version = \"2024.9.0\"\n\n[tools]\nnode = \"20\"  # LTS\npython = [\"3.12\", \"3.11\"]\n"
+        );
+    }
+
+    #[test]
+    fn mise_tool_option_tables_are_held() {
+        let after = "[tools]\nnode = { version = \"20\", postinstall = \"./evil.sh\" }\n";
+        let r = run(ConfigKind::Mise, None, after);
+        assert_eq!(held_keys(&r), ["tools.node.version", "tools.node.postinstall"]);
+    }
+
+    #[test]
+    fn mise_array_of_tables_is_one_held_leaf() {
+        let after = "[[hooks.enter]]\nscript = \"./a.sh\"\n[[hooks.enter]]\nscript = \"./b.sh\"\n";
+        let r = run(ConfigKind::Mise, None, after);
+        assert_eq!(r.held.len(), 1);
+        assert_eq!(r.held[0].key, "hooks.enter");
+        assert!(r.held[0].value.contains("./a.sh") && r.held[0].value.contains("./b.sh"));
+        let back = restore(ConfigKind::Mise, r.kept.as_deref().unwrap(), &r.held).unwrap();
+        let back = std::str::from_utf8(&back).unwrap();
+        let doc = back.parse::<DocumentMut>().unwrap();
+        let enter = get_path(doc.as_table(), &["hooks".into(), "enter".into()]).unwrap();
+        assert_eq!(enter.as_array().map(toml_edit::Array::len), Some(2), "{back}");
+    }
+
+    // --- .tool-versions ----------------------------------------------------------------------
+
+    #[test]
+    fn tool_versions_local_code_lines_are_held_and_reverted() {
+        let before = "nodejs 18.19.0\npython 3.11.7\n";
+        let after = "# pinned\nnodejs path:/tmp/x\npython 3.12.1 3.11.7  # bump\nruby ref:master\n\
+                     ubi:evil/tool 1.0\n";
+        let r = run(ConfigKind::ToolVersions, Some(before), after);
+        assert_eq!(
+            r.held,
+            vec![
+                held("nodejs", "path:/tmp/x"),
+                held("ruby", "ref:master"),
+                held("ubi:evil/tool", "1.0")
+            ]
+        );
+        assert_eq!(kept(&r), "# pinned\nnodejs 18.19.0\npython 3.12.1 3.11.7  # bump\n");
+    }
+
+    #[test]
+    fn tool_versions_developers_own_path_line_is_left_alone() {
+        let before = "nodejs path:/opt/node\n";
+        let after = "nodejs   path:/opt/node\ngolang 1.22.0";
+        let r = run(ConfigKind::ToolVersions, Some(before), after);
+        assert!(r.held.is_empty());
+        assert_eq!(kept(&r), after);
+    }
+
+    #[test]
+    fn tool_versions_restore_round_trips() {
+        let before = "nodejs 18.19.0\npython 3.11.7";
+        let after = "nodejs path:/tmp/x\npython 3.11.7\nruby ref:master";
+        let r = run(ConfigKind::ToolVersions, Some(before), after);
+        assert_eq!(kept(&r), "nodejs 18.19.0\npython 3.11.7\n");
+        let back = restore(ConfigKind::ToolVersions, r.kept.as_deref().unwrap(), &r.held).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&back).unwrap(),
+            "nodejs path:/tmp/x\npython 3.11.7\nruby ref:master\n"
+        );
+    }
+
+    #[test]
+    fn tool_versions_restore_rejects_a_damaged_record() {
+        for h in [held("a b", "1"), held("node", ""), held("node", "1\nruby ref:x")] {
+            assert!(restore(ConfigKind::ToolVersions, b"", &[h]).is_err());
+        }
+    }
+
+    // --- TOML restore ------------------------------------------------------------------------
+
+    #[test]
+    fn toml_restore_round_trips() {
+        let cases = [
+            (
+                ConfigKind::CargoConfig,
+                Some(CARGO_BEFORE),
+                "[build]\njobs = 8\nrustc-wrapper = \"/tmp/evil\"\n[alias]\nt = \"run --bin evil\"\n\
+                 [target.'cfg(unix)']\nrunner = [\"/tmp/evil\", \"--flag\"]\n[env]\nX = { value = \"1\", force = true }\n",
+            ),
+            (
+                ConfigKind::RustToolchain,
+                None,
+                "[toolchain]\nchannel = \"1.80.0\"\npath = \"/tmp/evil\"\n",
+            ),
+            (
+                ConfigKind::Mise,
+                None,
+                "[tools]\nnode = \"20\"\n\"ubi:x/y\" = \"1\"\n[env]\n_.source = \"./evil.sh\"\n",
+            ),
+        ];
+        for (kind, before, after) in cases {
+            let r = run(kind, before, after);
+            assert!(!r.held.is_empty(), "{after}");
+            let back = restore(kind, r.kept.as_deref().unwrap(), &r.held).unwrap();
+            let back = std::str::from_utf8(&back).unwrap();
+            assert!(same_toml(back, after), "{kind:?}:\n{back}");
+        }
+    }
+
+    #[test]
+    fn legacy_toolchain_restore_turns_a_channel_line_into_toml() {
+        let back = restore(
+            ConfigKind::RustToolchainLegacy,
+            b"nightly\n",
+            &[held("toolchain.path", "\"/opt/rust\"")],
+        )
+        .unwrap();
+        let back = std::str::from_utf8(&back).unwrap();
+        assert!(
+            same_toml(back, "[toolchain]\nchannel = \"nightly\"\npath = \"/opt/rust\""),
+            "{back}"
+        );
+    }
+
+    #[test]
+    fn toml_restore_fails_clearly() {
+        let err =
+            restore(ConfigKind::CargoConfig, b"[build\n", &[held("alias.b", "\"x\"")]).unwrap_err();
+        assert!(matches!(err, CodeKeysError::Unparsable { .. }), "{err}");
+        assert!(err.to_string().contains("fix its syntax by hand"), "{err}");
+        let err =
+            restore(ConfigKind::CargoConfig, b"target = 1\n", &[held("target.x.runner", "\"r\"")])
+                .unwrap_err();
+        assert!(matches!(&err, CodeKeysError::Conflict { at, .. } if at == "target"), "{err}");
+        let err = restore(ConfigKind::CargoConfig, b"", &[held("a..b", "1")]).unwrap_err();
+        assert!(matches!(err, CodeKeysError::BadKey { .. }), "{err}");
+        let err = restore(ConfigKind::CargoConfig, b"", &[held("a", "1\nb = 2")]).unwrap_err();
+        assert!(matches!(err, CodeKeysError::BadValue { .. }), "{err}");
+        let err = restore(ConfigKind::CargoConfig, b"\xff", &[]).unwrap_err();
+        assert!(matches!(err, CodeKeysError::NotText { .. }), "{err}");
+    }
+
+    // --- git config --------------------------------------------------------------------------
+
+    const GIT_INIT: &str = "\
+[core]
+\trepositoryformatversion = 0
+\tfilemode = true
+\tbare = false
+\tlogallrefupdates = true
+";
+
+    #[test]
+    fn git_code_running_keys_are_held_and_remotes_kept() {
+        let after = "\
+[core]
+\trepositoryformatversion = 0
+\tfilemode = true
+\tbare = false
+\tlogallrefupdates = true
+\tfsmonitor = /tmp/evil
+\thooksPath = /tmp/hooks
+\tsshCommand = ssh -oProxyCommand=evil
+[include]
+\tpath = /tmp/evil.cfg
+[remote \"origin\"]
+\turl = https://example.com/x.git
+\tfetch = +refs/heads/*:refs/remotes/origin/*
+\tuploadpack = /tmp/evil
+[branch \"main\"]
+\tremote = origin
+\tmerge = refs/heads/main
+";
+        let r = run(ConfigKind::GitConfig, Some(GIT_INIT), after);
+        assert_eq!(
+            r.held,
+            vec![
+                held("core.fsmonitor", "/tmp/evil"),
+                held("core.hookspath", "/tmp/hooks"),
+                held("core.sshcommand", "ssh -oProxyCommand=evil"),
+                held("include.path", "/tmp/evil.cfg"),
+                held("remote.origin.uploadpack", "/tmp/evil"),
+            ]
+        );
+        assert_eq!(
+            kept(&r),
+            format!(
+                "{GIT_INIT}[remote \"origin\"]\n\turl = https://example.com/x.git\n\
+                 \tfetch = +refs/heads/*:refs/remotes/origin/*\n[branch \"main\"]\n\tremote = origin\n\
+                 \tmerge = refs/heads/main\n"
+            )
+        );
+    }
+
+    #[test]
+    fn git_new_repo_config_keeps_only_inert_entries() {
+        let after = format!("{GIT_INIT}\tfsmonitor = true\n[user]\n\tname = Dev\n");
+        let r = run(ConfigKind::GitConfig, None, &after);
+        assert_eq!(held_keys(&r), ["core.fsmonitor"]);
+        assert_eq!(kept(&r), format!("{GIT_INIT}[user]\n\tname = Dev\n"));
+    }
+
+    #[test]
+    fn git_tricky_spellings_are_still_seen() {
+        let cases = [
+            ("[core]fsmonitor=/tmp/evil\n", "core.fsmonitor", "/tmp/evil"),
+            ("[CoRe]\n\tFsMonitor = /tmp/evil\n", "core.fsmonitor", "/tmp/evil"),
+            ("[core]\n\tfsmonitor\n", "core.fsmonitor", ""),
+            ("[core]\n\tfsmonitor = /tmp/\\\nevil\n", "core.fsmonitor", "/tmp/evil"),
+            (
+                "[core]\n\tfsmonitor = \"/tmp/e vil \" ; run it\n",
+                "core.fsmonitor",
+                "\"/tmp/e vil \"",
+            ),
+            ("[core]\r\n\tfsmonitor = /tmp/evil\r\n", "core.fsmonitor", "/tmp/evil"),
+            ("\u{feff}[core]\n\tfsmonitor = x\n", "core.fsmonitor", "x"),
+            ("[remote.Origin]\n\tuploadpack = x\n", "remote.origin.uploadpack", "x"),
+            ("[remote \"a\\\"b\"]\n\tuploadpack = x\n", "remote.a\"b.uploadpack", "x"),
+            // git 2.47 reads this as `core..fsmonitor`: a subsection named "", which is not
+            // `core.fsmonitor`. It is not inert either way.
+            ("[core \"\"]\n\tfsmonitor = x\n", "core..fsmonitor", "x"),
+            ("[core \"x\"]\n\tbare = true\n", "core.x.bare", "true"),
+            ("[remote \"o\"]\n\turl = ext::sh -c evil\n", "remote.o.url", "ext::sh -c evil"),
+            (
+                "[remote \"o\"]\n\turl = -oProxyCommand=evil\n",
+                "remote.o.url",
+                "-oProxyCommand=evil",
+            ),
+            ("[branch \"m\"]\n\tremote = fd::3\n", "branch.m.remote", "fd::3"),
+            ("[extensions]\n\tworktreeConfig = true\n", "extensions.worktreeconfig", "true"),
+            ("[includeIf \"gitdir:/\"]\n\tpath = /tmp/x\n", "includeif.gitdir:/.path", "/tmp/x"),
+        ];
+        for (after, key, value) in cases {
+            let r = run(ConfigKind::GitConfig, None, after);
+            assert!(!r.whole_file_held, "{after:?}");
+            assert_eq!(r.held, vec![held(key, value)], "{after:?}");
+            assert_eq!(kept(&r), "", "{after:?}");
+        }
+    }
+
+    #[test]
+    fn git_comments_and_quotes_with_brackets_hide_nothing() {
+        let after = "\
+# [core] ] fsmonitor = x
+[core] ; fsmonitor = x ]
+\tbare = true # ] [alias]
+[user]
+\tname = \"Dev # ] [core] fsmonitor = x\"
+\temail = dev@example.com;fsmonitor=x
+";
+        let r = run(ConfigKind::GitConfig, None, after);
+        assert!(r.held.is_empty(), "{:?}", r.held);
+        assert_eq!(
+            kept(&r),
+            "[core]\n\tbare = true\n[user]\n\tname = \"Dev # ] [core] fsmonitor = x\"\n\
+             \temail = dev@example.com\n"
+        );
+    }
+
+    #[test]
+    fn git_continuation_cannot_start_a_new_key() {
+        // The backslash joins the next line to the value: git reads one `user.name`.
+        let after = "[user]\n\tname = a \\\n\tfsmonitor = x\n";
+        let r = run(ConfigKind::GitConfig, None, after);
+        assert!(r.held.is_empty());
+        let entries = git_entries(kept(&r));
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].value.as_deref(), Some("a \tfsmonitor = x"));
+        assert_eq!(kept(&r), "[user]\n\tname = \"a \\tfsmonitor = x\"\n");
+    }
+
+    #[test]
+    fn git_unparsable_file_is_held_whole() {
+        for after in [
+            "[core]\n\tfsmonitor = \"unterminated\n",
+            "[core]\n\tfsmonitor = \\q\n",
+            "fsmonitor = x\n",
+            "[core \"x\" ]\n\tbare = true\n",
+            "[a.b \"c\"]\n\tk = v\n",
+            "[core]\n\tbare # comment\n",
+            "[core]\n\t1bare = true\n",
+            "[core\n",
+            "[core]\n\tbare = tr\0ue\n",
+        ] {
+            let r = run(ConfigKind::GitConfig, Some(GIT_INIT), after);
+            assert!(r.whole_file_held, "{after:?}");
+            assert_eq!(r.kept.as_deref(), Some(GIT_INIT.as_bytes()));
+        }
+    }
+
+    #[test]
+    fn git_multi_valued_keys_keep_their_order() {
+        let after = "[remote \"origin\"]\n\turl = https://example.com/x\n\
+                     \tfetch = +refs/heads/main:refs/remotes/origin/main\n\
+                     \tfetch = +refs/tags/*:refs/tags/*\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n";
+        let r = run(ConfigKind::GitConfig, None, after);
+        assert!(r.held.is_empty());
+        assert_eq!(kept(&r), after);
+    }
+
+    #[test]
+    fn git_changed_key_is_reverted_and_identical_ones_kept() {
+        let before = "[core]\n\thooksPath = .githooks\n[alias]\n\tst = status\n";
+        let after = "[core]\n\thooksPath = /tmp/evil\n[alias]\n\tst = status\n\tco = !sh evil\n";
+        let r = run(ConfigKind::GitConfig, Some(before), after);
+        assert_eq!(r.held, vec![held("core.hookspath", "/tmp/evil"), held("alias.co", "!sh evil")]);
+        assert_eq!(kept(&r), "[core]\n\thookspath = .githooks\n[alias]\n\tst = status\n");
+    }
+
+    #[test]
+    fn git_added_value_of_a_repeated_key_reverts_to_the_earlier_values() {
+        let before = "[include]\n\tpath = a.cfg\n\tpath = b.cfg\n";
+        let after = "[include]\n\tpath = a.cfg\n\tpath = /tmp/evil.cfg\n\tpath = b.cfg\n";
+        let r = run(ConfigKind::GitConfig, Some(before), after);
+        assert_eq!(r.held, vec![held("include.path", "/tmp/evil.cfg")]);
+        assert_eq!(kept(&r), before);
+    }
+
+    #[test]
+    fn git_inert_value_beside_a_held_one_is_held_with_it() {
+        // The key is reverted as a whole, so the agent's new inert url is held too (not lost).
+        let before = "[remote \"o\"]\n\turl = https://example.com/a\n";
+        let after = "[remote \"o\"]\n\turl = https://example.com/b\n\turl = ext::sh -c evil\n";
+        let r = run(ConfigKind::GitConfig, Some(before), after);
+        assert_eq!(
+            r.held,
+            vec![
+                held("remote.o.url", "https://example.com/b"),
+                held("remote.o.url", "ext::sh -c evil")
+            ]
+        );
+        assert_eq!(kept(&r), before);
+    }
+
+    #[test]
+    fn git_values_are_quoted_where_git_would_read_them_differently() {
+        let cases = [
+            (Some(""), "\"\""),
+            (Some(" lead"), "\" lead\""),
+            (Some("trail "), "\"trail \""),
+            (Some("a#b;c"), "\"a#b;c\""),
+            (Some("q\"b\\s"), "\"q\\\"b\\\\s\""),
+            (Some("l1\nl2\tt\u{8}"), "\"l1\\nl2\\tt\\b\""),
+            (Some("plain value = ok [x]"), "plain value = ok [x]"),
+            (None, ""),
+        ];
+        for (value, rendered) in cases {
+            assert_eq!(render_git_value(value), rendered);
+            let text = format!("[s]\n\tk = {rendered}\n");
+            if let Some(v) = value {
+                assert_eq!(git_entries(&text)[0].value.as_deref(), Some(v), "{text:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn git_restore_round_trips() {
+        let after = "\
+[core]
+\tbare = false
+\tfsmonitor = /tmp/evil
+[remote \"origin\"]
+\turl = https://example.com/x
+\tuploadpack = \"/tmp/e vil\"
+[alias]
+\tx
+";
+        let r = run(ConfigKind::GitConfig, None, after);
+        assert_eq!(held_keys(&r), ["core.fsmonitor", "remote.origin.uploadpack", "alias.x"]);
+        let back = restore(ConfigKind::GitConfig, r.kept.as_deref().unwrap(), &r.held).unwrap();
+        let back = std::str::from_utf8(&back).unwrap();
+        assert_eq!(sorted(git_entries(back)), sorted(git_entries(after)));
+        // Under their own sections: `core` and `remote "origin"` existed, `alias` is new.
+        assert_eq!(
+            back,
+            "[core]\n\tbare = false\n\tfsmonitor = /tmp/evil\n[remote \"origin\"]\n\
+             \turl = https://example.com/x\n\tuploadpack = /tmp/e vil\n[alias]\n\tx\n"
+        );
+    }
+
+    #[test]
+    fn git_restore_keeps_the_developers_formatting() {
+        let current = "# mine\n[core]  # main section\n    bare = false\n[user]\n    name = Dev";
+        let back = restore(
+            ConfigKind::GitConfig,
+            current.as_bytes(),
+            &[held("core.fsmonitor", "x"), held("user.email", "dev@example.com")],
+        )
+        .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&back).unwrap(),
+            "# mine\n[core]  # main section\n    bare = false\n\tfsmonitor = x\n[user]\n    name = Dev\n\
+             \temail = dev@example.com\n"
+        );
+    }
+
+    #[test]
+    fn git_restore_does_not_land_in_a_section_sharing_the_header_line() {
+        let back =
+            restore(ConfigKind::GitConfig, b"[a][b]\n\tk = 1\n", &[held("a.fsmonitor", "x")])
+                .unwrap();
+        let back = std::str::from_utf8(&back).unwrap();
+        let entries = git_entries(back);
+        assert!(entries.iter().any(|e| e.dotted() == "a.fsmonitor"), "{back}");
+        assert!(entries.iter().all(|e| e.dotted() != "b.fsmonitor"), "{back}");
+    }
+
+    #[test]
+    fn git_restore_fails_clearly() {
+        let err = restore(ConfigKind::GitConfig, b"[core\n", &[held("core.x", "1")]).unwrap_err();
+        assert!(matches!(err, CodeKeysError::Unparsable { .. }), "{err}");
+        for key in ["core", "core.", ".x", "co re.x", "core.1x"] {
+            let err = restore(ConfigKind::GitConfig, b"", &[held(key, "1")]).unwrap_err();
+            assert!(matches!(err, CodeKeysError::BadKey { .. }), "{key}: {err}");
+        }
+        // A value that smuggles a second entry in is refused, not written.
+        for value in ["x\n[core]\n\tfsmonitor = y", "\"open", "a\\q"] {
+            let err = restore(ConfigKind::GitConfig, b"", &[held("user.name", value)]).unwrap_err();
+            assert!(matches!(err, CodeKeysError::BadValue { .. }), "{value:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn held_key_serialises_as_key_and_value() {
+        let h = held("core.fsmonitor", "/tmp/evil");
+        let json = serde_json::to_string(&h).unwrap();
+        assert_eq!(json, r#"{"key":"core.fsmonitor","value":"/tmp/evil"}"#);
+        assert_eq!(serde_json::from_str::<HeldKey>(&json).unwrap(), h);
+    }
+}
