@@ -1331,6 +1331,7 @@ fn parse_held_git_value(text: &str) -> Result<Option<String>, String> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn run(kind: ConfigKind, before: Option<&str>, after: &str) -> Reviewed {
         review(kind, before.map(str::as_bytes), after.as_bytes())
@@ -2175,5 +2176,165 @@ experimental = true
         let json = serde_json::to_string(&h).unwrap();
         assert_eq!(json, r#"{"key":"core.fsmonitor","value":"/tmp/evil"}"#);
         assert_eq!(serde_json::from_str::<HeldKey>(&json).unwrap(), h);
+    }
+
+    // --- git parser / regenerator properties -------------------------------------------------
+
+    fn git_entry() -> impl Strategy<Value = GitEntry> {
+        let keys = prop::sample::select(vec![
+            ("core", false, "bare"),
+            ("core", false, "fsmonitor"),
+            ("core", false, "hookspath"),
+            ("core", true, "bare"),
+            ("user", false, "name"),
+            ("remote", true, "url"),
+            ("remote", true, "fetch"),
+            ("remote", true, "uploadpack"),
+            ("branch", true, "merge"),
+            ("include", false, "path"),
+            ("alias", false, "st"),
+            ("x-y", false, "k-1"),
+        ]);
+        let sub = "[a-zA-Z0-9 ._\"\\\\/#;:\\[\\]é-]{0,6}";
+        let value = prop::option::of("[ -~\\t\\n\\x08é]{0,10}");
+        (keys, sub, value).prop_map(|((section, has_sub, name), sub, value)| GitEntry {
+            section: section.to_owned(),
+            sub: has_sub.then_some(sub),
+            name: name.to_owned(),
+            value,
+        })
+    }
+
+    /// `entries` written in one of several spellings git accepts, chosen per entry by `style`.
+    fn spell(entries: &[GitEntry], styles: &[u8]) -> String {
+        let mut out = String::new();
+        for (e, style) in entries.iter().zip(styles.iter().cycle()) {
+            let header = render_header(&e.section, e.sub.as_deref());
+            let header = header.trim_end();
+            let value = render_git_value(e.value.as_deref());
+            match (style % 4, &e.value) {
+                (0, _) => out
+                    .push_str(&format!("{header}\n{}", render_entry(&e.name, e.value.as_deref()))),
+                (1, None) => out.push_str(&format!("{header}{}\n", e.name)),
+                (1, Some(_)) => out.push_str(&format!("{header}{}={value} ; note ]\n", e.name)),
+                (2, None) => out.push_str(&format!(
+                    "# [core]\n{}\n  {}  \n",
+                    shout(header),
+                    e.name.to_uppercase()
+                )),
+                (2, Some(_)) => out.push_str(&format!(
+                    "{}  # c\n  {} =   {value}\t# c\n",
+                    shout(header),
+                    e.name.to_uppercase()
+                )),
+                (_, None) => out.push_str(&format!("{header}\r\n\t{}\r\n", e.name)),
+                (_, Some(_)) => out.push_str(&format!("{header}\n\t{} = \\\n{value}\n", e.name)),
+            }
+        }
+        out
+    }
+
+    /// The section name upper-cased (git ignores its case), the subsection left alone.
+    fn shout(header: &str) -> String {
+        match header.split_once(' ') {
+            Some((section, rest)) => format!("{} {rest}", section.to_uppercase()),
+            None => header.to_uppercase(),
+        }
+    }
+
+    /// Differential check against the real git (run by hand: `cargo test --lib codekeys --
+    /// --ignored`): on random config-shaped text, wherever git accepts a file this parser either
+    /// reads the same entries or refuses the file (it never reads something git does not).
+    #[test]
+    #[ignore = "runs the host's git; a by-hand differential check"]
+    fn git_parser_agrees_with_real_git() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let line = "([ \\t]*[a-cA-C][a-c-]{0,2}[ \\t]*(=[\\[\\]\" \\t=#;a-c.\\\\é]{0,12})?\
+                    (\\\\?\\n|\\n\\[[a-c.]{1,3}( \"[a-c\\\\\"]{0,3}\")?\\]))*";
+        let noise = "[\\[\\]\" \\t\\n=#;a-cA-C.\\\\é]{0,40}";
+        let mut runner = TestRunner::deterministic();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        let mut same = 0;
+        for strategy in [line, noise] {
+            for _ in 0..3000 {
+                let text =
+                    format!("[s \"x\"]\n{}", strategy.new_tree(&mut runner).unwrap().current());
+                std::fs::write(&path, &text).unwrap();
+                let git = std::process::Command::new("git")
+                    .args(["config", "--list", "-z", "--file"])
+                    .arg(&path)
+                    .output()
+                    .unwrap();
+                let Ok(doc) = parse_git(&text) else { continue };
+                assert!(git.status.success(), "git refuses what this parser reads: {text:?}");
+                let theirs: Vec<String> = git
+                    .stdout
+                    .split(|&b| b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect();
+                let ours: Vec<String> = doc
+                    .entries
+                    .iter()
+                    .map(|e| match &e.value {
+                        Some(v) => format!("{}\n{v}", e.dotted()),
+                        None => e.dotted(),
+                    })
+                    .collect();
+                assert_eq!(theirs, ours, "{text:?}");
+                same += 1;
+            }
+        }
+        assert!(same > 100, "too few files parsed to compare ({same})");
+    }
+
+    proptest! {
+        #[test]
+        fn git_parser_reads_every_spelling_back(
+            entries in prop::collection::vec(git_entry(), 0..8),
+            styles in prop::collection::vec(any::<u8>(), 1..8),
+        ) {
+            let text = spell(&entries, &styles);
+            prop_assert_eq!(parse_git(&text).map(|d| d.entries).map_err(|e| e.to_string()), Ok(entries.clone()));
+            prop_assert_eq!(git_entries(&regenerate(&entries)), entries);
+        }
+
+        #[test]
+        fn git_kept_output_is_a_fixed_point(
+            before in prop::collection::vec(git_entry(), 0..6),
+            after in prop::collection::vec(git_entry(), 0..8),
+            styles in prop::collection::vec(any::<u8>(), 1..8),
+        ) {
+            let (before, after) = (spell(&before, &styles), spell(&after, &styles));
+            for before in [None, Some(before.as_str())] {
+                let r = run(ConfigKind::GitConfig, before, &after);
+                prop_assert!(!r.whole_file_held);
+                let kept = kept(&r).to_owned();
+                let again = run(ConfigKind::GitConfig, before, &kept);
+                prop_assert!(again.held.is_empty(), "{:?}", again.held);
+                prop_assert_eq!(self::kept(&again), kept.as_str());
+                prop_assert_eq!(regenerate(&git_entries(&kept)), kept.clone());
+                // Restoring what was held brings every one of the agent's entries back.
+                let back = restore(ConfigKind::GitConfig, kept.as_bytes(), &r.held).unwrap();
+                let back = git_entries(std::str::from_utf8(&back).unwrap());
+                for e in git_entries(&after) {
+                    prop_assert!(back.contains(&e), "{:?} missing", e);
+                }
+            }
+        }
+
+        #[test]
+        fn git_parser_survives_noise(text in "[\\[\\]\"\\\\ \\t\\n=#;a-cA-C.é\\r]{0,60}") {
+            let r = run(ConfigKind::GitConfig, None, &text);
+            if !r.whole_file_held {
+                let kept = kept(&r).to_owned();
+                prop_assert!(git_entries(&kept).iter().all(git_inert));
+                let again = run(ConfigKind::GitConfig, None, &kept);
+                prop_assert!(again.held.is_empty());
+                prop_assert_eq!(self::kept(&again), kept.as_str());
+            }
+        }
     }
 }
