@@ -24,6 +24,8 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod env;
+pub mod fsat;
+pub mod hostpath;
 pub mod paths;
 pub mod policy;
 pub mod protocol;
