@@ -576,6 +576,7 @@ pub struct SessionOutcome {
     pub exit_status: Option<i32>,
     pub transcripts: Vec<protocol::TranscriptHash>,
     pub quarantined: Vec<protocol::Quarantined>,
+    pub leftovers: protocol::Leftovers,
 }
 
 struct Shared {
@@ -667,6 +668,7 @@ impl SessionHandle {
             exit_status: outcome.exit_status,
             transcripts: outcome.transcripts,
             quarantined: outcome.quarantined,
+            leftovers: outcome.leftovers,
         });
         let bytes = protocol::encode(&req)?;
         {

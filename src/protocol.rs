@@ -194,11 +194,55 @@ pub struct TranscriptHash {
     pub sha256: String,
 }
 
-/// A protected path that appeared during the session and was moved away (SECURITY §4).
+/// Something the end-of-session sweep took out of the way (SECURITY §7). `why`, `how` and
+/// `keys` are optional so that older peers still parse it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quarantined {
     pub path: String,
+    /// Where its content is now (empty when nowhere: see `how`).
     pub moved_to: String,
+    /// `created`, `replaced`, `changed`, `new git pointer`, `code-running keys`, ….
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+    /// `moved`, `copied`, `renamed_in_tree`, `emptied`, `held_keys` or `failed`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub how: String,
+    /// For `held_keys`: the keys held back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
+}
+
+/// A symlink in the repo whose target lies outside it (never followed by the host side).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutsideSymlink {
+    pub path: String,
+    pub target: String,
+}
+
+/// The rest of what the end-of-session sweep found, for the end record (all optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Leftovers {
+    /// Files and directories whose S_ISUID/S_ISGID bits were stripped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub setuid_stripped: Vec<String>,
+    /// Symlinks pointing outside the repo (the first 1000; `outside_symlinks_total` counts all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside_symlinks: Vec<OutsideSymlink>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub outside_symlinks_total: u64,
+    /// Agent instruction files (`CLAUDE.md`, `AGENTS.md`, …) the session changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instructions_changed: Vec<String>,
+    /// Directories the sweep could not look into (not the caller's, so not the agent's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unscanned: Vec<String>,
+    /// Entries the sweep looked at.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub scanned_entries: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `session_end`.
@@ -212,6 +256,8 @@ pub struct SessionEnd {
     pub transcripts: Vec<TranscriptHash>,
     #[serde(default)]
     pub quarantined: Vec<Quarantined>,
+    #[serde(default, flatten)]
+    pub leftovers: Leftovers,
 }
 
 /// `status`.

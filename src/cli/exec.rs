@@ -12,8 +12,9 @@ use super::Context;
 use crate::client::{Endpoint, SessionHandle, SessionOutcome};
 use crate::config::{self, ClientLayers, trust::TrustState};
 use crate::env::Env;
+use crate::hostpath::HostPathRules;
 use crate::paths::Paths;
-use crate::protocol::{self, IdentityInfo, SessionSpec};
+use crate::protocol::{IdentityInfo, SessionSpec};
 use crate::repo::Repo;
 use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
 use crate::sandbox::env::{self as senv, Extra, IdentityEnv};
@@ -164,14 +165,8 @@ impl ProxyBridge for DaemonBridge {
             let outcome = SessionOutcome {
                 exit_status: Some(end.exit_code),
                 transcripts: end.transcripts.clone(),
-                quarantined: end
-                    .quarantined
-                    .iter()
-                    .map(|q| protocol::Quarantined {
-                        path: q.path.display().to_string(),
-                        moved_to: q.moved_to.display().to_string(),
-                    })
-                    .collect(),
+                quarantined: end.quarantined.clone(),
+                leftovers: end.leftovers.clone(),
             };
             if let Err(e) = handle.end(outcome) {
                 eprintln!("airlock: warning: recording the session end with airlockd: {e}");
@@ -234,8 +229,13 @@ pub fn run_with(
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    if let Some(why) = exposes_airlock_state(&repo, &paths, ctx.env) {
-        return fail(why);
+    let rules = HostPathRules::for_user(&paths, ctx.env);
+    if let Err(why) = rules.check_canonical(&repo.path) {
+        return fail(format!(
+            "refusing to run with --repo {}: {why}; run from (or pass --repo) the project \
+             directory itself",
+            repo.path.display()
+        ));
     }
     // An agent that is not installed is reported before anything is asked or started.
     let target = match launch {
@@ -280,6 +280,10 @@ pub fn run_with(
         }
         Err(e) => return fail(e),
     }
+    let git = match judged_git_pointers(&paths, &repo, &rules) {
+        Ok(found) => found,
+        Err(e) => return fail(e),
+    };
     let prepared = match gate.load(&paths, &repo, ctx.env) {
         Ok(p) => p,
         Err(e) => return fail(e),
@@ -299,6 +303,7 @@ pub fn run_with(
     };
     let mut req = Request {
         quarantine_dir: supervisor::quarantine_dir(&paths.airlock_dir(), &session),
+        git,
         session,
         repo,
         argv: Vec::new(),
@@ -322,42 +327,87 @@ pub fn run_with(
         }
     }
     req.env = env;
+    // Agent trees come from PATH, i.e. from configuration: the same predicate as every bind.
+    for (src, _) in &req.ro_binds {
+        if let Err(why) = rules.check_canonical(src) {
+            return fail(format!("refusing to bind the agent's files: {why}"));
+        }
+    }
     match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
-            for q in &outcome.quarantined {
-                eprintln!(
-                    "airlock: quarantined {} ({} inside the sandbox) → {}",
-                    q.path.display(),
-                    q.why,
-                    q.moved_to.display()
-                );
-            }
+            report_sweep(&outcome.sweep, &req.session);
             outcome.exit_code
         }
         Err(e) => fail(e),
     }
 }
 
-/// The repo is mounted read-write: it must not contain the home directory, `~/.airlock` (audit
-/// logs, identity, trust records) or the daemon's socket directory.
-fn exposes_airlock_state(repo: &Repo, paths: &Paths, env: &dyn Env) -> Option<String> {
-    let socket = crate::client::SocketPath::resolve(env);
-    let guarded = [
-        ("your home directory", paths.home().to_path_buf()),
-        ("~/.airlock (audit logs, identity, trust records)", paths.airlock_dir()),
-        ("airlockd's socket directory", socket.dir().to_path_buf()),
-    ];
-    guarded.iter().find_map(|(what, path)| {
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-        path.starts_with(&repo.path).then(|| {
-            format!(
-                "refusing to run with --repo {}: it contains {what} ({}), which the sandbox must \
-                 never reach; run from (or pass --repo) the project directory itself",
-                repo.path.display(),
-                path.display()
-            )
-        })
-    })
+/// The repo's git pointers, honoured only as `airlock policy trust` recorded them, passing the
+/// host-path predicate and belonging to this repo (SECURITY §7).
+fn judged_git_pointers(
+    paths: &Paths,
+    repo: &Repo,
+    rules: &HostPathRules,
+) -> Result<crate::sandbox::gitptr::Found, String> {
+    use crate::sandbox::gitptr;
+    let found = gitptr::discover(&repo.path, rules).map_err(|e| e.to_string())?;
+    if found.pointers.is_empty() && found.problems.is_empty() {
+        return Ok(found);
+    }
+    let record = gitptr::read_record(paths, repo)?;
+    let problems = gitptr::verify(&found, &record, &repo.path);
+    if problems.is_empty() {
+        return Ok(found);
+    }
+    let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+    Err(format!(
+        "refusing to start: git pointers that Airlock does not honour:\n{}",
+        lines.join("\n")
+    ))
+}
+
+/// What the end-of-session sweep did, on stderr (the session record has all of it).
+fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
+    for item in &sweep.items {
+        let at = item.host_path();
+        match item.how {
+            crate::sandbox::quarantine::How::Failed => eprintln!(
+                "airlock: WARNING: could not take {} out of the way ({}): {}; remove it before \
+                 any host tool reads it",
+                at.display(),
+                item.why,
+                item.note.as_deref().unwrap_or("")
+            ),
+            crate::sandbox::quarantine::How::HeldKeys => {
+                let keys: Vec<&str> = item.keys.iter().map(|k| k.key.as_str()).collect();
+                eprintln!(
+                    "airlock: held back {} in {} ({}); the rest of the change is kept",
+                    if keys.is_empty() { "the whole change".to_string() } else { keys.join(", ") },
+                    at.display(),
+                    item.why
+                );
+            }
+            how => eprintln!(
+                "airlock: quarantined {} ({}, {}) → {}",
+                at.display(),
+                item.why,
+                how.as_str(),
+                item.stored.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+            ),
+        }
+    }
+    if !sweep.items.is_empty() {
+        eprintln!(
+            "airlock: review with `airlock quarantine show {session}`; take back what was yours \
+             with `airlock quarantine restore {session} [PATH]`"
+        );
+    }
+    for p in &sweep.setuid_stripped {
+        eprintln!("airlock: stripped setuid/setgid bits from {}", p.display());
+    }
+    for w in &sweep.warnings {
+        eprintln!("airlock: warning: {w}");
+    }
 }
 
 /// Prints each optional-layer warning once per machine state (marker under ~/.airlock).

@@ -5,6 +5,7 @@ pub mod completions;
 pub mod exec;
 pub mod identity;
 pub mod policy;
+pub mod quarantine;
 pub mod run;
 
 use std::path::PathBuf;
@@ -72,6 +73,9 @@ pub enum Command {
     Exec(exec::ExecArgs),
     /// Run a coding agent (claude, codex, or a path) in the sandbox, with its per-repo home.
     Run(run::RunArgs),
+    /// List, show and restore what the end of a session took out of the repo
+    #[command(subcommand)]
+    Quarantine(quarantine::QuarantineCommand),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -117,5 +121,6 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Completions(args) => completions::run(&args),
         Command::Exec(args) => exec::run(args, ctx),
         Command::Run(args) => run::run(args, ctx),
+        Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
     }
 }

@@ -487,16 +487,50 @@ fn print_show(r: &ShowJson) {
 // ---------------------------------------------------------------------------------------------
 // policy trust
 
+/// Records the repo's git pointers (worktree/submodule `gitdir:`, `commondir`, alternates,
+/// `config.worktree`) as they are now, after judging each (SECURITY §7); how many.
+fn record_git_pointers(setup: &Setup, ctx: &Context<'_>) -> Result<usize, i32> {
+    use crate::sandbox::gitptr;
+    let rules = crate::hostpath::HostPathRules::for_user(&setup.paths, ctx.env);
+    let found = gitptr::discover(&setup.repo.path, &rules).map_err(|e| config_error(&e))?;
+    let problems = gitptr::judge(&found, &setup.repo.path);
+    if !problems.is_empty() {
+        for p in &problems {
+            eprintln!("airlock: {p}");
+        }
+        eprintln!("airlock: refusing to trust: fix or remove the git pointers above first");
+        return Err(EXIT_CONFIG);
+    }
+    let record = gitptr::write_record(&setup.paths, &setup.repo, &found.pointers)
+        .map_err(|e| config_error(&e))?;
+    for p in &found.pointers {
+        match &p.target {
+            Some(t) => println!("recorded git pointer {} → {}", p.file.display(), t.display()),
+            None => println!("recorded git pointer {} ({})", p.file.display(), p.digest),
+        }
+    }
+    if !found.pointers.is_empty() {
+        println!("git pointers recorded in {}", config::display_path(&setup.paths, &record));
+    }
+    Ok(found.pointers.len())
+}
+
 fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
     let setup = match setup(args, ctx) {
         Ok(s) => s,
         Err(e) => return config_error(&e),
     };
+    let pointers = match record_git_pointers(&setup, ctx) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
     let file = match config::load_repo_file(&setup.paths, &setup.repo) {
         Ok(Some(f)) => f,
+        Ok(None) if pointers > 0 => return 0,
         Ok(None) => {
             eprintln!(
-                "airlock: there is no {} to trust; create it (see docs/configuration.md)",
+                "airlock: there is no {} to trust (and no git pointers to record); create it \
+                 (see docs/configuration.md)",
                 setup.repo.config_file().display()
             );
             return EXIT_CONFIG;

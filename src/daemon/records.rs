@@ -54,6 +54,9 @@ pub struct EndRecord<'a> {
     pub exit_status: Option<i32>,
     pub transcripts: &'a [TranscriptHash],
     pub quarantined: &'a [Quarantined],
+    /// What else the end-of-session sweep found (setuid bits stripped, outside symlinks, …).
+    #[serde(flatten)]
+    pub leftovers: &'a crate::protocol::Leftovers,
     /// `supervisor_lost` when the control connection dropped without `session_end`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<&'static str>,
@@ -87,6 +90,7 @@ mod tests {
             exit_status: Some(3),
             transcripts: &[],
             quarantined: &[],
+            leftovers: &crate::protocol::Leftovers::default(),
             end_reason: Some("supervisor_lost"),
             tunnels: 0,
             bytes_sent: 0,

@@ -801,6 +801,7 @@ fn end_session(
         exit_status: end.exit_status,
         transcripts: &end.transcripts,
         quarantined: &end.quarantined,
+        leftovers: &end.leftovers,
         end_reason: reason,
         tunnels: stats.tunnels_total,
         bytes_sent: stats.bytes_sent,

@@ -6,8 +6,6 @@
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
-use super::protect::Quarantined;
-
 /// What the daemon needs to know about a session.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SessionInfo {
@@ -30,7 +28,9 @@ pub struct SessionInfo {
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SessionEnd {
     pub exit_code: i32,
-    pub quarantined: Vec<Quarantined>,
+    /// What the end-of-session sweep took out of the way, and what else it found.
+    pub quarantined: Vec<crate::protocol::Quarantined>,
+    pub leftovers: crate::protocol::Leftovers,
     /// Transcript files the session created or changed, hashed after it ended (`run`).
     pub transcripts: Vec<crate::protocol::TranscriptHash>,
 }
@@ -58,25 +58,31 @@ pub mod test {
 
     /// `hold`: keeps the listener open and never serves it (network-escape tests: nothing but
     /// the listener exists). `respond`: answers every connection with a fixed HTTP response
-    /// naming itself, proving the listener reached the host side.
+    /// naming itself, proving the listener reached the host side. `record:PATH`: like `hold`,
+    /// and appends what `session_end` would carry to PATH as one JSON line.
     #[derive(Debug)]
     pub struct TestBridge {
         respond: bool,
         held: Option<OwnedFd>,
+        record: Option<PathBuf>,
+        session: String,
     }
 
     impl TestBridge {
         pub fn new(mode: &str) -> Option<Self> {
+            let with =
+                |respond, record| Self { respond, held: None, record, session: String::new() };
             match mode {
-                "hold" => Some(Self { respond: false, held: None }),
-                "respond" => Some(Self { respond: true, held: None }),
-                _ => None,
+                "hold" => Some(with(false, None)),
+                "respond" => Some(with(true, None)),
+                _ => mode.strip_prefix("record:").map(|p| with(false, Some(PathBuf::from(p)))),
             }
         }
     }
 
     impl ProxyBridge for TestBridge {
         fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+            self.session = info.session.clone();
             if !self.respond {
                 self.held = Some(listener);
                 return Ok(());
@@ -97,8 +103,15 @@ pub mod test {
             });
             Ok(())
         }
-        fn end(&mut self, _end: &SessionEnd) {
+        fn end(&mut self, end: &SessionEnd) {
             self.held = None;
+            if let Some(path) = &self.record {
+                let line = serde_json::json!({ "session": self.session, "end": end });
+                if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+                {
+                    let _ = writeln!(f, "{line}");
+                }
+            }
         }
     }
 }

@@ -2,10 +2,13 @@
 //! `docs/sandbox.md`).
 //!
 //! - [`supervisor`]: the host side of one session (`supervisor::run`): plan, fork into the
-//!   namespaces, receive the listener, hand it to a [`bridge::ProxyBridge`], relay, quarantine.
+//!   namespaces, receive the listener, hand it to a [`bridge::ProxyBridge`], relay, sweep.
 //! - [`inside`]: setup inside the namespaces and the PID-1 init.
-//! - [`mounts`]: the filesystem plan (pure data) and its execution; [`protect`]: repo paths the
-//!   host runs later, and their quarantine.
+//! - [`mounts`]: the filesystem plan (pure data) and its execution.
+//! - What a session leaves behind (SECURITY §7): [`gitptr`] judges git pointers against
+//!   `airlock policy trust`'s record; [`protect`] lists, pins and placeholders the paths the host
+//!   runs later; [`sweep`] judges everything that changed at the end; [`quarantine`] stores
+//!   what it takes and gives it back.
 //! - [`seccomp`], [`landlock`]: the filters; [`probe`]: what the kernel offers (also
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
 //! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
@@ -19,11 +22,14 @@ pub mod bridge;
 pub mod cgroup;
 pub mod codekeys;
 pub mod env;
+pub mod gitptr;
 pub mod inside;
 pub mod landlock;
 pub mod mounts;
 pub mod probe;
 pub mod protect;
+pub mod quarantine;
 pub mod relay;
 pub mod seccomp;
 pub mod supervisor;
+pub mod sweep;

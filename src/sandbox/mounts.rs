@@ -94,6 +94,36 @@ pub struct HostView {
     pub etc: Vec<(String, Option<Option<PathBuf>>)>,
     /// /proc entries that exist (so masking does not fail on kernels without them).
     pub proc_entries: Vec<String>,
+    /// The entries of `/etc/ssl` that are bound when it is a directory: everything but private
+    /// key directories ([`is_private_key_entry`]); same encoding as `system`.
+    pub ssl: Vec<(String, Option<Option<PathBuf>>)>,
+}
+
+/// A private-key entry of `/etc/ssl` that is never bound (SECURITY §7): `private/` (and any name
+/// containing `private`), or anything others may not read.
+pub fn is_private_key_entry(name: &str, mode: u32, is_dir: bool) -> bool {
+    let others_can_read = if is_dir { mode & 0o005 == 0o005 } else { mode & 0o004 != 0 };
+    name.contains("private") || !others_can_read
+}
+
+fn ssl_entries() -> Vec<(String, Option<Option<PathBuf>>)> {
+    let mut out: Vec<(String, Option<Option<PathBuf>>)> = std::fs::read_dir("/etc/ssl")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            let path = e.path();
+            let meta = fs::symlink_metadata(&path).ok()?;
+            if meta.file_type().is_symlink() {
+                return Some((name, Some(fs::read_link(&path).ok())));
+            }
+            (!is_private_key_entry(&name, meta.permissions().mode(), meta.is_dir()))
+                .then_some((name, Some(None)))
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 fn kind_of(path: &Path) -> Option<Option<PathBuf>> {
@@ -111,7 +141,7 @@ impl HostView {
             .filter(|e| Path::new("/proc").join(e).exists())
             .map(|e| e.to_string())
             .collect();
-        Self { system: system.collect(), etc: etc.collect(), proc_entries }
+        Self { system: system.collect(), etc: etc.collect(), proc_entries, ssl: ssl_entries() }
     }
 }
 
@@ -206,6 +236,20 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
         let path = Path::new("/etc").join(name);
         match kind {
             Some(Some(target)) => ops.push(Op::Symlink { target: target.clone(), path }),
+            // `/etc/ssl` entry by entry, so `private/` (host keys) is never bound.
+            Some(None) if name == "ssl" => {
+                ops.push(Op::Dir { path: path.clone(), mode: 0o755 });
+                for (entry, kind) in &host.ssl {
+                    let p = path.join(entry);
+                    match kind {
+                        Some(Some(target)) => {
+                            ops.push(Op::Symlink { target: target.clone(), path: p })
+                        }
+                        Some(None) => ops.push(Op::BindHost { src: p.clone(), dst: p, ro: true }),
+                        None => {}
+                    }
+                }
+            }
             Some(None) => ops.push(Op::BindHost { src: path.clone(), dst: path, ro: true }),
             None => {}
         }
@@ -527,6 +571,17 @@ fn open_file_path(path: &Path) -> io::Result<OwnedFd> {
         .map_err(|e| err("open", path, e))
 }
 
+/// Host paths the plan binds into the sandbox (for checks made before it exists).
+pub fn host_sources(ops: &[Op]) -> Vec<PathBuf> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::BindHost { src, .. } => Some(src.clone()),
+            Op::BindBeneath { root, rel, inside: false, .. } => Some(root.join(rel)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Names the sandbox paths that must stay writable (Landlock rules).
 pub fn writable_paths(repo_sandbox: &Path, external: &[PathBuf]) -> Vec<PathBuf> {
     let mut v = vec![repo_sandbox.to_path_buf(), root("/tmp"), root("/home/agent"), root("/dev")];
@@ -553,22 +608,24 @@ mod tests {
                 ("alternatives".into(), None),
             ],
             proc_entries: vec!["sys".into(), "sysrq-trigger".into(), "kcore".into()],
+            ssl: vec![("certs".into(), Some(None)), ("openssl.cnf".into(), Some(None))],
         }
+    }
+
+    fn listed(repo: &Path, rel: &str, state: State) -> Listed {
+        Listed { root: repo.into(), rel: rel.into(), state, id: None, placeholder: false }
     }
 
     fn protection(repo: &Path) -> Protection {
         Protection {
             listed: vec![
-                Listed { root: repo.into(), rel: ".git/hooks".into(), state: State::Dir },
-                Listed { root: repo.into(), rel: ".envrc".into(), state: State::Absent },
-                Listed {
-                    root: repo.into(),
-                    rel: ".mcp.json".into(),
-                    state: State::Symlink("x".into()),
-                },
+                listed(repo, ".git/hooks", State::Dir),
+                listed(repo, ".envrc", State::Absent),
+                listed(repo, ".mcp.json", State::Symlink("x".into())),
             ],
             pinned: vec![repo.join(".git")],
             external: vec![PathBuf::from("/elsewhere/main/.git")],
+            ..Protection::default()
         }
     }
 
@@ -603,10 +660,15 @@ mod tests {
         let dump = format!("{ops:?}");
         assert!(!dump.contains("shadow") && !dump.contains("ssh"));
         assert!(ops.contains(&Op::BindHost {
-            src: "/etc/ssl".into(),
-            dst: "/etc/ssl".into(),
+            src: "/etc/ssl/certs".into(),
+            dst: "/etc/ssl/certs".into(),
             ro: true
         }));
+        assert!(
+            !ops.iter()
+                .any(|o| matches!(o, Op::BindHost { src, .. } if src == Path::new("/etc/ssl")))
+        );
+        assert!(!dump.contains("private"));
         assert!(ops.contains(&Op::File {
             path: "/etc/resolv.conf".into(),
             contents: String::new(),

