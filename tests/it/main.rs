@@ -16,5 +16,6 @@ mod review_store;
 mod review_support;
 mod sandbox;
 mod sandbox_agent;
+mod sandbox_control;
 mod sandbox_proxy;
 mod support;
