@@ -18,4 +18,5 @@ mod sandbox;
 mod sandbox_agent;
 mod sandbox_control;
 mod sandbox_proxy;
+mod sandbox_setid;
 mod support;
