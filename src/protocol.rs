@@ -127,6 +127,9 @@ pub enum Response {
 pub enum ErrorCode {
     /// The peer runs as another uid.
     PeerUid,
+    /// The peer runs in another user or network namespace than the daemon (SECURITY §7), or
+    /// its namespaces could not be determined.
+    PeerNamespace,
     /// A request before `hello`, after a failed `hello`, or not valid JSON.
     Protocol,
     /// The daemon's configuration (e.g. the managed layer) is broken; the message says how.

@@ -1,6 +1,6 @@
-//! The control service: accepts connections on the adopted socket, checks each peer's uid,
-//! speaks [`crate::protocol`], keeps the session registry and session records, and exits when
-//! idle or on SIGTERM (DESIGN §6).
+//! The control service: accepts connections on the adopted socket, checks each peer's uid and
+//! that it shares the daemon's user and network namespace, speaks [`crate::protocol`], keeps the
+//! session registry and session records, and exits when idle or on SIGTERM (DESIGN §6).
 //!
 //! Idle exit is race-free because the daemon never owns the socket: it stops calling `accept`,
 //! sends `STOPPING=1`, drops its copy of the listener (never `shutdown(2)`, never unlink), finishes
@@ -502,6 +502,18 @@ async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
             eprintln!("airlockd: cannot read peer credentials: {err}");
             return;
         }
+    }
+    // Same user and network namespace as ours, or nothing is served (SECURITY §7): a sandboxed
+    // process that reaches the socket (say, through a bad mount) must not speak the protocol.
+    if let Err(err) = crate::sys::peer::check_same_namespaces(conn.stream.as_fd()) {
+        eprintln!("airlockd: WARNING: refused a control connection: {err}");
+        let msg = format!(
+            "refused: airlockd serves only processes in its own user and network namespaces; \
+             {err}. Run airlock in the same namespaces as airlockd."
+        );
+        let _ = conn.send(&error(ErrorCode::PeerNamespace, msg)).await;
+        conn.close_gracefully().await;
+        return;
     }
     let mut stop = daemon.stop_tx.subscribe();
     loop {

@@ -5,5 +5,6 @@ pub mod activation;
 pub mod exec;
 pub mod fdpass;
 pub mod namespaces;
+pub mod peer;
 pub mod spawn;
 pub mod splice;

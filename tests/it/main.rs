@@ -16,6 +16,8 @@ mod review_store;
 mod review_support;
 mod sandbox;
 mod sandbox_agent;
+mod sandbox_control;
 mod sandbox_leave_behind;
 mod sandbox_proxy;
+mod sandbox_setid;
 mod support;
