@@ -9,7 +9,8 @@
 //! - [`seccomp`], [`landlock`]: the filters; [`probe`]: what the kernel offers (also
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
-//! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox.
+//! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox;
+//!   [`termfilter`]: the escape sequences the relay keeps from the caller's terminal.
 //!
 //! Every `unsafe` block lives in `crate::sys` (`namespaces`, `exec`).
 
@@ -24,3 +25,4 @@ pub mod protect;
 pub mod relay;
 pub mod seccomp;
 pub mod supervisor;
+pub mod termfilter;
