@@ -24,6 +24,7 @@ use super::mounts::{self, HostView, PlanInput};
 use super::probe::{Kernel, MANDATORY_LAYERS};
 use super::protect::{self, Quarantined};
 use super::relay::{self, Endpoint, Events, Pump};
+use super::termfilter::{TermFilter, TerminalPolicy};
 use crate::repo::Repo;
 use crate::sys::exec as sysx;
 use crate::sys::namespaces::{self, Forked, SANDBOX_NAMESPACES};
@@ -72,6 +73,8 @@ pub struct Request {
     /// The agent's name and version, for the session record (`run` only).
     pub agent: Option<String>,
     pub agent_version: Option<String>,
+    /// What the pty relay lets reach the caller's terminal.
+    pub terminal: TerminalPolicy,
 }
 
 /// The result of a session.
@@ -388,7 +391,7 @@ pub fn run(
 
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(|e| io_ctx("signalfd")(e.into()))?;
-    let mut pumps = build_pumps(&tty, our_ends, master.as_ref())?;
+    let mut pumps = build_pumps(&tty, our_ends, master.as_ref(), req.terminal)?;
     let _raw = RawMode::enter(tty[0]);
     let mut watch = Watch { child, status: None, master, winsize_from };
     // The child may have exited before the signalfd existed.
@@ -480,6 +483,7 @@ fn build_pumps(
     tty: &[bool; 3],
     our_ends: [Option<OwnedFd>; 3],
     master: Option<&OwnedFd>,
+    terminal: TerminalPolicy,
 ) -> Result<Vec<Pump>, SandboxError> {
     let dup = |m: &OwnedFd| m.try_clone().map_err(io_ctx("dup pty master"));
     let mut pumps = Vec::new();
@@ -496,7 +500,8 @@ fn build_pumps(
         && (tty[1] || tty[2])
     {
         let to = if tty[1] { 1 } else { 2 };
-        pumps.push(mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?);
+        let pump = mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?;
+        pumps.push(pump.filtered(TermFilter::new(terminal)));
     }
     for (fd, end) in [(1, e1), (2, e2)] {
         if let Some(r) = end {
