@@ -17,4 +17,5 @@ mod review_support;
 mod sandbox;
 mod sandbox_agent;
 mod sandbox_proxy;
+mod sandbox_terminal;
 mod support;
