@@ -20,6 +20,7 @@ use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
 use crate::sandbox::env::{self as senv, Extra, IdentityEnv};
 use crate::sandbox::probe::{self, HostFs};
 use crate::sandbox::supervisor::{self, Request};
+use crate::sandbox::termfilter::TerminalPolicy;
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -64,6 +65,8 @@ pub struct Prepared {
     pub server: Option<String>,
     /// The user layer and the trusted repo layer, sent to the daemon.
     pub layers: ClientLayers,
+    /// What the relay lets reach the caller's terminal (managed and user `[terminal]`).
+    pub terminal: TerminalPolicy,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -111,6 +114,7 @@ impl TrustGate for ConfigGate {
                 .map(|i| IdentityEnv { user_id: Some(i.user_id), email: Some(i.email) })
                 .unwrap_or_default(),
             layers: loaded.client_layers(),
+            terminal: config::terminal_policy(&loaded.applied()),
         })
     }
 }
@@ -315,6 +319,7 @@ pub fn run_with(
         symlinks: Vec::new(),
         agent: None,
         agent_version: None,
+        terminal: prepared.terminal,
     };
     let mut bridge = make_bridge(&prepared);
     match target {

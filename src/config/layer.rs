@@ -16,6 +16,8 @@
 //! GITHUB_TOKEN = { from_env = "GITHUB_TOKEN" }
 //! [review]                      # managed and user layers only
 //! servers = ["https://review.corp.example"]
+//! [terminal]                    # managed and user layers only
+//! clipboard = "deny"            # or "allow" (OSC 52 writes; reads are always dropped)
 //! ```
 
 use std::collections::BTreeMap;
@@ -31,11 +33,14 @@ use toml::de::{DeTable, DeValue};
 use super::ConfigError;
 use super::diag::{Diagnostic, line_col, suggestion};
 use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
+use crate::sandbox::termfilter::Clipboard;
 
-const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review"];
+const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review", "terminal"];
 const NETWORK_KEYS: &[&str] = &["mode", "allow", "block", "allow_private"];
 const ENV_KEYS: &[&str] = &["pass"];
 const REVIEW_KEYS: &[&str] = &["servers"];
+const TERMINAL_KEYS: &[&str] = &["clipboard"];
+const CLIPBOARD_VALUES: &[&str] = &["deny", "allow"];
 const CREDENTIAL_KEYS: &[&str] = &["from_env"];
 const MODES: &[&str] = &["allowlist", "blocklist"];
 
@@ -60,6 +65,17 @@ pub struct LayerDoc {
     /// `[review] servers` (managed and user layers only): URLs or hosts, always blocked.
     #[serde(default)]
     pub review_servers: Vec<String>,
+    /// `[terminal]` (managed and user layers only).
+    #[serde(default)]
+    pub terminal: TerminalDoc,
+}
+
+/// `[terminal]`: what the relay lets reach the caller's terminal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalDoc {
+    /// `clipboard`: whether OSC 52 clipboard writes pass (`None` when the file is silent).
+    #[serde(default)]
+    pub clipboard: Option<Clipboard>,
 }
 
 /// `[network]`.
@@ -140,6 +156,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         env_pass: Vec::new(),
         mcp: BTreeMap::new(),
         review_servers: Vec::new(),
+        terminal: TerminalDoc::default(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -208,6 +225,22 @@ impl Walker<'_> {
                         );
                     } else if let Some(t) = self.table(value, "[review]") {
                         self.review(t, doc);
+                    }
+                }
+                "terminal" => {
+                    if !matches!(self.kind, LayerKind::Managed | LayerKind::User) {
+                        self.error(
+                            key.span(),
+                            format!(
+                                "[terminal] is not allowed in the {} layer: it may only be set in \
+                                 ~/.airlock/config.toml or the managed policy \
+                                 (/etc/airlock/policy.toml), so a repo cannot open your \
+                                 clipboard to its agent; move it there",
+                                self.kind
+                            ),
+                        );
+                    } else if let Some(t) = self.table(value, "[terminal]") {
+                        self.terminal(t, doc);
                     }
                 }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
@@ -476,6 +509,33 @@ impl Walker<'_> {
             }
         }
     }
+
+    fn terminal(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "clipboard" => {
+                    if let Some(v) = self.string(value, "terminal.clipboard") {
+                        doc.terminal.clipboard = match v {
+                            "deny" => Some(Clipboard::Deny),
+                            "allow" => Some(Clipboard::Allow),
+                            other => {
+                                let hint = suggestion(other, CLIPBOARD_VALUES);
+                                self.error(
+                                    value.span(),
+                                    format!(
+                                        "terminal.clipboard must be \"deny\" or \"allow\", found \
+                                         {other:?}; {hint}"
+                                    ),
+                                );
+                                None
+                            }
+                        };
+                    }
+                }
+                _ => self.unknown(key, "[terminal]", TERMINAL_KEYS),
+            }
+        }
+    }
 }
 
 /// An `allow_private` entry: a CIDR without host bits, or a single address (= /32 or /128).
@@ -714,6 +774,48 @@ OTHER = "literal"
         assert!(
             e.starts_with("/r/.airlock.toml:2:12: review.servers entry \"ftp://x.test\""),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn terminal_is_for_managed_and_user_layers_only() {
+        let text = "[network]\nallow = [\"a.test\"]\n[terminal]\nclipboard = \"allow\"\n";
+        assert_eq!(
+            repo_err(text),
+            "/r/.airlock.toml:3:2: [terminal] is not allowed in the repo layer: it may only be set \
+             in ~/.airlock/config.toml or the managed policy (/etc/airlock/policy.toml), so a repo \
+             cannot open your clipboard to its agent; move it there"
+        );
+        assert!(
+            repo_err("terminal.clipboard = \"deny\"\n")
+                .starts_with("/r/.airlock.toml:1:1: [terminal] is not allowed in the repo layer")
+        );
+        assert!(errors(LayerKind::Operator, text).contains("not allowed in the operator layer"));
+        for kind in [LayerKind::Managed, LayerKind::User] {
+            let doc = parse_layer(kind, F, text.as_bytes()).unwrap().doc;
+            assert_eq!(doc.terminal.clipboard, Some(Clipboard::Allow));
+            let doc = parse_layer(kind, F, b"[terminal]\nclipboard = \"deny\"\n").unwrap().doc;
+            assert_eq!(doc.terminal.clipboard, Some(Clipboard::Deny));
+            let json = serde_json::to_string(&doc).unwrap();
+            assert_eq!(serde_json::from_str::<LayerDoc>(&json).unwrap(), doc);
+        }
+        let user = |text: &str| errors(LayerKind::User, text);
+        assert_eq!(
+            user("[terminal]\nclipbaord = \"allow\"\n"),
+            "/r/.airlock.toml:2:1: unknown key `clipbaord` in [terminal]; did you mean `clipboard`?"
+        );
+        assert_eq!(
+            user("[terminal]\nclipboard = \"alow\"\n"),
+            "/r/.airlock.toml:2:13: terminal.clipboard must be \"deny\" or \"allow\", found \
+             \"alow\"; did you mean `allow`?"
+        );
+        assert_eq!(
+            user("[terminal]\nclipboard = true\n"),
+            "/r/.airlock.toml:2:13: terminal.clipboard must be a string, found boolean"
+        );
+        assert_eq!(
+            user("[termnal]\n"),
+            "/r/.airlock.toml:1:2: unknown key `termnal` in the top level; did you mean `terminal`?"
         );
     }
 

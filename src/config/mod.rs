@@ -20,12 +20,13 @@ use serde::{Deserialize, Serialize};
 
 pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
-pub use layer::{Credential, LayerDoc, NetworkDoc, ParsedLayer, digest, parse_layer};
+pub use layer::{Credential, LayerDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest, parse_layer};
 pub use trust::{TrustRecord, TrustState};
 
 use crate::paths::Paths;
 use crate::policy::{self, Host, LayerKind, Policy, PolicyError, PolicyWarning, ReviewHost};
 use crate::repo::Repo;
+use crate::sandbox::termfilter::{Clipboard, TerminalPolicy};
 
 /// Everything that can make configuration unusable. Each message says where and how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -380,6 +381,23 @@ pub fn sandbox_env(layers: &[&LayerDoc], host: &dyn crate::env::Env) -> Vec<(Str
     out
 }
 
+/// What the terminal filter lets through, from the applied layers' `[terminal]`: managed and
+/// user only (other layers cannot parse with it, and a document claiming it is ignored). A
+/// `deny` in either wins, like a block entry; otherwise `allow` if one says so; else `deny`.
+pub fn terminal_policy(layers: &[&LayerDoc]) -> TerminalPolicy {
+    let said: Vec<Clipboard> = layers
+        .iter()
+        .filter(|d| matches!(d.kind, LayerKind::Managed | LayerKind::User))
+        .filter_map(|d| d.terminal.clipboard)
+        .collect();
+    let clipboard = if !said.contains(&Clipboard::Deny) && said.contains(&Clipboard::Allow) {
+        Clipboard::Allow
+    } else {
+        Clipboard::Deny
+    };
+    TerminalPolicy { clipboard }
+}
+
 /// A path as the user sees it: `~/…` under the home directory.
 pub fn display_path(paths: &Paths, path: &Path) -> String {
     match path.strip_prefix(paths.home()) {
@@ -583,6 +601,32 @@ mod tests {
         let expect = [("A", "1"), ("TOKEN", "secret"), ("B", "2"), ("K", "v")];
         let got: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(got, expect);
+    }
+
+    #[test]
+    fn the_clipboard_is_allowed_only_by_managed_or_user_and_any_deny_wins() {
+        let doc = |kind: LayerKind, text: &str| {
+            let mut d = parse_layer(kind, "f", text.as_bytes()).unwrap().doc;
+            d.kind = kind;
+            d
+        };
+        let allow = "[terminal]\nclipboard = \"allow\"\n";
+        let deny = "[terminal]\nclipboard = \"deny\"\n";
+        let clipboard = |layers: &[&LayerDoc]| terminal_policy(layers).clipboard;
+        let (user_allow, user_deny) = (doc(LayerKind::User, allow), doc(LayerKind::User, deny));
+        let (managed_allow, managed_deny) =
+            (doc(LayerKind::Managed, allow), doc(LayerKind::Managed, deny));
+        let silent = doc(LayerKind::User, "");
+        assert_eq!(clipboard(&[]), Clipboard::Deny);
+        assert_eq!(clipboard(&[&silent]), Clipboard::Deny);
+        assert_eq!(clipboard(&[&user_allow]), Clipboard::Allow);
+        assert_eq!(clipboard(&[&managed_allow, &silent]), Clipboard::Allow);
+        assert_eq!(clipboard(&[&managed_deny, &user_allow]), Clipboard::Deny);
+        assert_eq!(clipboard(&[&managed_allow, &user_deny]), Clipboard::Deny);
+        // A repo document cannot carry it past the parser; one that claims to is ignored.
+        let mut forged = user_allow.clone();
+        forged.kind = LayerKind::Repo;
+        assert_eq!(clipboard(&[&forged]), Clipboard::Deny);
     }
 
     #[test]

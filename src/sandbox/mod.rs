@@ -14,7 +14,8 @@
 //! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
 //!   into kept and held parts (pure: bytes in, bytes out).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
-//! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox.
+//! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox;
+//!   [`termfilter`]: the escape sequences the relay keeps from the caller's terminal.
 //!
 //! Every `unsafe` block lives in `crate::sys` (`namespaces`, `exec`).
 
@@ -33,3 +34,4 @@ pub mod relay;
 pub mod seccomp;
 pub mod supervisor;
 pub mod sweep;
+pub mod termfilter;

@@ -1,7 +1,8 @@
 //! The host side of the sandbox's stdio: bytes between the caller's descriptors and the
 //! sandbox's pipes or pty master, plus the supervisor's signals (signalfd). Descriptors the
 //! caller owns are never made non-blocking (that would change them for the caller's shell
-//! too): they are read only when poll(2) says so and written blocking.
+//! too): they are read only when poll(2) says so and written blocking. The pty master's output
+//! to a terminal goes through a [`TermFilter`]; pipes are copied exactly.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -12,6 +13,8 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 use nix::sys::signalfd::SignalFd;
+
+use super::termfilter::TermFilter;
 
 /// One direction of bytes.
 #[derive(Debug)]
@@ -24,6 +27,8 @@ pub struct Pump {
     pub input: bool,
     buf: Vec<u8>,
     eof: bool,
+    /// The pty output's escape-sequence filter; other pumps copy bytes exactly.
+    filter: Option<TermFilter>,
 }
 
 /// A descriptor in a pump.
@@ -55,7 +60,17 @@ impl Pump {
                 fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
             }
         }
-        Ok(Self { src, dst, input, buf: Vec::new(), eof: false })
+        Ok(Self { src, dst, input, buf: Vec::new(), eof: false, filter: None })
+    }
+
+    /// This pump's bytes go through `filter` (the pty master's output to a terminal).
+    pub fn filtered(self, filter: TermFilter) -> Self {
+        Self { filter: Some(filter), ..self }
+    }
+
+    /// Whether the filter passed a sequence the terminal answers.
+    pub fn relayed_a_query(&self) -> bool {
+        self.filter.as_ref().is_some_and(TermFilter::relayed_a_query)
     }
 }
 
@@ -150,7 +165,14 @@ fn read_into(p: &mut Pump) -> io::Result<()> {
         Ok(0) => finish_src(p),
         Ok(n) => {
             buf.truncate(n);
-            p.buf = buf;
+            p.buf = match &mut p.filter {
+                Some(filter) => {
+                    let mut out = Vec::with_capacity(n);
+                    filter.feed(&buf, &mut out);
+                    out
+                }
+                None => buf,
+            };
             // Writes to the caller's descriptors are blocking: do them right away.
             if matches!(p.dst, Endpoint::Caller(_)) {
                 write_from(p)?;
@@ -166,6 +188,9 @@ fn read_into(p: &mut Pump) -> io::Result<()> {
 fn finish_src(p: &mut Pump) {
     p.eof = true;
     p.src = Endpoint::Closed;
+    if let Some(filter) = &mut p.filter {
+        filter.finish(&mut p.buf);
+    }
     if p.input && p.buf.is_empty() {
         // Closing the sandbox's stdin pipe delivers EOF to the command. For a pty the master
         // is shared with the output pump, whose own handle stays open.

@@ -7,8 +7,9 @@ use std::ffi::{CString, OsString};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use nix::sys::signal::{SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{
     AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, socketpair,
@@ -27,6 +28,7 @@ use super::protect::{self, Protection};
 use super::quarantine;
 use super::relay::{self, Endpoint, Events, Pump};
 use super::sweep::{self, Report};
+use super::termfilter::{TermFilter, TerminalPolicy};
 use crate::repo::Repo;
 use crate::sys::exec as sysx;
 use crate::sys::namespaces::{self, Forked, SANDBOX_NAMESPACES};
@@ -78,6 +80,8 @@ pub struct Request {
     /// The agent's name and version, for the session record (`run` only).
     pub agent: Option<String>,
     pub agent_version: Option<String>,
+    /// What the pty relay lets reach the caller's terminal.
+    pub terminal: TerminalPolicy,
 }
 
 /// The result of a session.
@@ -143,6 +147,34 @@ impl Drop for RawMode {
         if let Some(saved) = &self.0 {
             let _ = termios::tcsetattr(sysx::borrow_raw(0), SetArg::TCSAFLUSH, saved);
         }
+    }
+}
+
+/// How long a terminal's answer to a relayed query (DA, DSR, a colour query) may still be on
+/// its way when the session ends.
+const LATE_ANSWER: Duration = Duration::from_millis(50);
+
+/// Discards input waiting on the caller's terminals once the session is over: with stdin a
+/// pipe and stdout a tty, nothing reads a terminal's answer to what the agent sent, and it
+/// would otherwise be typed into the caller's shell. After a relayed query the answer may
+/// still be in flight, so it is given a moment to arrive first.
+fn flush_host_input(tty: &[bool; 3], query_relayed: bool) {
+    if !tty.contains(&true) {
+        return;
+    }
+    if query_relayed {
+        std::thread::sleep(LATE_ANSWER);
+    }
+    // SIGTTOU blocked: a session run in the background must not be stopped by the flush.
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut old = SigSet::empty();
+    let blocked = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_ok();
+    for fd in (0..3).filter(|fd| tty[*fd as usize]) {
+        let _ = termios::tcflush(sysx::borrow_raw(fd), termios::FlushArg::TCIFLUSH);
+    }
+    if blocked {
+        let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
     }
 }
 
@@ -412,7 +444,7 @@ pub fn run(
 
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(|e| io_ctx("signalfd")(e.into()))?;
-    let mut pumps = build_pumps(&tty, our_ends, master.as_ref())?;
+    let mut pumps = build_pumps(&tty, our_ends, master.as_ref(), req.terminal)?;
     let _raw = RawMode::enter(tty[0]);
     let mut watch = Watch { child, status: None, master, winsize_from };
     // The child may have exited before the signalfd existed.
@@ -423,6 +455,7 @@ pub fn run(
         None => waitpid(child, None).map_err(|e| io_ctx("waitpid")(e.into()))?,
     };
     drop(_raw);
+    flush_host_input(&tty, pumps.iter().any(Pump::relayed_a_query));
     relayed.map_err(io_ctx("relaying stdio"))?;
     let exit_code = inside::exit_code(status).unwrap_or(125);
     // Init is reaped, so every process of its PID namespace is gone: the leaf can go.
@@ -594,6 +627,7 @@ fn build_pumps(
     tty: &[bool; 3],
     our_ends: [Option<OwnedFd>; 3],
     master: Option<&OwnedFd>,
+    terminal: TerminalPolicy,
 ) -> Result<Vec<Pump>, SandboxError> {
     let dup = |m: &OwnedFd| m.try_clone().map_err(io_ctx("dup pty master"));
     let mut pumps = Vec::new();
@@ -610,7 +644,8 @@ fn build_pumps(
         && (tty[1] || tty[2])
     {
         let to = if tty[1] { 1 } else { 2 };
-        pumps.push(mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?);
+        let pump = mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?;
+        pumps.push(pump.filtered(TermFilter::new(terminal)));
     }
     for (fd, end) in [(1, e1), (2, e2)] {
         if let Some(r) = end {

@@ -20,4 +20,5 @@ mod sandbox_control;
 mod sandbox_leave_behind;
 mod sandbox_proxy;
 mod sandbox_setid;
+mod sandbox_terminal;
 mod support;

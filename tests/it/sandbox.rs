@@ -14,54 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::support::{self, Run, World, have};
+use crate::support::{self, PtyOutput, Sandbox, World, have};
 
 pub(crate) fn prereqs(tools: &[&str]) -> bool {
     tools.iter().all(|t| have(t))
-}
-
-pub(crate) struct Sandbox {
-    pub world: World,
-    pub repo: PathBuf,
-}
-
-impl Sandbox {
-    pub fn new(name: &str) -> Self {
-        let world = World::new();
-        let repo = world.repo(name);
-        Self::with(world, repo)
-    }
-
-    /// A user layer allowing a test name, so the effective allowlist is not empty.
-    pub fn with(world: World, repo: PathBuf) -> Self {
-        world.write(
-            world.home.join(".airlock/config.toml"),
-            "[network]\nallow = [\"example.test\"]\n",
-        );
-        Self { world, repo }
-    }
-
-    pub fn exec<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> support::TestCommand {
-        self.world
-            .airlock(&self.repo)
-            .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
-            .args(["exec", "--"])
-            .args(args)
-    }
-
-    /// `sh -c SCRIPT` inside.
-    pub fn sh(&self, script: &str) -> Run {
-        self.exec(&["sh", "-c", script]).run()
-    }
-
-    /// `python3 -c CODE` inside.
-    pub fn py(&self, code: &str) -> Run {
-        self.exec(&["python3", "-c", code]).run()
-    }
-
-    pub fn home(&self) -> &Path {
-        &self.world.home
-    }
 }
 
 /// Host-side listeners on every address (so connections to loopback *or* the host's own
@@ -513,11 +469,6 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// `airlock policy trust` for the sandbox's repo.
-pub(crate) fn trust(sb: &Sandbox) {
-    sb.world.airlock(&sb.repo).args(["policy", "trust"]).run().expect_code(0);
-}
-
 #[test]
 fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     if !prereqs(&["git"]) {
@@ -534,7 +485,7 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     assert!(git(&repo, &["add", "-A"]).status.success());
     assert!(git(&repo, &["commit", "-qm", "init"]).status.success());
     let sb = Sandbox::with(world, repo.clone());
-    trust(&sb);
+    sb.trust();
     let marker = sb.world.tmp.path().join("PLANTED-RAN");
     let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
     // Every protected path, present or absent at the start, is unusable inside: present ones
@@ -583,7 +534,7 @@ fn untrusted_repo_config_refuses_without_a_terminal() {
     let run = sb.exec(&["true"]).run().expect_code(125);
     assert!(run.stderr().starts_with("airlock: "), "{}", run.stderr());
     assert!(run.stderr().contains("airlock policy trust"), "{}", run.stderr());
-    trust(&sb);
+    sb.trust();
     sb.exec(&["true"]).run().expect_code(0);
     sb.world.write(sb.repo.join(".airlock.toml"), "[network]\nallow = [\"*.test\"]\n");
     sb.exec(&["true"]).run().expect_code(125);
@@ -844,28 +795,12 @@ fn a_terminal_is_relayed_through_a_private_pty() {
     let mut child = cmd.spawn().unwrap();
     drop(cmd);
     let mut master = std::fs::File::from(pty.master);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut reader = master.try_clone().unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 1024];
-        while let Ok(n) = reader.read(&mut buf) {
-            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = String::new();
-    let mut wait_for = |needle: &str| {
-        while !seen.contains(needle) {
-            let chunk = rx.recv_timeout(Duration::from_secs(20)).expect("pty output");
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    };
+    let mut out = PtyOutput::read(&master);
     // The command's terminal is a pty of the sandbox's own devpts instance (numbered from 0).
-    wait_for("/dev/pts/0");
+    out.wait_for(b"/dev/pts/0");
     master.write_all(b"abc\r").unwrap();
-    wait_for("got:abc");
-    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+    out.wait_for(b"got:abc");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{}", out.seen.escape_ascii());
 }
 
 #[test]
@@ -879,29 +814,13 @@ fn untrusted_repo_config_asks_on_a_terminal() {
     let mut child = cmd.spawn().unwrap();
     drop(cmd);
     let mut master = std::fs::File::from(pty.master);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut reader = master.try_clone().unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 1024];
-        while let Ok(n) = reader.read(&mut buf) {
-            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = String::new();
-    let mut wait_for = |needle: &str| {
-        while !seen.contains(needle) {
-            let chunk = rx.recv_timeout(Duration::from_secs(20)).expect(needle);
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    };
+    let mut out = PtyOutput::read(&master);
     // The difference is shown before the question.
-    wait_for("asked.example.test");
-    wait_for("[y/N]");
+    out.wait_for(b"asked.example.test");
+    out.wait_for(b"[y/N]");
     master.write_all(b"y\n").unwrap();
-    wait_for("ran-after-trust");
-    assert_eq!(child.wait().unwrap().code(), Some(0), "{seen}");
+    out.wait_for(b"ran-after-trust");
+    assert_eq!(child.wait().unwrap().code(), Some(0), "{}", out.seen.escape_ascii());
     // Trusted now: a non-interactive run applies it without asking.
     sb.exec(&["true"]).run().expect_code(0);
 }

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::sandbox::{Sandbox, git, prereqs};
+use crate::sandbox::{git, prereqs};
+use crate::support::Sandbox;
 use crate::support::{World, in_ci};
 
 /// A git repo with one commit, trusted, inside a fresh world.

@@ -87,6 +87,114 @@ impl World {
     }
 }
 
+/// A repo to run `airlock exec` in, with the test-only `hold` bridge: the proxy listener
+/// exists and nothing serves it, so nothing a session does can reach the network.
+pub struct Sandbox {
+    pub world: World,
+    pub repo: PathBuf,
+}
+
+impl Sandbox {
+    pub fn new(name: &str) -> Self {
+        let world = World::new();
+        let repo = world.repo(name);
+        Self::with(world, repo)
+    }
+
+    /// A user layer allowing a test name, so the effective allowlist is not empty.
+    pub fn with(world: World, repo: PathBuf) -> Self {
+        world.write(
+            world.home.join(".airlock/config.toml"),
+            "[network]\nallow = [\"example.test\"]\n",
+        );
+        Self { world, repo }
+    }
+
+    pub fn exec<S: AsRef<OsStr>>(&self, args: &[S]) -> TestCommand {
+        self.world
+            .airlock(&self.repo)
+            .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+            .args(["exec", "--"])
+            .args(args)
+    }
+
+    /// `sh -c SCRIPT` inside.
+    pub fn sh(&self, script: &str) -> Run {
+        self.exec(&["sh", "-c", script]).run()
+    }
+
+    /// `python3 -c CODE` inside.
+    pub fn py(&self, code: &str) -> Run {
+        self.exec(&["python3", "-c", code]).run()
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.world.home
+    }
+
+    /// `airlock policy trust` for the sandbox's repo.
+    pub fn trust(&self) {
+        self.world.airlock(&self.repo).args(["policy", "trust"]).run().expect_code(0);
+    }
+}
+
+/// What a command writes to a terminal the test gave it: the pty's master side, read by a
+/// thread until every slave descriptor is closed.
+pub struct PtyOutput {
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    /// Everything read so far.
+    pub seen: Vec<u8>,
+}
+
+impl PtyOutput {
+    pub fn read(master: &std::fs::File) -> Self {
+        use std::io::Read;
+        let mut reader = master.try_clone().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // A pty master reads EIO once the last slave descriptor is closed.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { rx, seen: Vec::new() }
+    }
+
+    /// Waits (up to 20 s, then fails the test) until `needle` has been written.
+    #[track_caller]
+    pub fn wait_for(&mut self, needle: &[u8]) {
+        while !self.seen.windows(needle.len()).any(|w| w == needle) {
+            match self.rx.recv_timeout(std::time::Duration::from_secs(20)) {
+                Ok(chunk) => self.seen.extend_from_slice(&chunk),
+                Err(_) => panic!(
+                    "{:?} never arrived; the terminal got {:?}",
+                    needle.escape_ascii().to_string(),
+                    self.seen.escape_ascii().to_string()
+                ),
+            }
+        }
+    }
+
+    /// Everything written until the last slave descriptor closed (at most 20 s).
+    #[track_caller]
+    pub fn until_closed(mut self) -> Vec<u8> {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(chunk) => self.seen.extend_from_slice(&chunk),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return self.seen,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("the terminal was never closed; got {:?}", self.seen.escape_ascii())
+                }
+            }
+        }
+    }
+}
+
 /// A command under construction; `run()` captures its output.
 pub struct TestCommand {
     pub cmd: Command,
