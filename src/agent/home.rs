@@ -24,12 +24,13 @@ use std::path::{Component, Path, PathBuf};
 
 use nix::dir::Dir;
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 use sha2::{Digest, Sha256};
 
 use crate::agent::{Agent, Credential, CredentialFormat, Layout};
+use crate::fsat::{how, kind, read_flags};
 use crate::protocol::TranscriptHash;
 
 /// `~/.airlock/agent/<agent>/shared/`: the credentials shared by all of the agent's homes.
@@ -629,41 +630,9 @@ fn check_component(name: &str) -> Result<(), HomeError> {
     }
 }
 
-fn kind(st: &FileStat) -> SFlag {
-    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
-}
-
-/// `open_how` with our fixed resolution rules: beneath the dir fd, no symlinks anywhere, no
-/// magic links; never follow a trailing symlink; close on exec.
-fn how(flags: OFlag, mode: u32) -> OpenHow {
-    OpenHow::new()
-        .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-        .mode(Mode::from_bits_truncate(mode))
-        .resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-        )
-}
-
-/// Opens directory `name` in `dir`, never through a symlink. A symlink there fails with ELOOP
-/// (O_NOFOLLOW | O_DIRECTORY reports ENOTDIR for it; we look again so the message is right).
+/// Opens directory `name` in `dir`, never through a symlink (ELOOP for one).
 fn open_dir(dir: BorrowedFd<'_>, name: &OsStr) -> Result<OwnedFd, Errno> {
-    match nix::fcntl::openat2(dir, name, how(OFlag::O_RDONLY | OFlag::O_DIRECTORY, 0)) {
-        Err(Errno::ENOTDIR)
-            if nix::sys::stat::fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)
-                .is_ok_and(|st| kind(&st) == SFlag::S_IFLNK) =>
-        {
-            Err(Errno::ELOOP)
-        }
-        other => other,
-    }
-}
-
-/// Flags for reading a file that may be anything: a FIFO opens without blocking, a tty does not
-/// become ours.
-fn read_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY
+    crate::fsat::open_dir(dir, Path::new(name))
 }
 
 /// Creates `name` (0700) in `dir` if absent, and opens it as a directory without following

@@ -57,6 +57,9 @@ pub struct Spec {
     /// Init was born in the session's cgroup leaf: make it the root of a new cgroup namespace
     /// (the one made by clone is rooted at the supervisor's cgroup, see copy_cgroup_ns).
     pub cgroup_ns_at_leaf: bool,
+    /// The supervisor's `T0`: the command starts only once the coarse clock is past it, so
+    /// the end sweep tells the agent's changes from the host's by ctime (see `sweep`).
+    pub not_before: super::sweep::Stamp,
     pub seccomp: BpfProgram,
     /// Our end of the control socketpair (listener and pty master go out over it).
     pub control: RawFd,
@@ -138,6 +141,7 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     // the sandbox may read it through /proc/1 (proc(5), PR_SET_DUMPABLE). Set last: a
     // non-dumpable process cannot write its own uid_map. execve makes the command dumpable.
     sysx::set_not_dumpable()?;
+    super::sweep::wait_past(spec.not_before);
     match namespaces::fork()? {
         Forked::Child => exec_command(spec, slave.as_ref().map(|s| s.as_fd())),
         Forked::Parent(child) => {

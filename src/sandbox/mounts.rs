@@ -613,7 +613,14 @@ mod tests {
     }
 
     fn listed(repo: &Path, rel: &str, state: State) -> Listed {
-        Listed { root: repo.into(), rel: rel.into(), state, id: None, placeholder: false }
+        Listed {
+            root: repo.into(),
+            rel: rel.into(),
+            state,
+            id: None,
+            placeholder: false,
+            empty_at_start: false,
+        }
     }
 
     fn protection(repo: &Path) -> Protection {

@@ -97,10 +97,14 @@ pub struct Listed {
     pub root: PathBuf,
     pub rel: PathBuf,
     pub state: State,
-    /// The inode at start (present paths), so a same-named replacement is noticed.
+    /// The inode at start (present paths): how the supervisor recognises its own placeholder.
     pub id: Option<Identity>,
     /// Created by the supervisor for this session; removed at its end.
     pub placeholder: bool,
+    /// A placeholder-named path that was empty at the start — most likely another session's
+    /// placeholder, which that session removes (detaching this session's bind over it). It is
+    /// judged as absent: non-empty at the end means created.
+    pub empty_at_start: bool,
 }
 
 impl Listed {
@@ -204,12 +208,15 @@ impl Scan {
     ) -> Result<State, ProtectError> {
         let (rel, state, id) = state_beneath(root_fd, rel).map_err(io_err(&root.join(rel)))?;
         if !self.prot.listed.iter().any(|l| l.root == root && l.rel == rel) {
+            let empty_at_start =
+                PLACEHOLDERS.iter().any(|(n, _)| Path::new(n) == rel) && is_empty(root_fd, &rel);
             self.prot.listed.push(Listed {
                 root: root.to_path_buf(),
                 rel,
                 state: state.clone(),
                 id,
                 placeholder: false,
+                empty_at_start,
             });
         }
         Ok(state)
@@ -303,6 +310,18 @@ pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectErr
         }
     }
     Ok(s.prot)
+}
+
+/// An empty regular file or an empty directory at `rel` (no symlink followed).
+pub fn is_empty(root_fd: BorrowedFd<'_>, rel: &Path) -> bool {
+    match fsat::lstat_beneath(root_fd, rel) {
+        Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFREG => st.st_size == 0,
+        Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFDIR => fsat::open_dir(root_fd, rel)
+            .ok()
+            .and_then(|fd| fsat::list(fd.as_fd()).ok())
+            .is_some_and(|names| names.is_empty()),
+        _ => false,
+    }
 }
 
 /// `settings*.json` in `.claude/`.

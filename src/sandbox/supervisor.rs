@@ -222,7 +222,7 @@ pub fn run(
     if !problems.is_empty() {
         return Err(SandboxError::Unavailable(problems.join("; ")));
     }
-    let threshold = sweep::Threshold::begin();
+    let since = sweep::session_start();
     let mut protection = protect::scan(&req.repo.path, &req.git)?;
     for w in protect::make_placeholders(&mut protection, &req.repo.path) {
         eprintln!("airlock: warning: {w}");
@@ -322,6 +322,7 @@ pub fn run(
         writable: mounts::writable_paths(&repo_sandbox, &protection.external),
         landlock: kernel.landlock_abi.is_some(),
         cgroup_ns_at_leaf: leaf.is_some(),
+        not_before: since,
         seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
         control: child_control.as_raw_fd(),
         errpipe: err_w.as_raw_fd(),
@@ -333,8 +334,6 @@ pub fn run(
         nix::unistd::setgroups(&[])
             .map_err(|e| io_ctx("dropping supplementary groups")(e.into()))?;
     }
-    // What the session changes is told by ctime from here on (see `sweep`).
-    let since = threshold.before_start();
     // Signals are blocked before the fork: the supervisor reads them from a signalfd, init
     // waits for them with sigwait, and the command unblocks them before exec.
     let mask = inside::forwarded_signals();

@@ -5,10 +5,11 @@
 //!
 //! What changed is told by `ctime` (inode change time), which the agent cannot set back:
 //! every write, chmod, rename or link moves it to "now" (inode(7)). The kernel stamps inodes
-//! from the coarse realtime clock (or a finer one that never falls below it), so the threshold
-//! is the first `CLOCK_REALTIME_COARSE` tick *after* the session's setup began ([`Threshold`]):
-//! whatever the host wrote before is older, whatever the agent writes is not. The walk is
-//! complete — never truncated — and goes
+//! from the coarse realtime clock (or a finer one that never falls below it). The supervisor
+//! reads that clock when setup begins ([`Stamp`] `T0`), and the sandbox's init does not start
+//! the command before the clock has moved past `T0` ([`wait_past`], overlapping init's own
+//! setup), so everything the agent changes has `ctime > T0` while what the host wrote before
+//! has `ctime <= T0`. The walk is complete — never truncated — and goes
 //! through directory fds only ([`crate::fsat::walk`]); a tree deeper than [`MAX_DEPTH`] is
 //! moved aside whole, since what lies below cannot be vouched for.
 //!
@@ -75,26 +76,17 @@ fn coarse_now() -> Stamp {
     }
 }
 
-/// The ctime threshold of one session, taken in two steps: [`Threshold::begin`] when setup
-/// starts, [`Threshold::before_start`] right before anything of the agent's runs, which waits
-/// (at most one clock tick, a few ms, usually already over) until the coarse clock moved on.
-#[derive(Debug, Clone, Copy)]
-pub struct Threshold(Stamp);
+/// `T0`: the coarse realtime clock when a session's setup begins.
+pub fn session_start() -> Stamp {
+    coarse_now()
+}
 
-impl Threshold {
-    pub fn begin() -> Self {
-        Self(coarse_now())
-    }
-
-    pub fn before_start(self) -> Stamp {
-        let deadline = Instant::now() + Duration::from_millis(100);
-        loop {
-            let now = coarse_now();
-            if now > self.0 || now == (0, 0) || Instant::now() > deadline {
-                return now;
-            }
-            std::thread::sleep(Duration::from_micros(500));
-        }
+/// Returns once the coarse clock is past `t0` (at most one tick, 4 ms at HZ=250; usually over
+/// by the time init has built the walls). Called by init right before it starts the command.
+pub fn wait_past(t0: Stamp) {
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while coarse_now() <= t0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(250));
     }
 }
 
@@ -109,6 +101,7 @@ pub struct Sweep<'a> {
     pub prot: &'a Protection,
     /// The agent home (`run`), swept for setuid bits only.
     pub home: Option<PathBuf>,
+    /// `T0` ([`session_start`]): changed means `ctime > since`.
     pub since: Stamp,
 }
 
@@ -169,7 +162,7 @@ fn listed(s: &Sweep<'_>, store: &mut Store, report: &mut Report) {
             }
         }
         let Some((_, root_fd)) = roots.iter().find(|(r, _)| *r == item.root) else { continue };
-        let Ok((rel, now, id)) = protect::state_beneath(root_fd.as_fd(), &item.rel) else {
+        let Ok((rel, now, _)) = protect::state_beneath(root_fd.as_fd(), &item.rel) else {
             continue;
         };
         let why = if rel != item.rel {
@@ -181,10 +174,14 @@ fn listed(s: &Sweep<'_>, store: &mut Store, report: &mut Report) {
                 // A new top-level `.git` directory is a `git init`: judged by the tree rules.
                 (State::Absent, State::Dir) if item.rel == Path::new(".git") => None,
                 (State::Absent, _) => Some("created"),
+                _ if item.empty_at_start && !protect::is_empty(root_fd.as_fd(), &rel) => {
+                    Some("created")
+                }
                 (State::Symlink(a), State::Symlink(b)) if a == b => None,
                 (State::Symlink(_), _) => Some("replaced"),
-                (_, State::Absent) => None,
-                (_, _) if id != item.id => Some("replaced"),
+                // A path present at the start was a read-only bind under pinned parents: only
+                // the host could have replaced it (a `git config` rewriting `.git/config`), and
+                // moving the developer's own file away would be the wrong answer.
                 _ => None,
             }
         };
@@ -214,8 +211,25 @@ fn tree(
     root_fd: BorrowedFd<'_>,
     kind: Tree,
 ) {
+    // Listed paths present at the start were read-only binds for the whole session: whatever
+    // changed there (a hook the developer installed meanwhile) was the host's doing.
+    let frozen: std::collections::HashSet<PathBuf> = s
+        .prot
+        .listed
+        .iter()
+        .filter(|l| {
+            l.root == root
+                && !l.placeholder
+                && !l.empty_at_start
+                && matches!(l.state, State::Dir | State::File)
+        })
+        .map(|l| l.rel.clone())
+        .collect();
     let mut visit = |e: &Entry<'_>| -> Step {
-        let changed = ctime(e.st) >= s.since;
+        if frozen.contains(e.rel) {
+            return Step::Skip;
+        }
+        let changed = ctime(e.st) > s.since;
         if changed {
             strip_setuid(e, root, report);
         }
@@ -300,7 +314,7 @@ fn take(store: &mut Store, root: &Path, e: &Entry<'_>, why: &str) -> Item {
 /// Whether `e` or anything below it changed (a directory deeper than the walk counts as
 /// changed).
 fn changed_below(e: &Entry<'_>, since: Stamp) -> bool {
-    if ctime(e.st) >= since {
+    if ctime(e.st) > since {
         return true;
     }
     if fsat::kind(e.st) != SFlag::S_IFDIR {
@@ -309,7 +323,7 @@ fn changed_below(e: &Entry<'_>, since: Stamp) -> bool {
     let Ok(dir) = fsat::open_dir(e.dir, Path::new(e.name)) else { return true };
     let mut found = false;
     let stats = fsat::walk(dir.as_fd(), MAX_DEPTH, &mut |inner| {
-        found |= ctime(inner.st) >= since;
+        found |= ctime(inner.st) > since;
         if found { Step::Skip } else { Step::Descend }
     });
     match stats {

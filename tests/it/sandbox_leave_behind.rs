@@ -557,3 +557,40 @@ impl ArgOs for crate::support::TestCommand {
         self
     }
 }
+
+#[test]
+fn a_concurrent_sessions_placeholder_does_not_open_a_hole_when_it_goes() {
+    let sb = Sandbox::new("concurrent");
+    let spawn = |script: &str| {
+        sb.exec(&["sh", "-c", script])
+            .cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Session A holds the placeholders; session B starts while they exist, so to B they are
+    // present empty files. When A ends and removes them, B's read-only binds over them go too
+    // (the kernel detaches a mount whose mount point is unlinked elsewhere).
+    let a = spawn("sleep 2");
+    assert!(crate::support::wait_until(Duration::from_secs(10), || {
+        sb.repo.join(".mcp.json").exists()
+    }));
+    let b = spawn(
+        "i=0; while [ -e $AIRLOCK_REPO/.mcp.json ] && [ ! -s $AIRLOCK_REPO/.mcp.json ] && \
+         ! echo '{\"mcpServers\":{}}' > $AIRLOCK_REPO/.mcp.json 2>/dev/null; do \
+         i=$((i+1)); [ $i -gt 100 ] && break; sleep 0.1; done; \
+         echo '{\"mcpServers\":{}}' > $AIRLOCK_REPO/.mcp.json 2>/dev/null && echo WROTE; true",
+    );
+    let a = a.wait_with_output().unwrap();
+    assert_eq!(a.status.code(), Some(0), "{}", String::from_utf8_lossy(&a.stderr));
+    let b = b.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&b.stderr);
+    assert_eq!(b.status.code(), Some(0), "{stderr}");
+    // Whether or not B's write got through after A's end, nothing it wrote stays.
+    let left = std::fs::read(sb.repo.join(".mcp.json")).unwrap_or_default();
+    assert!(left.is_empty(), "B planted .mcp.json: {:?}\n{stderr}", String::from_utf8_lossy(&left));
+    if String::from_utf8_lossy(&b.stdout).contains("WROTE") {
+        assert!(stderr.contains("quarantined"), "{stderr}");
+    }
+}
