@@ -2315,7 +2315,10 @@ experimental = true
                 let again = run(ConfigKind::GitConfig, before, &kept);
                 prop_assert!(again.held.is_empty(), "{:?}", again.held);
                 prop_assert_eq!(self::kept(&again), kept.as_str());
-                prop_assert_eq!(regenerate(&git_entries(&kept)), kept.clone());
+                // An unchanged file is kept byte for byte; anything else is regenerated.
+                if before != Some(after.as_str()) {
+                    prop_assert_eq!(regenerate(&git_entries(&kept)), kept.clone());
+                }
                 // Restoring what was held brings every one of the agent's entries back.
                 let back = restore(ConfigKind::GitConfig, kept.as_bytes(), &r.held).unwrap();
                 let back = git_entries(std::str::from_utf8(&back).unwrap());

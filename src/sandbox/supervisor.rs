@@ -222,11 +222,12 @@ pub fn run(
     if !problems.is_empty() {
         return Err(SandboxError::Unavailable(problems.join("; ")));
     }
-    let since = sweep::session_start();
     let mut protection = protect::scan(&req.repo.path, &req.git)?;
     for w in protect::make_placeholders(&mut protection, &req.repo.path) {
         eprintln!("airlock: warning: {w}");
     }
+    // T0 for the end sweep, after our own writes to the repo (the placeholders).
+    let since = sweep::session_start();
     // Whatever happens from here on, this session's placeholders do not outlive it.
     let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
     let repo_sandbox = req.repo.sandbox_path();

@@ -14,8 +14,9 @@
 //! moved aside whole, since what lies below cannot be vouched for.
 //!
 //! Rules, at any depth:
-//! - a listed path (see [`super::protect`]) that appeared, or whose inode or symlink target
-//!   changed → quarantined; placeholders are removed first;
+//! - a listed path (see [`super::protect`]) that appeared, or whose symlink target changed →
+//!   quarantined; paths present at the start were read-only binds and are left alone;
+//!   placeholders are removed last;
 //! - a `.git` *file* that changed → quarantined (a new git pointer);
 //! - inside any git dir: changed `hooks/*` (not `*.sample`), `commondir`, `config.worktree`,
 //!   `objects/info/{alternates,http-alternates}`, `worktrees/*/{commondir,gitdir,
@@ -123,7 +124,6 @@ pub struct Report {
 pub fn run(s: &Sweep<'_>, store: &mut Store) -> Report {
     let started = Instant::now();
     let mut report = Report::default();
-    protect::remove_placeholders(s.prot, s.repo);
     listed(s, store, &mut report);
     match fsat::open_root(s.repo) {
         Ok(fd) => tree(s, store, &mut report, s.repo, fd.as_fd(), Tree::Repo),
@@ -141,6 +141,8 @@ pub fn run(s: &Sweep<'_>, store: &mut Store) -> Report {
             Err(e) => report.warnings.push(format!("{}: cannot open: {e}", home.display())),
         }
     }
+    // Last: removing them touches their parents' ctime, which the rules above read.
+    protect::remove_placeholders(s.prot, s.repo);
     report.elapsed = started.elapsed();
     report
 }
@@ -225,64 +227,23 @@ fn tree(
         })
         .map(|l| l.rel.clone())
         .collect();
+    // Git dirs found so far (relative paths): `.git` directories and anything shaped like one
+    // (HEAD, objects/, refs/), whatever its name — a bare-looking `payload/` planted in one
+    // session could be renamed to `sub/.git` in the next, moving old-ctime content into place,
+    // so a git dir is judged where it is written, under any name.
+    let mut git_dirs: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+    if kind == Tree::GitDir {
+        git_dirs.insert(PathBuf::new());
+    }
     let mut visit = |e: &Entry<'_>| -> Step {
         if frozen.contains(e.rel) {
             return Step::Skip;
         }
-        let changed = ctime(e.st) > s.since;
-        if changed {
-            strip_setuid(e, root, report);
+        let step = judge(s, store, report, root, kind, &git_dirs, e);
+        if step == Step::Descend && fsat::kind(e.st) == SFlag::S_IFDIR && is_git_dir(e) {
+            git_dirs.insert(e.rel.to_path_buf());
         }
-        let ty = fsat::kind(e.st);
-        if ty == SFlag::S_IFLNK {
-            if kind == Tree::Repo {
-                outside_symlink(e, root, report);
-            }
-            return Step::Skip;
-        }
-        if kind == Tree::Home {
-            return Step::Descend;
-        }
-        if let Some(inner) = git_inner(e.rel, kind == Tree::GitDir) {
-            return git_rule(s, store, report, root, e, &inner, changed);
-        }
-        let name = e.name.to_string_lossy();
-        if name == ".git" {
-            if ty == SFlag::S_IFDIR {
-                return Step::Descend;
-            }
-            if changed {
-                report.items.push(take(store, root, e, "new git pointer"));
-            }
-            return Step::Skip;
-        }
-        if changed && INSTRUCTION_FILES.contains(&name.as_ref()) && ty == SFlag::S_IFREG {
-            report.instructions_changed.push(root.join(e.rel));
-        }
-        if changed
-            && ty == SFlag::S_IFREG
-            && let Some(config) = codekeys::kind_of(e.rel)
-        {
-            review_config(s, store, report, root, e, config);
-            return Step::Skip;
-        }
-        if NESTED_WHOLE.contains(&name.as_ref()) {
-            if changed_below(e, s.since) {
-                report.items.push(take(store, root, e, "changed"));
-            }
-            return Step::Skip;
-        }
-        let in_claude = e.rel.parent().and_then(Path::file_name) == Some(OsStr::new(".claude"));
-        if in_claude {
-            let whole = CLAUDE_WHOLE.contains(&name.as_ref()) && ty == SFlag::S_IFDIR;
-            if (whole && changed_below(e, s.since))
-                || (protect::is_claude_settings(&name) && changed)
-            {
-                report.items.push(take(store, root, e, "changed"));
-                return Step::Skip;
-            }
-        }
-        Step::Descend
+        step
     };
     let stats = match fsat::walk(root_fd, MAX_DEPTH, &mut visit) {
         Ok(stats) => stats,
@@ -305,6 +266,99 @@ fn tree(
         }
         report.items.push(store.take(root, root_fd, &rel, "deeper than the scan goes"));
     }
+}
+
+/// The rules for one entry (see the module docs); `Skip` once it was taken or needs no look
+/// inside.
+fn judge(
+    s: &Sweep<'_>,
+    store: &mut Store,
+    report: &mut Report,
+    root: &Path,
+    kind: Tree,
+    git_dirs: &std::collections::HashSet<PathBuf>,
+    e: &Entry<'_>,
+) -> Step {
+    let changed = ctime(e.st) > s.since;
+    if changed {
+        strip_setuid(e, root, report);
+    }
+    let ty = fsat::kind(e.st);
+    if ty == SFlag::S_IFLNK {
+        if kind == Tree::Repo {
+            outside_symlink(e, root, report);
+        }
+        return Step::Skip;
+    }
+    if kind == Tree::Home {
+        return Step::Descend;
+    }
+    if let Some(inner) = git_inner(e.rel, git_dirs) {
+        return git_rule(s, store, report, root, e, &inner, changed);
+    }
+    // Content moved in under a new name keeps its old ctime; the directory that gives a file
+    // its meaning (`.cargo/`, `.claude/`) does not.
+    let parent_fresh = || nix::sys::stat::fstat(e.dir).is_ok_and(|p| ctime(&p) > s.since);
+
+    let name = e.name.to_string_lossy();
+    if name == ".git" {
+        if ty == SFlag::S_IFDIR {
+            return Step::Descend;
+        }
+        if changed {
+            report.items.push(take(store, root, e, "new git pointer"));
+        }
+        return Step::Skip;
+    }
+    if changed && INSTRUCTION_FILES.contains(&name.as_ref()) && ty == SFlag::S_IFREG {
+        report.instructions_changed.push(root.join(e.rel));
+    }
+    if ty == SFlag::S_IFREG
+        && let Some(config) = codekeys::kind_of(e.rel)
+        && (changed || (in_anchor_dir(e.rel) && parent_fresh()))
+    {
+        review_config(s, store, report, root, e, config);
+        return Step::Skip;
+    }
+    if NESTED_WHOLE.contains(&name.as_ref()) {
+        if changed_below(e, s.since) {
+            report.items.push(take(store, root, e, "changed"));
+        }
+        return Step::Skip;
+    }
+    let in_claude = e.rel.parent().and_then(Path::file_name) == Some(OsStr::new(".claude"));
+    if in_claude {
+        let whole = CLAUDE_WHOLE.contains(&name.as_ref()) && ty == SFlag::S_IFDIR;
+        let settings = protect::is_claude_settings(&name);
+        if (whole || settings) && (parent_fresh() || changed_below(e, s.since)) {
+            report.items.push(take(store, root, e, "changed"));
+            return Step::Skip;
+        }
+    }
+    Step::Descend
+}
+
+/// Directories whose name gives the config files in them their meaning.
+fn in_anchor_dir(rel: &Path) -> bool {
+    let parent = rel.parent().and_then(Path::file_name).and_then(OsStr::to_str);
+    matches!(parent, Some(".cargo" | ".config" | ".mise" | "mise" | "conf.d"))
+}
+
+/// Shaped like a git dir (what git itself checks before using one: `HEAD`, `objects/`,
+/// `refs/`), or named `.git`.
+fn is_git_dir(e: &Entry<'_>) -> bool {
+    if e.name == ".git" {
+        return true;
+    }
+    // One stat for the common case (no HEAD); the directory is opened only when it has one.
+    let head = Path::new(e.name).join("HEAD");
+    if !matches!(fsat::lstat_at(e.dir, &head), Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFREG) {
+        return false;
+    }
+    let Ok(dir) = fsat::open_dir(e.dir, Path::new(e.name)) else { return false };
+    ["objects", "refs"].iter().all(|d| {
+        matches!(fsat::lstat_at(dir.as_fd(), Path::new(d)), Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFDIR)
+    })
 }
 
 fn take(store: &mut Store, root: &Path, e: &Entry<'_>, why: &str) -> Item {
@@ -332,20 +386,17 @@ fn changed_below(e: &Entry<'_>, since: Stamp) -> bool {
     }
 }
 
-/// The path of `rel` inside its innermost git dir (`…/.git/…`, `…/.git/modules/<x>/…`), or
-/// `None` outside any. With `root_is_git`, the walk's root is itself a git dir.
-fn git_inner(rel: &Path, root_is_git: bool) -> Option<PathBuf> {
+/// The path of `rel` inside its innermost git dir (the nearest strict ancestor found as one,
+/// then `modules/<x>/` chains below it), or `None` outside any.
+fn git_inner(rel: &Path, git_dirs: &std::collections::HashSet<PathBuf>) -> Option<PathBuf> {
+    let base = rel.ancestors().skip(1).find(|a| git_dirs.contains(*a))?;
     let comps: Vec<&OsStr> = rel
+        .strip_prefix(base)
+        .ok()?
         .components()
         .filter_map(|c| if let Component::Normal(n) = c { Some(n) } else { None })
         .collect();
-    let mut start = root_is_git.then_some(0);
-    for (i, c) in comps.iter().enumerate() {
-        if *c == ".git" && i + 1 < comps.len() {
-            start = Some(i + 1);
-        }
-    }
-    let mut j = start?;
+    let mut j = 0;
     while j + 1 < comps.len() && comps[j] == "modules" {
         j += 2;
     }
@@ -507,16 +558,24 @@ mod tests {
 
     #[test]
     fn git_inner_finds_the_innermost_git_dir() {
-        let g = |p: &str, root| git_inner(Path::new(p), root).map(|p| p.display().to_string());
-        assert_eq!(g("src/main.rs", false), None);
-        assert_eq!(g(".git", false), None);
-        assert_eq!(g(".git/hooks/pre-commit", false).as_deref(), Some("hooks/pre-commit"));
-        assert_eq!(g("sub/.git/config", false).as_deref(), Some("config"));
-        assert_eq!(g(".git/modules/m/hooks/x", false).as_deref(), Some("hooks/x"));
-        assert_eq!(g(".git/modules/m", false).as_deref(), Some(""));
-        assert_eq!(g(".git/modules/a/modules/b/config", false).as_deref(), Some("config"));
-        assert_eq!(g(".git/modules", false).as_deref(), Some("modules"));
-        assert_eq!(g("worktrees/w/commondir", true).as_deref(), Some("worktrees/w/commondir"));
-        assert_eq!(g("objects/info/alternates", true).as_deref(), Some("objects/info/alternates"));
+        let dirs: std::collections::HashSet<PathBuf> =
+            ["", ".git", "sub/.git", "payload", "x/.git"].iter().map(PathBuf::from).collect();
+        let repo: std::collections::HashSet<PathBuf> =
+            dirs.iter().filter(|d| !d.as_os_str().is_empty()).cloned().collect();
+        let g = |p: &str, set: &std::collections::HashSet<PathBuf>| {
+            git_inner(Path::new(p), set).map(|p| p.display().to_string())
+        };
+        assert_eq!(g("src/main.rs", &repo), None);
+        assert_eq!(g(".git", &repo), None);
+        assert_eq!(g(".git/hooks/pre-commit", &repo).as_deref(), Some("hooks/pre-commit"));
+        assert_eq!(g("sub/.git/config", &repo).as_deref(), Some("config"));
+        assert_eq!(g("payload/hooks/x", &repo).as_deref(), Some("hooks/x"));
+        assert_eq!(g(".git/modules/m/hooks/x", &repo).as_deref(), Some("hooks/x"));
+        assert_eq!(g(".git/modules/m", &repo).as_deref(), Some(""));
+        assert_eq!(g(".git/modules/a/modules/b/config", &repo).as_deref(), Some("config"));
+        assert_eq!(g(".git/modules", &repo).as_deref(), Some("modules"));
+        // An external git dir: the walk's root is one.
+        assert_eq!(g("worktrees/w/commondir", &dirs).as_deref(), Some("worktrees/w/commondir"));
+        assert_eq!(g("objects/info/alternates", &dirs).as_deref(), Some("objects/info/alternates"));
     }
 }

@@ -594,3 +594,39 @@ fn a_concurrent_sessions_placeholder_does_not_open_a_hole_when_it_goes() {
         assert!(stderr.contains("quarantined"), "{stderr}");
     }
 }
+
+#[test]
+fn content_planted_under_an_innocent_name_and_renamed_in_later_is_still_judged() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("rename");
+    let marker = sb.world.tmp.path().join("RENAMED-IN-RAN");
+    let hook = toucher(&marker);
+    // Session 1: a bare-looking git dir named `payload` (git treats any HEAD+objects+refs
+    // directory as a repository) with core.fsmonitor and a hook, and a cargo config under a
+    // name cargo does not read.
+    let script = format!(
+        "set -e; cd $AIRLOCK_REPO; git init -q --bare payload; \
+         git -C payload config core.fsmonitor '{hook}'; git -C payload config core.bare false; \
+         printf '#!/bin/sh\\n{hook}\\n' > payload/hooks/post-checkout; chmod +x payload/hooks/post-checkout; \
+         mkdir stash; printf '[build]\\nrustc-wrapper = \"/tmp/w\"\\n' > stash/config.toml; echo one"
+    );
+    let one = sb.exec(&["sh", "-c", &script]).run();
+    assert_eq!(one.code(), 0, "{}", one.stderr());
+    let cfg = std::fs::read_to_string(sb.repo.join("payload/config")).unwrap();
+    assert!(!cfg.contains("fsmonitor"), "judged where it was written: {cfg}\n{}", one.stderr());
+    assert!(!sb.repo.join("payload/hooks/post-checkout").exists(), "{}", one.stderr());
+    // Session 2: rename both into place (old ctimes inside), register a gitlink.
+    let script = "set -e; cd $AIRLOCK_REPO; mkdir emb sub; mv payload emb/.git; \
+        git -C emb config core.bare false 2>/dev/null || true; mv stash sub/.cargo; \
+        git -C emb -c user.name=a -c user.email=a@b.test commit -q --allow-empty -m x; \
+        git update-index --add --cacheinfo 160000,$(git -C emb rev-parse HEAD),emb; echo two";
+    let two = sb.exec(&["sh", "-c", script]).run();
+    assert_eq!(two.code(), 0, "{}", two.stderr());
+    let cargo = std::fs::read_to_string(sb.repo.join("sub/.cargo/config.toml")).unwrap_or_default();
+    assert!(!cargo.contains("rustc-wrapper"), "{cargo}\n{}", two.stderr());
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    host_git(&sb.repo, sb.home(), &["checkout", "-q", "-b", "after"]);
+    assert!(!marker.exists(), "host git ran renamed-in code:\n{}", two.stderr());
+}
