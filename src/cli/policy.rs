@@ -234,6 +234,8 @@ struct ShowJson {
     /// The evaluator's digest of the effective rules (what session records carry).
     digest: Option<String>,
     review_servers: Vec<config::ReviewServer>,
+    /// `[terminal] clipboard` in force (managed and user layers only).
+    terminal_clipboard: crate::sandbox::termfilter::Clipboard,
     warnings: Vec<String>,
     error: Option<String>,
 }
@@ -381,6 +383,7 @@ fn show(args: &ShowArgs, ctx: &Context<'_>) -> i32 {
         shadowed,
         digest,
         review_servers: loaded.review_servers.clone(),
+        terminal_clipboard: config::terminal_policy(&applied).clipboard,
         warnings,
         error,
     };
@@ -425,6 +428,11 @@ fn print_show(r: &ShowJson) {
         None => "default".to_owned(),
     };
     println!("mode: {} ({src})", r.mode);
+    let clipboard = match r.terminal_clipboard {
+        crate::sandbox::termfilter::Clipboard::Allow => "allow (agents may set your clipboard)",
+        crate::sandbox::termfilter::Clipboard::Deny => "deny",
+    };
+    println!("terminal clipboard: {clipboard}");
     for l in &r.layers {
         let state = match (&l.trust, l.present) {
             (_, false) if l.errors.is_empty() => "absent".to_owned(),

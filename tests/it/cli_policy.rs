@@ -450,3 +450,21 @@ fn malformed_targets_exit_2_with_the_reason() {
         assert!(code == 0 || code == 1, "{ok}: exit {code}");
     }
 }
+
+#[test]
+fn policy_show_names_the_terminal_clipboard_setting() {
+    let (world, repo, _file) = world_with_repo("[network]\nallow = [\"example.test\"]\n");
+    trust(&world, &repo);
+    let show = |world: &World| {
+        let run = world.airlock(&repo).args(["policy", "show", "--json"]).run().expect_code(0);
+        serde_json::from_str::<Value>(&run.stdout()).unwrap()["terminal_clipboard"].clone()
+    };
+    assert_eq!(show(&world), "deny");
+    world.write(world.home.join(".airlock/config.toml"), "[terminal]\nclipboard = \"allow\"\n");
+    assert_eq!(show(&world), "allow");
+    let text = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0).stdout();
+    assert!(text.contains("terminal clipboard: allow"), "{text}");
+    // A managed deny wins.
+    world.write(&world.managed, "[terminal]\nclipboard = \"deny\"\n");
+    assert_eq!(show(&world), "deny");
+}
