@@ -522,10 +522,24 @@ pub fn select<'m>(
 
 /// Reads what an item holds (a file's bytes), for `show`.
 pub fn stored_bytes(item: &Item) -> Option<Vec<u8>> {
-    let stored = item.stored.as_ref()?;
-    let (parent, name) = (stored.parent()?, stored.file_name()?);
-    let fd = fsat::open_root(parent).ok()?;
-    fsat::read_capped(fd.as_fd(), Path::new(name), COPY_FILE_CAP).ok().flatten().map(|(b, _)| b)
+    let (fd, name) = open_stored(item).ok()?;
+    fsat::read_capped(fd.as_fd(), Path::new(&name), COPY_FILE_CAP).ok().flatten().map(|(b, _)| b)
+}
+
+/// The directory holding an item's stored content, and its name there. Content kept inside the
+/// item's own tree (`.airlock-quarantine/…`, agent-writable) is opened beneath that tree's root,
+/// never through a symlink a later session planted; `~/.airlock/quarantine/` is ours.
+fn open_stored(item: &Item) -> std::io::Result<(OwnedFd, std::ffi::OsString)> {
+    let stored = item.stored.as_ref().ok_or_else(|| std::io::Error::other("nothing stored"))?;
+    let name = stored.file_name().ok_or_else(|| std::io::Error::other("no name"))?.to_owned();
+    let parent = stored.parent().unwrap_or(Path::new("/"));
+    match parent.strip_prefix(&item.root) {
+        Ok(rel) => {
+            let root = fsat::open_root(&item.root)?;
+            Ok((fsat::open_dir(root.as_fd(), rel)?, name))
+        }
+        Err(_) => Ok((fsat::open_root(parent)?, name)),
+    }
 }
 
 /// What `restore` did for one item.
@@ -612,9 +626,8 @@ fn restore_one(item: &Item, only_key: Option<&str>) -> Result<String, Quarantine
                 return Err(in_the_way());
             }
             let stored = item.stored.as_ref().ok_or_else(|| not("its content was not kept"))?;
-            let (sp, sn) =
-                (stored.parent().unwrap_or(Path::new("/")), stored.file_name().unwrap_or_default());
-            let sfd = fsat::open_root(sp).map_err(io_at(sp))?;
+            let (sfd, sn) = open_stored(item).map_err(io_at(stored))?;
+            let sn = sn.as_os_str();
             match rename(sfd.as_fd(), sn, parent_fd.as_fd(), name.as_os_str()) {
                 Ok(()) => Ok("moved back".into()),
                 Err(Errno::EXDEV) => {
@@ -629,9 +642,8 @@ fn restore_one(item: &Item, only_key: Option<&str>) -> Result<String, Quarantine
         How::Emptied => {
             let stored =
                 item.stored.as_ref().ok_or_else(|| not("its content could not be read"))?;
-            let (sp, sn) =
-                (stored.parent().unwrap_or(Path::new("/")), stored.file_name().unwrap_or_default());
-            let sfd = fsat::open_root(sp).map_err(io_at(sp))?;
+            let (sfd, sn) = open_stored(item).map_err(io_at(stored))?;
+            let sn = sn.as_os_str();
             if item.kind == "file" {
                 let (bytes, _) = fsat::read_capped(sfd.as_fd(), Path::new(sn), COPY_FILE_CAP)
                     .ok()
@@ -742,6 +754,29 @@ mod tests {
         let stored = item.stored.unwrap();
         assert!(stored.starts_with(f.repo.join(IN_TREE_DIR)));
         assert_eq!(fs::read_to_string(stored).unwrap(), "{}");
+    }
+
+    #[test]
+    fn restoring_from_inside_the_tree_never_goes_through_a_planted_symlink() {
+        let f = fx();
+        fs::write(f.repo.join(".mcp.json"), "{}").unwrap();
+        fs::create_dir_all(f.root.join("home")).unwrap();
+        fs::write(f.root.join("home/.airlock"), "not a dir").unwrap();
+        let mut s = store(&f);
+        let repo_fd = fsat::open_root(&f.repo).unwrap();
+        let item = s.take(&f.repo, repo_fd.as_fd(), Path::new(".mcp.json"), "created");
+        assert_eq!(item.how, How::RenamedInTree);
+        // A later session swaps `.airlock-quarantine` for a link to a host directory holding a
+        // file of the same name.
+        let host = f.root.join("host-secrets/s1");
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join(item.id.to_string()), "HOST SECRET").unwrap();
+        fs::remove_dir_all(f.repo.join(IN_TREE_DIR)).unwrap();
+        std::os::unix::fs::symlink(f.root.join("host-secrets"), f.repo.join(IN_TREE_DIR)).unwrap();
+        assert!(stored_bytes(&item).is_none());
+        assert!(restore_one(&item, None).is_err());
+        assert!(!f.repo.join(".mcp.json").exists());
+        assert_eq!(fs::read_to_string(host.join(item.id.to_string())).unwrap(), "HOST SECRET");
     }
 
     #[test]
