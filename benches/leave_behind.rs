@@ -54,7 +54,7 @@ fn bench(c: &mut Criterion) {
     let prot = protect::scan(&repo, &found).expect("scan");
     // Nothing changed since "the start" (an hour from now): the sweep's steady-state cost is
     // the walk itself.
-    let now = sweep::session_start();
+    let now = sweep::threshold(&[]).since;
     let since = (now.0 + 3600, now.1);
 
     let mut g = c.benchmark_group("end_of_session_sweep");

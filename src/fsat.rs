@@ -408,9 +408,17 @@ pub fn walk(
             None => break,
         };
         let dir = frame.fd.as_fd();
-        let Some(st) = lstat_at(dir, Path::new(&name))? else { continue };
-        stats.entries += 1;
         let rel = frame.rel.join(&name);
+        let st = match lstat_at(dir, Path::new(&name)) {
+            Ok(Some(st)) => st,
+            Ok(None) => continue,
+            // One entry that cannot be looked at never ends the walk.
+            Err(_) => {
+                stats.unreadable.push(rel);
+                continue;
+            }
+        };
+        stats.entries += 1;
         let step = visit(&Entry { dir, name: &name, rel: &rel, st: &st, depth });
         if kind(&st) != SFlag::S_IFDIR || step == Step::Skip {
             continue;
@@ -419,13 +427,10 @@ pub fn walk(
             stats.too_deep.push(rel);
             continue;
         }
-        let sub = match open_dir(dir, Path::new(&name)) {
-            Ok(fd) => Ok(fd),
-            Err(Errno::EACCES) if grant_owner_dir_access(dir, &name, &st) => {
-                open_dir(dir, Path::new(&name))
-            }
-            Err(e) => Err(e),
-        };
+        // A directory the caller owns but may not search (`chmod 600`) opens, yet nothing in it
+        // can be looked at: give the owner rwx back before going in.
+        grant_owner_dir_access(dir, &name, &st);
+        let sub = open_dir(dir, Path::new(&name));
         let sub = match sub {
             Ok(fd) => fd,
             // Gone since the stat.

@@ -393,11 +393,12 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
                 );
             }
             how => eprintln!(
-                "airlock: quarantined {} ({}, {}) → {}",
+                "airlock: quarantined {} ({}, {}) → {}{}",
                 at.display(),
                 item.why,
                 how.as_str(),
-                item.stored.as_ref().map(|p| p.display().to_string()).unwrap_or_default()
+                item.stored.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                item.note.as_ref().map(|n| format!("; {n}")).unwrap_or_default()
             ),
         }
     }

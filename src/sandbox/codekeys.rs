@@ -901,6 +901,22 @@ fn is_key_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'-'
 }
 
+/// The values of `section.name` (no subsection; names compared as git does, case-insensitively)
+/// in a git config file; none if it does not parse. For reading the developer's own config.
+pub fn git_config_values(bytes: &[u8], section: &str, name: &str) -> Vec<String> {
+    let Ok(text) = std::str::from_utf8(bytes) else { return Vec::new() };
+    let Ok(doc) = parse_git(text) else { return Vec::new() };
+    doc.entries
+        .into_iter()
+        .filter(|e| {
+            e.sub.is_none()
+                && e.section.eq_ignore_ascii_case(section)
+                && e.name.eq_ignore_ascii_case(name)
+        })
+        .map(|e| e.value.unwrap_or_default())
+        .collect()
+}
+
 /// Parses git-config(1) syntax: `[section]`, `[section "sub"]` (`\"` and `\\` escape, any other
 /// backslash is dropped), legacy `[section.sub]` (lower-cased, as git does), `name = value`, a bare
 /// `name`, values with `"` quoting, `\n \t \b \\ \"` escapes and backslash-newline continuation,

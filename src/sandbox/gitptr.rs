@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::protect::normalize;
 use crate::config::fsutil;
 use crate::fsat;
 use crate::hostpath::HostPathRules;
@@ -57,7 +56,8 @@ pub struct Pointer {
     /// The pointer file's host path.
     pub file: PathBuf,
     pub kind: PointerKind,
-    /// Where a `gitdir:`/`commondir` leads (lexically normalized host path).
+    /// Where a `gitdir:`/`commondir` leads, resolved as the kernel (and git) resolve it:
+    /// symlinks first, then `..` (a lexical `l/../g` would name another place than git uses).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<PathBuf>,
     /// `sha256:<hex>` of the file's bytes.
@@ -128,6 +128,30 @@ fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
+/// `base/rel` resolved the way git resolves it (symlinks, then `..`); unresolvable paths stay
+/// as written, and the predicate then refuses them.
+fn resolve(base: &Path, rel: &str) -> PathBuf {
+    let joined = base.join(rel);
+    std::fs::canonicalize(&joined).unwrap_or(joined)
+}
+
+/// Whether `name` in `parent` is shaped like a git dir — a regular `HEAD` file and either
+/// `objects/` and `refs/` directories or a `commondir` file (which lends them), what git checks
+/// before it uses a directory as a repository (`is_git_directory` in git's setup.c) — looked
+/// at without following symlinks.
+pub fn is_git_dir_at(parent: BorrowedFd<'_>, name: &Path) -> bool {
+    use nix::sys::stat::SFlag;
+    // One stat for the common case (no HEAD); the directory is opened only when it has one.
+    let is = |dir: BorrowedFd<'_>, p: &Path, want: SFlag| matches!(fsat::lstat_at(dir, p), Ok(Some(st)) if fsat::kind(&st) == want);
+    if !is(parent, &name.join("HEAD"), SFlag::S_IFREG) {
+        return false;
+    }
+    let Ok(dir) = fsat::open_dir(parent, name) else { return false };
+    is(dir.as_fd(), Path::new("commondir"), SFlag::S_IFREG)
+        || (is(dir.as_fd(), Path::new("objects"), SFlag::S_IFDIR)
+            && is(dir.as_fd(), Path::new("refs"), SFlag::S_IFDIR))
+}
+
 struct Discovery<'a> {
     repo: &'a Path,
     rules: &'a HostPathRules,
@@ -166,7 +190,7 @@ impl Discovery<'_> {
             let target = match kind {
                 PointerKind::Commondir => {
                     let text = String::from_utf8_lossy(&bytes);
-                    Some(normalize(&host.join(text.trim())))
+                    Some(resolve(&host, text.trim()))
                 }
                 _ => None,
             };
@@ -184,10 +208,25 @@ impl Discovery<'_> {
             Ok(fd) => fd,
             Err(_) => return Ok(()),
         };
-        let names = fsat::list(modules.as_fd()).unwrap_or_default();
-        for name in names {
-            if let Ok(sub) = fsat::open_dir(modules.as_fd(), Path::new(&name)) {
-                self.git_dir(sub.as_fd(), root, &rel.join("modules").join(&name), depth + 1)?;
+        self.modules(modules.as_fd(), root, &rel.join("modules"), depth)
+    }
+
+    /// The git dirs below a `modules/` directory: a submodule named `libs/foo` lives at
+    /// `modules/libs/foo`, so directories that are not git dirs themselves are looked into.
+    fn modules(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        root: &Path,
+        rel: &Path,
+        depth: usize,
+    ) -> Result<(), PointerError> {
+        for name in fsat::list(dir).unwrap_or_default() {
+            let Ok(sub) = fsat::open_dir(dir, Path::new(&name)) else { continue };
+            let sub_rel = rel.join(&name);
+            if is_git_dir_at(dir, Path::new(&name)) {
+                self.git_dir(sub.as_fd(), root, &sub_rel, depth + 1)?;
+            } else if depth < MAX_MODULE_DEPTH * 2 {
+                self.modules(sub.as_fd(), root, &sub_rel, depth + 1)?;
             }
         }
         Ok(())
@@ -256,7 +295,7 @@ pub fn discover(repo: &Path, rules: &HostPathRules) -> Result<Found, PointerErro
                 .map(str::trim)
                 .filter(|t| !t.is_empty())
                 .ok_or_else(|| PointerError::BadGitdir { path: dot_git.clone() })?;
-            let target = normalize(&repo.join(target));
+            let target = resolve(repo, target);
             d.found.pointers.push(Pointer {
                 file: dot_git.clone(),
                 kind: PointerKind::Gitdir,
@@ -332,7 +371,7 @@ fn is_worktree_admin(target: &Path, repo: &Path) -> bool {
         return false;
     };
     let text = String::from_utf8_lossy(&bytes);
-    normalize(&target.join(text.trim())) == repo.join(".git")
+    resolve(target, text.trim()) == repo.join(".git")
 }
 
 /// A git dir whose `core.worktree` (git-config(1)) is `repo`.
@@ -361,7 +400,7 @@ fn is_submodule_git_dir(target: &Path, repo: &Path) -> bool {
             && key.trim().eq_ignore_ascii_case("worktree")
         {
             let value = value.trim().trim_matches('"');
-            return normalize(&target.join(value)) == repo;
+            return resolve(target, value) == repo;
         }
     }
     false
@@ -533,6 +572,7 @@ mod tests {
         // Not bound, and its target is never scanned.
         assert!(found.external.is_empty());
         fs::create_dir_all(repo.join(".git/modules/m")).unwrap();
+        fs::write(repo.join(".git/modules/m/HEAD"), "ref: refs/heads/main\n").unwrap();
         fs::write(repo.join(".git/modules/m/commondir"), "/").unwrap();
         let found = discover(&repo, &f.rules).unwrap();
         assert_eq!(judge(&found, &repo).len(), 2);
@@ -575,6 +615,43 @@ mod tests {
         let found = discover(&sub, &f.rules).unwrap();
         assert!(judge(&found, &sub).is_empty(), "{:?}", judge(&found, &sub));
         assert_eq!(found.external, [gd]);
+    }
+
+    #[test]
+    fn submodules_named_with_a_slash_are_found_where_git_keeps_them() {
+        let f = fx();
+        let repo = f.root.join("home/r");
+        let module = repo.join(".git/modules/libs/foo");
+        for d in ["objects", "refs"] {
+            fs::create_dir_all(module.join(d)).unwrap();
+        }
+        fs::write(module.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        let found = discover(&repo, &f.rules).unwrap();
+        assert!(
+            found
+                .git_dirs
+                .contains(&GitDir { root: repo.clone(), rel: ".git/modules/libs/foo".into() }),
+            "{:?}",
+            found.git_dirs
+        );
+        assert!(!found.git_dirs.iter().any(|g| g.rel == Path::new(".git/modules/libs")));
+    }
+
+    #[test]
+    fn pointer_targets_are_resolved_like_git_resolves_them() {
+        let f = fx();
+        let repo = f.root.join("home/r");
+        fs::create_dir_all(&repo).unwrap();
+        // `l/../g` with `l` a symlink: git goes to the link's parent's `g`, not the repo's.
+        let elsewhere = f.root.join("home/elsewhere");
+        fs::create_dir_all(elsewhere.join("x")).unwrap();
+        fs::create_dir_all(elsewhere.join("g")).unwrap();
+        fs::create_dir_all(repo.join("g")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("x"), repo.join("l")).unwrap();
+        fs::write(repo.join(".git"), "gitdir: l/../g\n").unwrap();
+        let found = discover(&repo, &f.rules).unwrap();
+        assert_eq!(found.pointers[0].target.as_deref(), Some(elsewhere.join("g").as_path()));
+        assert!(!judge(&found, &repo).is_empty(), "not this repo's");
     }
 
     #[test]

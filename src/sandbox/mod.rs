@@ -23,6 +23,7 @@ pub mod bridge;
 pub mod cgroup;
 pub mod codekeys;
 pub mod env;
+pub mod gitindex;
 pub mod gitptr;
 pub mod inside;
 pub mod landlock;

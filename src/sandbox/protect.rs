@@ -34,7 +34,17 @@ pub const PLACEHOLDERS: &[(&str, Kind)] = &[
 /// Listed top-level entries without a placeholder: read-only when present, quarantined at the
 /// end when created (a new `.airlock.toml` is untrusted anyway; a `.git` the agent makes is
 /// judged by [`super::sweep`]).
-pub const LISTED_ONLY: &[&str] = &[".airlock.toml"];
+pub const LISTED_ONLY: &[&str] = &[
+    ".airlock.toml",
+    // Hook managers whose installed hooks read these at every host `git commit`.
+    "lefthook.yml",
+    "lefthook.yaml",
+    ".lefthook.yml",
+    ".lefthook.yaml",
+    "lefthook-local.yml",
+    ".lefthook-local.yml",
+    ".overcommit.yml",
+];
 /// Editable toolchain files at the top level whose start content is kept for the end review.
 pub const TOOLCHAIN_FILES: &[&str] = &[
     "rust-toolchain.toml",
@@ -233,7 +243,11 @@ impl Scan {
     fn git_dir(&mut self, gd: &GitDir) -> Result<(), ProtectError> {
         let root_fd = fsat::open_root(&gd.root).map_err(io_err(&gd.root))?;
         let dir = gd.root.join(&gd.rel);
-        self.pin(dir.clone());
+        // The git dir and every directory between it and its tree's root stay put: a submodule
+        // at `.git/modules/libs/foo` must not be swappable by renaming `.git/modules/libs`.
+        for a in gd.rel.ancestors().filter(|a| !a.as_os_str().is_empty()) {
+            self.pin(gd.root.join(a));
+        }
         for name in
             ["hooks", "config"].into_iter().chain(gitptr::GIT_DIR_POINTERS.iter().map(|(n, _)| *n))
         {
@@ -300,6 +314,7 @@ pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectErr
             }
         }
     }
+    hooks_in_the_worktree(&mut s, repo, repo_fd.as_fd(), found);
     for rel in TOOLCHAIN_FILES {
         if let Ok(Some((bytes, _))) =
             fsat::read_capped(repo_fd.as_fd(), Path::new(rel), SNAPSHOT_CAP)
@@ -310,6 +325,47 @@ pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectErr
         }
     }
     Ok(s.prot)
+}
+
+/// Hooks the developer keeps in the worktree, which a host `git commit` runs: the directory
+/// `core.hooksPath` names (relative to the worktree's top, as git resolves it) and the targets of
+/// symlinked hooks, when they lie in the repo. They are listed (read-only for the session) with
+/// every directory above them pinned.
+fn hooks_in_the_worktree(
+    s: &mut Scan,
+    repo: &Path,
+    repo_fd: BorrowedFd<'_>,
+    found: &gitptr::Found,
+) {
+    let mut wanted: Vec<PathBuf> = Vec::new();
+    for gd in &found.git_dirs {
+        let Ok(root) = fsat::open_root(&gd.root) else { continue };
+        if let Ok(Some((config, _))) =
+            fsat::read_capped(root.as_fd(), &gd.rel.join("config"), SNAPSHOT_CAP)
+            && let Some(path) =
+                super::codekeys::git_config_values(&config, "core", "hookspath").pop()
+        {
+            wanted.push(repo.join(path));
+        }
+        let Ok(hooks) = fsat::open_dir(root.as_fd(), &gd.rel.join("hooks")) else { continue };
+        for name in fsat::list(hooks.as_fd()).unwrap_or_default() {
+            if let Ok(target) = nix::fcntl::readlinkat(hooks.as_fd(), name.as_os_str()) {
+                wanted.push(gd.root.join(&gd.rel).join("hooks").join(target));
+            }
+        }
+    }
+    for path in wanted {
+        let Ok(canon) = std::fs::canonicalize(&path) else { continue };
+        let Ok(rel) = canon.strip_prefix(repo) else { continue };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        let rel = rel.to_path_buf();
+        for a in rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
+            s.pin(repo.join(a));
+        }
+        let _ = s.list(repo, repo_fd, &rel);
+    }
 }
 
 /// An empty regular file or an empty directory at `rel` (no symlink followed).
@@ -477,6 +533,10 @@ mod tests {
         fs::write(repo.join(".git/worktrees/w/commondir"), "../..").unwrap();
         fs::write(repo.join(".git/config"), "").unwrap();
         fs::create_dir_all(repo.join(".git/modules/sub/hooks")).unwrap();
+        // A submodule's git dir, shaped as git makes it.
+        fs::create_dir_all(repo.join(".git/modules/sub/objects")).unwrap();
+        fs::create_dir_all(repo.join(".git/modules/sub/refs")).unwrap();
+        fs::write(repo.join(".git/modules/sub/HEAD"), "ref: refs/heads/main\n").unwrap();
         fs::write(repo.join(".airlock.toml"), "").unwrap();
         fs::create_dir_all(repo.join(".claude")).unwrap();
         fs::write(repo.join(".claude/settings.x.json"), "{}").unwrap();

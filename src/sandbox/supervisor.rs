@@ -227,7 +227,12 @@ pub fn run(
         eprintln!("airlock: warning: {w}");
     }
     // T0 for the end sweep, after our own writes to the repo (the placeholders).
-    let since = sweep::session_start();
+    let home_dir = home_path(&req.home);
+    let mut roots: Vec<&Path> = vec![&req.repo.path];
+    roots.extend(protection.external.iter().map(PathBuf::as_path));
+    roots.extend(home_dir.as_deref());
+    let threshold = sweep::threshold(&roots);
+    let since = threshold.since;
     // Whatever happens from here on, this session's placeholders do not outlive it.
     let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
     let repo_sandbox = req.repo.sandbox_path();
@@ -323,7 +328,7 @@ pub fn run(
         writable: mounts::writable_paths(&repo_sandbox, &protection.external),
         landlock: kernel.landlock_abi.is_some(),
         cgroup_ns_at_leaf: leaf.is_some(),
-        not_before: since,
+        not_before: threshold.not_before,
         seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
         control: child_control.as_raw_fd(),
         errpipe: err_w.as_raw_fd(),
@@ -490,11 +495,16 @@ impl Drop for PlaceholderGuard<'_> {
 
 /// The sweep of SECURITY §7, before control returns to the host; its problems are warnings,
 /// never the session's exit status.
-fn end_of_session(req: &Request, protection: &Protection, since: sweep::Stamp) -> Report {
-    let home = match &req.home {
+/// The agent home's host path (`run`); `exec`'s home is a tmpfs.
+fn home_path(home: &mounts::HomeMount) -> Option<PathBuf> {
+    match home {
         mounts::HomeMount::Bind { parent, name } => Some(parent.join(name)),
         mounts::HomeMount::Tmpfs => None,
-    };
+    }
+}
+
+fn end_of_session(req: &Request, protection: &Protection, since: sweep::Stamp) -> Report {
+    let home = home_path(&req.home);
     let mut store =
         quarantine::Store::new(req.quarantine_dir.clone(), &req.session, &req.repo.path);
     let report = sweep::run(

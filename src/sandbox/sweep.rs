@@ -5,10 +5,11 @@
 //!
 //! What changed is told by `ctime` (inode change time), which the agent cannot set back:
 //! every write, chmod, rename or link moves it to "now" (inode(7)). The kernel stamps inodes
-//! from the coarse realtime clock (or a finer one that never falls below it). The supervisor
-//! reads that clock when setup begins ([`Stamp`] `T0`), and the sandbox's init does not start
-//! the command before the clock has moved past `T0` ([`wait_past`], overlapping init's own
-//! setup), so everything the agent changes has `ctime > T0` while what the host wrote before
+//! from the coarse realtime clock (or a finer one that never falls below it), at the
+//! filesystem's own granularity. The supervisor takes T0 from a probe file on each writable
+//! tree's filesystem ([`threshold`]), and the sandbox's init does not start the command before
+//! the clock has moved past T0 by more than that granularity ([`wait_past`], overlapping init's
+//! own setup), so everything the agent changes has `ctime > T0` while what the host wrote before
 //! has `ctime <= T0`. The walk is complete — never truncated — and goes
 //! through directory fds only ([`crate::fsat::walk`]); a tree deeper than [`MAX_DEPTH`] is
 //! moved aside whole, since what lies below cannot be vouched for.
@@ -77,16 +78,71 @@ fn coarse_now() -> Stamp {
     }
 }
 
-/// `T0`: the coarse realtime clock when a session's setup begins.
-pub fn session_start() -> Stamp {
-    coarse_now()
+/// When a session's changes begin to count (`since`, T0: changed means `ctime > since`), and the
+/// moment the command may start (`not_before`), so that nothing it writes can carry a ctime of
+/// T0 or before on any of the session's filesystems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Threshold {
+    pub since: Stamp,
+    pub not_before: Stamp,
 }
 
-/// Returns once the coarse clock is past `t0` (at most one tick, 4 ms at HZ=250; usually over
-/// by the time init has built the walls). Called by init right before it starts the command.
-pub fn wait_past(t0: Stamp) {
-    let deadline = Instant::now() + Duration::from_millis(100);
-    while coarse_now() <= t0 && Instant::now() < deadline {
+/// The threshold for a session whose writable trees are `roots` (the repo, external git dirs,
+/// the agent home). Each root's filesystem is probed with a file created and removed at once:
+/// its ctime is T0 as that filesystem stamps it. A filesystem that stores whole seconds (ext3,
+/// small ext4 with 128-byte inodes, HFS+, FAT) would stamp a write in the same second with
+/// T0 itself, so there the command waits out two seconds; elsewhere one clock tick.
+pub fn threshold(roots: &[&Path]) -> Threshold {
+    let mut since = coarse_now();
+    let mut wait = Duration::ZERO;
+    for root in roots {
+        let Some((stamp, coarse_fs)) = probe(root) else { continue };
+        since = since.max(stamp);
+        if coarse_fs {
+            wait = Duration::from_secs(2);
+        }
+    }
+    let add = |(s, ns): Stamp, d: Duration| {
+        let total = ns + d.subsec_nanos() as i64;
+        (s + d.as_secs() as i64 + total / 1_000_000_000, total % 1_000_000_000)
+    };
+    Threshold { since, not_before: add(since, wait) }
+}
+
+/// The ctime a new file in `root` gets, and whether that filesystem stores whole seconds (two
+/// probes with a zero nanosecond part; one would say so once in 250 by chance).
+fn probe(root: &Path) -> Option<(Stamp, bool)> {
+    let dir = fsat::open_root(root).ok()?;
+    let once = || -> Option<Stamp> {
+        let name = fsat::random_name(".airlock-probe-").ok()?;
+        let how = fsat::how(
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CREAT | nix::fcntl::OFlag::O_EXCL,
+            0o600,
+        );
+        let fd = nix::fcntl::openat2(dir.as_fd(), name.as_str(), how).ok()?;
+        let st = nix::sys::stat::fstat(&fd).ok();
+        let _ = nix::unistd::unlinkat(
+            dir.as_fd(),
+            name.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        st.map(|st| ctime(&st))
+    };
+    let first = once()?;
+    if first.1 != 0 {
+        return Some((first, false));
+    }
+    std::thread::sleep(Duration::from_millis(2));
+    let second = once().unwrap_or(first);
+    Some((first.max(second), second.1 == 0))
+}
+
+/// Returns once the coarse clock is past `not_before` (one tick, 4 ms at HZ=250, usually over by
+/// the time init has built the walls; two seconds on a whole-second filesystem). Called by init
+/// right before it starts the command.
+pub fn wait_past(not_before: Stamp) {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while coarse_now() <= not_before && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(250));
     }
 }
@@ -102,7 +158,7 @@ pub struct Sweep<'a> {
     pub prot: &'a Protection,
     /// The agent home (`run`), swept for setuid bits only.
     pub home: Option<PathBuf>,
-    /// `T0` ([`session_start`]): changed means `ctime > since`.
+    /// T0 ([`Threshold::since`]): changed means `ctime > since`.
     pub since: Stamp,
 }
 
@@ -232,7 +288,11 @@ fn tree(
     // session could be renamed to `sub/.git` in the next, moving old-ctime content into place,
     // so a git dir is judged where it is written, under any name.
     let mut git_dirs: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
-    if kind == Tree::GitDir {
+    // An external git dir is one; so is a repo whose top level is shaped like one (git would
+    // use it as a bare repository there).
+    if kind == Tree::GitDir
+        || (kind == Tree::Repo && super::gitptr::is_git_dir_at(root_fd, Path::new(".")))
+    {
         git_dirs.insert(PathBuf::new());
     }
     let mut visit = |e: &Entry<'_>| -> Step {
@@ -255,6 +315,13 @@ fn tree(
         }
     };
     report.entries += stats.entries;
+    for rel in &stats.unreadable {
+        report.warnings.push(format!(
+            "{} could not be looked into (not yours, and not readable to you), so it was not \
+             checked; nothing in the sandbox could have written there",
+            root.join(rel).display()
+        ));
+    }
     report.unreadable.extend(stats.unreadable.iter().map(|r| root.join(r)));
     for rel in stats.too_deep {
         if kind == Tree::Home {
@@ -284,17 +351,24 @@ fn judge(
         strip_setuid(e, root, report);
     }
     let ty = fsat::kind(e.st);
+    if kind == Tree::Home {
+        return if ty == SFlag::S_IFLNK { Step::Skip } else { Step::Descend };
+    }
+    let inner = git_inner(e.rel, git_dirs);
     if ty == SFlag::S_IFLNK {
         if kind == Tree::Repo {
             outside_symlink(e, root, report);
         }
+        // Host tools follow symlinks: one at a name they read is what they would read.
+        if changed && sensitive_link(e, inner.as_deref()) {
+            report.items.push(take(store, root, e, "a symlink where host tools read"));
+        }
         return Step::Skip;
     }
-    if kind == Tree::Home {
-        return Step::Descend;
-    }
-    if let Some(inner) = git_inner(e.rel, git_dirs) {
-        return git_rule(s, store, report, root, e, &inner, changed);
+    if let Some(inner) = &inner
+        && let Some(step) = git_rule(s, store, report, root, e, inner, changed)
+    {
+        return step;
     }
     // Content moved in under a new name keeps its old ctime; the directory that gives a file
     // its meaning (`.cargo/`, `.claude/`) does not.
@@ -338,27 +412,30 @@ fn judge(
     Step::Descend
 }
 
+/// Whether a symlink sits where the rules would judge a file or directory: anywhere inside a git
+/// dir (git makes none there), at a `.git`, a toolchain file, a nested host-run name, a
+/// directory that gives files their meaning, or a `.claude` part.
+fn sensitive_link(e: &Entry<'_>, inner: Option<&Path>) -> bool {
+    let name = e.name.to_string_lossy();
+    let in_claude = e.rel.parent().and_then(Path::file_name) == Some(OsStr::new(".claude"));
+    inner.is_some()
+        || name == ".git"
+        || codekeys::kind_of(e.rel).is_some()
+        || NESTED_WHOLE.contains(&name.as_ref())
+        || matches!(name.as_ref(), ".cargo" | ".config" | ".mise" | "mise" | "conf.d" | ".claude")
+        || (in_claude
+            && (CLAUDE_WHOLE.contains(&name.as_ref()) || protect::is_claude_settings(&name)))
+}
+
 /// Directories whose name gives the config files in them their meaning.
 fn in_anchor_dir(rel: &Path) -> bool {
     let parent = rel.parent().and_then(Path::file_name).and_then(OsStr::to_str);
     matches!(parent, Some(".cargo" | ".config" | ".mise" | "mise" | "conf.d"))
 }
 
-/// Shaped like a git dir (what git itself checks before using one: `HEAD`, `objects/`,
-/// `refs/`), or named `.git`.
+/// Named `.git`, or shaped like a git dir ([`super::gitptr::is_git_dir_at`]).
 fn is_git_dir(e: &Entry<'_>) -> bool {
-    if e.name == ".git" {
-        return true;
-    }
-    // One stat for the common case (no HEAD); the directory is opened only when it has one.
-    let head = Path::new(e.name).join("HEAD");
-    if !matches!(fsat::lstat_at(e.dir, &head), Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFREG) {
-        return false;
-    }
-    let Ok(dir) = fsat::open_dir(e.dir, Path::new(e.name)) else { return false };
-    ["objects", "refs"].iter().all(|d| {
-        matches!(fsat::lstat_at(dir.as_fd(), Path::new(d)), Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFDIR)
-    })
+    e.name == ".git" || super::gitptr::is_git_dir_at(e.dir, Path::new(e.name))
 }
 
 fn take(store: &mut Store, root: &Path, e: &Entry<'_>, why: &str) -> Item {
@@ -386,23 +463,15 @@ fn changed_below(e: &Entry<'_>, since: Stamp) -> bool {
     }
 }
 
-/// The path of `rel` inside its innermost git dir (the nearest strict ancestor found as one,
-/// then `modules/<x>/` chains below it), or `None` outside any.
+/// The path of `rel` inside its innermost git dir (the nearest strict ancestor found as one:
+/// submodule git dirs under `modules/` are found by their shape, whatever their name), or
+/// `None` outside any.
 fn git_inner(rel: &Path, git_dirs: &std::collections::HashSet<PathBuf>) -> Option<PathBuf> {
     let base = rel.ancestors().skip(1).find(|a| git_dirs.contains(*a))?;
-    let comps: Vec<&OsStr> = rel
-        .strip_prefix(base)
-        .ok()?
-        .components()
-        .filter_map(|c| if let Component::Normal(n) = c { Some(n) } else { None })
-        .collect();
-    let mut j = 0;
-    while j + 1 < comps.len() && comps[j] == "modules" {
-        j += 2;
-    }
-    Some(comps[j.min(comps.len())..].iter().collect())
+    rel.strip_prefix(base).ok().map(Path::to_path_buf)
 }
 
+/// The rule for an entry inside a git dir, if one applies (`None`: the ordinary rules do).
 fn git_rule(
     s: &Sweep<'_>,
     store: &mut Store,
@@ -411,9 +480,18 @@ fn git_rule(
     e: &Entry<'_>,
     inner: &Path,
     changed: bool,
-) -> Step {
+) -> Option<Step> {
     let parts: Vec<String> = inner.iter().map(|c| c.to_string_lossy().into_owned()).collect();
-    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let mut parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    // Below `modules/`, a directory git does not (yet) take for a git dir — no HEAD — is still
+    // judged as one: a `commondir` planted there now and a `HEAD` added by a later session would
+    // otherwise keep its old ctime. The rules apply to the part after any `modules/a/b/…`.
+    if parts.first() == Some(&"modules") {
+        match (2..parts.len()).find(|&i| git_rule_applies(&parts[i..])) {
+            Some(i) => parts.drain(..i).for_each(drop),
+            None => return None,
+        }
+    }
     let pointer_file = matches!(
         parts.as_slice(),
         ["commondir"]
@@ -421,7 +499,9 @@ fn git_rule(
             | ["objects", "info", "alternates" | "http-alternates"]
             | ["worktrees", _, "commondir" | "gitdir" | "config.worktree"]
     );
-    match parts.as_slice() {
+    let index = matches!(parts.as_slice(), ["index"] | ["worktrees", _, "index"])
+        || matches!(parts.as_slice(), [name] if name.starts_with("sharedindex."));
+    let step = match parts.as_slice() {
         ["hooks", name] => {
             if !name.ends_with(".sample") && changed_below(e, s.since) {
                 report.items.push(take(store, root, e, "new or changed git hook"));
@@ -434,6 +514,12 @@ fn git_rule(
             }
             Step::Skip
         }
+        _ if index => {
+            if changed {
+                judge_index(store, report, root, e);
+            }
+            Step::Skip
+        }
         ["config"] => {
             if changed && fsat::kind(e.st) == SFlag::S_IFREG {
                 review_config(s, store, report, root, e, ConfigKind::GitConfig);
@@ -442,7 +528,43 @@ fn git_rule(
             }
             Step::Skip
         }
-        _ => Step::Descend,
+        _ => return None,
+    };
+    Some(step)
+}
+
+/// Whether [`git_rule`] has a rule for a path inside a git dir.
+fn git_rule_applies(parts: &[&str]) -> bool {
+    matches!(
+        parts,
+        ["hooks", _]
+            | ["commondir"]
+            | ["config.worktree"]
+            | ["config"]
+            | ["index"]
+            | ["objects", "info", "alternates" | "http-alternates"]
+            | ["worktrees", _, "commondir" | "gitdir" | "config.worktree" | "index"]
+    ) || matches!(parts, [name] if name.starts_with("sharedindex."))
+}
+
+/// Largest index file judged (git's own indexes stay far below; a bigger changed one is taken).
+const INDEX_CAP: u64 = 1 << 30;
+
+/// A changed index whose entries reach into a git dir (or out of the worktree) is taken: a host
+/// `git checkout .` would write them (see [`super::gitindex`]). Rebuilding it is `git reset`.
+fn judge_index(store: &mut Store, report: &mut Report, root: &Path, e: &Entry<'_>) {
+    let verdict = match fsat::read_capped(e.dir, Path::new(e.name), INDEX_CAP) {
+        Ok(Some((bytes, _))) => super::gitindex::check(&bytes).map_err(|p| p.to_string()),
+        Ok(None) => return,
+        Err(err) => Err(format!("it cannot be read safely ({err})")),
+    };
+    if let Err(why) = verdict {
+        let mut item = take(store, root, e, "git index with paths into a git dir");
+        item.note = Some(format!("{why}; rebuild it from HEAD with `git reset`"));
+        if let Some(last) = store.manifest.items.last_mut() {
+            last.note.clone_from(&item.note);
+        }
+        report.items.push(item);
     }
 }
 
@@ -558,8 +680,20 @@ mod tests {
 
     #[test]
     fn git_inner_finds_the_innermost_git_dir() {
-        let dirs: std::collections::HashSet<PathBuf> =
-            ["", ".git", "sub/.git", "payload", "x/.git"].iter().map(PathBuf::from).collect();
+        let dirs: std::collections::HashSet<PathBuf> = [
+            "",
+            ".git",
+            "sub/.git",
+            "payload",
+            "x/.git",
+            ".git/modules/m",
+            ".git/modules/a",
+            ".git/modules/a/modules/b",
+            ".git/modules/libs/foo",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
         let repo: std::collections::HashSet<PathBuf> =
             dirs.iter().filter(|d| !d.as_os_str().is_empty()).cloned().collect();
         let g = |p: &str, set: &std::collections::HashSet<PathBuf>| {
@@ -571,8 +705,9 @@ mod tests {
         assert_eq!(g("sub/.git/config", &repo).as_deref(), Some("config"));
         assert_eq!(g("payload/hooks/x", &repo).as_deref(), Some("hooks/x"));
         assert_eq!(g(".git/modules/m/hooks/x", &repo).as_deref(), Some("hooks/x"));
-        assert_eq!(g(".git/modules/m", &repo).as_deref(), Some(""));
+        assert_eq!(g(".git/modules/m", &repo).as_deref(), Some("modules/m"));
         assert_eq!(g(".git/modules/a/modules/b/config", &repo).as_deref(), Some("config"));
+        assert_eq!(g(".git/modules/libs/foo/config", &repo).as_deref(), Some("config"));
         assert_eq!(g(".git/modules", &repo).as_deref(), Some("modules"));
         // An external git dir: the walk's root is one.
         assert_eq!(g("worktrees/w/commondir", &dirs).as_deref(), Some("worktrees/w/commondir"));

