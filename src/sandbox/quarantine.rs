@@ -427,6 +427,18 @@ impl Store {
         self.record(item)
     }
 
+    /// Adds a note (what the user should do about it) to an item this store recorded.
+    pub fn annotate(&mut self, mut item: Item, note: String) -> Item {
+        item.note = Some(match item.note.take() {
+            Some(earlier) if !earlier.is_empty() => format!("{note}; {earlier}"),
+            _ => note,
+        });
+        if let Some(recorded) = self.manifest.items.iter_mut().find(|i| i.id == item.id) {
+            recorded.note.clone_from(&item.note);
+        }
+        item
+    }
+
     fn record(&mut self, item: Item) -> Item {
         self.manifest.items.push(item.clone());
         item

@@ -19,14 +19,20 @@
 //!   quarantined; paths present at the start were read-only binds and are left alone;
 //!   placeholders are removed last;
 //! - a `.git` *file* that changed → quarantined (a new git pointer);
-//! - inside any git dir: changed `hooks/*` (not `*.sample`), `commondir`, `config.worktree`,
+//! - inside any git dir — named `.git`, or shaped like one under any name (so content planted
+//!   under an innocent name and renamed in later was judged where it was written), submodule
+//!   git dirs below `modules/` at any depth, the top level itself if shaped like one: changed
+//!   `hooks/*` (not `*.sample`), `commondir`, `config.worktree`,
 //!   `objects/info/{alternates,http-alternates}`, `worktrees/*/{commondir,gitdir,
-//!   config.worktree}` → quarantined; a changed `config` keeps only inert keys
+//!   config.worktree}` → quarantined; a changed `index`/`sharedindex.*` naming a path into a git
+//!   dir → quarantined ([`super::gitindex`]); a changed `config` keeps only inert keys
 //!   ([`super::codekeys`], regenerated) and the rest is held;
+//! - a new symlink anywhere the rules would judge a file → quarantined (host tools follow it);
 //! - a changed `.envrc`, `.vscode/`, `.idea/`, `.devcontainer/`, `.claude/settings*.json`,
 //!   `.claude/{commands,agents,hooks,skills}/` → quarantined whole;
 //! - a changed toolchain file (`rust-toolchain.toml`, `.cargo/config.toml`, `mise.toml`, …):
-//!   its code-running keys are held, the rest kept;
+//!   its code-running keys are held, the rest kept; in `.cargo/`-like directories a changed
+//!   directory counts for its files (a renamed-in directory keeps their old ctimes);
 //! - S_ISUID/S_ISGID on anything that changed (a directory's S_ISGID only when its parent
 //!   lacks it) → stripped; also in the agent home;
 //! - reported, never acted on: changed agent instruction files (`CLAUDE.md`, `AGENTS.md`, …)
@@ -559,12 +565,9 @@ fn judge_index(store: &mut Store, report: &mut Report, root: &Path, e: &Entry<'_
         Err(err) => Err(format!("it cannot be read safely ({err})")),
     };
     if let Err(why) = verdict {
-        let mut item = take(store, root, e, "git index with paths into a git dir");
-        item.note = Some(format!("{why}; rebuild it from HEAD with `git reset`"));
-        if let Some(last) = store.manifest.items.last_mut() {
-            last.note.clone_from(&item.note);
-        }
-        report.items.push(item);
+        let item = take(store, root, e, "git index with paths into a git dir");
+        let note = format!("{why}; rebuild it from HEAD with `git reset`");
+        report.items.push(store.annotate(item, note));
     }
 }
 
