@@ -51,7 +51,7 @@ fn bench(c: &mut Criterion) {
         &[],
     );
     let found = gitptr::discover(&repo, &rules).expect("pointers");
-    let prot = protect::scan(&repo, &found).expect("scan");
+    let prot = protect::scan(&repo, &found, &[]).expect("scan");
     // Nothing changed since "the start" (an hour from now): the sweep's steady-state cost is
     // the walk itself.
     let now = sweep::threshold(&[]).since;

@@ -266,6 +266,34 @@ pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
     Ok(names)
 }
 
+/// The entries of directory `dir` with their type as `getdents` reports it (`None` where the
+/// filesystem does not say: ask `fstatat`), sorted by name. Cheaper than a stat per entry.
+pub fn list_typed(dir: BorrowedFd<'_>) -> io::Result<Vec<(OsString, Option<SFlag>)>> {
+    use nix::dir::Type;
+    let fd = open_dir(dir, Path::new(""))?;
+    let mut d = nix::dir::Dir::from_fd(fd)?;
+    let mut out: Vec<(OsString, Option<SFlag>)> = Vec::new();
+    for entry in d.iter() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let ty = entry.file_type().map(|t| match t {
+            Type::Directory => SFlag::S_IFDIR,
+            Type::Symlink => SFlag::S_IFLNK,
+            Type::File => SFlag::S_IFREG,
+            Type::Fifo => SFlag::S_IFIFO,
+            Type::Socket => SFlag::S_IFSOCK,
+            Type::CharacterDevice => SFlag::S_IFCHR,
+            Type::BlockDevice => SFlag::S_IFBLK,
+        });
+        out.push((OsStr::from_bytes(name).to_owned(), ty));
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Caps of [`copy_tree`].
 #[derive(Debug, Clone, Copy)]
 pub struct CopyCaps {

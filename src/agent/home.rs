@@ -514,10 +514,13 @@ pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>
     }
     let Ok(Value::Object(top)) = serde_json::from_slice::<Value>(bytes) else { return None };
     let scalar = |v: &Value| !matches!(v, Value::Object(_) | Value::Array(_));
-    let flat = |v: &Value, arrays: bool| -> Option<Value> {
+    // Only the fields the format defines cross to other repos' homes: anything else an agent
+    // adds would be a channel from one repo's session to another's.
+    let flat = |v: &Value, arrays: bool, known: &[&str]| -> Option<Value> {
         let obj = v.as_object()?;
         let kept: Map<String, Value> = obj
             .iter()
+            .filter(|(k, _)| known.contains(&k.as_str()))
             .filter(|(_, v)| {
                 scalar(v) || (arrays && v.as_array().is_some_and(|a| a.iter().all(scalar)))
             })
@@ -528,7 +531,15 @@ pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>
     let mut out = Map::new();
     match format {
         CredentialFormat::ClaudeOauth => {
-            out.insert("claudeAiOauth".into(), flat(top.get("claudeAiOauth")?, true)?);
+            const CLAUDE: &[&str] = &[
+                "accessToken",
+                "refreshToken",
+                "expiresAt",
+                "scopes",
+                "subscriptionType",
+                "rateLimitTier",
+            ];
+            out.insert("claudeAiOauth".into(), flat(top.get("claudeAiOauth")?, true, CLAUDE)?);
         }
         CredentialFormat::CodexAuth => {
             for key in ["OPENAI_API_KEY", "last_refresh"] {
@@ -536,7 +547,8 @@ pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>
                     out.insert(key.into(), v.clone());
                 }
             }
-            if let Some(tokens) = top.get("tokens").and_then(|t| flat(t, false)) {
+            const CODEX: &[&str] = &["id_token", "access_token", "refresh_token", "account_id"];
+            if let Some(tokens) = top.get("tokens").and_then(|t| flat(t, false, CODEX)) {
                 out.insert("tokens".into(), tokens);
             }
         }
@@ -981,10 +993,10 @@ mod tests {
     #[test]
     fn only_the_credentials_own_fields_cross_to_other_repos() {
         use CredentialFormat::*;
-        let planted = br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"],"nested":{"k":"v"}},"mcpServers":{"evil":{}},"note":"A-TRANSCRIPT"}"#;
+        let planted = br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"],"nested":{"k":"v"},"leak":"A-TRANSCRIPT"},"mcpServers":{"evil":{}},"note":"A-TRANSCRIPT"}"#;
         let kept = credential_only(ClaudeOauth, planted).unwrap();
         assert_eq!(kept, br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"]}}"#.to_vec());
-        let codex = br#"{"OPENAI_API_KEY":null,"tokens":{"access_token":"t","deep":{"x":1}},"last_refresh":"2026","x":"y"}"#;
+        let codex = br#"{"OPENAI_API_KEY":null,"tokens":{"access_token":"t","deep":{"x":1},"leak":"z"},"last_refresh":"2026","x":"y"}"#;
         let kept = credential_only(CodexAuth, codex).unwrap();
         assert_eq!(
             kept,

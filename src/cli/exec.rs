@@ -308,6 +308,7 @@ pub fn run_with(
     let mut req = Request {
         quarantine_dir: supervisor::quarantine_dir(&paths.airlock_dir(), &session),
         git,
+        host_git_configs: host_git_configs(&paths, ctx.env),
         session,
         repo,
         argv: Vec::new(),
@@ -371,34 +372,49 @@ fn judged_git_pointers(
     ))
 }
 
-/// What the end-of-session sweep did, on stderr (the session record has all of it).
+/// The system and global git config files, in git's order (git-config(1) FILES).
+fn host_git_configs(paths: &Paths, env: &dyn Env) -> Vec<PathBuf> {
+    let xdg = env
+        .var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| paths.home().join(".config"));
+    vec![PathBuf::from("/etc/gitconfig"), xdg.join("git/config"), paths.home().join(".gitconfig")]
+}
+
+/// What the end-of-session sweep did, on stderr (the session record has all of it). Every path,
+/// key and note here may carry bytes an agent chose, so each goes through the terminal escaper:
+/// these lines reach the caller's terminal after the relay's filter is gone.
 fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
+    use crate::audit::escape_for_terminal as esc;
+    use crate::sandbox::quarantine::How;
+    let shown = |p: &std::path::Path| esc(&p.display().to_string()).into_owned();
     for item in &sweep.items {
-        let at = item.host_path();
+        let at = shown(&item.host_path());
+        let note = item.note.as_deref().map(|n| esc(n).into_owned());
         match item.how {
-            crate::sandbox::quarantine::How::Failed => eprintln!(
-                "airlock: WARNING: could not take {} out of the way ({}): {}; remove it before \
+            How::Failed => eprintln!(
+                "airlock: WARNING: could not take {at} out of the way ({}): {}; remove it before \
                  any host tool reads it",
-                at.display(),
                 item.why,
-                item.note.as_deref().unwrap_or("")
+                note.unwrap_or_default()
             ),
-            crate::sandbox::quarantine::How::HeldKeys => {
-                let keys: Vec<&str> = item.keys.iter().map(|k| k.key.as_str()).collect();
+            How::HeldKeys => {
+                let keys: Vec<String> =
+                    item.keys.iter().map(|k| esc(&k.key).into_owned()).collect();
+                let what =
+                    if keys.is_empty() { "the whole change".to_string() } else { keys.join(", ") };
                 eprintln!(
-                    "airlock: held back {} in {} ({}); the rest of the change is kept",
-                    if keys.is_empty() { "the whole change".to_string() } else { keys.join(", ") },
-                    at.display(),
+                    "airlock: held back {what} in {at} ({}); the rest of the change is kept",
                     item.why
                 );
             }
             how => eprintln!(
-                "airlock: quarantined {} ({}, {}) → {}{}",
-                at.display(),
+                "airlock: quarantined {at} ({}, {}) → {}{}",
                 item.why,
                 how.as_str(),
-                item.stored.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
-                item.note.as_ref().map(|n| format!("; {n}")).unwrap_or_default()
+                item.stored.as_deref().map(shown).unwrap_or_default(),
+                note.map(|n| format!("; {n}")).unwrap_or_default()
             ),
         }
     }
@@ -409,10 +425,10 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
         );
     }
     for p in &sweep.setuid_stripped {
-        eprintln!("airlock: stripped setuid/setgid bits from {}", p.display());
+        eprintln!("airlock: stripped setuid/setgid bits from {}", shown(p));
     }
     for w in &sweep.warnings {
-        eprintln!("airlock: warning: {w}");
+        eprintln!("airlock: warning: {}", esc(w));
     }
 }
 

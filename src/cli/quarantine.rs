@@ -7,6 +7,7 @@ use std::path::Path;
 use clap::Subcommand;
 
 use super::Context;
+use crate::audit::escape_for_terminal as esc;
 use crate::paths::Paths;
 use crate::sandbox::codekeys::{self, ConfigKind};
 use crate::sandbox::quarantine::{self, How, Item, Manifest};
@@ -90,9 +91,9 @@ fn list_sessions(airlock_dir: &Path) {
         let restored = m.items.iter().filter(|i| i.restored_at.is_some()).count();
         println!(
             "{}  {}  {}  {} item(s){}",
-            m.session,
-            m.created_at,
-            m.repo.display(),
+            esc(&m.session),
+            esc(&m.created_at),
+            shown(&m.repo),
             m.items.len(),
             if restored > 0 { format!(", {restored} restored") } else { String::new() }
         );
@@ -100,13 +101,13 @@ fn list_sessions(airlock_dir: &Path) {
 }
 
 fn list_items(m: &Manifest) {
-    println!("session {} ({}), repo {}", m.session, m.created_at, m.repo.display());
+    println!("session {} ({}), repo {}", esc(&m.session), esc(&m.created_at), shown(&m.repo));
     for i in &m.items {
         println!(
             "  [{}] {}  {} ({}){}",
             i.id,
-            i.host_path().display(),
-            i.why,
+            shown(&i.host_path()),
+            esc(&i.why),
             i.how.as_str(),
             if i.restored_at.is_some() { "  restored" } else { "" }
         );
@@ -114,22 +115,22 @@ fn list_items(m: &Manifest) {
 }
 
 fn show(item: &Item, selector: Option<&str>) {
-    println!("[{}] {}", item.id, item.host_path().display());
-    println!("  why:    {}", item.why);
+    println!("[{}] {}", item.id, shown(&item.host_path()));
+    println!("  why:    {}", esc(&item.why));
     println!("  how:    {}", item.how.as_str());
-    println!("  kind:   {}", item.kind);
+    println!("  kind:   {}", esc(&item.kind));
     if let Some(s) = &item.stored {
-        println!("  stored: {}", s.display());
+        println!("  stored: {}", shown(s));
     }
     if let Some(n) = &item.note {
-        println!("  note:   {n}");
+        println!("  note:   {}", esc(n));
     }
     if let Some(r) = &item.restored_at {
-        println!("  restored at {r}");
+        println!("  restored at {}", esc(r));
     }
     let only_key = selector.and_then(|s| s.strip_prefix("git-config:"));
     for k in item.keys.iter().filter(|k| only_key.is_none_or(|o| k.key.eq_ignore_ascii_case(o))) {
-        println!("  held:   {} = {}", k.key, k.value);
+        println!("  held:   {} = {}", esc(&k.key), esc(&k.value));
     }
     let current = read_current(item);
     let (old, new, title) = match item.how {
@@ -166,7 +167,16 @@ fn show(item: &Item, selector: Option<&str>) {
     let now_name = if current.is_some() { "now" } else { "now (absent)" };
     println!("  {title}:");
     let diff = similar::TextDiff::from_lines(old.as_ref(), new.as_ref());
-    print!("{}", diff.unified_diff().context_radius(3).header(now_name, "quarantined"));
+    let text = diff.unified_diff().context_radius(3).header(now_name, "quarantined").to_string();
+    // The content is the agent's: each line is shown with its control characters escaped.
+    for line in text.lines() {
+        println!("{}", esc(line));
+    }
+}
+
+/// A path as the terminal may show it (see [`esc`]).
+fn shown(p: &Path) -> String {
+    esc(&p.display().to_string()).into_owned()
 }
 
 /// The file at the item's place now, if it is a readable regular file.

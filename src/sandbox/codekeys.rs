@@ -917,6 +917,18 @@ pub fn git_config_values(bytes: &[u8], section: &str, name: &str) -> Vec<String>
         .collect()
 }
 
+/// The values of `section.<any subsection>.name` and `section.name` (e.g. every `include.path`
+/// and `includeIf.<cond>.path`); none if the file does not parse.
+pub fn git_config_values_any_sub(bytes: &[u8], section: &str, name: &str) -> Vec<String> {
+    let Ok(text) = std::str::from_utf8(bytes) else { return Vec::new() };
+    let Ok(doc) = parse_git(text) else { return Vec::new() };
+    doc.entries
+        .into_iter()
+        .filter(|e| e.section.eq_ignore_ascii_case(section) && e.name.eq_ignore_ascii_case(name))
+        .map(|e| e.value.unwrap_or_default())
+        .collect()
+}
+
 /// Parses git-config(1) syntax: `[section]`, `[section "sub"]` (`\"` and `\\` escape, any other
 /// backslash is dropped), legacy `[section.sub]` (lower-cased, as git does), `name = value`, a bare
 /// `name`, values with `"` quoting, `\n \t \b \\ \"` escapes and backslash-newline continuation,

@@ -16,14 +16,61 @@ pub enum IndexProblem {
 }
 
 /// The index's verdict: `Ok(())` when every entry path is one git would have accepted.
-pub fn check(bytes: &[u8]) -> Result<(), IndexProblem> {
-    // The hash size is not in the index itself; try SHA-1, then SHA-256.
-    let paths = entry_paths(bytes, 20).or_else(|| entry_paths(bytes, 32));
-    let Some(paths) = paths else { return Err(IndexProblem::Unreadable) };
-    match paths.iter().find(|p| !path_is_safe(p)) {
-        Some(bad) => Err(IndexProblem::BadPath(String::from_utf8_lossy(bad).into_owned())),
-        None => Ok(()),
+/// `sha256_repo` says what the git dir's `extensions.objectformat` is, for an index whose
+/// trailing checksum does not tell (`index.skipHash` writes zeros there).
+pub fn check(bytes: &[u8], sha256_repo: bool) -> Result<Vec<IndexEntry>, IndexProblem> {
+    let entries = parse(bytes, hash_size(bytes, sha256_repo));
+    let Some(entries) = entries else { return Err(IndexProblem::Unreadable) };
+    match entries.iter().find(|e| !path_is_safe(&e.path)) {
+        Some(bad) => Err(IndexProblem::BadPath(String::from_utf8_lossy(&bad.path).into_owned())),
+        None => Ok(entries),
     }
+}
+
+/// One index entry, as far as judging it needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub path: Vec<u8>,
+    /// `0o100644`, `0o100755`, `0o120000` (symlink), `0o160000` (gitlink).
+    pub mode: u32,
+    /// The staged object's name (20 or 32 bytes).
+    pub oid: Vec<u8>,
+    /// `assume-valid` or `skip-worktree` is set: git will not look at the worktree file, so a
+    /// change to it stays out of `git status` and `git diff`.
+    pub hidden: bool,
+}
+
+/// git's object name of a blob with `content`, in the index's hash (`blob <len>\0<content>`).
+pub fn blob_id(content: &[u8], oid_len: usize) -> Vec<u8> {
+    use sha2::Digest as _;
+    let header = format!("blob {}\0", content.len());
+    if oid_len == 32 {
+        let mut h = sha2::Sha256::new();
+        h.update(header.as_bytes());
+        h.update(content);
+        h.finalize().to_vec()
+    } else {
+        let mut h = sha1::Sha1::new();
+        h.update(header.as_bytes());
+        h.update(content);
+        h.finalize().to_vec()
+    }
+}
+
+/// The object-name size the index was written with: the one whose trailing checksum verifies,
+/// else the repo's object format. Guessing by parsing would read a one-entry SHA-256 index as
+/// SHA-1 with a harmless-looking stray path.
+fn hash_size(b: &[u8], sha256_repo: bool) -> usize {
+    use sha2::Digest as _;
+    let trailer_ok =
+        |size: usize, digest: &[u8]| b.len() > size + 12 && b[b.len() - size..] == *digest;
+    if b.len() > 44 && trailer_ok(32, &sha2::Sha256::digest(&b[..b.len() - 32])) {
+        return 32;
+    }
+    if b.len() > 32 && trailer_ok(20, &sha1::Sha1::digest(&b[..b.len() - 20])) {
+        return 20;
+    }
+    if sha256_repo { 32 } else { 20 }
 }
 
 fn be32(b: &[u8], at: usize) -> Option<u32> {
@@ -34,8 +81,14 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes(b.get(at..at + 2)?.try_into().ok()?))
 }
 
-/// Every entry's path, or `None` when the bytes do not parse as an index with this hash size.
+/// Every entry's path (tests).
+#[cfg(test)]
 fn entry_paths(b: &[u8], hash: usize) -> Option<Vec<Vec<u8>>> {
+    parse(b, hash).map(|v| v.into_iter().map(|e| e.path).collect())
+}
+
+/// Every entry, or `None` when the bytes do not parse as an index with this hash size.
+fn parse(b: &[u8], hash: usize) -> Option<Vec<IndexEntry>> {
     if b.get(..4)? != b"DIRC" {
         return None;
     }
@@ -47,14 +100,19 @@ fn entry_paths(b: &[u8], hash: usize) -> Option<Vec<Vec<u8>>> {
     // Ten 32-bit stat fields, the object name, 16-bit flags.
     let fixed = 40 + hash + 2;
     let mut at = 12;
-    let mut paths: Vec<Vec<u8>> = Vec::with_capacity(count.min(1 << 20));
+    let mut entries: Vec<IndexEntry> = Vec::with_capacity(count.min(1 << 20));
     let mut prev: Vec<u8> = Vec::new();
     for _ in 0..count {
         let start = at;
+        let mode = be32(b, at + 24)?;
+        let oid = b.get(at + 40..at + 40 + hash)?.to_vec();
         let flags = be16(b, at + 40 + hash)?;
         at += fixed;
-        // Version 3+: an extended-flags word when the extended bit is set.
+        // Bit 15: assume-valid. Version 3+: an extended-flags word when bit 14 is set, whose
+        // bit 14 is skip-worktree.
+        let mut hidden = flags & 0x8000 != 0;
         if version >= 3 && flags & 0x4000 != 0 {
+            hidden |= be16(b, at)? & 0x4000 != 0;
             at += 2;
         }
         let path = if version == 4 {
@@ -79,10 +137,10 @@ fn entry_paths(b: &[u8], hash: usize) -> Option<Vec<Vec<u8>>> {
             return None;
         }
         prev.clone_from(&path);
-        paths.push(path);
+        entries.push(IndexEntry { path, mode, oid, hidden });
     }
     // Extensions and the trailing hash follow; a well-formed index has at least the hash.
-    (b.len() >= at + hash).then_some(paths)
+    (b.len() >= at + hash).then_some(entries)
 }
 
 /// git's offset varint (`decode_varint`): 7 bits a byte, high bit = more, +1 per continuation.
@@ -155,12 +213,31 @@ mod tests {
         b
     }
 
+    /// A one-entry SHA-256 index with a valid trailer, as `git init --object-format=sha256`
+    /// writes them.
+    fn sha256_index(path: &str) -> Vec<u8> {
+        use sha2::Digest as _;
+        let mut b = b"DIRC".to_vec();
+        b.extend_from_slice(&2u32.to_be_bytes());
+        b.extend_from_slice(&1u32.to_be_bytes());
+        let start = b.len();
+        b.extend_from_slice(&[0u8; 40]);
+        b.extend_from_slice(&[0xcd; 32]);
+        b.extend_from_slice(&(path.len() as u16).to_be_bytes());
+        b.extend_from_slice(path.as_bytes());
+        let len = b.len() - start;
+        b.resize(start + (len + 8) / 8 * 8, 0);
+        let digest = sha2::Sha256::digest(&b);
+        b.extend_from_slice(&digest);
+        b
+    }
+
     #[test]
     fn ordinary_indexes_of_every_version_pass() {
         for v in [2, 3, 4] {
             let idx = index(v, &["README", "src/lib.rs", "src/main.rs", "x/.gitignore"]);
             assert_eq!(entry_paths(&idx, 20).unwrap().len(), 4, "v{v}");
-            assert_eq!(check(&idx), Ok(()), "v{v}");
+            assert!(check(&idx, false).is_ok(), "v{v}");
         }
     }
 
@@ -183,9 +260,9 @@ mod tests {
             for v in [2, 4] {
                 let idx = index(v, &["README", bad]);
                 assert!(
-                    matches!(check(&idx), Err(IndexProblem::BadPath(_))),
+                    matches!(check(&idx, false), Err(IndexProblem::BadPath(_))),
                     "{bad:?} v{v}: {:?}",
-                    check(&idx)
+                    check(&idx, false)
                 );
             }
         }
@@ -194,12 +271,28 @@ mod tests {
     }
 
     #[test]
+    fn a_sha256_index_is_read_as_one() {
+        let bad = sha256_index(".git/hooks/post-checkout");
+        assert!(
+            matches!(check(&bad, false), Err(IndexProblem::BadPath(_))),
+            "{:?}",
+            check(&bad, false)
+        );
+        assert!(check(&sha256_index("src/lib.rs"), false).is_ok());
+        // With the trailer zeroed (index.skipHash) the repo's object format decides.
+        let mut skip = bad.clone();
+        let n = skip.len();
+        skip[n - 32..].fill(0);
+        assert!(matches!(check(&skip, true), Err(IndexProblem::BadPath(_))));
+    }
+
+    #[test]
     fn garbage_is_unreadable_not_accepted() {
-        assert_eq!(check(b"DIRC"), Err(IndexProblem::Unreadable));
-        assert_eq!(check(b"not an index at all"), Err(IndexProblem::Unreadable));
+        assert_eq!(check(b"DIRC", false).unwrap_err(), IndexProblem::Unreadable);
+        assert_eq!(check(b"not an index at all", false).unwrap_err(), IndexProblem::Unreadable);
         let mut idx = index(2, &["a", "b"]);
         idx.truncate(idx.len() - 30);
-        assert_eq!(check(&idx), Err(IndexProblem::Unreadable));
+        assert_eq!(check(&idx, false).unwrap_err(), IndexProblem::Unreadable);
     }
 
     #[test]
@@ -223,9 +316,15 @@ mod tests {
         assert!(run(&["add", "-A"]));
         let idx = std::fs::read(tmp.path().join(".git/index")).unwrap();
         assert_eq!(entry_paths(&idx, 20).unwrap().len(), 4);
-        assert_eq!(check(&idx), Ok(()));
+        let entries = check(&idx, false).unwrap();
+        // The staged object names are git's own blob ids.
+        let readme = entries.iter().find(|e| e.path == b"README").unwrap();
+        assert_eq!(readme.oid, blob_id(b"target/\n", 20));
+        assert!(!readme.hidden && readme.mode == 0o100644);
         assert!(run(&["update-index", "--index-version", "4"]));
+        assert!(run(&["update-index", "--assume-unchanged", "README"]));
         let idx = std::fs::read(tmp.path().join(".git/index")).unwrap();
-        assert_eq!(check(&idx), Ok(()));
+        let entries = check(&idx, false).unwrap();
+        assert!(entries.iter().find(|e| e.path == b"README").unwrap().hidden);
     }
 }

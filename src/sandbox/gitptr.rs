@@ -140,10 +140,21 @@ fn resolve(base: &Path, rel: &str) -> PathBuf {
 /// before it uses a directory as a repository (`is_git_directory` in git's setup.c) — looked
 /// at without following symlinks.
 pub fn is_git_dir_at(parent: BorrowedFd<'_>, name: &Path) -> bool {
+    use nix::fcntl::AtFlags;
     use nix::sys::stat::SFlag;
-    // One stat for the common case (no HEAD); the directory is opened only when it has one.
-    let is = |dir: BorrowedFd<'_>, p: &Path, want: SFlag| matches!(fsat::lstat_at(dir, p), Ok(Some(st)) if fsat::kind(&st) == want);
-    if !is(parent, &name.join("HEAD"), SFlag::S_IFREG) {
+    // git follows symlinks for HEAD, objects/ and refs/ (a symlinked HEAD is a valid symref),
+    // so this looks through them too; it only stats, never reads through them.
+    let is = |dir: BorrowedFd<'_>, p: &Path, want: SFlag| {
+        nix::sys::stat::fstatat(dir, p, AtFlags::empty()).is_ok_and(|st| fsat::kind(&st) == want)
+    };
+    // The directory itself must be one (never through a symlink); then one stat for the common
+    // case (no HEAD), and the directory is opened only when it has one.
+    let is_dir =
+        matches!(fsat::lstat_at(parent, name), Ok(Some(st)) if fsat::kind(&st) == SFlag::S_IFDIR);
+    // HEAD: a file, or a symlink (a symref; git does not need its target to exist yet).
+    let head = matches!(fsat::lstat_at(parent, &name.join("HEAD")), Ok(Some(st))
+        if matches!(fsat::kind(&st), SFlag::S_IFREG | SFlag::S_IFLNK));
+    if !is_dir || !head {
         return false;
     }
     let Ok(dir) = fsat::open_dir(parent, name) else { return false };

@@ -620,6 +620,7 @@ mod tests {
             id: None,
             placeholder: false,
             empty_at_start: false,
+            needs_identity: false,
         }
     }
 

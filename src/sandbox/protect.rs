@@ -36,14 +36,47 @@ pub const PLACEHOLDERS: &[(&str, Kind)] = &[
 /// judged by [`super::sweep`]).
 pub const LISTED_ONLY: &[&str] = &[
     ".airlock.toml",
-    // Hook managers whose installed hooks read these at every host `git commit`.
+    // Hook managers whose installed hooks read these at every host `git commit` (lefthook,
+    // overcommit, husky 4, lint-staged run from a hook).
     "lefthook.yml",
     "lefthook.yaml",
+    "lefthook.toml",
+    "lefthook.json",
+    "lefthook.jsonc",
     ".lefthook.yml",
     ".lefthook.yaml",
+    ".lefthook.toml",
+    ".lefthook.json",
+    ".lefthook.jsonc",
     "lefthook-local.yml",
+    "lefthook-local.yaml",
+    "lefthook-local.toml",
+    "lefthook-local.json",
     ".lefthook-local.yml",
+    ".lefthook-local.yaml",
+    ".config/lefthook.yml",
+    ".config/lefthook.yaml",
+    ".config/lefthook.toml",
+    ".config/lefthook.json",
     ".overcommit.yml",
+    ".huskyrc",
+    ".huskyrc.json",
+    ".huskyrc.js",
+    ".huskyrc.cjs",
+    ".lintstagedrc",
+    ".lintstagedrc.json",
+    ".lintstagedrc.yaml",
+    ".lintstagedrc.yml",
+    ".lintstagedrc.js",
+    ".lintstagedrc.cjs",
+    ".lintstagedrc.mjs",
+    "lint-staged.config.js",
+    "lint-staged.config.cjs",
+    "lint-staged.config.mjs",
+    // A dev container's `initializeCommand` runs on the host.
+    ".devcontainer.json",
+    // Codex's project config (MCP servers, notify commands) in trusted projects.
+    ".codex",
 ];
 /// Editable toolchain files at the top level whose start content is kept for the end review.
 pub const TOOLCHAIN_FILES: &[&str] = &[
@@ -115,6 +148,9 @@ pub struct Listed {
     /// placeholder, which that session removes (detaching this session's bind over it). It is
     /// judged as absent: non-empty at the end means created.
     pub empty_at_start: bool,
+    /// Its parents are not pinned (an embedded repo's files): it counts as unchanged at the end
+    /// only if the same inode is still there.
+    pub needs_identity: bool,
 }
 
 impl Listed {
@@ -147,6 +183,10 @@ pub struct Protection {
     pub snapshots: Vec<Snapshot>,
     /// Placeholder parents the supervisor created (removed at the end when empty).
     pub created_dirs: Vec<PathBuf>,
+    /// The inodes of every git dir present at the start (the repo's, its submodules', embedded
+    /// ones, external ones). A git dir found at the end that is not one of these — new, renamed
+    /// in, or completed from a HEAD-less directory — is judged whole by the sweep.
+    pub known_git_dirs: Vec<Identity>,
 }
 
 /// Lexical normalization (`a/b/../c` → `a/c`) without touching the filesystem.
@@ -227,9 +267,24 @@ impl Scan {
                 id,
                 placeholder: false,
                 empty_at_start,
+                needs_identity: false,
             });
         }
         Ok(state)
+    }
+
+    /// [`Scan::list`] for a path whose parents are not pinned (see [`Listed::needs_identity`]).
+    fn list_unpinned(
+        &mut self,
+        root: &Path,
+        root_fd: BorrowedFd<'_>,
+        rel: &Path,
+    ) -> Result<(), ProtectError> {
+        self.list(root, root_fd, rel)?;
+        if let Some(l) = self.prot.listed.iter_mut().find(|l| l.root == root && l.rel == rel) {
+            l.needs_identity = true;
+        }
+        Ok(())
     }
 
     fn pin(&mut self, dir: PathBuf) {
@@ -287,7 +342,11 @@ impl Scan {
 
 /// Scans `repo` (a canonical host path) for the protected paths, given the git dirs its
 /// pointers were judged to lead to.
-pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectError> {
+pub fn scan(
+    repo: &Path,
+    found: &gitptr::Found,
+    host_git_configs: &[PathBuf],
+) -> Result<Protection, ProtectError> {
     let mut s = Scan { prot: Protection::default() };
     s.prot.external = found.external.clone();
     s.prot.git_dirs = found.git_dirs.clone();
@@ -314,7 +373,35 @@ pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectErr
             }
         }
     }
-    hooks_in_the_worktree(&mut s, repo, repo_fd.as_fd(), found);
+    hooks_in_the_worktree(&mut s, repo, repo_fd.as_fd(), found, host_git_configs);
+    for gd in &found.git_dirs {
+        let Ok(root) = fsat::open_root(&gd.root) else { continue };
+        let st = if gd.rel.as_os_str().is_empty() {
+            nix::sys::stat::fstat(&root).ok()
+        } else {
+            fsat::lstat_beneath(root.as_fd(), &gd.rel).ok().flatten()
+        };
+        s.prot.known_git_dirs.extend(st.as_ref().map(identity));
+    }
+    if super::gitptr::is_git_dir_at(repo_fd.as_fd(), Path::new("."))
+        && let Ok(st) = nix::sys::stat::fstat(&repo_fd)
+    {
+        s.prot.known_git_dirs.push(identity(&st));
+    }
+    let (git_dirs, pointer_files) = embedded(repo_fd.as_fd());
+    for rel in git_dirs {
+        if let Ok(Some(st)) = fsat::lstat_beneath(repo_fd.as_fd(), &rel) {
+            s.prot.known_git_dirs.push(identity(&st));
+        }
+        let names =
+            ["hooks", "config"].into_iter().chain(gitptr::GIT_DIR_POINTERS.iter().map(|(n, _)| *n));
+        for name in names {
+            s.list_unpinned(repo, repo_fd.as_fd(), &rel.join(name))?;
+        }
+    }
+    for rel in pointer_files {
+        s.list_unpinned(repo, repo_fd.as_fd(), &rel)?;
+    }
     for rel in TOOLCHAIN_FILES {
         if let Ok(Some((bytes, _))) =
             fsat::read_capped(repo_fd.as_fd(), Path::new(rel), SNAPSHOT_CAP)
@@ -327,45 +414,115 @@ pub fn scan(repo: &Path, found: &gitptr::Found) -> Result<Protection, ProtectErr
     Ok(s.prot)
 }
 
-/// Hooks the developer keeps in the worktree, which a host `git commit` runs: the directory
-/// `core.hooksPath` names (relative to the worktree's top, as git resolves it) and the targets of
-/// symlinked hooks, when they lie in the repo. They are listed (read-only for the session) with
-/// every directory above them pinned.
+/// What the developer's git configuration makes a host `git` read or run from the worktree:
+/// the directory `core.hooksPath` names (from the repo's git dirs or the global and system
+/// files in `host_git_configs`; relative to the worktree's top, as git resolves it), the
+/// targets of symlinked hooks, and files pulled in with `include.path` / `includeIf.*.path`
+/// (relative to the including file). Those inside the repo are listed — read-only for the
+/// session when present, judged at the end when absent — with every directory above pinned.
 fn hooks_in_the_worktree(
     s: &mut Scan,
     repo: &Path,
     repo_fd: BorrowedFd<'_>,
     found: &gitptr::Found,
+    host_git_configs: &[PathBuf],
 ) {
+    use super::codekeys::{git_config_values, git_config_values_any_sub};
     let mut wanted: Vec<PathBuf> = Vec::new();
+    let mut hooks_path: Option<String> = None;
+    let mut read_config = |bytes: &[u8], dir: &Path, wanted: &mut Vec<PathBuf>| {
+        if let Some(p) = git_config_values(bytes, "core", "hookspath").pop() {
+            hooks_path = Some(p);
+        }
+        for inc in git_config_values_any_sub(bytes, "include", "path")
+            .into_iter()
+            .chain(git_config_values_any_sub(bytes, "includeif", "path"))
+        {
+            if !inc.starts_with('~') {
+                wanted.push(dir.join(inc));
+            }
+        }
+    };
+    // System, then global, then the repo's own: later files win for hooksPath, as in git.
+    for file in host_git_configs {
+        if let Ok(bytes) = std::fs::read(file) {
+            read_config(&bytes, file.parent().unwrap_or(Path::new("/")), &mut wanted);
+        }
+    }
     for gd in &found.git_dirs {
         let Ok(root) = fsat::open_root(&gd.root) else { continue };
-        if let Ok(Some((config, _))) =
-            fsat::read_capped(root.as_fd(), &gd.rel.join("config"), SNAPSHOT_CAP)
-            && let Some(path) =
-                super::codekeys::git_config_values(&config, "core", "hookspath").pop()
-        {
-            wanted.push(repo.join(path));
+        let dir = gd.root.join(&gd.rel);
+        for name in ["config", "config.worktree"] {
+            if let Ok(Some((config, _))) =
+                fsat::read_capped(root.as_fd(), &gd.rel.join(name), SNAPSHOT_CAP)
+            {
+                read_config(&config, &dir, &mut wanted);
+            }
         }
         let Ok(hooks) = fsat::open_dir(root.as_fd(), &gd.rel.join("hooks")) else { continue };
         for name in fsat::list(hooks.as_fd()).unwrap_or_default() {
             if let Ok(target) = nix::fcntl::readlinkat(hooks.as_fd(), name.as_os_str()) {
-                wanted.push(gd.root.join(&gd.rel).join("hooks").join(target));
+                wanted.push(dir.join("hooks").join(target));
             }
         }
     }
+    if let Some(p) = hooks_path
+        && !p.starts_with('~')
+    {
+        wanted.push(repo.join(p));
+    }
     for path in wanted {
-        let Ok(canon) = std::fs::canonicalize(&path) else { continue };
-        let Ok(rel) = canon.strip_prefix(repo) else { continue };
-        if rel.as_os_str().is_empty() {
+        // An absent target is judged by its lexical place (nothing there to resolve yet).
+        let place = std::fs::canonicalize(&path).unwrap_or_else(|_| normalize(&path));
+        let Ok(rel) = place.strip_prefix(repo) else { continue };
+        if rel.as_os_str().is_empty() || rel == Path::new(".git") {
             continue;
         }
         let rel = rel.to_path_buf();
         for a in rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()) {
-            s.pin(repo.join(a));
+            if matches!(state_beneath(repo_fd, a), Ok((_, State::Dir, _))) {
+                s.pin(repo.join(a));
+            }
         }
         let _ = s.list(repo, repo_fd, &rel);
     }
+}
+
+/// Git dirs inside the repo besides its own top-level `.git` — embedded repositories and
+/// directories shaped like one under any name — and `.git` files below the top (submodule
+/// checkouts), found at the start with one `getdents` per directory (no stat per file).
+fn embedded(repo_fd: BorrowedFd<'_>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut git_dirs, mut files) = (Vec::new(), Vec::new());
+    let Ok(top) = fsat::open_dir(repo_fd, Path::new("")) else { return (git_dirs, files) };
+    let mut stack: Vec<(OwnedFd, PathBuf, usize)> = vec![(top, PathBuf::new(), 1)];
+    while let Some((dir, rel, depth)) = stack.pop() {
+        for (name, ty) in fsat::list_typed(dir.as_fd()).unwrap_or_default() {
+            let at = rel.join(&name);
+            if depth == 1 && name == ".git" {
+                continue; // the repo's own, from gitptr
+            }
+            let ty = ty.or_else(|| {
+                fsat::lstat_at(dir.as_fd(), Path::new(&name))
+                    .ok()
+                    .flatten()
+                    .map(|st| fsat::kind(&st))
+            });
+            match ty {
+                Some(SFlag::S_IFDIR) => {
+                    if name == ".git" || gitptr::is_git_dir_at(dir.as_fd(), Path::new(&name)) {
+                        git_dirs.push(at);
+                    } else if depth < super::sweep::MAX_DEPTH
+                        && let Ok(sub) = fsat::open_dir(dir.as_fd(), Path::new(&name))
+                    {
+                        stack.push((sub, at, depth + 1));
+                    }
+                }
+                Some(SFlag::S_IFREG) if name == ".git" => files.push(at),
+                _ => {}
+            }
+        }
+    }
+    (git_dirs, files)
 }
 
 /// An empty regular file or an empty directory at `rel` (no symlink followed).
@@ -516,7 +673,7 @@ mod tests {
     fn scan_repo(repo: &Path) -> Protection {
         let root = repo.parent().unwrap();
         let found = gitptr::discover(repo, &rules(root)).unwrap();
-        scan(repo, &found).unwrap()
+        scan(repo, &found, &[]).unwrap()
     }
 
     fn states(p: &Protection) -> Vec<(String, State)> {

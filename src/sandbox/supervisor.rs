@@ -70,6 +70,10 @@ pub struct Request {
     /// The repo's git pointers, already judged against `airlock policy trust`'s record
     /// ([`gitptr::verify`]): the git dirs to protect and the external ones to bind.
     pub git: gitptr::Found,
+    /// The developer's system and global git config files (`/etc/gitconfig`, `~/.gitconfig`,
+    /// `$XDG_CONFIG_HOME/git/config`): what they make a host `git` read from the worktree is
+    /// protected too.
+    pub host_git_configs: Vec<PathBuf>,
     /// Limits for the session's cgroup (where a delegated cgroup v2 subtree exists).
     pub limits: cgroup::Limits,
     /// `/home/agent`: a tmpfs for `exec`, the per-repo agent home for `run`.
@@ -222,7 +226,7 @@ pub fn run(
     if !problems.is_empty() {
         return Err(SandboxError::Unavailable(problems.join("; ")));
     }
-    let mut protection = protect::scan(&req.repo.path, &req.git)?;
+    let mut protection = protect::scan(&req.repo.path, &req.git, &req.host_git_configs)?;
     for w in protect::make_placeholders(&mut protection, &req.repo.path) {
         eprintln!("airlock: warning: {w}");
     }

@@ -40,6 +40,7 @@
 
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -180,6 +181,8 @@ pub struct Report {
     pub unreadable: Vec<PathBuf>,
     pub warnings: Vec<String>,
     pub elapsed: Duration,
+    /// Changed indexes found by the walk, judged after it (see [`judge_index`]).
+    indexes: Vec<PathBuf>,
 }
 
 /// Runs the sweep; never fails (what it cannot do is in the report's warnings and items).
@@ -276,8 +279,10 @@ fn tree(
     kind: Tree,
 ) {
     // Listed paths present at the start were read-only binds for the whole session: whatever
-    // changed there (a hook the developer installed meanwhile) was the host's doing.
-    let frozen: std::collections::HashSet<PathBuf> = s
+    // changed there (a hook the developer installed meanwhile) was the host's doing. Those
+    // whose parents were not pinned (an embedded repo's) count only while the same inode is
+    // there: a renamed-away parent could have made room for new content at the same path.
+    let frozen: std::collections::HashMap<PathBuf, Option<protect::Identity>> = s
         .prot
         .listed
         .iter()
@@ -287,27 +292,39 @@ fn tree(
                 && !l.empty_at_start
                 && matches!(l.state, State::Dir | State::File)
         })
-        .map(|l| l.rel.clone())
+        .map(|l| (l.rel.clone(), if l.needs_identity { l.id } else { None }))
         .collect();
+    let known: std::collections::HashSet<protect::Identity> =
+        s.prot.known_git_dirs.iter().copied().collect();
     // Git dirs found so far (relative paths): `.git` directories and anything shaped like one
-    // (HEAD, objects/, refs/), whatever its name — a bare-looking `payload/` planted in one
-    // session could be renamed to `sub/.git` in the next, moving old-ctime content into place,
-    // so a git dir is judged where it is written, under any name.
-    let mut git_dirs: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+    // (HEAD, objects/, refs/), whatever its name. Those not present at the start — new, renamed
+    // in, or a HEAD-less directory completed into one — are judged whole: their content may
+    // carry old ctimes from an earlier session in which it was not a git dir.
+    let mut gits = GitDirs::default();
     // An external git dir is one; so is a repo whose top level is shaped like one (git would
     // use it as a bare repository there).
-    if kind == Tree::GitDir
-        || (kind == Tree::Repo && super::gitptr::is_git_dir_at(root_fd, Path::new(".")))
-    {
-        git_dirs.insert(PathBuf::new());
+    let top_is_git = kind == Tree::GitDir
+        || (kind == Tree::Repo && super::gitptr::is_git_dir_at(root_fd, Path::new(".")));
+    if top_is_git {
+        gits.all.insert(PathBuf::new());
+        let top_known =
+            nix::sys::stat::fstat(root_fd).is_ok_and(|st| known.contains(&protect::identity(&st)));
+        if !top_known {
+            gits.whole.insert(PathBuf::new());
+        }
     }
     let mut visit = |e: &Entry<'_>| -> Step {
-        if frozen.contains(e.rel) {
+        if let Some(required) = frozen.get(e.rel)
+            && required.is_none_or(|id| protect::identity(e.st) == id)
+        {
             return Step::Skip;
         }
-        let step = judge(s, store, report, root, kind, &git_dirs, e);
+        let step = judge(s, store, report, root, kind, &gits, e);
         if step == Step::Descend && fsat::kind(e.st) == SFlag::S_IFDIR && is_git_dir(e) {
-            git_dirs.insert(e.rel.to_path_buf());
+            gits.all.insert(e.rel.to_path_buf());
+            if !known.contains(&protect::identity(e.st)) {
+                gits.whole.insert(e.rel.to_path_buf());
+            }
         }
         step
     };
@@ -320,15 +337,28 @@ fn tree(
             return;
         }
     };
+    for rel in std::mem::take(&mut report.indexes) {
+        judge_index(s, store, report, root, root_fd, &rel);
+    }
     report.entries += stats.entries;
     for rel in &stats.unreadable {
+        // Not ours and unreadable; if we may create entries in it, so could the agent.
+        if kind != Tree::Home && writable_by_us(root_fd, rel) {
+            report.items.push(store.take(
+                root,
+                root_fd,
+                rel,
+                "a directory the sandbox could write into but Airlock cannot read",
+            ));
+            continue;
+        }
         report.warnings.push(format!(
             "{} could not be looked into (not yours, and not readable to you), so it was not \
              checked; nothing in the sandbox could have written there",
             root.join(rel).display()
         ));
+        report.unreadable.push(root.join(rel));
     }
-    report.unreadable.extend(stats.unreadable.iter().map(|r| root.join(r)));
     for rel in stats.too_deep {
         if kind == Tree::Home {
             report.warnings.push(format!(
@@ -341,6 +371,13 @@ fn tree(
     }
 }
 
+/// The git dirs a walk has found (relative paths), and those of them judged whole.
+#[derive(Debug, Default)]
+struct GitDirs {
+    all: std::collections::HashSet<PathBuf>,
+    whole: std::collections::HashSet<PathBuf>,
+}
+
 /// The rules for one entry (see the module docs); `Skip` once it was taken or needs no look
 /// inside.
 fn judge(
@@ -349,10 +386,13 @@ fn judge(
     report: &mut Report,
     root: &Path,
     kind: Tree,
-    git_dirs: &std::collections::HashSet<PathBuf>,
+    gits: &GitDirs,
     e: &Entry<'_>,
 ) -> Step {
-    let changed = ctime(e.st) > s.since;
+    let inner = git_inner(e.rel, &gits.all);
+    // Inside a git dir judged whole, everything counts as changed.
+    let whole = inner.as_ref().is_some_and(|(base, _)| gits.whole.contains(base));
+    let changed = whole || ctime(e.st) > s.since;
     if changed {
         strip_setuid(e, root, report);
     }
@@ -360,25 +400,25 @@ fn judge(
     if kind == Tree::Home {
         return if ty == SFlag::S_IFLNK { Step::Skip } else { Step::Descend };
     }
-    let inner = git_inner(e.rel, git_dirs);
+    // Content moved in under a new name keeps its old ctime; the directory that gives a file
+    // its meaning (`.cargo/`, `.claude/`) does not.
+    let parent_fresh = || nix::sys::stat::fstat(e.dir).is_ok_and(|p| ctime(&p) > s.since);
     if ty == SFlag::S_IFLNK {
         if kind == Tree::Repo {
             outside_symlink(e, root, report);
         }
         // Host tools follow symlinks: one at a name they read is what they would read.
-        if changed && sensitive_link(e, inner.as_deref()) {
+        let moved_in = (in_anchor_dir(e.rel) || in_claude_dir(e.rel)) && parent_fresh();
+        if (changed || moved_in) && sensitive_link(e, inner.as_ref().map(|(_, i)| i.as_path())) {
             report.items.push(take(store, root, e, "a symlink where host tools read"));
         }
         return Step::Skip;
     }
-    if let Some(inner) = &inner
-        && let Some(step) = git_rule(s, store, report, root, e, inner, changed)
+    if let Some((_, inner)) = &inner
+        && let Some(step) = git_rule(s, store, report, root, e, inner, Change { changed, whole })
     {
         return step;
     }
-    // Content moved in under a new name keeps its old ctime; the directory that gives a file
-    // its meaning (`.cargo/`, `.claude/`) does not.
-    let parent_fresh = || nix::sys::stat::fstat(e.dir).is_ok_and(|p| ctime(&p) > s.since);
 
     let name = e.name.to_string_lossy();
     if name == ".git" {
@@ -406,8 +446,7 @@ fn judge(
         }
         return Step::Skip;
     }
-    let in_claude = e.rel.parent().and_then(Path::file_name) == Some(OsStr::new(".claude"));
-    if in_claude {
+    if in_claude_dir(e.rel) {
         let whole = CLAUDE_WHOLE.contains(&name.as_ref()) && ty == SFlag::S_IFDIR;
         let settings = protect::is_claude_settings(&name);
         if (whole || settings) && (parent_fresh() || changed_below(e, s.since)) {
@@ -423,7 +462,7 @@ fn judge(
 /// directory that gives files their meaning, or a `.claude` part.
 fn sensitive_link(e: &Entry<'_>, inner: Option<&Path>) -> bool {
     let name = e.name.to_string_lossy();
-    let in_claude = e.rel.parent().and_then(Path::file_name) == Some(OsStr::new(".claude"));
+    let in_claude = in_claude_dir(e.rel);
     inner.is_some()
         || name == ".git"
         || codekeys::kind_of(e.rel).is_some()
@@ -431,6 +470,32 @@ fn sensitive_link(e: &Entry<'_>, inner: Option<&Path>) -> bool {
         || matches!(name.as_ref(), ".cargo" | ".config" | ".mise" | "mise" | "conf.d" | ".claude")
         || (in_claude
             && (CLAUDE_WHOLE.contains(&name.as_ref()) || protect::is_claude_settings(&name)))
+}
+
+/// Whether the caller may create entries in directory `rel` (write and search permission by
+/// owner, group or other bits as they apply to it).
+fn writable_by_us(root_fd: BorrowedFd<'_>, rel: &Path) -> bool {
+    let Ok(Some(st)) = fsat::lstat_beneath(root_fd, rel) else { return false };
+    let me = nix::unistd::geteuid().as_raw();
+    if me == 0 {
+        return true;
+    }
+    let groups: Vec<u32> = nix::unistd::getgroups()
+        .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+        .unwrap_or_default();
+    let bits = if st.st_uid == me {
+        (st.st_mode >> 6) & 0o7
+    } else if st.st_gid == nix::unistd::getegid().as_raw() || groups.contains(&st.st_gid) {
+        (st.st_mode >> 3) & 0o7
+    } else {
+        st.st_mode & 0o7
+    };
+    bits & 0o3 == 0o3
+}
+
+/// Directly inside a `.claude/` directory.
+fn in_claude_dir(rel: &Path) -> bool {
+    rel.parent().and_then(Path::file_name) == Some(OsStr::new(".claude"))
 }
 
 /// Directories whose name gives the config files in them their meaning.
@@ -472,9 +537,19 @@ fn changed_below(e: &Entry<'_>, since: Stamp) -> bool {
 /// The path of `rel` inside its innermost git dir (the nearest strict ancestor found as one:
 /// submodule git dirs under `modules/` are found by their shape, whatever their name), or
 /// `None` outside any.
-fn git_inner(rel: &Path, git_dirs: &std::collections::HashSet<PathBuf>) -> Option<PathBuf> {
+fn git_inner(
+    rel: &Path,
+    git_dirs: &std::collections::HashSet<PathBuf>,
+) -> Option<(PathBuf, PathBuf)> {
     let base = rel.ancestors().skip(1).find(|a| git_dirs.contains(*a))?;
-    rel.strip_prefix(base).ok().map(Path::to_path_buf)
+    Some((base.to_path_buf(), rel.strip_prefix(base).ok()?.to_path_buf()))
+}
+
+/// Whether an entry changed (its ctime), and whether it lies in a git dir judged whole.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    changed: bool,
+    whole: bool,
 }
 
 /// The rule for an entry inside a git dir, if one applies (`None`: the ordinary rules do).
@@ -485,7 +560,7 @@ fn git_rule(
     root: &Path,
     e: &Entry<'_>,
     inner: &Path,
-    changed: bool,
+    Change { changed, whole }: Change,
 ) -> Option<Step> {
     let parts: Vec<String> = inner.iter().map(|c| c.to_string_lossy().into_owned()).collect();
     let mut parts: Vec<&str> = parts.iter().map(String::as_str).collect();
@@ -508,8 +583,23 @@ fn git_rule(
     let index = matches!(parts.as_slice(), ["index"] | ["worktrees", _, "index"])
         || matches!(parts.as_slice(), [name] if name.starts_with("sharedindex."));
     let step = match parts.as_slice() {
+        // An interrupted rebase, merge or cherry-pick is resumed by a host `git rebase
+        // --continue`, which runs its todo list's `exec` lines.
+        ["rebase-merge" | "rebase-apply" | "sequencer"] => {
+            if whole || changed_below(e, s.since) {
+                report.items.push(take(store, root, e, "git operation in progress, with commands"));
+            }
+            Step::Skip
+        }
+        // Shell prompts print the branch HEAD names (`__git_ps1`) without escaping it.
+        ["HEAD"] => {
+            if changed && !head_is_plain(e) {
+                report.items.push(take(store, root, e, "git HEAD with control characters"));
+            }
+            Step::Skip
+        }
         ["hooks", name] => {
-            if !name.ends_with(".sample") && changed_below(e, s.since) {
+            if !name.ends_with(".sample") && (whole || changed_below(e, s.since)) {
                 report.items.push(take(store, root, e, "new or changed git hook"));
             }
             Step::Skip
@@ -521,8 +611,10 @@ fn git_rule(
             Step::Skip
         }
         _ if index => {
+            // Judged once the walk is over: the sweep may still rewrite worktree files (held
+            // keys) that the index has to be compared with.
             if changed {
-                judge_index(store, report, root, e);
+                report.indexes.push(e.rel.to_path_buf());
             }
             Step::Skip
         }
@@ -539,11 +631,109 @@ fn git_rule(
     Some(step)
 }
 
+/// A HEAD with nothing a terminal would act on: no control characters (C0, DEL, C1) besides
+/// its final newline. git itself refuses such ref names; a hand-written HEAD is not checked.
+fn head_is_plain(e: &Entry<'_>) -> bool {
+    let Ok(Some((bytes, _))) = fsat::read_capped(e.dir, Path::new(e.name), 4096) else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    !text.chars().any(|c| c.is_control())
+}
+
+/// Largest worktree file compared with its staged version.
+const STAGED_CAP: u64 = 16 << 20;
+
+/// An index stages nothing the sweep did not see: for host-read paths ([`host_read_path`]) the
+/// staged blob is the worktree file (a `git checkout .` would otherwise write the staged
+/// version, judged by nobody), and no entry hides a changed worktree file behind assume-valid
+/// or skip-worktree (`git status` would not show it). Checked where the worktree is known: a
+/// `.git` dir's parent, or the repo for its worktree admin dir.
+fn staged_matches_worktree(
+    s: &Sweep<'_>,
+    root: &Path,
+    index: &Path,
+    entries: &[super::gitindex::IndexEntry],
+) -> Result<(), String> {
+    // Where the worktree of this index is: a `.git` dir's parent (the repo's own, an embedded
+    // one, or an external main repo's), or, for this session's own worktree admin dir, the repo.
+    let git_dir = root.join(index.parent().unwrap_or(Path::new("")));
+    let own_admin = s.prot.external.first().is_some_and(|t| *t == git_dir)
+        && git_dir.parent().and_then(Path::file_name) == Some(OsStr::new("worktrees"));
+    let worktree = if git_dir.file_name() == Some(OsStr::new(".git")) {
+        git_dir.parent().map(Path::to_path_buf)
+    } else if own_admin {
+        Some(s.repo.to_path_buf())
+    } else {
+        None
+    };
+    let Some(worktree) = worktree else { return Ok(()) };
+    let wt = match worktree.strip_prefix(root) {
+        // Inside the tree being swept: beneath its root, never through a symlink.
+        Ok(rel) => {
+            fsat::open_root(root).and_then(|r| fsat::open_dir(r.as_fd(), rel).map_err(Into::into))
+        }
+        Err(_) => fsat::open_root(&worktree),
+    };
+    let Ok(wt) = wt else { return Ok(()) };
+    for entry in entries {
+        let path = Path::new(OsStr::from_bytes(&entry.path));
+        let sensitive = host_read_path(path);
+        if !sensitive && !entry.hidden {
+            continue;
+        }
+        let now = fsat::read_capped(wt.as_fd(), path, STAGED_CAP);
+        let same = match (&now, entry.mode) {
+            (Ok(Some((bytes, _))), 0o100644 | 0o100755) => {
+                super::gitindex::blob_id(bytes, entry.oid.len()) == entry.oid
+            }
+            // Nothing there: a hidden (sparse) entry is fine; a staged host-read file is not.
+            (Ok(None), _) => !sensitive,
+            _ => false,
+        };
+        if !same {
+            let why = if entry.hidden {
+                "hides a change to it from `git status`"
+            } else {
+                "stages a version the worktree does not have, which `git checkout .` would write"
+            };
+            return Err(format!("it {why}: {}", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// A path (relative to a worktree) that host tools read as configuration or run: what the
+/// sweep judges in the worktree itself.
+fn host_read_path(rel: &Path) -> bool {
+    let comps: Vec<&OsStr> = rel.iter().collect();
+    let name = rel.file_name().and_then(OsStr::to_str).unwrap_or("");
+    let top = comps.first().and_then(|c| c.to_str()).unwrap_or("");
+    let top_listed = protect::PLACEHOLDERS.iter().any(|(n, _)| {
+        let first = Path::new(n).iter().next().and_then(OsStr::to_str).unwrap_or("");
+        first == top && first != ".claude"
+    }) || protect::LISTED_ONLY.contains(&top);
+    let in_claude = comps.windows(2).any(|w| {
+        w[0] == ".claude"
+            && w[1]
+                .to_str()
+                .is_some_and(|n| CLAUDE_WHOLE.contains(&n) || protect::is_claude_settings(n))
+    });
+    top_listed
+        || in_claude
+        || codekeys::kind_of(rel).is_some()
+        || comps.iter().any(|c| c.to_str().is_some_and(|c| NESTED_WHOLE.contains(&c)))
+        || name == ".git"
+}
+
 /// Whether [`git_rule`] has a rule for a path inside a git dir.
 fn git_rule_applies(parts: &[&str]) -> bool {
     matches!(
         parts,
         ["hooks", _]
+            | ["HEAD"]
+            | ["rebase-merge" | "rebase-apply" | "sequencer"]
             | ["commondir"]
             | ["config.worktree"]
             | ["config"]
@@ -558,14 +748,34 @@ const INDEX_CAP: u64 = 1 << 30;
 
 /// A changed index whose entries reach into a git dir (or out of the worktree) is taken: a host
 /// `git checkout .` would write them (see [`super::gitindex`]). Rebuilding it is `git reset`.
-fn judge_index(store: &mut Store, report: &mut Report, root: &Path, e: &Entry<'_>) {
-    let verdict = match fsat::read_capped(e.dir, Path::new(e.name), INDEX_CAP) {
-        Ok(Some((bytes, _))) => super::gitindex::check(&bytes).map_err(|p| p.to_string()),
+fn judge_index(
+    s: &Sweep<'_>,
+    store: &mut Store,
+    report: &mut Report,
+    root: &Path,
+    root_fd: BorrowedFd<'_>,
+    rel: &Path,
+) {
+    let (parent, name) = fsat::split(rel);
+    let Ok(dir) = fsat::open_dir(root_fd, parent.unwrap_or(Path::new(""))) else { return };
+    // The git dir's object format, for an index whose trailer does not say (index.skipHash).
+    let sha256_repo = fsat::read_capped(dir.as_fd(), Path::new("config"), CONFIG_CAP)
+        .ok()
+        .flatten()
+        .is_some_and(|(config, _)| {
+            codekeys::git_config_values(&config, "extensions", "objectformat")
+                .last()
+                .is_some_and(|f| f.eq_ignore_ascii_case("sha256"))
+        });
+    let verdict = match fsat::read_capped(dir.as_fd(), name, INDEX_CAP) {
+        Ok(Some((bytes, _))) => super::gitindex::check(&bytes, sha256_repo)
+            .map_err(|p| p.to_string())
+            .and_then(|entries| staged_matches_worktree(s, root, rel, &entries)),
         Ok(None) => return,
         Err(err) => Err(format!("it cannot be read safely ({err})")),
     };
     if let Err(why) = verdict {
-        let item = take(store, root, e, "git index with paths into a git dir");
+        let item = store.take(root, root_fd, rel, "git index staging what the host must not get");
         let note = format!("{why}; rebuild it from HEAD with `git reset`");
         report.items.push(store.annotate(item, note));
     }
@@ -700,7 +910,7 @@ mod tests {
         let repo: std::collections::HashSet<PathBuf> =
             dirs.iter().filter(|d| !d.as_os_str().is_empty()).cloned().collect();
         let g = |p: &str, set: &std::collections::HashSet<PathBuf>| {
-            git_inner(Path::new(p), set).map(|p| p.display().to_string())
+            git_inner(Path::new(p), set).map(|(_, p)| p.display().to_string())
         };
         assert_eq!(g("src/main.rs", &repo), None);
         assert_eq!(g(".git", &repo), None);

@@ -872,3 +872,139 @@ fn a_whole_second_filesystem_still_sees_the_first_second_of_a_session() {
         .expect_code(0);
     assert!(!sb.repo.join("x/.envrc").exists(), "{}", run.stderr());
 }
+
+#[test]
+fn a_headless_git_dir_completed_or_renamed_in_a_later_session_is_judged_whole() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("headless");
+    let marker = sb.world.tmp.path().join("HEADLESS-RAN");
+    let hook = toucher(&marker);
+    // Session 1: git-dir parts without HEAD (git does not take it for a repository yet).
+    let script = format!(
+        "set -e; cd $AIRLOCK_REPO; mkdir -p payload/objects payload/refs/heads payload/hooks inplace/objects inplace/refs; \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tfsmonitor = \"{hook}\"\\n' > payload/config; \
+         cp payload/config inplace/config; printf 'worktree = ..\\n' >/dev/null; \
+         printf '#!/bin/sh\\n{hook}\\n' > payload/hooks/post-checkout; chmod +x payload/hooks/post-checkout; echo one"
+    );
+    let one = sb.exec(&["sh", "-c", &script]).run();
+    assert_eq!(one.code(), 0, "{}", one.stderr());
+    // Session 2: rename one into `emb/.git` and add HEAD; complete the other in place with a
+    // symlinked HEAD (git accepts a symref symlink).
+    let script = "set -e; cd $AIRLOCK_REPO; mkdir emb; mv payload emb/.git; \
+        echo 'ref: refs/heads/main' > emb/.git/HEAD; ln -s refs/heads/main inplace/HEAD; \
+        git update-index --add --cacheinfo 160000,1111111111111111111111111111111111111111,emb; echo two";
+    let two = sb.exec(&["sh", "-c", script]).run();
+    assert_eq!(two.code(), 0, "{}", two.stderr());
+    for cfg in ["emb/.git/config", "inplace/config"] {
+        let text = std::fs::read_to_string(sb.repo.join(cfg)).unwrap_or_default();
+        assert!(!text.contains("fsmonitor"), "{cfg}: {text}\n{}", two.stderr());
+    }
+    assert!(!sb.repo.join("emb/.git/hooks/post-checkout").exists(), "{}", two.stderr());
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    host_git(&sb.repo.join("emb"), sb.home(), &["status", "--short"]);
+    assert!(!marker.exists(), "{}", two.stderr());
+}
+
+#[test]
+fn a_symlinked_cargo_config_renamed_in_with_its_directory_is_taken() {
+    let sb = Sandbox::new("cargolink");
+    let one = sb
+        .exec(&[
+            "sh",
+            "-c",
+            "cd $AIRLOCK_REPO; mkdir -p .git/x foo; \
+        printf '[build]\\nrustc-wrapper = \"/tmp/w\"\\n' > .git/x/cfg.toml; \
+        ln -s ../.git/x/cfg.toml foo/config.toml",
+        ])
+        .run();
+    assert_eq!(one.code(), 0, "{}", one.stderr());
+    let two = sb.exec(&["sh", "-c", "cd $AIRLOCK_REPO; mv foo .cargo"]).run();
+    assert_eq!(two.code(), 0, "{}", two.stderr());
+    assert!(
+        std::fs::symlink_metadata(sb.repo.join(".cargo/config.toml")).is_err(),
+        "{}",
+        two.stderr()
+    );
+}
+
+#[test]
+fn an_index_cannot_stage_host_read_files_or_hide_edits_from_review() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("staged");
+    sb.world.write(sb.repo.join("Makefile"), "all:\n\techo ok\n");
+    assert!(git(&sb.repo, &["add", "-A"]).status.success());
+    assert!(git(&sb.repo, &["commit", "-qm", "make"]).status.success());
+    // Stage a code-running toolchain file the worktree does not have.
+    let run = sb
+        .sh("set -e; cd $AIRLOCK_REPO; b=$(printf '[toolchain]\\npath = \"/tmp/evil\"\\n' | git hash-object -w --stdin); \
+             git update-index --add --cacheinfo 100644,$b,rust-toolchain.toml; echo staged");
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    assert!(run.stderr().contains("git reset"), "{}", run.stderr());
+    host_git(&sb.repo, sb.home(), &["reset", "-q"]);
+    host_git(&sb.repo, sb.home(), &["checkout", "."]);
+    assert!(!sb.repo.join("rust-toolchain.toml").exists(), "the staged file was written");
+    // Hide an edit behind assume-unchanged.
+    let run = sb.sh("set -e; cd $AIRLOCK_REPO; printf 'all:\\n\\ttouch pwned\\n' > Makefile; \
+                     git update-index --assume-unchanged Makefile; echo hidden");
+    assert_eq!(run.code(), 0, "{}", run.stderr());
+    assert!(run.stderr().contains("git status"), "{}", run.stderr());
+    host_git(&sb.repo, sb.home(), &["reset", "-q"]);
+    let status = host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("Makefile"),
+        "the edit is visible again"
+    );
+}
+
+#[test]
+fn hooks_and_includes_the_developers_config_points_into_the_worktree_are_protected() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("includes");
+    // A global relative hooksPath, a repo hooksPath that does not exist yet, an include.
+    sb.world.write(sb.home().join(".gitconfig"), "[core]\n\thooksPath = .hooks\n");
+    sb.world.write_executable(sb.repo.join(".hooks/pre-commit"), "#!/bin/sh\nexit 0\n");
+    assert!(git(&sb.repo, &["config", "include.path", "../.gitconfig-local"]).status.success());
+    sb.world.write(sb.repo.join(".gitconfig-local"), "[user]\n\tname = me\n");
+    let marker = sb.world.tmp.path().join("INCLUDED-RAN");
+    let hook = toucher(&marker);
+    let script = format!(
+        "cd $AIRLOCK_REPO; r=''; printf '#!/bin/sh\\n{hook}\\n' > .hooks/pre-commit 2>/dev/null && r=\"$r global\"; \
+         printf '[core]\\n\\tfsmonitor = \"{hook}\"\\n' >> .gitconfig-local 2>/dev/null && r=\"$r include\"; echo result:$r"
+    );
+    let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0).stdout();
+    assert!(out.contains("result:\n"), "{out}");
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    assert!(!marker.exists());
+    // A repo hooksPath absent at the start: what the session creates there is taken.
+    let sb = git_repo("hooksabsent");
+    assert!(git(&sb.repo, &["config", "core.hooksPath", ".githooks"]).status.success());
+    let run = sb
+        .sh("cd $AIRLOCK_REPO; mkdir .githooks; printf '#!/bin/sh\\ntouch x\\n' > .githooks/pre-commit; chmod +x .githooks/pre-commit")
+        .expect_code(0);
+    assert!(!sb.repo.join(".githooks").exists(), "{}", run.stderr());
+}
+
+#[test]
+fn git_state_that_runs_commands_or_reaches_prompts_is_taken() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("gitstate");
+    let run = sb
+        .sh("set -e; cd $AIRLOCK_REPO; mkdir -p .git/rebase-merge; echo 'exec touch x' > .git/rebase-merge/git-rebase-todo; \
+             printf 'ref: refs/heads/main\\033]52;c;aGk=\\007\\n' > emb-head; git init -q emb; cp emb-head emb/.git/HEAD; \
+             d=$(printf 'x\\033]52;c;aGk=\\007y'); mkdir \"$d\"; echo hi > \"$d/.envrc\"; echo done")
+        .expect_code(0);
+    assert!(!sb.repo.join(".git/rebase-merge").exists(), "{}", run.stderr());
+    let head = std::fs::read(sb.repo.join("emb/.git/HEAD")).unwrap_or_default();
+    assert!(!head.contains(&0x1b), "{}", run.stderr());
+    // Airlock's own report escapes what the agent named: no raw ESC reaches the terminal.
+    assert!(!run.stderr().contains('\x1b'), "{:?}", run.stderr());
+    assert!(run.stderr().contains("\\u{1b}"), "{}", run.stderr());
+}
