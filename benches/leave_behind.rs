@@ -1,7 +1,9 @@
-//! Cost of the end-of-session sweep (SECURITY §7, issue 11): `sweep::run` over a repo of
-//! 10,000 files in 200 directories, against a plain recursive `read_dir` + `symlink_metadata`
-//! walk of the same tree (what `find` does) in the same run, so the ratio survives a noisy
-//! machine. Issue 22's target is ≤ 2 µs per entry for the scan.
+//! Cost of what a session leaves behind (SECURITY §7, issue 11) on a repo of 10,000 files in
+//! 200 directories: the start scan (`protect::scan`: listed paths, and every git dir of the
+//! repo found with one `getdents` per directory) and the end-of-session sweep (`sweep::run`),
+//! against a plain recursive `read_dir` + `symlink_metadata` walk of the same tree (what
+//! `find` does) in the same run, so the ratio survives a noisy machine. Issue 22's target is
+//! ≤ 2 µs per entry for the end scan.
 //!
 //! Run: `cargo bench --bench leave_behind`.
 
@@ -61,6 +63,9 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(entries));
     g.sample_size(30).measurement_time(Duration::from_secs(10));
     g.bench_function("plain_read_dir_walk", |b| b.iter(|| plain_walk(&repo)));
+    g.bench_function("start_scan", |b| {
+        b.iter(|| protect::scan(&repo, &found, &[]).expect("scan").listed.len())
+    });
     g.bench_function("sweep_run", |b| {
         b.iter(|| {
             let mut store = quarantine::Store::new(root.join("q"), "s", &repo);
