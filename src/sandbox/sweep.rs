@@ -552,6 +552,39 @@ struct Change {
     whole: bool,
 }
 
+/// What a path inside a git dir is, for the rules that apply to it ([`git_part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GitPart {
+    /// `rebase-merge/`, `rebase-apply/`, `sequencer/`: resumed by a host `git rebase
+    /// --continue`, which runs the todo list's `exec` lines.
+    InProgress,
+    /// `HEAD`: shell prompts print the branch it names (`__git_ps1`) without escaping it.
+    Head,
+    /// `hooks/<name>` (not `*.sample`).
+    Hook,
+    /// `commondir`, `config.worktree`, alternates, worktree admin pointers.
+    Pointer,
+    /// `index`, a worktree's `index`, `sharedindex.*`.
+    Index,
+    Config,
+}
+
+fn git_part(parts: &[&str]) -> Option<GitPart> {
+    Some(match parts {
+        ["rebase-merge" | "rebase-apply" | "sequencer"] => GitPart::InProgress,
+        ["HEAD"] => GitPart::Head,
+        ["hooks", name] if !name.ends_with(".sample") => GitPart::Hook,
+        ["commondir"]
+        | ["config.worktree"]
+        | ["objects", "info", "alternates" | "http-alternates"]
+        | ["worktrees", _, "commondir" | "gitdir" | "config.worktree"] => GitPart::Pointer,
+        ["index"] | ["worktrees", _, "index"] => GitPart::Index,
+        [name] if name.starts_with("sharedindex.") => GitPart::Index,
+        ["config"] => GitPart::Config,
+        _ => return None,
+    })
+}
+
 /// The rule for an entry inside a git dir, if one applies (`None`: the ordinary rules do).
 fn git_rule(
     s: &Sweep<'_>,
@@ -563,72 +596,37 @@ fn git_rule(
     Change { changed, whole }: Change,
 ) -> Option<Step> {
     let parts: Vec<String> = inner.iter().map(|c| c.to_string_lossy().into_owned()).collect();
-    let mut parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     // Below `modules/`, a directory git does not (yet) take for a git dir — no HEAD — is still
     // judged as one: a `commondir` planted there now and a `HEAD` added by a later session would
     // otherwise keep its old ctime. The rules apply to the part after any `modules/a/b/…`.
-    if parts.first() == Some(&"modules") {
-        match (2..parts.len()).find(|&i| git_rule_applies(&parts[i..])) {
-            Some(i) => parts.drain(..i).for_each(drop),
-            None => return None,
-        }
-    }
-    let pointer_file = matches!(
-        parts.as_slice(),
-        ["commondir"]
-            | ["config.worktree"]
-            | ["objects", "info", "alternates" | "http-alternates"]
-            | ["worktrees", _, "commondir" | "gitdir" | "config.worktree"]
-    );
-    let index = matches!(parts.as_slice(), ["index"] | ["worktrees", _, "index"])
-        || matches!(parts.as_slice(), [name] if name.starts_with("sharedindex."));
-    let step = match parts.as_slice() {
-        // An interrupted rebase, merge or cherry-pick is resumed by a host `git rebase
-        // --continue`, which runs its todo list's `exec` lines.
-        ["rebase-merge" | "rebase-apply" | "sequencer"] => {
-            if whole || changed_below(e, s.since) {
-                report.items.push(take(store, root, e, "git operation in progress, with commands"));
-            }
-            Step::Skip
-        }
-        // Shell prompts print the branch HEAD names (`__git_ps1`) without escaping it.
-        ["HEAD"] => {
-            if changed && !head_is_plain(e) {
-                report.items.push(take(store, root, e, "git HEAD with control characters"));
-            }
-            Step::Skip
-        }
-        ["hooks", name] => {
-            if !name.ends_with(".sample") && (whole || changed_below(e, s.since)) {
-                report.items.push(take(store, root, e, "new or changed git hook"));
-            }
-            Step::Skip
-        }
-        _ if pointer_file => {
-            if changed {
-                report.items.push(take(store, root, e, "new git pointer"));
-            }
-            Step::Skip
-        }
-        _ if index => {
-            // Judged once the walk is over: the sweep may still rewrite worktree files (held
-            // keys) that the index has to be compared with.
-            if changed {
-                report.indexes.push(e.rel.to_path_buf());
-            }
-            Step::Skip
-        }
-        ["config"] => {
-            if changed && fsat::kind(e.st) == SFlag::S_IFREG {
-                review_config(s, store, report, root, e, ConfigKind::GitConfig);
-            } else if changed {
-                report.items.push(take(store, root, e, "not a regular git config"));
-            }
-            Step::Skip
-        }
-        _ => return None,
+    let part = if parts.first() == Some(&"modules") {
+        (2..parts.len()).find_map(|i| git_part(&parts[i..]))
+    } else {
+        git_part(&parts)
     };
-    Some(step)
+    let mut take_if = |yes: bool, why: &str| {
+        if yes {
+            report.items.push(take(store, root, e, why));
+        }
+    };
+    match part? {
+        GitPart::InProgress => {
+            take_if(whole || changed_below(e, s.since), "git operation in progress, with commands")
+        }
+        GitPart::Head => take_if(changed && !head_is_plain(e), "git HEAD with control characters"),
+        GitPart::Hook => take_if(whole || changed_below(e, s.since), "new or changed git hook"),
+        GitPart::Pointer => take_if(changed, "new git pointer"),
+        // Judged once the walk is over: the sweep may still rewrite worktree files (held keys)
+        // that the index has to be compared with.
+        GitPart::Index if changed => report.indexes.push(e.rel.to_path_buf()),
+        GitPart::Index => {}
+        GitPart::Config if changed && fsat::kind(e.st) == SFlag::S_IFREG => {
+            review_config(s, store, report, root, e, ConfigKind::GitConfig)
+        }
+        GitPart::Config => take_if(changed, "not a regular git config"),
+    }
+    Some(Step::Skip)
 }
 
 /// A HEAD with nothing a terminal would act on: no control characters (C0, DEL, C1) besides
@@ -725,22 +723,6 @@ fn host_read_path(rel: &Path) -> bool {
         || codekeys::kind_of(rel).is_some()
         || comps.iter().any(|c| c.to_str().is_some_and(|c| NESTED_WHOLE.contains(&c)))
         || name == ".git"
-}
-
-/// Whether [`git_rule`] has a rule for a path inside a git dir.
-fn git_rule_applies(parts: &[&str]) -> bool {
-    matches!(
-        parts,
-        ["hooks", _]
-            | ["HEAD"]
-            | ["rebase-merge" | "rebase-apply" | "sequencer"]
-            | ["commondir"]
-            | ["config.worktree"]
-            | ["config"]
-            | ["index"]
-            | ["objects", "info", "alternates" | "http-alternates"]
-            | ["worktrees", _, "commondir" | "gitdir" | "config.worktree" | "index"]
-    ) || matches!(parts, [name] if name.starts_with("sharedindex."))
 }
 
 /// Largest index file judged (git's own indexes stay far below; a bigger changed one is taken).
