@@ -252,18 +252,7 @@ pub fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
 
 /// The names in directory `dir` (without `.` and `..`), sorted.
 pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
-    let fd = open_dir(dir, Path::new(""))?;
-    let mut d = nix::dir::Dir::from_fd(fd)?;
-    let mut names: Vec<OsString> = Vec::new();
-    for entry in d.iter() {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(OsStr::from_bytes(name).to_owned());
-        }
-    }
-    names.sort();
-    Ok(names)
+    Ok(list_typed(dir)?.into_iter().map(|(name, _)| name).collect())
 }
 
 /// The entries of directory `dir` with their type as `getdents` reports it (`None` where the

@@ -306,7 +306,7 @@ pub fn run_with(
         Err(e) => return fail(e),
     };
     let mut req = Request {
-        quarantine_dir: supervisor::quarantine_dir(&paths.airlock_dir(), &session),
+        quarantine_dir: crate::sandbox::quarantine::session_dir(&paths.airlock_dir(), &session),
         git,
         host_git_configs: host_git_configs(&paths, ctx.env),
         session,

@@ -579,7 +579,7 @@ pub fn restore(
         if item.restored_at.is_some() {
             continue;
         }
-        let what = restore_one(&item, only_key.as_deref())?;
+        let what = restore_one(&item, session, only_key.as_deref())?;
         if let Some(entry) = manifest.items.iter_mut().find(|i| i.id == id) {
             if only_key.is_none() || entry.keys.len() <= 1 {
                 entry.restored_at = Some(now());
@@ -593,7 +593,11 @@ pub fn restore(
     Ok(done)
 }
 
-fn restore_one(item: &Item, only_key: Option<&str>) -> Result<String, QuarantineError> {
+fn restore_one(
+    item: &Item,
+    session: &str,
+    only_key: Option<&str>,
+) -> Result<String, QuarantineError> {
     let not = |why: &str| QuarantineError::NotRestorable { id: item.id, why: why.into() };
     let root_fd = fsat::open_root(&item.root).map_err(io_at(&item.root))?;
     let (parent, name) = fsat::split(&item.path);
@@ -601,7 +605,7 @@ fn restore_one(item: &Item, only_key: Option<&str>) -> Result<String, Quarantine
         .map_err(|e| io_at(&item.root)(e.into()))?;
     let in_the_way = || QuarantineError::InTheWay {
         path: item.host_path(),
-        session: String::new(),
+        session: session.to_owned(),
         rel: item.path.display().to_string(),
     };
     match item.how {
@@ -751,16 +755,21 @@ mod tests {
         assert!(fs::symlink_metadata(f.repo.join(".vscode")).is_err());
     }
 
+    /// `.mcp.json` taken while the quarantine directory cannot be made (a file where its
+    /// parent should be), so it is renamed inside the repo.
+    fn taken_without_a_quarantine(f: &Fx) -> Item {
+        fs::write(f.repo.join(".mcp.json"), "{}").unwrap();
+        fs::create_dir_all(f.root.join("home")).unwrap();
+        fs::write(f.root.join("home/.airlock"), "not a dir").unwrap();
+        let mut s = store(f);
+        let repo_fd = fsat::open_root(&f.repo).unwrap();
+        s.take(&f.repo, repo_fd.as_fd(), Path::new(".mcp.json"), "created")
+    }
+
     #[test]
     fn without_a_writable_quarantine_items_are_renamed_inside_their_tree() {
         let f = fx();
-        fs::write(f.repo.join(".mcp.json"), "{}").unwrap();
-        // The quarantine directory cannot be made: a file where its parent should be.
-        fs::create_dir_all(f.root.join("home")).unwrap();
-        fs::write(f.root.join("home/.airlock"), "not a dir").unwrap();
-        let mut s = store(&f);
-        let repo_fd = fsat::open_root(&f.repo).unwrap();
-        let item = s.take(&f.repo, repo_fd.as_fd(), Path::new(".mcp.json"), "created");
+        let item = taken_without_a_quarantine(&f);
         assert_eq!(item.how, How::RenamedInTree, "{item:?}");
         assert!(fs::symlink_metadata(f.repo.join(".mcp.json")).is_err());
         let stored = item.stored.unwrap();
@@ -771,12 +780,7 @@ mod tests {
     #[test]
     fn restoring_from_inside_the_tree_never_goes_through_a_planted_symlink() {
         let f = fx();
-        fs::write(f.repo.join(".mcp.json"), "{}").unwrap();
-        fs::create_dir_all(f.root.join("home")).unwrap();
-        fs::write(f.root.join("home/.airlock"), "not a dir").unwrap();
-        let mut s = store(&f);
-        let repo_fd = fsat::open_root(&f.repo).unwrap();
-        let item = s.take(&f.repo, repo_fd.as_fd(), Path::new(".mcp.json"), "created");
+        let item = taken_without_a_quarantine(&f);
         assert_eq!(item.how, How::RenamedInTree);
         // A later session swaps `.airlock-quarantine` for a link to a host directory holding a
         // file of the same name.
@@ -786,7 +790,7 @@ mod tests {
         fs::remove_dir_all(f.repo.join(IN_TREE_DIR)).unwrap();
         std::os::unix::fs::symlink(f.root.join("host-secrets"), f.repo.join(IN_TREE_DIR)).unwrap();
         assert!(stored_bytes(&item).is_none());
-        assert!(restore_one(&item, None).is_err());
+        assert!(restore_one(&item, "s1", None).is_err());
         assert!(!f.repo.join(".mcp.json").exists());
         assert_eq!(fs::read_to_string(host.join(item.id.to_string())).unwrap(), "HOST SECRET");
     }

@@ -676,8 +676,3 @@ pub fn new_session_id() -> Result<String, SandboxError> {
         .map_err(|e| SandboxError::Setup(format!("no randomness for a session id: {e}")))?;
     Ok(hex::encode(bytes))
 }
-
-/// `~/.airlock/quarantine/<session>/`.
-pub fn quarantine_dir(airlock_dir: &Path, session: &str) -> PathBuf {
-    airlock_dir.join("quarantine").join(session)
-}

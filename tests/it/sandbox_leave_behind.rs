@@ -164,12 +164,11 @@ fn host_git_status_and_checkout_run_nothing_a_session_planted() {
     // Step 2: the host's own git.
     let status = host_git(&sb.repo, sb.home(), &["status", "--short"]);
     assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
-    let nested = host_git(&sb.repo.join("nested"), sb.home(), &["status", "--short"]);
-    let _ = nested;
+    // Also where a prompt in those directories would run it.
+    host_git(&sb.repo.join("nested"), sb.home(), &["status", "--short"]);
     let checkout = host_git(&sb.repo, sb.home(), &["checkout", "-q", "-b", "next"]);
     assert!(checkout.status.success(), "{}", String::from_utf8_lossy(&checkout.stderr));
-    let sub = host_git(&sb.repo.join("emb"), sb.home(), &["status", "--short"]);
-    let _ = sub;
+    host_git(&sb.repo.join("emb"), sb.home(), &["status", "--short"]);
     assert!(!marker.exists(), "host git ran code a session planted:\n{}", run.stderr());
     // What was held back is on record, with the key.
     let err = run.stderr();
@@ -402,14 +401,15 @@ fn setuid_bits_gained_during_a_session_are_stripped_and_reported() {
     std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o4755)).unwrap();
     let late = sb.world.write(sb.repo.join("late-tool"), "#!/bin/sh\n");
     let child = sb
-        .exec(&["sh", "-c", "cp /bin/sh $AIRLOCK_REPO/copied-sh; sleep 2"])
+        .exec(&["sh", "-c", "cp /bin/sh $AIRLOCK_REPO/copied-sh; sleep 3"])
         .cmd
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     // Something gains the bits while the session runs (seccomp refuses it inside; the end
-    // scan is the second wall).
-    std::thread::sleep(Duration::from_millis(800));
+    // scan is the second wall): once the command has started, which its copy shows.
+    let started = sb.repo.join("copied-sh");
+    assert!(crate::support::wait_until(Duration::from_secs(20), || started.exists()));
     std::fs::set_permissions(&late, std::fs::Permissions::from_mode(0o6755)).unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
