@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use crate::env::Env;
 use crate::paths::Paths;
 use crate::protocol::{
-    self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec, StatusReply,
-    VersionRange,
+    self, Capabilities, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd,
+    SessionSpec, StatusReply, VersionRange,
 };
 use crate::sys::{activation::SOCKET_NAME, fdpass, spawn};
 
@@ -366,14 +366,28 @@ impl Endpoint {
             daemon_sessions: 0,
             daemon_pid: 0,
             boot: String::new(),
+            capabilities: Capabilities::default(),
         };
         let _ = client.stream.set_read_timeout(Some(REQUEST_TIMEOUT));
+        let offered = Capabilities::current();
         let hello = Request::Hello {
             protocol: self.protocol,
             client_version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: offered.clone(),
         };
         match client.call(&hello, None) {
-            Ok(Response::Hello { version, protocol, daemon_version, pid, boot, sessions }) => {
+            Ok(Response::Hello {
+                version,
+                protocol,
+                daemon_version,
+                pid,
+                boot,
+                sessions,
+                capabilities,
+            }) => {
+                // The daemon replies with the agreed set; intersecting again means a daemon can
+                // never switch on something this client did not offer.
+                client.capabilities = Capabilities::agreed(version, &offered, &capabilities);
                 client.version = version;
                 client.daemon_protocol = protocol;
                 client.daemon_version = daemon_version;
@@ -506,6 +520,8 @@ pub struct Client {
     pub daemon_sessions: usize,
     pub daemon_pid: u32,
     pub boot: String,
+    /// The optional features in force on this connection (none under version 1).
+    pub capabilities: Capabilities,
 }
 
 impl Client {

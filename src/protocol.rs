@@ -1,20 +1,37 @@
 //! The control protocol between the CLI (and the host-side supervisor) and `airlockd`, shared by
-//! [`crate::client`] and [`crate::daemon`] (DESIGN §6).
+//! [`crate::client`] and [`crate::daemon`] (DESIGN §6). This module owns the wire format: every
+//! type here is a plain serde struct that depends on no other module, so a change to the
+//! configuration's in-memory types cannot change what crosses the socket. The conversions to and
+//! from configuration types live with them (`config::wire`).
 //!
 //! Framing: a 4-byte big-endian length, then that many bytes of JSON (one object). The first
 //! frame on a connection is always [`Request::Hello`]; its reply names the protocol version both
 //! sides then speak (the highest they share; each side speaks N and N-1). `hello` and
 //! `quit_if_idle` keep their shape forever so that any two versions can still agree to disagree.
 //!
+//! Versions:
+//! - **1**: the first.
+//! - **2**: version 1's messages, plus a [`Capabilities`] set in both `hello`s. What both sides
+//!   list is in force for the connection; later additions to version 2 are optional fields and
+//!   messages, each behind a capability where an older version-2 peer must not see it, so they
+//!   need no further bump. Under version 1 no capability is in force.
+//!
+//! Every message has the same JSON in both versions (a version-1 peer ignores the `capabilities`
+//! field of a `hello`); a receiver ignores fields it does not know.
+//!
 //! The listener fd of `session_start`/`session_reregister` travels as `SCM_RIGHTS` ancillary data
 //! on the first byte of that request's frame.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 /// The newest protocol this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
-/// The oldest protocol this build still speaks (N-1; version 1 is the first).
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The oldest protocol this build still speaks (N-1).
 pub const MIN_PROTOCOL_VERSION: u32 = 1;
+/// The first version whose `hello` carries [`Capabilities`].
+pub const CAPABILITIES_SINCE: u32 = 2;
 /// The largest frame either side accepts (layers are small; this bounds a hostile peer).
 pub const MAX_FRAME: usize = 4 << 20;
 
@@ -59,6 +76,45 @@ impl std::fmt::Display for VersionRange {
     }
 }
 
+/// Optional features a version-2 peer offers in its `hello` (names in `snake_case`). The set in
+/// force on a connection is [`Capabilities::agreed`]: what both sides offer, and nothing under
+/// version 1. A name a side does not know is simply not shared.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Capabilities(BTreeSet<String>);
+
+impl Capabilities {
+    /// What this build offers. None is defined yet (the digest exchange will be the first).
+    pub fn current() -> Self {
+        Self::default()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.contains(name)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The set in force on a connection that agreed on `version`: the names both offer, or
+    /// none when there is no version or it predates capabilities.
+    pub fn agreed(version: Option<u32>, ours: &Self, theirs: &Self) -> Self {
+        match version {
+            Some(v) if v >= CAPABILITIES_SINCE => {
+                Self(ours.0.intersection(&theirs.0).cloned().collect())
+            }
+            _ => Self::default(),
+        }
+    }
+}
+
+impl<S: Into<String>> FromIterator<S> for Capabilities {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        Self(iter.into_iter().map(Into::into).collect())
+    }
+}
+
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
 /// Test hook (feature `test-hooks`): the client's protocol range, `MIN-MAX`.
@@ -70,8 +126,13 @@ pub const TEST_DAEMON_VERSION_VAR: &str = "AIRLOCK_TEST_DAEMON_VERSION";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Always first. Stable forever.
-    Hello { protocol: VersionRange, client_version: String },
+    /// Always first. Stable forever (`capabilities`, since version 2, is optional).
+    Hello {
+        protocol: VersionRange,
+        client_version: String,
+        #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
+        capabilities: Capabilities,
+    },
     /// What the daemon is doing.
     Status,
     /// Registers a new session and hands over its proxy listener (one fd, SCM_RIGHTS). The
@@ -92,7 +153,8 @@ pub enum Request {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Response {
     /// `version` is the protocol both sides now speak; `None` when they share none (the client
-    /// may then send only `quit_if_idle`). Stable forever.
+    /// may then send only `quit_if_idle`). `capabilities` (since version 2) are those in force:
+    /// [`Capabilities::agreed`]. Stable forever.
     Hello {
         version: Option<u32>,
         protocol: VersionRange,
@@ -100,6 +162,8 @@ pub enum Response {
         pid: u32,
         boot: String,
         sessions: usize,
+        #[serde(default, skip_serializing_if = "Capabilities::is_empty")]
+        capabilities: Capabilities,
     },
     Status(Box<StatusReply>),
     SessionStarted {
@@ -169,7 +233,7 @@ pub struct SessionSpec {
     /// display name and digest) plus the review-plane servers the daemon cannot read itself.
     /// The daemon adds the managed layer it reads itself (DESIGN §4).
     #[serde(default)]
-    pub config: crate::config::ClientLayers,
+    pub config: PolicyLayers,
     #[serde(default)]
     pub identity: IdentityInfo,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,6 +251,122 @@ pub struct SessionSpec {
     /// The supervisor's pid, shown by `airlock status`.
     #[serde(default)]
     pub supervisor_pid: u32,
+}
+
+/// `session_start`'s policy layers: what the client read and trusts, as documents (DESIGN §4).
+/// `user` and `repo` are sent as `null` when absent and `review_servers` always, because a
+/// version-1 daemon requires the key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyLayers {
+    #[serde(default)]
+    pub user: Option<LayerDoc>,
+    #[serde(default)]
+    pub repo: Option<LayerDoc>,
+    /// Review-plane servers from files the daemon cannot read (the user layer's
+    /// `[review] servers`, the identity's `server`); always blocked.
+    #[serde(default)]
+    pub review_servers: Vec<ReviewServer>,
+}
+
+/// Which configuration layer a document or rule belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    Managed,
+    User,
+    Repo,
+    Operator,
+    None,
+}
+
+/// One configuration file's content, entries as written (the daemon validates them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerDoc {
+    pub kind: LayerKind,
+    /// The file as the user sees it (`~/.airlock/config.toml`).
+    pub name: String,
+    /// Lowercase hex SHA-256 of the file's bytes.
+    pub digest: String,
+    #[serde(default)]
+    pub network: NetworkDoc,
+    /// `[env] pass`.
+    #[serde(default)]
+    pub env_pass: Vec<String>,
+    /// `[mcp.<server>]`: credential variables per MCP server.
+    #[serde(default)]
+    pub mcp: BTreeMap<String, BTreeMap<String, Credential>>,
+    /// `[review] servers`.
+    #[serde(default)]
+    pub review_servers: Vec<String>,
+    #[serde(default)]
+    pub terminal: TerminalDoc,
+}
+
+/// `[network]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkDoc {
+    #[serde(default)]
+    pub mode: Option<NetworkMode>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub block: Vec<String>,
+    /// CIDRs (`127.0.0.2/32`).
+    #[serde(default)]
+    pub allow_private: Vec<String>,
+}
+
+/// `mode` in `[network]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    Allowlist,
+    Blocklist,
+}
+
+/// `[terminal]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TerminalDoc {
+    #[serde(default)]
+    pub clipboard: Option<Clipboard>,
+}
+
+/// `clipboard` in `[terminal]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Clipboard {
+    Deny,
+    Allow,
+}
+
+/// One `[mcp.<server>]` credential: a literal value or the name of a host variable to copy.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Credential {
+    FromEnv { from_env: String },
+    Value(String),
+}
+
+impl std::fmt::Debug for Credential {
+    // Literal credentials are secrets: never in logs or panics.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::FromEnv { from_env } => {
+                f.debug_struct("FromEnv").field("from_env", from_env).finish()
+            }
+            Self::Value(_) => f.write_str("Value(<redacted>)"),
+        }
+    }
+}
+
+/// A review-plane server, with where it was configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewServer {
+    /// As written (URL or host).
+    pub server: String,
+    pub layer: LayerKind,
+    /// The file it came from, as the user sees it.
+    pub policy: String,
 }
 
 /// A transcript file the session changed, hashed at session end (SECURITY §1).
@@ -389,12 +569,180 @@ mod tests {
         assert_eq!(r(3, 4).shared(r(1, 2)), None);
     }
 
+    /// A `session_start` exactly as the version-1 build (airlock 0.1.0) encoded it.
+    const V1_SESSION_START: &str = r#"{"op":"session_start","repo":"app","repo_path":"/src/app","config":{"user":{"kind":"user","name":"~/.airlock/config.toml","digest":"a648298a62cb5b73a2d2e5e8befd54e4ee2d13fb8b03c80ef66ed0bd84f04fe4","network":{"mode":"allowlist","allow":["api.anthropic.com","git.corp:22"],"block":["pastebin.com"],"allow_private":["127.0.0.2/32"]},"env_pass":["RUST_LOG"],"mcp":{"github":{"GITHUB_TOKEN":{"from_env":"GITHUB_TOKEN"},"LIT":"s3cret"}},"review_servers":["https://review.corp.example"],"terminal":{"clipboard":"allow"}},"repo":null,"review_servers":[{"server":"https://review.corp.example","layer":"user","policy":"~/.airlock/config.toml"}]},"identity":{"email":"a@b.c"},"agent":"claude","airlock_version":"0.1.0","command":["claude"],"layers":["seccomp"],"supervisor_pid":42}"#;
+    /// An empty `session_start` as the version-1 build encoded it (its daemon requires
+    /// `config.review_servers`).
+    const V1_EMPTY_SESSION_START: &str = r#"{"op":"session_start","repo":"","repo_path":"","config":{"user":null,"repo":null,"review_servers":[]},"identity":{},"airlock_version":"","command":[],"layers":[],"supervisor_pid":0}"#;
+    const V1_HELLO: &str =
+        r#"{"op":"hello","protocol":{"min":1,"max":1},"client_version":"0.1.0"}"#;
+    const V1_HELLO_REPLY: &str = r#"{"reply":"hello","version":1,"protocol":{"min":1,"max":1},"daemon_version":"0.1.0","pid":7,"boot":"b","sessions":0}"#;
+
+    fn v1_spec() -> SessionSpec {
+        let mut mcp = BTreeMap::new();
+        mcp.insert(
+            "github".to_owned(),
+            BTreeMap::from([
+                (
+                    "GITHUB_TOKEN".to_owned(),
+                    Credential::FromEnv { from_env: "GITHUB_TOKEN".into() },
+                ),
+                ("LIT".to_owned(), Credential::Value("s3cret".into())),
+            ]),
+        );
+        let user = LayerDoc {
+            kind: LayerKind::User,
+            name: "~/.airlock/config.toml".into(),
+            digest: "a648298a62cb5b73a2d2e5e8befd54e4ee2d13fb8b03c80ef66ed0bd84f04fe4".into(),
+            network: NetworkDoc {
+                mode: Some(NetworkMode::Allowlist),
+                allow: vec!["api.anthropic.com".into(), "git.corp:22".into()],
+                block: vec!["pastebin.com".into()],
+                allow_private: vec!["127.0.0.2/32".into()],
+            },
+            env_pass: vec!["RUST_LOG".into()],
+            mcp,
+            review_servers: vec!["https://review.corp.example".into()],
+            terminal: TerminalDoc { clipboard: Some(Clipboard::Allow) },
+        };
+        SessionSpec {
+            session: None,
+            repo: "app".into(),
+            repo_path: "/src/app".into(),
+            config: PolicyLayers {
+                user: Some(user),
+                repo: None,
+                review_servers: vec![ReviewServer {
+                    server: "https://review.corp.example".into(),
+                    layer: LayerKind::User,
+                    policy: "~/.airlock/config.toml".into(),
+                }],
+            },
+            identity: IdentityInfo { email: Some("a@b.c".into()), ..Default::default() },
+            agent: Some("claude".into()),
+            agent_version: None,
+            airlock_version: "0.1.0".into(),
+            command: vec!["claude".into()],
+            layers: vec!["seccomp".into()],
+            supervisor_pid: 42,
+        }
+    }
+
+    #[test]
+    fn a_version_1_session_start_is_accepted_as_it_was_sent() {
+        let req: Request = serde_json::from_str(V1_SESSION_START).unwrap();
+        assert_eq!(req, Request::SessionStart(Box::new(v1_spec())));
+    }
+
+    #[test]
+    fn session_start_is_produced_byte_for_byte_in_the_version_1_form() {
+        // A version-1 daemon decodes exactly what it used to receive.
+        let req = Request::SessionStart(Box::new(v1_spec()));
+        assert_eq!(serde_json::to_string(&req).unwrap(), V1_SESSION_START);
+        let empty = Request::SessionStart(Box::default());
+        assert_eq!(serde_json::to_string(&empty).unwrap(), V1_EMPTY_SESSION_START);
+    }
+
+    #[test]
+    fn hellos_of_both_versions_interoperate() {
+        // A version-1 CLI's hello, read by this daemon: no capabilities.
+        let Request::Hello { protocol, capabilities, .. } = serde_json::from_str(V1_HELLO).unwrap()
+        else {
+            panic!("not a hello")
+        };
+        assert_eq!(protocol, VersionRange { min: 1, max: 1 });
+        assert!(capabilities.is_empty());
+        // This CLI's hello to a version-1 daemon: without capabilities it is byte-for-byte v1's.
+        let ours = Request::Hello {
+            protocol: VersionRange { min: 1, max: 1 },
+            client_version: "0.1.0".into(),
+            capabilities: Capabilities::default(),
+        };
+        assert_eq!(serde_json::to_string(&ours).unwrap(), V1_HELLO);
+        // A version-1 daemon's reply, read by this CLI.
+        let Response::Hello { version, capabilities, .. } =
+            serde_json::from_str(V1_HELLO_REPLY).unwrap()
+        else {
+            panic!("not a hello reply")
+        };
+        assert_eq!(version, Some(1));
+        assert!(capabilities.is_empty());
+        // A version-2 hello carries its capabilities and round-trips.
+        let v2 = Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "0.2.0".into(),
+            capabilities: ["digest_exchange"].into_iter().collect(),
+        };
+        let json = serde_json::to_string(&v2).unwrap();
+        assert_eq!(
+            json,
+            r#"{"op":"hello","protocol":{"min":1,"max":2},"client_version":"0.2.0","capabilities":["digest_exchange"]}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), v2);
+    }
+
+    #[test]
+    fn capabilities_are_in_force_only_when_both_offer_them_under_version_2() {
+        let ours: Capabilities = ["digest_exchange", "only_ours"].into_iter().collect();
+        let theirs: Capabilities = ["digest_exchange", "only_theirs"].into_iter().collect();
+        let v2 = Capabilities::agreed(Some(2), &ours, &theirs);
+        assert_eq!(v2, ["digest_exchange"].into_iter().collect());
+        assert!(v2.contains("digest_exchange") && !v2.contains("only_ours"));
+        // Version 1 has no capabilities, whatever a peer lists.
+        assert!(Capabilities::agreed(Some(1), &ours, &theirs).is_empty());
+        assert!(Capabilities::agreed(None, &ours, &theirs).is_empty());
+    }
+
+    #[test]
+    fn version_2_is_spoken_with_a_version_2_peer_and_1_with_a_version_1_peer() {
+        let v1 = VersionRange { min: 1, max: 1 };
+        assert_eq!(VersionRange::CURRENT, VersionRange { min: 1, max: 2 });
+        assert_eq!(VersionRange::CURRENT.shared(VersionRange::CURRENT), Some(2));
+        assert_eq!(VersionRange::CURRENT.shared(v1), Some(1));
+        assert_eq!(v1.shared(VersionRange::CURRENT), Some(1));
+    }
+
+    #[test]
+    fn unknown_optional_fields_are_ignored() {
+        // What a later build may add: fields at every level, and a capability we do not know.
+        let mut v: serde_json::Value = serde_json::from_str(V1_SESSION_START).unwrap();
+        v["later_field"] = serde_json::json!({"x": 1});
+        v["config"]["later_field"] = serde_json::json!(true);
+        v["config"]["user"]["later_field"] = serde_json::json!([1, 2]);
+        v["config"]["user"]["network"]["later_field"] = serde_json::json!("y");
+        v["identity"]["later_field"] = serde_json::json!(null);
+        let req: Request = serde_json::from_value(v).unwrap();
+        assert_eq!(req, Request::SessionStart(Box::new(v1_spec())));
+        let hello: Request = serde_json::from_str(
+            r#"{"op":"hello","protocol":{"min":2,"max":3},"client_version":"9","capabilities":["from_the_future"],"later":1}"#,
+        )
+        .unwrap();
+        let Request::Hello { capabilities, .. } = hello else { panic!("not a hello") };
+        assert!(Capabilities::agreed(Some(2), &Capabilities::current(), &capabilities).is_empty());
+        let end: Request =
+            serde_json::from_str(r#"{"op":"session_end","session":"s","later":{"a":1}}"#).unwrap();
+        assert_eq!(
+            end,
+            Request::SessionEnd(SessionEnd { session: "s".into(), ..Default::default() })
+        );
+    }
+
+    #[test]
+    fn credential_values_never_reach_debug_output() {
+        let shown = format!("{:?}", v1_spec());
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("GITHUB_TOKEN"), "{shown}");
+    }
+
     #[test]
     fn wire_names_are_stable() {
-        let hello =
-            Request::Hello { protocol: VersionRange::CURRENT, client_version: "0.1.0".into() };
+        let hello = Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "0.1.0".into(),
+            capabilities: Capabilities::default(),
+        };
         let json = serde_json::to_string(&hello).unwrap();
-        assert_eq!(json, r#"{"op":"hello","protocol":{"min":1,"max":1},"client_version":"0.1.0"}"#);
+        assert_eq!(json, r#"{"op":"hello","protocol":{"min":1,"max":2},"client_version":"0.1.0"}"#);
         assert_eq!(
             serde_json::to_string(&Request::QuitIfIdle).unwrap(),
             r#"{"op":"quit_if_idle"}"#

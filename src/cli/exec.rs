@@ -145,7 +145,7 @@ impl ProxyBridge for DaemonBridge {
             session: Some(info.session.clone()),
             repo: info.repo_name.clone(),
             repo_path: info.repo_path.display().to_string(),
-            config: self.prepared.layers.clone(),
+            config: (&self.prepared.layers).into(),
             identity: IdentityInfo {
                 email: self.prepared.identity.email.clone(),
                 user_id: self.prepared.identity.user_id.clone(),

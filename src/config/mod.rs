@@ -4,7 +4,8 @@
 //! The flow (DESIGN §4): [`load`] reads the managed layer (`/etc/airlock/policy.toml`), the user
 //! layer (`~/.airlock/config.toml`) and the repo's `.airlock.toml`; the repo file applies only
 //! while [`trust`] says its bytes are trusted. Each file becomes a [`LayerDoc`] (the serializable
-//! document the client sends the daemon inside [`ClientLayers`]); [`build_policy`] turns layer
+//! document the client sends the daemon inside [`ClientLayers`], converted to the protocol's own
+//! wire types by `wire`); [`build_policy`] turns layer
 //! documents plus the review-plane hosts into the evaluator, with the same code in the CLI
 //! (`policy check`), the daemon and the standalone proxy ([`load_operator`]).
 
@@ -13,6 +14,7 @@ pub mod fsutil;
 pub mod identity;
 mod layer;
 pub mod trust;
+mod wire;
 
 use std::path::{Path, PathBuf};
 
@@ -77,7 +79,7 @@ pub struct ReviewServer {
 /// *trusted* repo layer as separate documents, plus review-plane hosts the daemon cannot read
 /// itself (the user layer's `[review] servers` and the identity's `server`). The daemon adds the
 /// managed layer it reads itself and calls [`ClientLayers::build_policy`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClientLayers {
     pub user: Option<LayerDoc>,
     pub repo: Option<LayerDoc>,
@@ -512,8 +514,9 @@ mod tests {
         // Managed review servers stay with the daemon, which reads the managed file itself.
         let servers: Vec<&str> = client.review_servers.iter().map(|r| r.server.as_str()).collect();
         assert_eq!(servers, ["r2.corp.test", "https://r3.corp.test:8443"]);
-        let json = serde_json::to_string(&client).unwrap();
-        let received: ClientLayers = serde_json::from_str(&json).unwrap();
+        // As the daemon receives it: through the protocol's wire types.
+        let json = serde_json::to_string(&crate::protocol::PolicyLayers::from(&client)).unwrap();
+        let received = ClientLayers::from_wire(&serde_json::from_str(&json).unwrap()).unwrap();
         assert_eq!(received, client);
 
         let managed = load_managed(&f.paths).unwrap();

@@ -572,7 +572,7 @@ async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
 
 fn handle_request(daemon: &Arc<Daemon>, conn: &mut Conn, req: Request) -> Response {
     match (&conn.version, req) {
-        (None, Request::Hello { protocol, .. }) => {
+        (None, Request::Hello { protocol, capabilities, .. }) => {
             let shared = daemon.protocol.shared(protocol);
             conn.version = Some(shared);
             Response::Hello {
@@ -582,6 +582,11 @@ fn handle_request(daemon: &Arc<Daemon>, conn: &mut Conn, req: Request) -> Respon
                 pid: std::process::id(),
                 boot: daemon.boot.clone(),
                 sessions: daemon.session_count(),
+                capabilities: protocol::Capabilities::agreed(
+                    shared,
+                    &protocol::Capabilities::current(),
+                    &capabilities,
+                ),
             }
         }
         (None, _) => error(ErrorCode::Protocol, "the first request must be hello"),
@@ -660,7 +665,11 @@ fn start_session(
         }
         (None, false) => audit::new_id(),
     };
-    let built = match spec.config.build_policy(managed.as_ref()) {
+    let layers = match crate::config::ClientLayers::from_wire(&spec.config) {
+        Ok(l) => l,
+        Err(e) => return error(ErrorCode::Config, e.to_string()),
+    };
+    let built = match layers.build_policy(managed.as_ref()) {
         Ok(b) => b,
         Err(e) => return error(ErrorCode::Config, e.to_string()),
     };
@@ -730,7 +739,7 @@ fn start_session(
     }
     if !reregister {
         let policy_digest = format!("sha256:{policy_digest}");
-        let policy_layers = policy_layers(managed.as_ref(), &session.spec);
+        let policy_layers = policy_layers(managed.as_ref(), &layers);
         let s = &session.spec;
         let rec = StartRecord {
             id: format!("{id}:start"),
@@ -784,11 +793,11 @@ fn start_session(
 }
 
 /// `name@sha256:<digest>` of each policy layer in force.
-fn policy_layers(managed: Option<&LayerDoc>, spec: &SessionSpec) -> Vec<String> {
+fn policy_layers(managed: Option<&LayerDoc>, layers: &crate::config::ClientLayers) -> Vec<String> {
     managed
         .into_iter()
-        .chain(spec.config.user.as_ref())
-        .chain(spec.config.repo.as_ref())
+        .chain(layers.user.as_ref())
+        .chain(layers.repo.as_ref())
         .map(|l| format!("{}@sha256:{}", l.name, l.digest))
         .collect()
 }

@@ -63,6 +63,7 @@ impl Raw {
         self.send(&Request::Hello {
             protocol: VersionRange::CURRENT,
             client_version: "test".into(),
+            capabilities: Default::default(),
         });
         self.recv()
     }
@@ -96,10 +97,11 @@ fn spec(repo: &str) -> SessionSpec {
 
 fn spec_with(repo: &str, user_toml: &str) -> SessionSpec {
     SessionSpec {
-        config: airlock::config::ClientLayers {
+        config: (&airlock::config::ClientLayers {
             user: Some(user_layer(user_toml)),
             ..Default::default()
-        },
+        })
+            .into(),
         repo: repo.into(),
         repo_path: format!("/src/{repo}"),
         agent: Some("claude".into()),
@@ -388,6 +390,7 @@ fn a_peer_with_another_uid_is_refused() {
         protocol::encode(&Request::Hello {
             protocol: VersionRange::CURRENT,
             client_version: "x".into(),
+            capabilities: Default::default(),
         })
         .unwrap(),
     );

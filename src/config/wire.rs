@@ -1,0 +1,215 @@
+//! Conversions between this module's documents and the control protocol's wire types
+//! ([`crate::protocol::PolicyLayers`]): the client converts [`ClientLayers`] before sending, the
+//! daemon converts what it received back (and validates it) with [`ClientLayers::from_wire`].
+//! The protocol owns its types; the mapping lives here so the protocol depends on nothing.
+
+use super::{
+    ClientLayers, ConfigError, Credential, LayerDoc, NetworkDoc, ReviewServer, TerminalDoc,
+};
+use crate::policy::{LayerKind, Mode};
+use crate::protocol as wire;
+use crate::sandbox::termfilter::Clipboard;
+
+impl From<&ClientLayers> for wire::PolicyLayers {
+    fn from(layers: &ClientLayers) -> Self {
+        Self {
+            user: layers.user.as_ref().map(layer_to_wire),
+            repo: layers.repo.as_ref().map(layer_to_wire),
+            review_servers: layers
+                .review_servers
+                .iter()
+                .map(|r| wire::ReviewServer {
+                    server: r.server.clone(),
+                    layer: kind_to_wire(r.layer),
+                    policy: r.policy.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl ClientLayers {
+    /// The documents a client sent, checked: a value that does not parse (an address range)
+    /// is an error naming the file, as a malformed file would be.
+    pub fn from_wire(layers: &wire::PolicyLayers) -> Result<Self, ConfigError> {
+        Ok(Self {
+            user: layers.user.as_ref().map(layer_from_wire).transpose()?,
+            repo: layers.repo.as_ref().map(layer_from_wire).transpose()?,
+            review_servers: layers
+                .review_servers
+                .iter()
+                .map(|r| ReviewServer {
+                    server: r.server.clone(),
+                    layer: kind_from_wire(r.layer),
+                    policy: r.policy.clone(),
+                })
+                .collect(),
+        })
+    }
+}
+
+fn kind_to_wire(kind: LayerKind) -> wire::LayerKind {
+    match kind {
+        LayerKind::Managed => wire::LayerKind::Managed,
+        LayerKind::User => wire::LayerKind::User,
+        LayerKind::Repo => wire::LayerKind::Repo,
+        LayerKind::Operator => wire::LayerKind::Operator,
+        LayerKind::None => wire::LayerKind::None,
+    }
+}
+
+fn kind_from_wire(kind: wire::LayerKind) -> LayerKind {
+    match kind {
+        wire::LayerKind::Managed => LayerKind::Managed,
+        wire::LayerKind::User => LayerKind::User,
+        wire::LayerKind::Repo => LayerKind::Repo,
+        wire::LayerKind::Operator => LayerKind::Operator,
+        wire::LayerKind::None => LayerKind::None,
+    }
+}
+
+fn credential_to_wire(c: &Credential) -> wire::Credential {
+    match c {
+        Credential::FromEnv { from_env } => {
+            wire::Credential::FromEnv { from_env: from_env.clone() }
+        }
+        Credential::Value(v) => wire::Credential::Value(v.clone()),
+    }
+}
+
+fn credential_from_wire(c: &wire::Credential) -> Credential {
+    match c {
+        wire::Credential::FromEnv { from_env } => {
+            Credential::FromEnv { from_env: from_env.clone() }
+        }
+        wire::Credential::Value(v) => Credential::Value(v.clone()),
+    }
+}
+
+fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
+    wire::LayerDoc {
+        kind: kind_to_wire(doc.kind),
+        name: doc.name.clone(),
+        digest: doc.digest.clone(),
+        network: wire::NetworkDoc {
+            mode: doc.network.mode.map(|m| match m {
+                Mode::Allowlist => wire::NetworkMode::Allowlist,
+                Mode::Blocklist => wire::NetworkMode::Blocklist,
+            }),
+            allow: doc.network.allow.clone(),
+            block: doc.network.block.clone(),
+            allow_private: doc.network.allow_private.iter().map(ToString::to_string).collect(),
+        },
+        env_pass: doc.env_pass.clone(),
+        mcp: doc
+            .mcp
+            .iter()
+            .map(|(server, vars)| {
+                let vars = vars.iter().map(|(k, c)| (k.clone(), credential_to_wire(c))).collect();
+                (server.clone(), vars)
+            })
+            .collect(),
+        review_servers: doc.review_servers.clone(),
+        terminal: wire::TerminalDoc {
+            clipboard: doc.terminal.clipboard.map(|c| match c {
+                Clipboard::Deny => wire::Clipboard::Deny,
+                Clipboard::Allow => wire::Clipboard::Allow,
+            }),
+        },
+    }
+}
+
+fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
+    let allow_private = doc
+        .network
+        .allow_private
+        .iter()
+        .map(|net| {
+            net.parse().map_err(|e: ipnet::AddrParseError| ConfigError::Entry {
+                file: doc.name.clone(),
+                entry: net.clone(),
+                reason: format!("allow_private needs an address range like 127.0.0.2/32 ({e})"),
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(LayerDoc {
+        kind: kind_from_wire(doc.kind),
+        name: doc.name.clone(),
+        digest: doc.digest.clone(),
+        network: NetworkDoc {
+            mode: doc.network.mode.map(|m| match m {
+                wire::NetworkMode::Allowlist => Mode::Allowlist,
+                wire::NetworkMode::Blocklist => Mode::Blocklist,
+            }),
+            allow: doc.network.allow.clone(),
+            block: doc.network.block.clone(),
+            allow_private,
+        },
+        env_pass: doc.env_pass.clone(),
+        mcp: doc
+            .mcp
+            .iter()
+            .map(|(server, vars)| {
+                let vars = vars.iter().map(|(k, c)| (k.clone(), credential_from_wire(c))).collect();
+                (server.clone(), vars)
+            })
+            .collect(),
+        review_servers: doc.review_servers.clone(),
+        terminal: TerminalDoc {
+            clipboard: doc.terminal.clipboard.map(|c| match c {
+                wire::Clipboard::Deny => Clipboard::Deny,
+                wire::Clipboard::Allow => Clipboard::Allow,
+            }),
+        },
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::config::parse_layer;
+
+    const USER: &str = "[network]\nmode = \"blocklist\"\nallow = [\"api.anthropic.com\"]\n\
+        block = [\"pastebin.com\"]\nallow_private = [\"127.0.0.2/32\", \"::1/128\"]\n\
+        [env]\npass = [\"RUST_LOG\"]\n[mcp.github]\nGITHUB_TOKEN = { from_env = \"GITHUB_TOKEN\" }\n\
+        LIT = \"s3cret\"\n[review]\nservers = [\"review.corp.example\"]\n[terminal]\nclipboard = \"deny\"\n";
+
+    fn layers() -> ClientLayers {
+        let user = parse_layer(LayerKind::User, "~/.airlock/config.toml", USER.as_bytes()).unwrap();
+        let repo = parse_layer(
+            LayerKind::Repo,
+            "/src/app/.airlock.toml",
+            b"[network]\nallow = [\"=pypi.org\"]\n",
+        )
+        .unwrap();
+        ClientLayers {
+            user: Some(user.doc),
+            repo: Some(repo.doc),
+            review_servers: vec![ReviewServer {
+                server: "review.corp.example".into(),
+                layer: LayerKind::User,
+                policy: "~/.airlock/config.toml".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn layers_survive_the_wire_unchanged() {
+        let layers = layers();
+        let sent = wire::PolicyLayers::from(&layers);
+        let json = serde_json::to_string(&sent).unwrap();
+        let received: wire::PolicyLayers = serde_json::from_str(&json).unwrap();
+        assert_eq!(ClientLayers::from_wire(&received).unwrap(), layers);
+    }
+
+    #[test]
+    fn a_received_bad_address_range_names_the_file_and_the_entry() {
+        let mut sent = wire::PolicyLayers::from(&layers());
+        if let Some(user) = sent.user.as_mut() {
+            user.network.allow_private.push("10.0.0.0/99".into());
+        }
+        let msg = ClientLayers::from_wire(&sent).unwrap_err().to_string();
+        assert!(msg.contains("~/.airlock/config.toml") && msg.contains("10.0.0.0/99"), "{msg}");
+    }
+}
