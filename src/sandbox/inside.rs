@@ -35,8 +35,20 @@ pub const NPROC_LIMIT: u64 = 4096;
 pub enum Slot {
     /// The pty slave made inside the sandbox's private devpts.
     Pty,
-    /// A pipe end created by the supervisor (its raw fd number, inherited).
-    Fd(RawFd),
+    /// A pipe end created by the supervisor (in [`Inherited::stdio`]).
+    Pipe,
+}
+
+/// The supervisor's descriptors the inside takes over at the fork: the child's copies of them
+/// are its own from then on (fork(2)), and init closes them once the command is started.
+#[derive(Debug)]
+pub struct Inherited {
+    /// Our end of the control socketpair (listener and pty master go out over it).
+    pub control: OwnedFd,
+    /// Write end of the error pipe (CLOEXEC; closed once the command is started).
+    pub errpipe: OwnedFd,
+    /// The pipe end for each [`Slot::Pipe`] of `Spec::stdio`.
+    pub stdio: [Option<OwnedFd>; 3],
 }
 
 /// Everything the inside needs, prepared by the supervisor before the fork.
@@ -61,19 +73,19 @@ pub struct Spec {
     /// the end sweep tells the agent's changes from the host's by ctime (see `sweep`).
     pub not_before: super::sweep::Stamp,
     pub seccomp: BpfProgram,
-    /// Our end of the control socketpair (listener and pty master go out over it).
-    pub control: RawFd,
-    /// Write end of the error pipe (CLOEXEC; closed once the command is started).
-    pub errpipe: RawFd,
 }
 
 /// Runs inside the child made by `fork_into_namespaces`; never returns.
-pub fn run(spec: &Spec) -> ! {
-    let errpipe = spec.errpipe;
-    match setup_and_start(spec) {
-        Ok(child) => init_loop(child),
+pub fn run(spec: &Spec, fds: Inherited) -> ! {
+    match setup_and_start(spec, &fds) {
+        Ok(child) => {
+            // The command has its copies: pipes see EOF when it exits, and the supervisor's
+            // error-pipe read ends.
+            drop(fds);
+            init_loop(child)
+        }
         Err(e) => {
-            let mut f = std::fs::File::from(sysx::own_raw(errpipe));
+            let mut f = std::fs::File::from(fds.errpipe);
             let _ = f.write_all(e.to_string().as_bytes());
             sysx::exit_now(125)
         }
@@ -84,14 +96,14 @@ fn ctx<T>(what: &str, r: Result<T, impl std::fmt::Display>) -> io::Result<T> {
     r.map_err(|e| io::Error::other(format!("{what}: {e}")))
 }
 
-fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
+fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     sysx::die_with_parent()?;
     sysx::install_noop_handlers(&forwarded_signals())?;
     // If the supervisor died before PDEATHSIG was armed, its end of the socketpair is closed.
-    if peer_gone(spec.control) {
+    if peer_gone(fds.control.as_fd()) {
         return Err(io::Error::other("supervisor exited during setup"));
     }
-    isolate_fds(spec)?;
+    isolate_fds(fds)?;
     write_id_maps(spec.uid, spec.gid)?;
     if spec.cgroup_ns_at_leaf {
         ctx(
@@ -104,9 +116,9 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     let listener = proxy_listener()?;
     mounts::execute(&spec.ops)?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
-    let mut fds = vec![listener.as_raw_fd()];
+    let mut passed = vec![listener.as_raw_fd()];
     if let Some((master, _)) = &pty {
-        fds.push(master.as_raw_fd());
+        passed.push(master.as_raw_fd());
     }
     let landlock = if spec.landlock {
         match super::landlock::apply(&spec.writable) {
@@ -121,9 +133,9 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     ctx(
         "passing the proxy listener",
         sendmsg::<()>(
-            spec.control,
+            fds.control.as_raw_fd(),
             &iov,
-            &[ControlMessage::ScmRights(&fds)],
+            &[ControlMessage::ScmRights(&passed)],
             MsgFlags::empty(),
             None,
         ),
@@ -143,24 +155,16 @@ fn setup_and_start(spec: &Spec) -> io::Result<Pid> {
     sysx::set_not_dumpable()?;
     super::sweep::wait_past(spec.not_before);
     match namespaces::fork()? {
-        Forked::Child => exec_command(spec, slave.as_ref().map(|s| s.as_fd())),
+        Forked::Child => exec_command(spec, fds, slave.as_ref().map(|s| s.as_fd())),
         Forked::Parent(child) => {
             drop(slave);
-            for slot in spec.stdio {
-                if let Slot::Fd(fd) = slot {
-                    drop(sysx::own_raw(fd));
-                }
-            }
-            drop(sysx::own_raw(spec.errpipe));
-            drop(sysx::own_raw(spec.control));
             Ok(child)
         }
     }
 }
 
-fn peer_gone(control: RawFd) -> bool {
-    let fd = sysx::borrow_raw(control);
-    let mut pfd = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+fn peer_gone(control: BorrowedFd<'_>) -> bool {
+    let mut pfd = [nix::poll::PollFd::new(control, nix::poll::PollFlags::POLLIN)];
     match nix::poll::poll(&mut pfd, nix::poll::PollTimeout::ZERO) {
         Ok(n) if n > 0 => pfd[0].revents().is_some_and(|r| {
             r.intersects(nix::poll::PollFlags::POLLHUP | nix::poll::PollFlags::POLLERR)
@@ -171,20 +175,17 @@ fn peer_gone(control: RawFd) -> bool {
 
 /// Puts /dev/null on 0–2 (the inherited ones may be the host's terminal) and closes every fd
 /// the setup does not need.
-fn isolate_fds(spec: &Spec) -> io::Result<()> {
+fn isolate_fds(fds: &Inherited) -> io::Result<()> {
     let null = ctx(
         "open /dev/null",
         nix::fcntl::open("/dev/null", nix::fcntl::OFlag::O_RDWR, nix::sys::stat::Mode::empty()),
     )?;
-    for target in 0..3 {
-        sysx::dup_onto(null.as_raw_fd(), target)?;
+    for target in sysx::StdFd::ALL {
+        sysx::dup_onto(null.as_fd(), target)?;
     }
     drop(null);
-    let mut keep = vec![0, 1, 2, spec.control, spec.errpipe];
-    keep.extend(spec.stdio.iter().filter_map(|s| match s {
-        Slot::Fd(fd) => Some(*fd),
-        Slot::Pty => None,
-    }));
+    let mut keep = vec![0, 1, 2, fds.control.as_raw_fd(), fds.errpipe.as_raw_fd()];
+    keep.extend(fds.stdio.iter().flatten().map(AsRawFd::as_raw_fd));
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
@@ -245,8 +246,8 @@ fn open_pty(ws: Option<libc::winsize>) -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// In the command's process: new session, controlling terminal, stdio, no other fds, exec.
-fn exec_command(spec: &Spec, slave: Option<BorrowedFd<'_>>) -> ! {
-    let code = match prepare_and_exec(spec, slave) {
+fn exec_command(spec: &Spec, fds: &Inherited, slave: Option<BorrowedFd<'_>>) -> ! {
+    let code = match prepare_and_exec(spec, fds, slave) {
         Ok(never) => match never {},
         Err((code, msg)) => {
             let _ = writeln!(io::stderr(), "airlock: {msg}");
@@ -258,21 +259,27 @@ fn exec_command(spec: &Spec, slave: Option<BorrowedFd<'_>>) -> ! {
 
 enum Never {}
 
-fn prepare_and_exec(spec: &Spec, slave: Option<BorrowedFd<'_>>) -> Result<Never, (i32, String)> {
+fn prepare_and_exec(
+    spec: &Spec,
+    fds: &Inherited,
+    slave: Option<BorrowedFd<'_>>,
+) -> Result<Never, (i32, String)> {
     let fail = |e: &dyn std::fmt::Display| (125, format!("starting the command: {e}"));
     sysx::reset_signals_for_exec(&forwarded_signals()).map_err(|e| fail(&e))?;
     nix::unistd::setsid().map_err(|e| fail(&e))?;
     if let Some(slave) = slave {
         sysx::set_controlling_tty(slave).map_err(|e| fail(&e))?;
     }
-    for (target, slot) in spec.stdio.iter().enumerate() {
+    for (target, slot) in sysx::StdFd::ALL.into_iter().zip(spec.stdio) {
         let src = match slot {
-            Slot::Pty => slave.map(|s| s.as_raw_fd()).ok_or_else(|| fail(&"no pty"))?,
-            Slot::Fd(fd) => *fd,
+            Slot::Pty => slave,
+            Slot::Pipe => fds.stdio[target.index()].as_ref().map(AsFd::as_fd),
         };
-        sysx::dup_onto(src, target as RawFd).map_err(|e| fail(&e))?;
+        let src = src.ok_or_else(|| fail(&format!("no descriptor for fd {}", target.raw())))?;
+        sysx::dup_onto(src, target).map_err(|e| fail(&e))?;
     }
-    sysx::close_fds_from(3).map_err(|e| fail(&e))?;
+    // Everything else closes at exec (the command sees only 0–2).
+    sysx::cloexec_fds_from(3).map_err(|e| fail(&e))?;
     std::env::set_current_dir(&spec.cwd).map_err(|e| fail(&e))?;
     let Some(cmd) = spec.argv.first() else { return Err((125, "no command given".into())) };
     let cmd_str = cmd.to_string_lossy().into_owned();

@@ -37,7 +37,7 @@ pub enum Endpoint {
     /// An fd we own (pipe end or pty master; non-blocking). Shared ones are duplicated.
     Owned(OwnedFd),
     /// One of the caller's stdio descriptors (0, 1, 2).
-    Caller(i32),
+    Caller(crate::sys::exec::StdFd),
     /// Closed after EOF.
     Closed,
 }
@@ -46,7 +46,7 @@ impl Endpoint {
     fn fd(&self) -> Option<BorrowedFd<'_>> {
         match self {
             Endpoint::Owned(fd) => Some(fd.as_fd()),
-            Endpoint::Caller(n) => Some(crate::sys::exec::borrow_raw(*n)),
+            Endpoint::Caller(n) => Some(n.borrow()),
             Endpoint::Closed => None,
         }
     }

@@ -5,15 +5,13 @@
 
 use std::ffi::{CString, OsString};
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::socket::{
-    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, recvmsg, socketpair,
-};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 use nix::sys::termios::{self, SetArg, Termios};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, isatty};
@@ -30,7 +28,8 @@ use super::relay::{self, Endpoint, Events, Pump};
 use super::sweep::{self, Report};
 use super::termfilter::{TermFilter, TerminalPolicy};
 use crate::repo::Repo;
-use crate::sys::exec as sysx;
+use crate::sys::exec::{self as sysx, StdFd};
+use crate::sys::fdpass;
 use crate::sys::namespaces::{self, Forked, SANDBOX_NAMESPACES};
 
 /// Why a session could not run (exit 125).
@@ -102,25 +101,6 @@ fn cstring(s: impl AsRef<[u8]>) -> Result<CString, SandboxError> {
     CString::new(s.as_ref()).map_err(|_| SandboxError::Setup("argument contains a NUL byte".into()))
 }
 
-/// Makes sure 0, 1 and 2 are open (a closed one would be reused by our pipes).
-fn ensure_stdio_open() -> io::Result<()> {
-    for fd in 0..3 {
-        if nix::fcntl::fcntl(sysx::borrow_raw(fd), nix::fcntl::FcntlArg::F_GETFD).is_err() {
-            let null = nix::fcntl::open(
-                "/dev/null",
-                nix::fcntl::OFlag::O_RDWR,
-                nix::sys::stat::Mode::empty(),
-            )?;
-            if null.as_raw_fd() != fd {
-                sysx::dup_onto(null.as_raw_fd(), fd)?;
-            } else {
-                std::mem::forget(null); // it *is* fd `fd` now; keep it open
-            }
-        }
-    }
-    Ok(())
-}
-
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_ctx("pipe")(e.into()))
 }
@@ -133,7 +113,7 @@ impl RawMode {
         if !on {
             return Self(None);
         }
-        let fd = sysx::borrow_raw(0);
+        let fd = StdFd::IN.borrow();
         match termios::tcgetattr(fd) {
             Ok(saved) => {
                 let mut raw = saved.clone();
@@ -149,7 +129,7 @@ impl RawMode {
 impl Drop for RawMode {
     fn drop(&mut self) {
         if let Some(saved) = &self.0 {
-            let _ = termios::tcsetattr(sysx::borrow_raw(0), SetArg::TCSAFLUSH, saved);
+            let _ = termios::tcsetattr(StdFd::IN.borrow(), SetArg::TCSAFLUSH, saved);
         }
     }
 }
@@ -174,8 +154,8 @@ fn flush_host_input(tty: &[bool; 3], query_relayed: bool) {
     ttou.add(Signal::SIGTTOU);
     let mut old = SigSet::empty();
     let blocked = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old)).is_ok();
-    for fd in (0..3).filter(|fd| tty[*fd as usize]) {
-        let _ = termios::tcflush(sysx::borrow_raw(fd), termios::FlushArg::TCIFLUSH);
+    for fd in StdFd::ALL.into_iter().filter(|fd| tty[fd.index()]) {
+        let _ = termios::tcflush(fd.borrow(), termios::FlushArg::TCIFLUSH);
     }
     if blocked {
         let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
@@ -186,7 +166,7 @@ struct Watch {
     child: Pid,
     status: Option<WaitStatus>,
     master: Option<OwnedFd>,
-    winsize_from: Option<i32>,
+    winsize_from: Option<StdFd>,
 }
 
 impl Events for Watch {
@@ -201,7 +181,7 @@ impl Events for Watch {
             }
             Signal::SIGWINCH => {
                 if let (Some(master), Some(from)) = (&self.master, self.winsize_from)
-                    && let Some(ws) = sysx::window_size(sysx::borrow_raw(from))
+                    && let Some(ws) = sysx::window_size(from.borrow())
                 {
                     let _ = sysx::set_window_size(master.as_fd(), &ws);
                 }
@@ -275,13 +255,13 @@ pub fn run(
     if uid != 0 {
         refuse_group_only_binds(&mounts::host_sources(&ops))?;
     }
-    ensure_stdio_open().map_err(io_ctx("checking stdio"))?;
+    sysx::ensure_stdio_open().map_err(io_ctx("checking stdio"))?;
     sysx::ignore_sigpipe().map_err(io_ctx("SIGPIPE"))?;
 
     // Per-fd stdio: a pty for terminals, pipes otherwise.
-    let tty = [0, 1, 2].map(|fd| isatty(sysx::borrow_raw(fd)).unwrap_or(false));
+    let tty = StdFd::ALL.map(|fd| isatty(fd.borrow()).unwrap_or(false));
     let mut slots = [Slot::Pty; 3];
-    let mut child_ends: Vec<OwnedFd> = Vec::new();
+    let mut child_ends: [Option<OwnedFd>; 3] = [None, None, None];
     let mut our_ends: [Option<OwnedFd>; 3] = [None, None, None];
     for fd in 0..3 {
         if tty[fd] {
@@ -289,12 +269,12 @@ pub fn run(
         }
         let (r, w) = pipe()?;
         let (theirs, ours) = if fd == 0 { (r, w) } else { (w, r) };
-        slots[fd] = Slot::Fd(theirs.as_raw_fd());
-        child_ends.push(theirs);
+        slots[fd] = Slot::Pipe;
+        child_ends[fd] = Some(theirs);
         our_ends[fd] = Some(ours);
     }
-    let winsize_from = [1, 0, 2].into_iter().find(|fd| tty[*fd as usize]);
-    let winsize = winsize_from.and_then(|fd| sysx::window_size(sysx::borrow_raw(fd)));
+    let winsize_from = [StdFd::OUT, StdFd::IN, StdFd::ERR].into_iter().find(|fd| tty[fd.index()]);
+    let winsize = winsize_from.and_then(|fd| sysx::window_size(fd.borrow()));
 
     // The session's cgroup leaf, made before the fork so init is born in it.
     let (mut leaf, mut cgroup_warnings) = session_cgroup(kernel, req);
@@ -334,8 +314,6 @@ pub fn run(
         cgroup_ns_at_leaf: leaf.is_some(),
         not_before: threshold.not_before,
         seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
-        control: child_control.as_raw_fd(),
-        errpipe: err_w.as_raw_fd(),
     };
 
     // A root caller's supplementary groups would stay with the sandbox (setgroups is denied
@@ -365,7 +343,11 @@ pub fn run(
         forked = namespaces::fork_into_namespaces(SANDBOX_NAMESPACES);
     }
     let child = match forked {
-        Ok(Forked::Child) => inside::run(&spec),
+        // The child's copies of these are the inside's own from here on (fork(2)).
+        Ok(Forked::Child) => inside::run(
+            &spec,
+            inside::Inherited { control: child_control, errpipe: err_w, stdio: child_ends },
+        ),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => {
             let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
@@ -617,20 +599,13 @@ fn session_cgroup(kernel: &Kernel, req: &Request) -> (Option<Leaf>, Vec<String>)
 
 type Received = (Option<OwnedFd>, Option<OwnedFd>, String);
 
-/// Listener (and pty master) from inside, with its status text.
+/// Listener (and pty master) from inside, with its status text. Through the one `recvmsg`
+/// wrapper, so a truncated control message (more fds than expected) is an error, never a
+/// silently shortened list.
 fn receive_fds(control: &OwnedFd) -> io::Result<Received> {
     let mut buf = [0u8; 256];
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-    let mut iov = [io::IoSliceMut::new(&mut buf)];
-    let msg =
-        recvmsg::<()>(control.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)?;
     let mut fds = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            fds.extend(raw.into_iter().map(sysx::own_raw));
-        }
-    }
-    let n = msg.bytes;
+    let n = fdpass::recv_with_fds(control.as_fd(), &mut buf, &mut fds)?;
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     let landlock = text.strip_prefix("landlock=").unwrap_or("unknown").to_string();
     let mut it = fds.into_iter();
@@ -649,19 +624,21 @@ fn build_pumps(
     let mk = |s, d, input| Pump::new(s, d, input).map_err(io_ctx("relay setup"));
     // stdin
     match (e0, master) {
-        (Some(w), _) => pumps.push(mk(Endpoint::Caller(0), Endpoint::Owned(w), true)?),
-        (None, Some(m)) => pumps.push(mk(Endpoint::Caller(0), Endpoint::Owned(dup(m)?), true)?),
+        (Some(w), _) => pumps.push(mk(Endpoint::Caller(StdFd::IN), Endpoint::Owned(w), true)?),
+        (None, Some(m)) => {
+            pumps.push(mk(Endpoint::Caller(StdFd::IN), Endpoint::Owned(dup(m)?), true)?)
+        }
         (None, None) => {}
     }
     // The pty's output goes to the caller's first terminal among stdout/stderr.
     if let Some(m) = master
         && (tty[1] || tty[2])
     {
-        let to = if tty[1] { 1 } else { 2 };
+        let to = if tty[1] { StdFd::OUT } else { StdFd::ERR };
         let pump = mk(Endpoint::Owned(dup(m)?), Endpoint::Caller(to), false)?;
         pumps.push(pump.filtered(TermFilter::new(terminal)));
     }
-    for (fd, end) in [(1, e1), (2, e2)] {
+    for (fd, end) in [(StdFd::OUT, e1), (StdFd::ERR, e2)] {
         if let Some(r) = end {
             pumps.push(mk(Endpoint::Owned(r), Endpoint::Caller(fd), false)?);
         }
@@ -675,4 +652,39 @@ pub fn new_session_id() -> Result<String, SandboxError> {
     getrandom::fill(&mut bytes)
         .map_err(|e| SandboxError::Setup(format!("no randomness for a session id: {e}")))?;
     Ok(hex::encode(bytes))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn control_pair() -> (OwnedFd, OwnedFd) {
+        socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap()
+    }
+
+    #[test]
+    fn the_listener_and_master_arrive_with_the_landlock_status() {
+        let (ours, inside) = control_pair();
+        let a = std::fs::File::open("/dev/null").unwrap();
+        let b = std::fs::File::open("/dev/null").unwrap();
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &[a.as_fd(), b.as_fd()]).unwrap();
+        let (listener, master, landlock) = receive_fds(&ours).unwrap();
+        assert!(listener.is_some() && master.is_some());
+        assert_eq!(landlock, "full");
+    }
+
+    #[test]
+    fn a_truncated_control_message_is_an_error() {
+        // More fds than the receive buffer has room for: the kernel sets MSG_CTRUNC and drops
+        // the rest (unix(7)); that must not pass as a short, valid hand-over.
+        let (ours, inside) = control_pair();
+        let files: Vec<std::fs::File> = (0..fdpass::MAX_FDS_PER_MESSAGE + 2)
+            .map(|_| std::fs::File::open("/dev/null").unwrap())
+            .collect();
+        let borrowed: Vec<_> = files.iter().map(AsFd::as_fd).collect();
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed).unwrap();
+        let err = receive_fds(&ours).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    }
 }

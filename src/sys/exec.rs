@@ -1,9 +1,12 @@
 //! Process-level setup for the sandbox: capability sets and securebits (capabilities(7)),
-//! `PR_SET_PDEATHSIG`, closing inherited fds (close_range(2)), signal state before execve,
-//! and the terminal ioctls (ioctl_tty(2)).
+//! `PR_SET_PDEATHSIG`, keeping inherited fds from the command (close_range(2)), the standard
+//! descriptors ([`StdFd`]), signal state before execve, and the terminal ioctls (ioctl_tty(2)).
+//!
+//! Every function here is sound to call from safe code: fds come in as `BorrowedFd`/`OwnedFd`,
+//! and nothing closes a descriptor some other object owns.
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 /// `SECBIT_*` from linux/securebits.h.
 pub const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
@@ -93,11 +96,15 @@ pub fn set_no_new_privs() -> io::Result<()> {
     nix::sys::prctl::set_no_new_privs().map_err(io::Error::from)
 }
 
-/// Closes every fd from `first` upwards (close_range(2), Linux 5.9+).
-pub fn close_fds_from(first: u32) -> io::Result<()> {
-    // SAFETY: close_range only closes descriptors; callers own every fd >= `first` and keep no
-    // Rust objects referring to them past this point (init/exec paths only).
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+/// Marks every fd from `first` upwards close-on-exec (close_range(2) with
+/// `CLOSE_RANGE_CLOEXEC`, Linux 5.11+): a successful execve(2) closes them, so the program sees
+/// only what lies below `first`. Nothing is closed now, so every object owning one of them
+/// stays valid if the exec fails.
+pub fn cloexec_fds_from(first: u32) -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2; // linux/close_range.h
+    // SAFETY: with CLOSE_RANGE_CLOEXEC, close_range only sets FD_CLOEXEC on open descriptors;
+    // it closes none and touches no memory.
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
     if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
@@ -188,31 +195,106 @@ pub fn landlock_abi() -> Option<u32> {
     u32::try_from(ret).ok().filter(|v| *v > 0)
 }
 
-/// Borrows an fd number this process inherited and keeps open for its whole life (the
-/// sandbox's spec fds, valid from fork until the process execs or exits).
-pub fn borrow_raw(fd: std::os::fd::RawFd) -> BorrowedFd<'static> {
-    // SAFETY: callers pass only fds inherited at fork that stay open for the rest of this
-    // process (they are closed only by close_range right before execve, or by exit).
-    unsafe { BorrowedFd::borrow_raw(fd) }
+/// One of the standard descriptors 0, 1 and 2 (the caller's terminal or pipes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StdFd(RawFd);
+
+impl StdFd {
+    pub const IN: Self = Self(0);
+    pub const OUT: Self = Self(1);
+    pub const ERR: Self = Self(2);
+    pub const ALL: [Self; 3] = [Self::IN, Self::OUT, Self::ERR];
+
+    /// `fd` if it is 0, 1 or 2.
+    pub fn new(fd: RawFd) -> Option<Self> {
+        (0..=2).contains(&fd).then_some(Self(fd))
+    }
+
+    pub fn raw(self) -> RawFd {
+        self.0
+    }
+
+    /// Index into per-descriptor arrays (`[_; 3]`).
+    pub fn index(self) -> usize {
+        // 0..=2 by construction.
+        self.0 as usize
+    }
+
+    /// Borrows the descriptor for the life of the process.
+    pub fn borrow(self) -> BorrowedFd<'static> {
+        // SAFETY: 0–2 belong to the process, not to any object: the standard library makes the
+        // same assumption (`impl AsFd for Stdin` borrows fd 0 unconditionally). This crate keeps
+        // them open — the supervisor runs `ensure_stdio_open` first, and the only replacement,
+        // `dup_onto`, is a dup2(2), which never leaves the number closed — and no `OwnedFd` in
+        // it ever owns 0–2.
+        unsafe { BorrowedFd::borrow_raw(self.0) }
+    }
 }
 
-/// Takes ownership of an inherited fd number (closing it on drop).
-pub fn own_raw(fd: std::os::fd::RawFd) -> std::os::fd::OwnedFd {
-    use std::os::fd::FromRawFd;
-    // SAFETY: callers pass an fd this process owns and that no other object will close.
-    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+/// Makes sure 0, 1 and 2 are open, on `/dev/null` if they were closed (a closed one would be
+/// reused by the next pipe, and [`StdFd::borrow`] relies on them being open).
+pub fn ensure_stdio_open() -> io::Result<()> {
+    for fd in StdFd::ALL {
+        // SAFETY: F_GETFD on a descriptor number only queries the fd table; no object is
+        // borrowed, and a closed number just fails with EBADF.
+        if unsafe { libc::fcntl(fd.raw(), libc::F_GETFD) } >= 0 {
+            continue;
+        }
+        let null = nix::fcntl::open(
+            "/dev/null",
+            nix::fcntl::OFlag::O_RDWR,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        if null.as_raw_fd() == fd.raw() {
+            // open(2) returns the lowest free number: it *is* the standard descriptor now,
+            // which no object may own (see `StdFd::borrow`).
+            std::mem::forget(null);
+        } else {
+            dup_onto(null.as_fd(), fd)?;
+        }
+    }
+    Ok(())
 }
 
-/// dup2(2): makes `target` a copy of `src` (clearing CLOEXEC on it).
-pub fn dup_onto(src: std::os::fd::RawFd, target: std::os::fd::RawFd) -> io::Result<()> {
-    if src == target {
+/// dup2(2): makes the standard descriptor `target` a copy of `src`, without CLOEXEC.
+pub fn dup_onto(src: BorrowedFd<'_>, target: StdFd) -> io::Result<()> {
+    if src.as_raw_fd() == target.raw() {
         // dup2 is a no-op then and would leave CLOEXEC set; clear it explicitly.
-        let fd = borrow_raw(src);
-        return nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+        return nix::fcntl::fcntl(src, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
             .map(|_| ())
             .map_err(io::Error::from);
     }
-    // SAFETY: dup2 only manipulates the fd table; `target` is one of 0..=2, which the caller
-    // intends to replace.
-    check(unsafe { libc::dup2(src, target) })
+    // SAFETY: dup2 only manipulates the fd table: `src` is open for the call (borrowed) and
+    // `target` is a standard descriptor, which no object owns (see `StdFd::borrow`); dup2
+    // replaces it atomically.
+    check(unsafe { libc::dup2(src.as_raw_fd(), target.raw()) })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_0_to_2_are_standard_descriptors() {
+        assert_eq!(StdFd::new(2), Some(StdFd::ERR));
+        assert_eq!(StdFd::new(3), None);
+        assert_eq!(StdFd::new(-1), None);
+        assert_eq!(StdFd::ALL.map(StdFd::index), [0, 1, 2]);
+    }
+
+    #[test]
+    fn cloexec_marks_without_closing() {
+        let file = std::fs::File::open("/dev/null").unwrap();
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+            .unwrap();
+        let first = u32::try_from(file.as_raw_fd()).unwrap();
+        cloexec_fds_from(first).unwrap();
+        // Still open (the File stays valid), and now close-on-exec.
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(
+            nix::fcntl::FdFlag::from_bits_truncate(flags).contains(nix::fcntl::FdFlag::FD_CLOEXEC)
+        );
+        assert!(file.metadata().is_ok());
+    }
 }

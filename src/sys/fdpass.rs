@@ -2,13 +2,13 @@
 //! listener a supervisor hands the daemon (SECURITY §4: `SO_ACCEPTCONN`, `AF_INET`/`SOCK_STREAM`,
 //! bound to 127.0.0.1, a network-namespace cookie different from the daemon's own).
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
-    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn,
-    SockaddrLike, SockaddrStorage, getsockname, getsockopt, recvmsg, sendmsg, socket, sockopt,
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrLike,
+    SockaddrStorage, getsockname, getsockopt, sendmsg, socket, sockopt,
 };
 
 /// At most this many fds are accepted with one message; extra ones are closed.
@@ -46,41 +46,77 @@ pub fn send_with_fds(
 
 /// Receives bytes into `buf`, appending any passed fds (made CLOEXEC) to `fds`. Returns the
 /// byte count (0 = EOF). Non-blocking sockets return `WouldBlock` as usual.
+///
+/// A message whose control data did not fit (`MSG_CTRUNC`: more than [`MAX_FDS_PER_MESSAGE`]
+/// fds) is an `InvalidData` error, and every fd of `fds` is closed — including those the kernel
+/// did install before truncating (unix(7)), which is why this walks the control buffer itself
+/// (`nix`'s iterator refuses a truncated buffer and would leave them open).
 pub fn recv_with_fds(
     sock: BorrowedFd<'_>,
     buf: &mut [u8],
     fds: &mut Vec<OwnedFd>,
 ) -> io::Result<usize> {
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = loop {
-        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
-        {
-            Ok(m) => break m,
-            Err(nix::Error::EINTR) => continue,
-            Err(e) => return Err(e.into()),
+    // `u64` words: the buffer must be aligned for `cmsghdr` (cmsg(3)).
+    let mut control = [0u64; CONTROL_WORDS];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: an all-zero msghdr is a valid value (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let n = loop {
+        // SAFETY: `msg` points at `iov` (valid for `buf.len()` bytes of writes) and at `control`
+        // (valid for `msg_controllen` bytes); both outlive the call.
+        let ret = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if let Ok(n) = usize::try_from(ret) {
+            break n;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
         }
     };
-    let n = msg.bytes;
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-    for c in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(raws) = c {
-            for raw in raws {
+    // SAFETY: the kernel set `msg_controllen` to the bytes of complete headers it wrote into
+    // `control`, so CMSG_FIRSTHDR/CMSG_NXTHDR stay inside it (cmsg(3)); null ends the walk.
+    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cmsg.is_null() {
+        // SAFETY: `cmsg` points at a complete, aligned header inside `control` (see above).
+        let hdr = unsafe { std::ptr::read(cmsg) };
+        if hdr.cmsg_level == libc::SOL_SOCKET && hdr.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: CMSG_DATA of a header inside the buffer points inside it too.
+            let data = unsafe { libc::CMSG_DATA(cmsg) };
+            let header_len = data as usize - cmsg as usize;
+            let count = (hdr.cmsg_len as usize).saturating_sub(header_len) / size_of::<RawFd>();
+            for i in 0..count {
+                // SAFETY: the `count` fds lie within `cmsg_len` of this header, inside the
+                // buffer; read unaligned because CMSG_DATA only promises header alignment.
+                let raw = unsafe { std::ptr::read_unaligned(data.cast::<RawFd>().add(i)) };
                 // SAFETY: the kernel installed these fds in our table for this message
                 // (unix(7) SCM_RIGHTS); nothing else refers to them yet.
                 fds.push(unsafe { OwnedFd::from_raw_fd(raw) });
             }
         }
+        // SAFETY: as for CMSG_FIRSTHDR: bounded by `msg_controllen`.
+        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
     }
-    if truncated {
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
         fds.clear(); // closes them: a sender that floods fds gets none accepted
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            "too many file descriptors in one message",
+            format!(
+                "too many file descriptors in one message (at most {MAX_FDS_PER_MESSAGE} are \
+                 accepted)"
+            ),
         ));
     }
     Ok(n)
 }
+
+/// `u64` words of control buffer: one `SCM_RIGHTS` header and [`MAX_FDS_PER_MESSAGE`] fds
+/// (CMSG_SPACE; `cmsghdr` is a multiple of 8 bytes, the fds are rounded up to one).
+const CONTROL_WORDS: usize =
+    (std::mem::size_of::<libc::cmsghdr>() + MAX_FDS_PER_MESSAGE * size_of::<RawFd>()).div_ceil(8);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ListenerError {
