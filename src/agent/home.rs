@@ -28,6 +28,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::UnlinkatFlags;
 use sha2::{Digest, Sha256};
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::agent::{Agent, Credential, CredentialFormat, Layout};
 use crate::fsat::{how, kind, read_flags};
@@ -260,7 +261,7 @@ impl AgentHome {
             // The shared fields replace the home's; the rest of the home's file (Claude's
             // per-repo MCP OAuth tokens, say) stays, as it would if nothing were shared.
             let held = self.read_home_credential(cred).ok().flatten();
-            let bytes = merge_shared(cred.format, held.as_deref(), &bytes);
+            let bytes = merge_shared(cred.format, held.as_ref().map(|h| h.as_slice()), &bytes);
             let (parent, parent_path, file) = self
                 .credential_parent(cred, true)?
                 .ok_or_else(|| HomeError::BadName { name: cred.rel.into() })?;
@@ -285,7 +286,10 @@ impl AgentHome {
     }
 
     /// Reads one credential from the home for copy-back: `None` if absent.
-    fn read_home_credential(&self, cred: &Credential) -> Result<Option<Vec<u8>>, HomeError> {
+    fn read_home_credential(
+        &self,
+        cred: &Credential,
+    ) -> Result<Option<Zeroizing<Vec<u8>>>, HomeError> {
         let Some((dir, dir_path, file)) = self.credential_parent(cred, false)? else {
             return Ok(None);
         };
@@ -480,12 +484,85 @@ fn hash_transcript(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
     Some(format!("sha256:{}", hex::encode(hasher.finalize())))
 }
 
-/// True if `bytes` parse as `format` (see [`CredentialFormat`]).
-pub fn parses_as(format: CredentialFormat, bytes: &[u8]) -> bool {
-    let Ok(serde_json::Value::Object(top)) = serde_json::from_slice::<serde_json::Value>(bytes)
-    else {
-        return false;
-    };
+/// A parsed credential file: its strings (the tokens) are zeroized when it is dropped, as are
+/// the values replaced or removed through [`SecretJson::set`].
+struct SecretJson(serde_json::Value);
+
+impl SecretJson {
+    /// Parses `bytes` as a JSON object.
+    fn object(bytes: &[u8]) -> Option<Self> {
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(v @ serde_json::Value::Object(_)) => Some(Self(v)),
+            Ok(mut other) => {
+                wipe(&mut other);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    fn map(&self) -> &serde_json::Map<String, serde_json::Value> {
+        static EMPTY: std::sync::OnceLock<serde_json::Map<String, serde_json::Value>> =
+            std::sync::OnceLock::new();
+        self.0.as_object().unwrap_or_else(|| EMPTY.get_or_init(serde_json::Map::new))
+    }
+
+    /// Sets (or with `None` removes) a top-level field, wiping the value it replaces.
+    fn set(&mut self, field: &str, value: Option<serde_json::Value>) {
+        let Some(map) = self.0.as_object_mut() else { return };
+        let old = match value {
+            Some(v) => map.insert(field.to_owned(), v),
+            None => map.remove(field),
+        };
+        if let Some(mut old) = old {
+            wipe(&mut old);
+        }
+    }
+
+    /// Serialized into a buffer that never grows past `cap` bytes (so no copy of the secret is
+    /// left behind by a reallocation); `None` if it does not fit.
+    fn to_bytes(&self, cap: usize) -> Option<Zeroizing<Vec<u8>>> {
+        let mut out = Zeroizing::new(Vec::with_capacity(cap));
+        serde_json::to_writer(FixedBuf(&mut out), &self.0).ok()?;
+        Some(out)
+    }
+}
+
+impl Drop for SecretJson {
+    fn drop(&mut self) {
+        wipe(&mut self.0);
+    }
+}
+
+/// Zeroizes every string in `v` (object keys are field names, not secrets).
+fn wipe(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::String(s) => s.zeroize(),
+        serde_json::Value::Array(items) => items.iter_mut().for_each(wipe),
+        serde_json::Value::Object(map) => map.values_mut().for_each(wipe),
+        _ => {}
+    }
+}
+
+/// A writer into a `Vec` that fails rather than reallocate.
+struct FixedBuf<'a>(&'a mut Vec<u8>);
+
+impl Write for FixedBuf<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if self.0.len() + bytes.len() > self.0.capacity() {
+            return Err(io::Error::other("credential larger than its buffer"));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// True if `top` has the shape of `format` (see [`CredentialFormat`]).
+fn has_shape(format: CredentialFormat, top: &serde_json::Map<String, serde_json::Value>) -> bool {
     match format {
         CredentialFormat::ClaudeOauth => top
             .get("claudeAiOauth")
@@ -499,6 +576,11 @@ pub fn parses_as(format: CredentialFormat, bytes: &[u8]) -> bool {
     }
 }
 
+/// True if `bytes` parse as `format` (see [`CredentialFormat`]).
+pub fn parses_as(format: CredentialFormat, bytes: &[u8]) -> bool {
+    SecretJson::object(bytes).is_some_and(|json| has_shape(format, json.map()))
+}
+
 /// Largest credential taken back to the shared store after re-serialization: far above a real
 /// token set, small enough that the file is no bulk channel between repos.
 pub const SHARED_CREDENTIAL_CAP: usize = 16 << 10;
@@ -507,12 +589,13 @@ pub const SHARED_CREDENTIAL_CAP: usize = 16 << 10;
 /// (scalar and scalar-array members only), Codex's `OPENAI_API_KEY`, `tokens` (scalar members)
 /// and `last_refresh`. `None` if it does not parse as `format` or the result exceeds
 /// [`SHARED_CREDENTIAL_CAP`].
-pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>> {
+pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Zeroizing<Vec<u8>>> {
     use serde_json::{Map, Value};
-    if !parses_as(format, bytes) {
+    let parsed = SecretJson::object(bytes)?;
+    let top = parsed.map();
+    if !has_shape(format, top) {
         return None;
     }
-    let Ok(Value::Object(top)) = serde_json::from_slice::<Value>(bytes) else { return None };
     let scalar = |v: &Value| !matches!(v, Value::Object(_) | Value::Array(_));
     // Only the fields the format defines cross to other repos' homes: anything else an agent
     // adds would be a channel from one repo's session to another's.
@@ -528,7 +611,8 @@ pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>
             .collect();
         Some(Value::Object(kept))
     };
-    let mut out = Map::new();
+    // The copies are wiped with `out`.
+    let mut out = SecretJson(Value::Object(Map::new()));
     match format {
         CredentialFormat::ClaudeOauth => {
             const CLAUDE: &[&str] = &[
@@ -539,22 +623,21 @@ pub fn credential_only(format: CredentialFormat, bytes: &[u8]) -> Option<Vec<u8>
                 "subscriptionType",
                 "rateLimitTier",
             ];
-            out.insert("claudeAiOauth".into(), flat(top.get("claudeAiOauth")?, true, CLAUDE)?);
+            out.set("claudeAiOauth", Some(flat(top.get("claudeAiOauth")?, true, CLAUDE)?));
         }
         CredentialFormat::CodexAuth => {
             for key in ["OPENAI_API_KEY", "last_refresh"] {
                 if let Some(v) = top.get(key).filter(|v| scalar(v)) {
-                    out.insert(key.into(), v.clone());
+                    out.set(key, Some(v.clone()));
                 }
             }
             const CODEX: &[&str] = &["id_token", "access_token", "refresh_token", "account_id"];
             if let Some(tokens) = top.get("tokens").and_then(|t| flat(t, false, CODEX)) {
-                out.insert("tokens".into(), tokens);
+                out.set("tokens", Some(tokens));
             }
         }
     }
-    let text = serde_json::to_vec(&Value::Object(out)).ok()?;
-    (text.len() <= SHARED_CREDENTIAL_CAP && parses_as(format, &text)).then_some(text)
+    has_shape(format, out.map()).then(|| out.to_bytes(SHARED_CREDENTIAL_CAP)).flatten()
 }
 
 /// The top-level fields of a credential file that are shared across repos.
@@ -567,22 +650,23 @@ fn shared_fields(format: CredentialFormat) -> &'static [&'static str] {
 
 /// The home's credential file (`held`, when it is a JSON object) with its shared fields
 /// replaced by `shared`'s; just `shared` otherwise.
-fn merge_shared(format: CredentialFormat, held: Option<&[u8]>, shared: &[u8]) -> Vec<u8> {
-    use serde_json::Value;
-    let parse = |b: &[u8]| match serde_json::from_slice::<Value>(b) {
-        Ok(Value::Object(map)) => Some(map),
-        _ => None,
-    };
-    let (Some(mut merged), Some(shared_map)) = (held.and_then(parse), parse(shared)) else {
-        return shared.to_vec();
+fn merge_shared(
+    format: CredentialFormat,
+    held: Option<&[u8]>,
+    shared: &[u8],
+) -> Zeroizing<Vec<u8>> {
+    let as_is = || Zeroizing::new(shared.to_vec());
+    let (Some(mut merged), Some(shared_json)) =
+        (held.and_then(SecretJson::object), SecretJson::object(shared))
+    else {
+        return as_is();
     };
     for field in shared_fields(format) {
-        match shared_map.get(*field) {
-            Some(v) => merged.insert((*field).to_string(), v.clone()),
-            None => merged.remove(*field),
-        };
+        merged.set(field, shared_json.map().get(*field).cloned());
     }
-    serde_json::to_vec(&serde_json::Value::Object(merged)).unwrap_or_else(|_| shared.to_vec())
+    // Re-serializing never more than doubles the inputs (escapes are kept minimal).
+    let room = 2 * (held.map_or(0, <[u8]>::len) + shared.len()) + 64;
+    merged.to_bytes(room).unwrap_or_else(as_is)
 }
 
 fn format_name(format: CredentialFormat) -> &'static str {
@@ -699,7 +783,7 @@ fn read_capped(
     dir_path: &Path,
     name: &OsStr,
     cap: u64,
-) -> Result<Option<(Vec<u8>, FileStat)>, HomeError> {
+) -> Result<Option<(Zeroizing<Vec<u8>>, FileStat)>, HomeError> {
     let path = dir_path.join(name);
     let fd = match nix::fcntl::openat2(dir, name, how(read_flags(), 0)) {
         Ok(fd) => fd,
@@ -716,13 +800,42 @@ fn read_capped(
     if u64::try_from(st.st_size).unwrap_or(u64::MAX) > cap {
         return Err(HomeError::TooLarge { path, cap });
     }
-    let mut bytes = Vec::new();
-    File::from(fd).take(cap + 1).read_to_end(&mut bytes).map_err(|e| io_err("read", &path, e))?;
+    let size = usize::try_from(st.st_size).unwrap_or(0);
+    let cap_bytes = usize::try_from(cap).unwrap_or(usize::MAX);
+    let bytes =
+        read_zeroizing(File::from(fd), size, cap_bytes).map_err(|e| io_err("read", &path, e))?;
     // It grew after the fstat.
-    if bytes.len() as u64 > cap {
+    if bytes.len() > cap_bytes {
         return Err(HomeError::TooLarge { path, cap });
     }
     Ok(Some((bytes, st)))
+}
+
+/// Reads `file` (expected to hold `size` bytes) up to `cap + 1` bytes into a buffer that is
+/// zeroized on drop; when the file outgrows it, the bytes move to a bigger one and the old one is
+/// zeroized, so no copy is left in freed memory (as `read_to_end`'s reallocation would).
+fn read_zeroizing(mut file: File, size: usize, cap: usize) -> io::Result<Zeroizing<Vec<u8>>> {
+    let limit = cap.saturating_add(1);
+    let mut buf = Zeroizing::new(vec![0u8; size.saturating_add(1).min(limit)]);
+    let mut filled = 0;
+    loop {
+        if filled == buf.len() {
+            if buf.len() >= limit {
+                break;
+            }
+            let mut bigger = Zeroizing::new(vec![0u8; buf.len().saturating_mul(2).min(limit)]);
+            bigger[..filled].copy_from_slice(&buf[..filled]);
+            buf = bigger;
+        }
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
 }
 
 /// Replaces `name` in `dir` with `bytes`: a new temp file in the same directory (O_EXCL, 0600),
@@ -991,17 +1104,44 @@ mod tests {
     }
 
     #[test]
+    fn parsed_credentials_are_wiped_and_serialized_without_regrowing() {
+        let mut v = json(r#"{"a":"token","b":["t2",{"c":"t3"}],"n":1}"#);
+        wipe(&mut v);
+        assert_eq!(v, json(r#"{"a":"","b":["",{"c":""}],"n":1}"#));
+        // A replaced value is wiped as it leaves.
+        let mut parsed = SecretJson::object(br#"{"a":"old"}"#).unwrap();
+        parsed.set("a", Some(serde_json::Value::String("new".into())));
+        assert_eq!(parsed.map()["a"], "new");
+        // The output buffer never reallocates: too small is None, not a bigger copy.
+        assert!(parsed.to_bytes(4).is_none());
+        let out = parsed.to_bytes(64).unwrap();
+        assert_eq!(out.as_slice(), br#"{"a":"new"}"#);
+        assert!(out.capacity() >= 64);
+    }
+
+    #[test]
+    fn reads_grow_into_fresh_buffers_up_to_the_cap() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("f");
+        fs::write(&path, vec![7u8; 5000]).unwrap();
+        // Told it is small (it grew after the fstat): still read whole, up to cap + 1.
+        let got = read_zeroizing(File::open(&path).unwrap(), 10, 1 << 20).unwrap();
+        assert_eq!(got.as_slice(), vec![7u8; 5000].as_slice());
+        let capped = read_zeroizing(File::open(&path).unwrap(), 10, 100).unwrap();
+        assert_eq!(capped.len(), 101);
+    }
+
+    #[test]
     fn only_the_credentials_own_fields_cross_to_other_repos() {
         use CredentialFormat::*;
         let planted = br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"],"nested":{"k":"v"},"leak":"A-TRANSCRIPT"},"mcpServers":{"evil":{}},"note":"A-TRANSCRIPT"}"#;
         let kept = credential_only(ClaudeOauth, planted).unwrap();
-        assert_eq!(kept, br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"]}}"#.to_vec());
+        assert_eq!(kept.as_slice(), br#"{"claudeAiOauth":{"accessToken":"a","scopes":["x"]}}"#);
         let codex = br#"{"OPENAI_API_KEY":null,"tokens":{"access_token":"t","deep":{"x":1},"leak":"z"},"last_refresh":"2026","x":"y"}"#;
         let kept = credential_only(CodexAuth, codex).unwrap();
         assert_eq!(
-            kept,
+            kept.as_slice(),
             br#"{"OPENAI_API_KEY":null,"last_refresh":"2026","tokens":{"access_token":"t"}}"#
-                .to_vec()
         );
         let huge = format!(r#"{{"claudeAiOauth":{{"accessToken":"{}"}}}}"#, "x".repeat(20_000));
         assert!(credential_only(ClaudeOauth, huge.as_bytes()).is_none());
