@@ -286,10 +286,7 @@ impl AgentHome {
     }
 
     /// Reads one credential from the home for copy-back: `None` if absent.
-    fn read_home_credential(
-        &self,
-        cred: &Credential,
-    ) -> Result<Option<Zeroizing<Vec<u8>>>, HomeError> {
+    fn read_home_credential(&self, cred: &Credential) -> Result<Option<Secret>, HomeError> {
         let Some((dir, dir_path, file)) = self.credential_parent(cred, false)? else {
             return Ok(None);
         };
@@ -483,6 +480,9 @@ fn hash_transcript(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
     }
     Some(format!("sha256:{}", hex::encode(hasher.finalize())))
 }
+
+/// Bytes of a credential file, zeroized when dropped.
+type Secret = Zeroizing<Vec<u8>>;
 
 /// A parsed credential file: its strings (the tokens) are zeroized when it is dropped, as are
 /// the values replaced or removed through [`SecretJson::set`].
@@ -783,7 +783,7 @@ fn read_capped(
     dir_path: &Path,
     name: &OsStr,
     cap: u64,
-) -> Result<Option<(Zeroizing<Vec<u8>>, FileStat)>, HomeError> {
+) -> Result<Option<(Secret, FileStat)>, HomeError> {
     let path = dir_path.join(name);
     let fd = match nix::fcntl::openat2(dir, name, how(read_flags(), 0)) {
         Ok(fd) => fd,
