@@ -63,7 +63,7 @@ pub fn agents(ctx: &Context<'_>) -> Vec<Check> {
     let Ok(repo) = crate::repo::Repo::resolve(None, &ctx.cwd) else { return Vec::new() };
     ["claude", "codex"]
         .into_iter()
-        .map(|name| match super::run::resolve_agent(name, ctx, &paths, &repo) {
+        .map(|name| match super::launch::resolve_agent(name, ctx, &paths, &repo) {
             Ok(r) => Check::ok(
                 "agent",
                 format!(

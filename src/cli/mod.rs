@@ -4,6 +4,7 @@
 pub mod completions;
 pub mod exec;
 pub mod identity;
+pub mod launch;
 pub mod policy;
 pub mod quarantine;
 pub mod run;

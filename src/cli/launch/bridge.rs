@@ -1,0 +1,82 @@
+//! The production [`ProxyBridge`]: registers the session with `airlockd` through
+//! [`crate::client`] (a test-hooks build may substitute the test bridge).
+
+use std::os::fd::OwnedFd;
+
+use super::Prepared;
+use crate::cli::Context;
+use crate::client::{Endpoint, SessionHandle, SessionOutcome};
+use crate::env::Env;
+use crate::protocol::{IdentityInfo, SessionSpec};
+use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
+
+/// The production bridge: registers the session with `airlockd` (activating it where DESIGN §6
+/// allows), which validates the listener, applies the managed layer, writes the session
+/// records and serves the proxy.
+#[derive(Debug)]
+pub struct DaemonBridge {
+    endpoint: Option<Endpoint>,
+    prepared: Prepared,
+    handle: Option<SessionHandle>,
+}
+
+impl DaemonBridge {
+    pub fn new(env: &dyn Env, prepared: Prepared) -> Self {
+        Self { endpoint: Some(Endpoint::resolve(env)), prepared, handle: None }
+    }
+}
+
+impl ProxyBridge for DaemonBridge {
+    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+        let endpoint =
+            self.endpoint.take().ok_or_else(|| BridgeError("session already started".into()))?;
+        // The supervisor's id: audit lines, session records and the quarantine directory
+        // all carry the same one.
+        let spec = SessionSpec {
+            session: Some(info.session.clone()),
+            repo: info.repo_name.clone(),
+            repo_path: info.repo_path.display().to_string(),
+            config: (&self.prepared.layers).into(),
+            identity: IdentityInfo {
+                email: self.prepared.identity.email.clone(),
+                user_id: self.prepared.identity.user_id.clone(),
+                server: self.prepared.server.clone(),
+            },
+            agent: info.agent.clone(),
+            agent_version: info.agent_version.clone(),
+            airlock_version: env!("CARGO_PKG_VERSION").into(),
+            command: info.command.clone(),
+            layers: info.layers.clone(),
+            supervisor_pid: std::process::id(),
+        };
+        let handle = SessionHandle::start(endpoint, spec, listener)
+            .map_err(|e| BridgeError(e.to_string()))?;
+        self.handle = Some(handle);
+        Ok(())
+    }
+
+    fn end(&mut self, end: &SessionEnd) {
+        if let Some(handle) = self.handle.take() {
+            let outcome = SessionOutcome {
+                exit_status: Some(end.exit_code),
+                transcripts: end.transcripts.clone(),
+                quarantined: end.quarantined.clone(),
+                leftovers: end.leftovers.clone(),
+            };
+            if let Err(e) = handle.end(outcome) {
+                eprintln!("airlock: warning: recording the session end with airlockd: {e}");
+            }
+        }
+    }
+}
+
+/// The bridge a launch uses.
+pub fn bridge(ctx: &Context<'_>, prepared: &Prepared) -> Box<dyn ProxyBridge> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(mode) = ctx.env.var(crate::sandbox::bridge::test::VAR)
+        && let Some(b) = crate::sandbox::bridge::test::TestBridge::new(&mode)
+    {
+        return Box::new(b);
+    }
+    Box::new(DaemonBridge::new(ctx.env, prepared.clone()))
+}

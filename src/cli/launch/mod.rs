@@ -1,0 +1,292 @@
+//! One session's launch, shared by `airlock exec` (any command) and `airlock run` (an agent):
+//! the repo and its host-path check, agent resolution (before anything is asked), the trust
+//! gate and its prompt, the honoured git pointers, the configuration's contribution
+//! ([`gate`]), the sandbox environment and kernel probe, the agent's side ([`agent`]: its home,
+//! binds and argv), the daemon bridge ([`bridge`]), the supervisor request and run, and the
+//! end-of-session report. The two commands are front ends that only turn their arguments into
+//! a [`Launch`].
+//!
+//! It lives under `cli/` because it is the CLI's composition of the library (it prompts on the
+//! terminal and prints the user-facing messages); the pieces it composes stay free of that.
+
+mod agent;
+mod bridge;
+mod gate;
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+pub use agent::{AgentBridge, AgentSession, prepare, resolve_agent};
+pub use bridge::{DaemonBridge, bridge};
+pub use gate::{ConfigGate, Prepared, Trust, TrustGate};
+
+use super::Context;
+use crate::agent::resolve::Resolved;
+use crate::env::Env;
+use crate::hostpath::HostPathRules;
+use crate::paths::Paths;
+use crate::repo::Repo;
+use crate::sandbox::bridge::ProxyBridge;
+use crate::sandbox::env as senv;
+use crate::sandbox::probe::{self, HostFs};
+use crate::sandbox::supervisor::{self, Request};
+
+fn fail(msg: impl std::fmt::Display) -> i32 {
+    eprintln!("airlock: {msg}");
+    125
+}
+
+/// What a session starts: any command (`exec`) or an agent (`run`).
+#[derive(Debug, Clone)]
+pub enum Launch {
+    Command(Vec<OsString>),
+    /// `claude`, `codex` or a path, and the arguments after `--`.
+    Agent {
+        agent: String,
+        args: Vec<OsString>,
+    },
+}
+
+/// A [`Launch`] once the agent, if any, has been found on the host.
+enum Target {
+    Command(Vec<OsString>),
+    Agent(Box<Resolved>, Vec<OsString>),
+}
+
+/// Runs a session with the production collaborators: the configuration gate and the daemon
+/// bridge.
+pub fn launch(repo_arg: Option<&Path>, launch: Launch, ctx: &Context<'_>) -> i32 {
+    run_with(repo_arg, launch, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+}
+
+/// A session (`exec` or `run`) with its collaborators injected.
+pub fn run_with(
+    repo_arg: Option<&Path>,
+    launch: Launch,
+    ctx: &Context<'_>,
+    gate: &dyn TrustGate,
+    make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
+) -> i32 {
+    let paths = match Paths::from_env(ctx.env) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let repo = match Repo::resolve(repo_arg, &ctx.cwd) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let rules = HostPathRules::for_user(&paths, ctx.env);
+    if let Err(why) = rules.check_canonical(&repo.path) {
+        return fail(format!(
+            "refusing to run with --repo {}: {why}; run from (or pass --repo) the project \
+             directory itself",
+            repo.path.display()
+        ));
+    }
+    // An agent that is not installed is reported before anything is asked or started.
+    let target = match launch {
+        Launch::Command(argv) => Target::Command(argv),
+        Launch::Agent { agent, args } => match agent::resolve_agent(&agent, ctx, &paths, &repo) {
+            Ok(resolved) => Target::Agent(Box::new(resolved), args),
+            Err(e) => {
+                eprintln!("airlock: {e}");
+                return e.exit_code();
+            }
+        },
+    };
+    match gate.check(&paths, &repo) {
+        Ok(Trust::Trusted) => {}
+        Ok(Trust::Untrusted { diff }) => {
+            let file = repo.config_file();
+            let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
+            if !interactive {
+                return fail(format!(
+                    "{} is not trusted (new or changed since you trusted it); review it and run \
+                     `airlock policy trust --repo {}`",
+                    file.display(),
+                    repo.path.display()
+                ));
+            }
+            eprintln!(
+                "airlock: {} is new or changed. Effective difference:\n{diff}",
+                file.display()
+            );
+            eprint!("Trust this file and continue? [y/N] ");
+            let _ = std::io::stderr().flush();
+            let mut answer = String::new();
+            let _ = std::io::stdin().read_line(&mut answer);
+            if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                return fail("not trusted; nothing was run");
+            }
+            if let Err(e) = gate.trust(&paths, &repo) {
+                return fail(format!("recording trust: {e}"));
+            }
+        }
+        Err(e) => return fail(e),
+    }
+    let git = match judged_git_pointers(&paths, &repo, &rules) {
+        Ok(found) => found,
+        Err(e) => return fail(e),
+    };
+    let prepared = match gate.load(&paths, &repo, ctx.env) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let (mut env, ignored) =
+        senv::build(ctx.env, &repo.sandbox_path(), &prepared.identity, &prepared.extra);
+    for name in ignored {
+        eprintln!(
+            "airlock: warning: [env] pass {name:?} ignored: Airlock sets it inside the sandbox"
+        );
+    }
+    let kernel = probe::probe(&HostFs::from_env(ctx.env));
+    warn_once(&paths, &kernel.optional_warnings());
+    let session = match supervisor::new_session_id() {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let mut req = Request {
+        quarantine_dir: crate::sandbox::quarantine::session_dir(&paths.airlock_dir(), &session),
+        git,
+        host_git_configs: host_git_configs(&paths, ctx.env),
+        session,
+        repo,
+        argv: Vec::new(),
+        env: Vec::new(),
+        user_id: prepared.identity.user_id.clone(),
+        limits: crate::sandbox::cgroup::Limits::from_env(ctx.env),
+        home: crate::sandbox::mounts::HomeMount::Tmpfs,
+        ro_binds: Vec::new(),
+        symlinks: Vec::new(),
+        agent: None,
+        agent_version: None,
+        terminal: prepared.terminal,
+    };
+    let mut bridge = make_bridge(&prepared);
+    match target {
+        Target::Command(argv) => req.argv = argv,
+        Target::Agent(resolved, args) => {
+            match agent::prepare(&resolved, args, &paths, &prepared, &mut env, &mut req) {
+                Ok(session) => bridge = Box::new(session.wrap(bridge)),
+                Err(e) => return fail(e),
+            }
+        }
+    }
+    req.env = env;
+    // Agent trees come from PATH, i.e. from configuration: the same predicate as every bind.
+    for (src, _) in &req.ro_binds {
+        if let Err(why) = rules.check_canonical(src) {
+            return fail(format!("refusing to bind the agent's files: {why}"));
+        }
+    }
+    match supervisor::run(&req, &kernel, &mut *bridge) {
+        Ok(outcome) => {
+            report_sweep(&outcome.sweep, &req.session);
+            outcome.exit_code
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// The repo's git pointers, honoured only as `airlock policy trust` recorded them, passing the
+/// host-path predicate and belonging to this repo (SECURITY §7).
+fn judged_git_pointers(
+    paths: &Paths,
+    repo: &Repo,
+    rules: &HostPathRules,
+) -> Result<crate::sandbox::gitptr::Found, String> {
+    use crate::sandbox::gitptr;
+    let found = gitptr::discover(&repo.path, rules).map_err(|e| e.to_string())?;
+    if found.pointers.is_empty() && found.problems.is_empty() {
+        return Ok(found);
+    }
+    let record = gitptr::read_record(paths, repo)?;
+    let problems = gitptr::verify(&found, &record, &repo.path);
+    if problems.is_empty() {
+        return Ok(found);
+    }
+    let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+    Err(format!(
+        "refusing to start: git pointers that Airlock does not honour:\n{}",
+        lines.join("\n")
+    ))
+}
+
+/// The system and global git config files, in git's order (git-config(1) FILES).
+fn host_git_configs(paths: &Paths, env: &dyn Env) -> Vec<PathBuf> {
+    let xdg = env
+        .var_os("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| paths.home().join(".config"));
+    vec![PathBuf::from("/etc/gitconfig"), xdg.join("git/config"), paths.home().join(".gitconfig")]
+}
+
+/// What the end-of-session sweep did, on stderr (the session record has all of it). Every path,
+/// key and note here may carry bytes an agent chose, so each goes through the terminal escaper:
+/// these lines reach the caller's terminal after the relay's filter is gone.
+fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
+    use crate::audit::escape_for_terminal as esc;
+    use crate::sandbox::quarantine::How;
+    let shown = |p: &std::path::Path| esc(&p.display().to_string()).into_owned();
+    for item in &sweep.items {
+        let at = shown(&item.host_path());
+        let note = item.note.as_deref().map(|n| esc(n).into_owned());
+        match item.how {
+            How::Failed => eprintln!(
+                "airlock: WARNING: could not take {at} out of the way ({}): {}; remove it before \
+                 any host tool reads it",
+                item.why,
+                note.unwrap_or_default()
+            ),
+            How::HeldKeys => {
+                let keys: Vec<String> =
+                    item.keys.iter().map(|k| esc(&k.key).into_owned()).collect();
+                let what =
+                    if keys.is_empty() { "the whole change".to_string() } else { keys.join(", ") };
+                eprintln!(
+                    "airlock: held back {what} in {at} ({}); the rest of the change is kept",
+                    item.why
+                );
+            }
+            how => eprintln!(
+                "airlock: quarantined {at} ({}, {}) → {}{}",
+                item.why,
+                how.as_str(),
+                item.stored.as_deref().map(shown).unwrap_or_default(),
+                note.map(|n| format!("; {n}")).unwrap_or_default()
+            ),
+        }
+    }
+    if !sweep.items.is_empty() {
+        eprintln!(
+            "airlock: review with `airlock quarantine show {session}`; take back what was yours \
+             with `airlock quarantine restore {session} [PATH]`"
+        );
+    }
+    for p in &sweep.setuid_stripped {
+        eprintln!("airlock: stripped setuid/setgid bits from {}", shown(p));
+    }
+    for w in &sweep.warnings {
+        eprintln!("airlock: warning: {}", esc(w));
+    }
+}
+
+/// Prints each optional-layer warning once per machine state (marker under ~/.airlock).
+fn warn_once(paths: &Paths, warnings: &[String]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let joined = warnings.join("\n");
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(joined.as_bytes()));
+    let marker = paths.airlock_dir().join(format!("warned-{}", &digest[..16]));
+    if marker.exists() {
+        return;
+    }
+    for w in warnings {
+        eprintln!("airlock: warning: {w} (shown once; see `airlock doctor`)");
+    }
+    let _ = std::fs::create_dir_all(paths.airlock_dir());
+    let _ = std::fs::write(marker, joined);
+}
