@@ -1,0 +1,89 @@
+//! One connection that completed hello, and its requests.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+
+use super::ClientError;
+use crate::protocol::{
+    self, Capabilities, FrameBuf, FrameError, Request, Response, StatusReply, VersionRange,
+};
+use crate::sys::fdpass;
+
+/// A connection that completed hello.
+#[derive(Debug)]
+pub struct Client {
+    pub(super) stream: UnixStream,
+    pub(super) frames: FrameBuf,
+    /// The shared protocol version; `None` if the daemon shares none.
+    pub version: Option<u32>,
+    pub daemon_protocol: VersionRange,
+    pub daemon_version: String,
+    pub daemon_sessions: usize,
+    pub daemon_pid: u32,
+    pub boot: String,
+    /// The optional features in force on this connection (none under version 1).
+    pub capabilities: Capabilities,
+}
+
+impl Client {
+    /// Sends one request (with an fd attached, if any) and reads its reply.
+    pub fn call(
+        &mut self,
+        req: &Request,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Response, FrameError> {
+        let bytes = protocol::encode(req)?;
+        let mut sent = 0;
+        if let Some(fd) = fd {
+            sent = fdpass::send_with_fds(self.stream.as_fd(), &bytes, &[fd])?;
+        }
+        self.stream.write_all(&bytes[sent..])?;
+        self.read_reply()
+    }
+
+    fn read_reply(&mut self) -> Result<Response, FrameError> {
+        loop {
+            if let Some(resp) = self.frames.next_message::<Response>()? {
+                return Ok(resp);
+            }
+            let mut buf = [0u8; 16 * 1024];
+            let n = self.stream.read(&mut buf)?;
+            if n == 0 {
+                return Err(FrameError::Closed);
+            }
+            self.frames.extend(&buf[..n]);
+        }
+    }
+
+    /// `status`.
+    pub fn status(&mut self) -> Result<StatusReply, ClientError> {
+        match self.call(&Request::Status, None)? {
+            Response::Status(s) => Ok(*s),
+            Response::Error { code, message } => Err(ClientError::Refused { code, message }),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// `quit_if_idle`: `(quitting, sessions)`. When quitting, waits until the daemon closes.
+    pub(super) fn quit_if_idle(mut self) -> Result<(bool, usize), ClientError> {
+        match self.call(&Request::QuitIfIdle, None)? {
+            Response::QuitIfIdle { quitting, sessions } => {
+                if quitting {
+                    // The daemon drains and closes us; wait for that so the retry meets the
+                    // next instance.
+                    let mut sink = [0u8; 256];
+                    while matches!(self.stream.read(&mut sink), Ok(n) if n > 0) {}
+                }
+                Ok((quitting, sessions))
+            }
+            Response::Error { code, message } => Err(ClientError::Refused { code, message }),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// The raw stream (for tests and benchmarks).
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+}

@@ -1,0 +1,223 @@
+//! A session registered with the daemon: the supervisor's [`SessionHandle`], its watcher
+//! thread, and re-registration with the next daemon instance (SECURITY §4).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{CONNECT_TIMEOUT, Client, ClientError, Endpoint, REQUEST_TIMEOUT};
+use crate::protocol::{
+    self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec,
+};
+
+/// How a session ended, for `session_end`.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOutcome {
+    pub exit_status: Option<i32>,
+    pub transcripts: Vec<protocol::TranscriptHash>,
+    pub quarantined: Vec<protocol::Quarantined>,
+    pub leftovers: protocol::Leftovers,
+}
+
+struct Shared {
+    client: Client,
+    /// The encoded `session_end`, once the supervisor asked to end.
+    pending_end: Option<Vec<u8>>,
+    /// The handle was dropped without `end`: let the daemon see the supervisor go.
+    abandoned: bool,
+}
+
+/// A session registered with the daemon (the supervisor's handle, SECURITY §4).
+///
+/// A watcher thread holds the control connection; if the daemon dies, it re-registers the
+/// session (same id, a dup of the listener) with the next instance. Dropping the handle without
+/// [`SessionHandle::end`] closes the connection, which the daemon records as
+/// `end_reason: "supervisor_lost"`.
+pub struct SessionHandle {
+    id: String,
+    shared: Arc<Mutex<Shared>>,
+    replies: mpsc::Receiver<Result<Response, FrameError>>,
+    boots: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+fn register(
+    endpoint: &Endpoint,
+    spec: &SessionSpec,
+    listener: &OwnedFd,
+    reregister: bool,
+) -> Result<(Client, String, String), ClientError> {
+    let mut client = endpoint.connect()?;
+    let req = if reregister {
+        Request::SessionReregister(Box::new(spec.clone()))
+    } else {
+        Request::SessionStart(Box::new(spec.clone()))
+    };
+    match client.call(&req, Some(listener.as_fd()))? {
+        Response::SessionStarted { session, boot, .. } => Ok((client, session, boot)),
+        Response::Error { code, message } => Err(ClientError::Refused { code, message }),
+        other => Err(ClientError::Unexpected(format!("{other:?}"))),
+    }
+}
+
+impl SessionHandle {
+    /// Registers a session: sends `spec` and the sandbox's proxy listener (created inside the
+    /// sandbox's network namespace) to the daemon, which validates it, applies its own managed
+    /// layer, writes the start record and serves the proxy on it.
+    pub fn start(
+        endpoint: Endpoint,
+        mut spec: SessionSpec,
+        listener: OwnedFd,
+    ) -> Result<Self, ClientError> {
+        if spec.airlock_version.is_empty() {
+            spec.airlock_version = env!("CARGO_PKG_VERSION").into();
+        }
+        let (client, id, boot) = register(&endpoint, &spec, &listener, false)?;
+        spec.session = Some(id.clone());
+        let reader = client.stream.try_clone().map_err(|e| ClientError::Frame(e.into()))?;
+        let _ = reader.set_read_timeout(None);
+        let shared = Arc::new(Mutex::new(Shared { client, pending_end: None, abandoned: false }));
+        let boots = Arc::new(Mutex::new(vec![boot]));
+        let (tx, rx) = mpsc::channel();
+        let (sh, bt) = (Arc::clone(&shared), Arc::clone(&boots));
+        std::thread::Builder::new()
+            .name(format!("airlock-session-{id}"))
+            .spawn(move || watch(endpoint, spec, listener, reader, sh, bt, tx))
+            .map_err(|e| ClientError::Frame(e.into()))?;
+        Ok(Self { id, shared, replies: rx, boots })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The daemon instances this session has been registered with, oldest first.
+    pub fn boots(&self) -> Vec<String> {
+        self.boots.lock().map(|b| b.clone()).unwrap_or_default()
+    }
+
+    /// Sends `session_end` and waits for the daemon to write the end record.
+    pub fn end(self, outcome: SessionOutcome) -> Result<(), ClientError> {
+        let req = Request::SessionEnd(SessionEnd {
+            session: self.id.clone(),
+            exit_status: outcome.exit_status,
+            transcripts: outcome.transcripts,
+            quarantined: outcome.quarantined,
+            leftovers: outcome.leftovers,
+        });
+        let bytes = protocol::encode(&req)?;
+        {
+            let mut s = self
+                .shared
+                .lock()
+                .map_err(|_| ClientError::Unexpected("session state poisoned".into()))?;
+            // If this write is lost with the daemon, the watcher resends it after re-registering.
+            let _ = s.client.stream.write_all(&bytes);
+            s.pending_end = Some(bytes);
+        }
+        match self.replies.recv_timeout(CONNECT_TIMEOUT + REQUEST_TIMEOUT) {
+            Ok(Ok(Response::SessionEnded { .. })) => Ok(()),
+            Ok(Ok(Response::Error { code, message })) => {
+                Err(ClientError::Refused { code, message })
+            }
+            Ok(Ok(other)) => Err(ClientError::Unexpected(format!("{other:?}"))),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(ClientError::Unexpected("airlockd did not confirm session_end".into())),
+        }
+    }
+}
+
+impl Drop for SessionHandle {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.shared.lock()
+            && s.pending_end.is_none()
+        {
+            s.abandoned = true;
+            // Closing our side is how the daemon learns the supervisor is gone.
+            let _ = s.client.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// The watcher: forwards replies; on a lost daemon, re-registers with the next instance.
+fn watch(
+    endpoint: Endpoint,
+    spec: SessionSpec,
+    listener: OwnedFd,
+    mut reader: UnixStream,
+    shared: Arc<Mutex<Shared>>,
+    boots: Arc<Mutex<Vec<String>>>,
+    tx: mpsc::Sender<Result<Response, FrameError>>,
+) {
+    let mut frames = FrameBuf::new();
+    loop {
+        let mut buf = [0u8; 4096];
+        let lost = match reader.read(&mut buf) {
+            Ok(0) => true,
+            Ok(n) => {
+                frames.extend(&buf[..n]);
+                while let Ok(Some(resp)) = frames.next_message::<Response>() {
+                    // A stopping daemon says so before closing; the EOF that follows triggers
+                    // re-registration. Anything else answers our `session_end`.
+                    if matches!(resp, Response::Error { code: ErrorCode::Stopping, .. }) {
+                        continue;
+                    }
+                    let ending = shared.lock().map(|s| s.pending_end.is_some()).unwrap_or(true);
+                    if !ending {
+                        continue;
+                    }
+                    let done = matches!(resp, Response::SessionEnded { .. });
+                    if tx.send(Ok(resp)).is_err() || done {
+                        return;
+                    }
+                }
+                false
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => false,
+            Err(_) => true,
+        };
+        if !lost {
+            continue;
+        }
+        if shared.lock().map(|s| s.abandoned).unwrap_or(true) {
+            return;
+        }
+        // The daemon went away (crash, kill -9, SIGTERM): re-register with the next instance.
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            match register(&endpoint, &spec, &listener, true) {
+                Ok((client, _, boot)) => {
+                    let Ok(r) = client.stream.try_clone() else { return };
+                    let _ = r.set_read_timeout(None);
+                    reader = r;
+                    frames = FrameBuf::new();
+                    if let Ok(mut b) = boots.lock() {
+                        b.push(boot);
+                    }
+                    let Ok(mut s) = shared.lock() else { return };
+                    s.client = client;
+                    if let Some(bytes) = s.pending_end.clone() {
+                        let _ = s.client.stream.write_all(&bytes);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "airlock: re-registering session {} with airlockd: {e}",
+                        spec.session.as_deref().unwrap_or("?")
+                    );
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+}
