@@ -212,4 +212,20 @@ mod tests {
         let msg = ClientLayers::from_wire(&sent).unwrap_err().to_string();
         assert!(msg.contains("~/.airlock/config.toml") && msg.contains("10.0.0.0/99"), "{msg}");
     }
+
+    #[test]
+    fn a_version_1_session_start_builds_the_policy_it_asked_for() {
+        // What a version-1 CLI sends, through the daemon's path: decode, convert, build.
+        let v1 = r#"{"op":"session_start","repo":"app","repo_path":"/src/app","config":{"user":{"kind":"user","name":"~/.airlock/config.toml","digest":"00","network":{"mode":"allowlist","allow":["allowed.test"],"block":[],"allow_private":[]},"env_pass":[],"mcp":{},"review_servers":[],"terminal":{"clipboard":null}},"repo":null,"review_servers":[]},"identity":{},"airlock_version":"0.1.0","command":["sh"],"layers":[],"supervisor_pid":1}"#;
+        let wire::Request::SessionStart(spec) = serde_json::from_str(v1).unwrap() else {
+            panic!("not a session_start")
+        };
+        let built = ClientLayers::from_wire(&spec.config).unwrap().build_policy(None).unwrap();
+        let decide = |host: &str| {
+            let t = crate::policy::parse_target(host).unwrap();
+            built.policy.decide(&t.host, 443, &crate::policy::LocalAddrs::none()).verdict
+        };
+        assert_eq!(decide("allowed.test"), crate::policy::Verdict::Allow);
+        assert_eq!(decide("other.test"), crate::policy::Verdict::Deny);
+    }
 }
