@@ -100,14 +100,24 @@ fn runs_as_the_caller_with_every_capability_cleared() {
 
 #[test]
 fn setuid_binaries_gain_nothing() {
+    if !prereqs(&["su", "mount"]) {
+        return;
+    }
     let sb = Sandbox::new("suid");
+    // `su` is setuid root on the host; inside (no_new_privs, no capabilities) it runs as the
+    // caller and cannot authenticate, and mount(8) is refused. The first line proves the
+    // script ran inside (hostname and uid), so a sandbox that never started cannot pass.
     let run = sb.sh(
-        "su -c 'id -u' root </dev/null; echo su=$?; mount -t tmpfs x /tmp 2>&1; echo mount=$?; \
+        "echo \"inside $(hostname) uid=$(id -u)\"; out=$(su -c 'id -u' root </dev/null 2>/dev/null); \
+         echo \"su=$? out=$out\"; mount -t tmpfs x /tmp 2>/dev/null; echo mount=$?; \
          grep CapEff /proc/self/status",
     );
-    let out = run.stdout();
-    assert!(out.contains("su=1") || !out.contains("su=0"), "{out}");
-    assert!(!out.contains("mount=0"), "{out}");
+    let uid = nix::unistd::getuid().as_raw();
+    let out = run.expect_code(0).stdout();
+    assert_eq!(
+        out,
+        format!("inside suid uid={uid}\nsu=1 out=\nmount=32\nCapEff:\t0000000000000000\n")
+    );
 }
 
 #[test]
@@ -269,21 +279,44 @@ fn host_secrets_and_other_homes_are_invisible() {
     // A symlink in the repo pointing at the host's secrets, absolute and relative.
     std::os::unix::fs::symlink(home.join(".ssh/id_ed25519"), sb.repo.join("key")).unwrap();
     std::os::unix::fs::symlink("../home/.aws/credentials", sb.repo.join("aws")).unwrap();
+    // Each read's error is printed, so the whole output is compared exactly: the home lives
+    // under /var/tmp (support::world_parent), which only the mount plan hides.
+    let h = home.display();
     let script = format!(
         "for f in {h}/.ssh/id_ed25519 {h}/.aws/credentials {h}/.airlock/identity.toml /etc/shadow \
-         /root/.bashrc key aws; do cat $f 2>/dev/null && echo LEAK $f; done; ls /home; ls /root 2>&1; \
-         ls {h} 2>&1; true",
-        h = home.display()
+         /root/.bashrc key aws; do cat $f 2>&1 && echo LEAK $f; done; ls /home; ls /root 2>&1; \
+         ls {h} 2>&1; ls {parent} 2>&1; echo end",
+        parent = support::world_parent().display()
     );
     let run = sb.exec(&["sh", "-c", &script]).env("AWS_SECRET_ACCESS_KEY", "ENV-SENTINEL").run();
     let out = run.expect_code(0).stdout();
-    assert!(!out.contains("SENTINEL") && !out.contains("LEAK"), "{out}");
-    assert!(out.contains("agent\n"), "only the agent's home: {out}");
+    let enoent = |p: &str| format!("cat: {p}: No such file or directory\n");
+    let expected = [
+        enoent(&format!("{h}/.ssh/id_ed25519")),
+        enoent(&format!("{h}/.aws/credentials")),
+        enoent(&format!("{h}/.airlock/identity.toml")),
+        enoent("/etc/shadow"),
+        enoent("/root/.bashrc"),
+        enoent("key"),
+        enoent("aws"),
+        "agent\n".to_string(),
+        "ls: cannot access '/root': No such file or directory\n".to_string(),
+        format!("ls: cannot access '{h}': No such file or directory\n"),
+        format!(
+            "ls: cannot access '{}': No such file or directory\n",
+            support::world_parent().display()
+        ),
+        "end\n".to_string(),
+    ]
+    .concat();
+    assert_eq!(out, expected);
     // The host environment does not come in; init's copy of it is not readable either.
     let env = sb
         .exec(&["sh", "-c", "env; cat /proc/1/environ /proc/1/cmdline 2>&1; true"])
         .env("AWS_SECRET_ACCESS_KEY", "ENV-SENTINEL")
-        .run();
+        .run()
+        .expect_code(0);
+    assert!(env.stdout().lines().any(|l| l == "HOME=/home/agent"), "{}", env.stdout());
     assert!(!env.stdout().contains("ENV-SENTINEL"), "{}", env.stdout());
 }
 
@@ -382,17 +415,25 @@ fn kernel_attack_surface_syscalls_are_refused() {
 
 #[test]
 fn nested_unshare_and_remounts_fail() {
-    if !prereqs(&["unshare", "python3"]) {
+    if !prereqs(&["unshare", "mount", "touch"]) {
         return;
     }
     let sb = Sandbox::new("nested");
-    let out = sb
-        .sh("unshare -Ur true; echo u=$?; unshare -n true; echo n=$?; \
-             mount -o remount,rw /usr 2>/dev/null; echo m=$?; touch /usr/x 2>/dev/null; echo t=$?")
-        .stdout();
-    for key in ["u", "n", "m", "t"] {
-        assert!(!out.contains(&format!("{key}=0")), "{key} succeeded:\n{out}");
-    }
+    // Each attempt's exit status and message, and a first line proving the script ran inside:
+    // unshare(2) is EPERM (seccomp), the remount is refused, and /usr stays read-only.
+    let run = sb.sh(
+        "echo \"inside $(hostname)\"; unshare -Ur true 2>&1; echo u=$?; unshare -n true 2>&1; \
+         echo n=$?; mount -o remount,rw /usr 2>/dev/null; echo m=$?; touch /usr/x 2>&1; echo t=$?",
+    );
+    let out = run.expect_code(0).stdout();
+    assert_eq!(
+        out,
+        "inside nested\n\
+         unshare: unshare failed: Operation not permitted\nu=1\n\
+         unshare: unshare failed: Operation not permitted\nn=1\n\
+         m=32\n\
+         touch: cannot touch '/usr/x': Read-only file system\nt=1\n"
+    );
 }
 
 #[test]

@@ -155,23 +155,31 @@ fn repo_a_cannot_read_repo_b_transcripts_or_plant_what_b_loads() {
     .expect_code(0);
     // A tries to read B's home by every path it might know, and plants settings, hooks, memory
     // and MCP config in its own home and wherever B's might be.
+    // B's home lives under /var/tmp (support::world_parent), which only the mount plan hides;
+    // every attempt's error is printed and the whole output compared exactly.
     let plant = format!(
-        "cat {b}/.claude/projects/-beta/s.jsonl 2>/dev/null && echo READ-B; \
-         ls /home 2>&1; grep -rs B-TRANSCRIPT /home /opt /tmp && echo FOUND-B; \
+        "cat {b}/.claude/projects/-beta/s.jsonl 2>&1 && echo READ-B; \
+         ls /home 2>&1; grep -rs B-TRANSCRIPT /home /opt /tmp; echo grep=$?; \
          mkdir -p ~/.claude/commands ~/.claude/agents; \
          echo '{{\"hooks\":{{\"SessionStart\":[{{\"hooks\":[{{\"type\":\"command\",\"command\":\"touch /tmp/pwned\"}}]}}]}}}}' > ~/.claude/settings.json; \
          echo 'A-MEMORY' > ~/.claude/CLAUDE.md; echo '{{\"mcpServers\":{{\"evil\":{{\"command\":\"sh\"}}}}}}' > ~/.claude.json; \
          echo x > ~/.claude/commands/evil.md; echo x > ~/.claude/agents/evil.md; \
-         mkdir -p {b}/.claude 2>/dev/null && echo A-MEMORY > {b}/.claude/CLAUDE.md 2>/dev/null && echo PLANTED-B; \
+         mkdir -p {b}/.claude 2>/dev/null && echo A-MEMORY > {b}/.claude/CLAUDE.md && echo PLANTED-B; \
+         echo mkdir=$?; \
          echo done",
         b = home_b.display()
     );
     let run = a.run(&repo_a, &plant).expect_code(0);
     let out = run.stdout();
-    assert!(out.contains("done"), "{out}\n{}", run.stderr());
-    assert!(!out.contains("READ-B") && !out.contains("FOUND-B"), "{out}");
-    // Writing to B's host path inside lands in the sandbox's private /tmp, not on the host.
-    assert_eq!(out.lines().next(), Some("agent"), "only the sandbox's own home under /home: {out}");
+    let expected = format!(
+        "cat: {b}/.claude/projects/-beta/s.jsonl: No such file or directory\n\
+         agent\n\
+         grep=1\n\
+         mkdir=1\n\
+         done\n",
+        b = home_b.display()
+    );
+    assert_eq!(out, expected, "stderr:\n{}", run.stderr());
     // B's next session sees only B's files.
     let run = a.run(&repo_b, "cd ~ && find . -type f | sort").expect_code(0);
     let files = run.stdout();

@@ -24,7 +24,25 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// A user's world: a temp HOME (with `~/.airlock`), a managed-policy path, and a repo dir.
+/// The directory Worlds are made in: `AIRLOCK_TEST_WORLD_DIR`, else `/var/tmp`. Never `/tmp`:
+/// inside the sandbox `/tmp` is always a private tmpfs, so a host home under it would be
+/// invisible whatever the mounts did, and "the host's `~/.ssh` is invisible" would pass with
+/// the host tree exposed. The sandbox shows nothing of `/var`, so a home there is hidden only
+/// by the mount plan under test. `/var/tmp` is sticky and world-writable like `/tmp`, so the
+/// unprivileged CI user (`.ci/unprivileged`) makes its Worlds there too.
+pub fn world_parent() -> PathBuf {
+    let dir = std::env::var_os("AIRLOCK_TEST_WORLD_DIR")
+        .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+    assert!(
+        !dir.starts_with("/tmp"),
+        "test Worlds must not live under /tmp (the sandbox's private tmpfs): {}",
+        dir.display()
+    );
+    dir
+}
+
+/// A user's world: a HOME (with `~/.airlock`), a managed-policy path, and a repo dir, in a
+/// fresh directory under [`world_parent`] that is removed when the World is dropped.
 pub struct World {
     pub tmp: tempfile::TempDir,
     pub home: PathBuf,
@@ -33,7 +51,10 @@ pub struct World {
 
 impl World {
     pub fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("airlock-world-")
+            .tempdir_in(world_parent())
+            .unwrap_or_else(|e| panic!("cannot make a World in {}: {e}", world_parent().display()));
         let home = tmp.path().join("home");
         std::fs::create_dir_all(&home).unwrap();
         let managed = tmp.path().join("etc-airlock-policy.toml");
