@@ -18,6 +18,7 @@ mod sandbox;
 mod sandbox_agent;
 mod sandbox_control;
 mod sandbox_leave_behind;
+mod sandbox_limits;
 mod sandbox_proxy;
 mod sandbox_setid;
 mod sandbox_terminal;
