@@ -742,3 +742,88 @@ fn real_claude_code_takes_a_piped_prompt() {
     assert!(refused_anthropic(&a.world, "piped-claude"), "{text}");
     assert_ne!(out.status.code(), Some(0), "{text}");
 }
+
+/// `airlock run codex` with a stand-in `codex` on PATH: Codex's own layout (docs/agents.md
+/// "Where things live"): its home per repo at `/home/agent` with `.codex/`, `auth.json`
+/// shared by copy (only the format's fields go back), both transcript roots hashed in the
+/// session record, and nothing of Claude's.
+#[test]
+fn codex_gets_its_own_home_credential_and_transcripts() {
+    let a = Agents::new();
+    a.world.write_executable(
+        a.fakebin.join("codex"),
+        "#!/bin/sh\n# Stand-in for the Codex CLI: runs its first argument as a script.\nexec /bin/sh -c \"$1\"\n",
+    );
+    let codex_dir = a.world.home.join(".airlock/agent/codex");
+    let shared = codex_dir.join("shared/auth.json");
+    a.world.write(&shared, r#"{"OPENAI_API_KEY":"sk-v1"}"#);
+    let repo = a.repo("cdx");
+    a.world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(&a.world, Options::default());
+    let script = "echo \"home=$HOME pwd=$(pwd) codex=$(command -v codex)\"; cat ~/.codex/auth.json; echo; \
+        ls -A ~ ~/.codex; \
+        mkdir -p ~/.codex/sessions/2026/12 ~/.codex/archived_sessions && \
+        echo '{\"n\":1}' > ~/.codex/sessions/2026/12/rollout-1.jsonl && \
+        echo '{\"n\":2}' > ~/.codex/archived_sessions/rollout-0.jsonl && echo notes > ~/.codex/notes.txt && \
+        printf '%s' '{\"OPENAI_API_KEY\":\"sk-v2\",\"tokens\":{\"access_token\":\"at\"},\"extra\":\"stays\"}' \
+          > ~/.codex/auth.json.tmp && mv ~/.codex/auth.json.tmp ~/.codex/auth.json && echo refreshed";
+    let run = a
+        .world
+        .airlock(&repo)
+        .env("PATH", a.path())
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["run", "codex", "--", script])
+        .run()
+        .expect_code(0);
+    let out = run.stdout();
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("home=/home/agent pwd=/cdx codex=/opt/airlock/bin/codex"));
+    assert_eq!(json(lines.next().unwrap()), json(r#"{"OPENAI_API_KEY":"sk-v1"}"#), "{out}");
+    let rest: Vec<&str> = lines.collect();
+    assert_eq!(
+        rest,
+        [
+            "/home/agent:",
+            ".codex",
+            ".gitconfig",
+            "",
+            "/home/agent/.codex:",
+            "auth.json",
+            "refreshed"
+        ],
+        "{out}\n{}",
+        run.stderr()
+    );
+
+    // The home, on the host: Codex's, keyed by the repo; Claude's tree never made.
+    let canonical = std::fs::canonicalize(&repo).unwrap();
+    let digest = hex::encode(Sha256::digest(canonical.as_os_str().as_encoded_bytes()));
+    let home = codex_dir.join(format!("cdx-{}", &digest[..8]));
+    assert!(home.join(".codex/notes.txt").is_file(), "{}", home.display());
+    assert!(!a.agent_dir().exists(), "a Codex session made Claude's directory");
+    // Copy-back: only the format's fields reach the shared store; the rest stays in the home.
+    assert_eq!(
+        json(&std::fs::read_to_string(&shared).unwrap()),
+        json(r#"{"OPENAI_API_KEY":"sk-v2","tokens":{"access_token":"at"}}"#)
+    );
+    let kept = json(&std::fs::read_to_string(home.join(".codex/auth.json")).unwrap());
+    assert_eq!(kept["extra"], "stays");
+
+    // The session record names the agent and hashes both transcript roots' new files.
+    let recs = a.world.session_records("cdx");
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(recs[0]["agent"], "codex");
+    assert_eq!(recs[1]["exit_status"], 0);
+    let hashed: Vec<(String, String)> = recs[1]["transcripts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["path"].as_str().unwrap().into(), t["sha256"].as_str().unwrap().into()))
+        .collect();
+    let expect: Vec<(String, String)> =
+        [".codex/archived_sessions/rollout-0.jsonl", ".codex/sessions/2026/12/rollout-1.jsonl"]
+            .iter()
+            .map(|f| (home.join(f).display().to_string(), sha256_file(&home.join(f))))
+            .collect();
+    assert_eq!(hashed, expect, "{}", recs[1]);
+}
