@@ -3,6 +3,9 @@
 //! connection that leaks. Runs as root and, through `.ci/unprivileged`, as an unprivileged user.
 //! Network-escape tests use the test-only `hold` bridge: the listener exists and nothing serves
 //! it, so the only thing that could carry traffic out is a hole in the walls.
+// Without `test-hooks` only the tests needing no hook are built; helpers the others share
+// are then unused.
+#![cfg_attr(not(feature = "test-hooks"), allow(dead_code, unused_imports))]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, UdpSocket};
@@ -77,6 +80,7 @@ fn host_addresses() -> Vec<String> {
     out
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn runs_as_the_caller_with_every_capability_cleared() {
     if !prereqs(&["python3"]) {
@@ -98,6 +102,7 @@ fn runs_as_the_caller_with_every_capability_cleared() {
     assert_eq!(bits & 0b1111, 0b1111, "securebits {bits:#b}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn setuid_binaries_gain_nothing() {
     if !prereqs(&["su", "mount"]) {
@@ -120,6 +125,7 @@ fn setuid_binaries_gain_nothing() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn direct_connections_to_host_listeners_fail() {
     if !prereqs(&["python3", "curl", "bash"]) {
@@ -157,6 +163,7 @@ fn direct_connections_to_host_listeners_fail() {
     sentinel.assert_untouched();
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn only_lo_exists_and_there_is_no_resolver() {
     if !prereqs(&["python3"]) {
@@ -173,6 +180,7 @@ fn only_lo_exists_and_there_is_no_resolver() {
     assert!(!out.contains("RESOLVED"), "{out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn raw_packet_vsock_and_netlink_sockets_are_refused() {
     if !prereqs(&["python3"]) {
@@ -193,6 +201,7 @@ fn raw_packet_vsock_and_netlink_sockets_are_refused() {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn daemon_socket_and_host_abstract_sockets_are_unreachable() {
     if !prereqs(&["python3"]) {
@@ -238,6 +247,7 @@ fn daemon_socket_and_host_abstract_sockets_are_unreachable() {
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn no_inherited_descriptor_reaches_anything() {
     if !prereqs(&["python3"]) {
@@ -265,6 +275,7 @@ fn no_inherited_descriptor_reaches_anything() {
     drop(leak_r);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn host_secrets_and_other_homes_are_invisible() {
     if !prereqs(&["python3"]) {
@@ -320,6 +331,7 @@ fn host_secrets_and_other_homes_are_invisible() {
     assert!(!env.stdout().contains("ENV-SENTINEL"), "{}", env.stdout());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn host_processes_are_invisible_and_untraceable() {
     if !prereqs(&["python3"]) {
@@ -407,6 +419,7 @@ const OTHER_REFUSALS: &[(&str, u32, &str, &str)] = &[
     ("x32_getpid", 0x4000_0000 | 39, "", "EPERM"),
 ];
 
+#[cfg(feature = "test-hooks")]
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn kernel_attack_surface_syscalls_are_refused() {
@@ -442,6 +455,7 @@ fn kernel_attack_surface_syscalls_are_refused() {
     assert_eq!(out, expected);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn nested_unshare_and_remounts_fail() {
     if !prereqs(&["unshare", "mount", "touch"]) {
@@ -465,6 +479,7 @@ fn nested_unshare_and_remounts_fail() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn tiocsti_cannot_inject_with_stdout_a_tty_and_stdin_a_pipe() {
     if !prereqs(&["python3"]) {
@@ -508,6 +523,7 @@ fn tiocsti_cannot_inject_with_stdout_a_tty_and_stdin_a_pipe() {
     assert!(out.contains("False True"), "stdin a pipe, stdout a pty: {out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn writes_land_only_in_repo_home_and_tmp() {
     let sb = Sandbox::new("writes");
@@ -539,6 +555,7 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     if !prereqs(&["git"]) {
@@ -597,6 +614,7 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     assert_eq!(std::fs::read_to_string(repo.join(".claude/settings.json")).unwrap(), "{}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn untrusted_repo_config_refuses_without_a_terminal() {
     let sb = Sandbox::new("untrusted");
@@ -610,6 +628,7 @@ fn untrusted_repo_config_refuses_without_a_terminal() {
     sb.exec(&["true"]).run().expect_code(125);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn stdin_pipes_through_and_exit_codes_propagate() {
     let sb = Sandbox::new("codes");
@@ -631,6 +650,7 @@ fn stdin_pipes_through_and_exit_codes_propagate() {
     sb.world.airlock(&sb.repo).args(["exec"]).run().expect_code(125);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn stdin_pipe_with_stdout_on_a_terminal() {
     let sb = Sandbox::new("ptyout");
@@ -647,6 +667,7 @@ fn stdin_pipe_with_stdout_on_a_terminal() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn sigint_reaches_the_command() {
     if !prereqs(&["python3"]) {
@@ -675,6 +696,7 @@ fn sigint_reaches_the_command() {
     assert_eq!(child.wait().unwrap().code(), Some(42));
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn dev_server_on_loopback_inside_is_reachable_from_inside() {
     if !prereqs(&["python3", "curl"]) {
@@ -690,6 +712,7 @@ fn dev_server_on_loopback_inside_is_reachable_from_inside() {
     assert_eq!(out, "dev-server-ok\n");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn proxy_listener_is_handed_to_the_host_side() {
     if !prereqs(&["curl"]) {
@@ -702,7 +725,7 @@ fn proxy_listener_is_handed_to_the_host_side() {
     let run = sb
         .world
         .airlock(&sb.repo)
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "respond")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "respond")
         .args(["exec", "--", "sh", "-c", "echo $HTTP_PROXY; curl -sS -m 5 http://example.test/"])
         .run()
         .expect_code(0);
@@ -711,6 +734,7 @@ fn proxy_listener_is_handed_to_the_host_side() {
     assert!(out.contains("airlock-test-bridge session="), "{out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn environment_is_the_minimal_base() {
     let sb = Sandbox::new("envbase");
@@ -748,6 +772,7 @@ fn environment_is_the_minimal_base() {
     assert!(run.stdout().contains("AIRLOCK_REPO=/envbase\n"));
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn identity_and_env_pass_come_in_from_trusted_layers_only() {
     let sb = Sandbox::new("envpass");
@@ -769,6 +794,7 @@ fn identity_and_env_pass_come_in_from_trusted_layers_only() {
     assert!(out.lines().any(|l| l.starts_with("AIRLOCK_USER_ID=u_")), "{out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn reserved_repo_names_are_mounted_under_workspace() {
     let sb = Sandbox::new("etc");
@@ -776,13 +802,14 @@ fn reserved_repo_names_are_mounted_under_workspace() {
     assert_eq!(out, "/workspace/etc\netc\n/etc/passwd\n");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn apparmor_restriction_is_detected_with_the_fix() {
     let sb = Sandbox::new("apparmor");
     let fake = sb.world.tmp.path().join("probe");
     sb.world.write(fake.join("proc/sys/kernel/apparmor_restrict_unprivileged_userns"), "1\n");
     sb.world.write(fake.join("proc/self/attr/apparmor/current"), "unconfined\n");
-    let run = sb.exec(&["true"]).env("AIRLOCK_TEST_PROBE_ROOT", &fake).run();
+    let run = sb.exec(&["true"]).hook("AIRLOCK_TEST_PROBE_ROOT", &fake).run();
     if nix::unistd::getuid().is_root() {
         // The restriction does not apply to root.
         run.expect_code(0);
@@ -793,10 +820,11 @@ fn apparmor_restriction_is_detected_with_the_fix() {
     }
     // A mandatory layer missing refuses in every mode.
     sb.world.write(fake.join("proc/sys/user/max_user_namespaces"), "0\n");
-    let run = sb.exec(&["true"]).env("AIRLOCK_TEST_PROBE_ROOT", &fake).run().expect_code(125);
+    let run = sb.exec(&["true"]).hook("AIRLOCK_TEST_PROBE_ROOT", &fake).run().expect_code(125);
     assert!(run.stderr().contains("max_user_namespaces"), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn worktree_gitdir_outside_the_repo_is_usable_and_its_hooks_protected() {
     if !prereqs(&["git"]) {
@@ -855,6 +883,7 @@ impl ArgPath for support::TestCommand {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_terminal_is_relayed_through_a_private_pty() {
     let sb = Sandbox::new("ptyin");
@@ -873,6 +902,7 @@ fn a_terminal_is_relayed_through_a_private_pty() {
     assert_eq!(child.wait().unwrap().code(), Some(0), "{}", out.seen.escape_ascii());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn untrusted_repo_config_asks_on_a_terminal() {
     let sb = Sandbox::new("asktrust");
@@ -916,6 +946,7 @@ fn a_repo_containing_home_or_airlock_state_is_refused() {
         .expect_code(125);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn doctor_shows_the_kernel_probes_exec_decides_with() {
     let sb = Sandbox::new("doctor");
@@ -925,7 +956,7 @@ fn doctor_shows_the_kernel_probes_exec_decides_with() {
     let run = sb
         .world
         .airlock(&sb.repo)
-        .env("AIRLOCK_TEST_PROBE_ROOT", &fake)
+        .hook("AIRLOCK_TEST_PROBE_ROOT", &fake)
         .args(["doctor", "--json"])
         .run();
     let checks: serde_json::Value = serde_json::from_str(&run.stdout()).unwrap();
@@ -961,6 +992,7 @@ fn cgroup_v2_of(pid: u32) -> String {
 ///   a delegated scope): the leaf still exists (init born in it, the sandbox's cgroup root), a
 ///   warning says why limits are not applied, and it is removed afterwards;
 /// - not delegated (e.g. the unprivileged CI user): the warning, and the session runs.
+#[cfg(feature = "test-hooks")]
 #[test]
 fn session_cgroup_is_applied_where_delegated_and_removed_after() {
     if !prereqs(&["python3"]) {
@@ -995,7 +1027,7 @@ fn session_cgroup_is_applied_where_delegated_and_removed_after() {
     // A session that waits on stdin, so the host side can look at it while it runs.
     let mut cmd = sb
         .exec(&["sh", "-c", "tail -n1 /proc/self/cgroup; read x; echo done"])
-        .env("AIRLOCK_TEST_PIDS_MAX", "20")
+        .hook("AIRLOCK_TEST_PIDS_MAX", "20")
         .cmd;
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
@@ -1061,7 +1093,7 @@ fn session_cgroup_is_applied_where_delegated_and_removed_after() {
             \x20   print('EAGAIN' if e.errno == errno.EAGAIN else e, len(kids))\n\
             for k in kids:\n\
             \x20   os.kill(k, 9)\n";
-        let run = sb.exec(&["python3", "-c", code]).env("AIRLOCK_TEST_PIDS_MAX", "20").run();
+        let run = sb.exec(&["python3", "-c", code]).hook("AIRLOCK_TEST_PIDS_MAX", "20").run();
         let out = run.stdout();
         assert!(out.starts_with("EAGAIN "), "{out}{}", run.stderr());
         let forked: usize = out.trim().rsplit(' ').next().unwrap().parse().unwrap();

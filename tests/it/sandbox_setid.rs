@@ -108,7 +108,7 @@ fn sandbox_cannot_set_setuid_or_setgid_bits() {
     let exec = |args: &[&str]| {
         world
             .airlock(&repo)
-            .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+            .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
             .args(["exec", "--"])
             .args(args)
             .run()
