@@ -156,6 +156,7 @@ fn json_has_exactly_the_contract_keys() {
     }
 }
 
+#[cfg(feature = "test-hooks")] // writes the managed layer (AIRLOCK_TEST_MANAGED_POLICY)
 #[test]
 fn managed_layer_pins_the_mode_and_gates_allows() {
     let (world, repo, _file) =
@@ -232,6 +233,7 @@ fn review_plane_servers_are_always_blocked() {
     );
 }
 
+#[cfg(feature = "test-hooks")] // writes the managed layer (AIRLOCK_TEST_MANAGED_POLICY)
 #[test]
 fn configuration_errors_exit_3_with_file_line_col() {
     let (world, repo, _file) = world_with_repo(REPO_POLICY);
@@ -299,6 +301,7 @@ fn warnings_are_reported_and_evaluation_continues() {
     assert!(run.stdout().contains("warnings:"), "{}", run.stdout());
 }
 
+#[cfg(feature = "test-hooks")] // shows the test overrides in force
 #[test]
 fn show_prints_layers_trust_and_overrides_loudly() {
     let (world, repo, file) = world_with_repo(
@@ -451,6 +454,7 @@ fn malformed_targets_exit_2_with_the_reason() {
     }
 }
 
+#[cfg(feature = "test-hooks")] // writes the managed layer (AIRLOCK_TEST_MANAGED_POLICY)
 #[test]
 fn policy_show_names_the_terminal_clipboard_setting() {
     let (world, repo, _file) = world_with_repo("[network]\nallow = [\"example.test\"]\n");

@@ -69,6 +69,7 @@ impl Raw {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 fn boot_of(r: &Response) -> String {
     match r {
         Response::Hello { boot, .. } => boot.clone(),
@@ -226,6 +227,7 @@ fn idle_exit_is_zero_with_stopping_and_the_socket_survives_for_the_next_instance
     assert_ne!(first["boot"], second["boot"]);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_client_connecting_during_the_drain_is_answered_by_the_next_instance() {
     let world = World::new();
@@ -423,6 +425,7 @@ fn a_peer_with_another_uid_is_refused() {
     assert!(h.exits().is_empty());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_broken_managed_policy_keeps_the_daemon_up_and_answering() {
     let world = World::new();
@@ -445,6 +448,7 @@ fn a_broken_managed_policy_keeps_the_daemon_up_and_answering() {
     assert_eq!(h.activations(), 1);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn version_skew_a_shared_version_is_used_without_restart() {
     let world = World::new();
@@ -474,6 +478,7 @@ fn version_skew_a_shared_version_is_used_without_restart() {
     assert!(h.exits().is_empty());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn version_skew_an_older_cli_never_asks_a_newer_daemon_to_quit() {
     let world = World::new();
@@ -495,6 +500,7 @@ fn version_skew_an_older_cli_never_asks_a_newer_daemon_to_quit() {
     assert_eq!(h.activations(), 1);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn version_skew_an_idle_older_daemon_is_replaced() {
     let world = World::new();
@@ -522,6 +528,7 @@ fn version_skew_an_idle_older_daemon_is_replaced() {
     assert_eq!(h.activations(), 2);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn version_skew_a_daemon_with_sessions_is_never_asked_to_quit() {
     let world = World::new();
@@ -720,6 +727,7 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// A loopback echo server standing in for an allowed upstream.
+#[cfg(feature = "test-hooks")]
 fn echo_server(ip: &str) -> std::net::SocketAddr {
     let l = std::net::TcpListener::bind((ip, 0)).unwrap();
     let addr = l.local_addr().unwrap();
@@ -738,6 +746,7 @@ fn echo_server(ip: &str) -> std::net::SocketAddr {
     addr
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn the_daemon_serves_the_sessions_proxy_with_the_managed_layer_applied() {
     let world = World::new();

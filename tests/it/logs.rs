@@ -7,13 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
 
-use airlock::audit::{
-    AuditLine, AuditSink, FileAuditSink, RepoLog, SessionInfo, encode_line, settle_journals,
-    utc_date,
-};
+use airlock::audit::{AuditLine, AuditSink, FileAuditSink, SessionInfo, encode_line, utc_date};
+#[cfg(feature = "test-hooks")]
+use airlock::audit::{RepoLog, settle_journals};
 use airlock::policy::{LayerKind, Reason};
 
-use crate::support::{World, bin, in_ci};
+#[cfg(feature = "test-hooks")]
+use crate::support::bin;
+use crate::support::{World, in_ci};
 
 /// How long to wait for a child's output before failing (generous: the machine is shared).
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -271,6 +272,7 @@ fn follow_picks_up_new_lines_and_new_date_files() {
 /// A writer killed with SIGKILL while a tunnel is open: while it lives its journal is left
 /// alone and readers show the attempt in flight; after its death the next writer settles the
 /// attempt as interrupted, exactly once, however often settlement runs.
+#[cfg(feature = "test-hooks")] // the test-only `airlock __audit-hold`
 #[test]
 fn sigkilled_writer_is_settled_exactly_once() {
     let w = World::new();

@@ -1,5 +1,8 @@
 //! Airlock's integration suite: one binary driving the real `airlock` and `airlockd`.
-//! Run with `cargo test --features test-hooks` (the README's test command).
+//! Run with `cargo test --features test-hooks` (the README's test command). Built without
+//! `test-hooks` (the binaries users install) it holds only the tests that need no test hook:
+//! modules and tests using one (the `hold` bridge, the test resolver, the managed-policy,
+//! probe, limit or protocol overrides) are `#[cfg(feature = "test-hooks")]` (docs/testing.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cli_identity;
@@ -8,8 +11,11 @@ mod daemon;
 mod daemon_units;
 mod harness;
 mod logs;
+#[cfg(feature = "test-hooks")]
 mod proxy;
+#[cfg(feature = "test-hooks")]
 mod proxy_adversarial;
+#[cfg(feature = "test-hooks")]
 mod proxy_support;
 mod review;
 mod review_store;
@@ -18,7 +24,12 @@ mod sandbox;
 mod sandbox_agent;
 mod sandbox_control;
 mod sandbox_leave_behind;
+#[cfg(feature = "test-hooks")]
+mod sandbox_limits;
+#[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
+#[cfg(feature = "test-hooks")]
 mod sandbox_setid;
+#[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
 mod support;

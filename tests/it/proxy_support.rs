@@ -115,13 +115,20 @@ impl ProxyProc {
         }
     }
 
-    /// Names the test resolver was asked for, in order.
+    /// Names the test resolver was asked for, in order. The log must exist: the resolver
+    /// creates it with its first query, so a test asserting that a name was *not* resolved
+    /// first makes the proxy resolve one that is (or the assertion would hold with the log, or
+    /// the test resolver, missing).
+    #[track_caller]
     pub fn queries(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.queries)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        let text = match std::fs::read_to_string(&self.queries) {
+            Ok(text) => text,
+            Err(e) => panic!(
+                "resolver log {} unreadable ({e}): no query reached the test resolver",
+                self.queries.display()
+            ),
+        };
+        text.lines().map(str::to_owned).collect()
     }
 
     pub fn stdout(&self) -> String {

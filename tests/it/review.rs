@@ -3,7 +3,7 @@
 //! no-outbound-connections check inside a network namespace.
 
 use crate::review_support::*;
-use crate::support::{World, bin, in_ci};
+use crate::support::{self, World, bin, in_ci};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::Path;
@@ -447,7 +447,7 @@ def send(body, ct, enc=None):
     except urllib.error.HTTPError as e:
         code = e.code; e.read()
     codes[code] = codes.get(code, 0) + 1
-for i in range(300):
+for i in range({mutated}):
     b = bytearray(seed)
     for _ in range(random.randint(1, 8)):
         op = random.random(); p = random.randrange(len(b)) if b else 0
@@ -461,11 +461,13 @@ for i in range(300):
         send(bytes(b)[: len(b) // 2], ct, 'gzip')
     else:
         send(bytes(b), ct)
-for _ in range(50):
+for _ in range({random}):
     send(bytes(random.randrange(256) for _ in range(random.randint(0, 300))), 'application/json')
 print(json.dumps(codes))
 "#,
-        base = server.base
+        base = server.base,
+        mutated = support::iterations(300),
+        random = support::iterations(50),
     );
     let out = Command::new("python3").args(["-c", &script]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -3,6 +3,9 @@
 //! connection that leaks. Runs as root and, through `.ci/unprivileged`, as an unprivileged user.
 //! Network-escape tests use the test-only `hold` bridge: the listener exists and nothing serves
 //! it, so the only thing that could carry traffic out is a hole in the walls.
+// Without `test-hooks` only the tests needing no hook are built; helpers the others share
+// are then unused.
+#![cfg_attr(not(feature = "test-hooks"), allow(dead_code, unused_imports))]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, UdpSocket};
@@ -77,6 +80,7 @@ fn host_addresses() -> Vec<String> {
     out
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn runs_as_the_caller_with_every_capability_cleared() {
     if !prereqs(&["python3"]) {
@@ -98,18 +102,30 @@ fn runs_as_the_caller_with_every_capability_cleared() {
     assert_eq!(bits & 0b1111, 0b1111, "securebits {bits:#b}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn setuid_binaries_gain_nothing() {
+    if !prereqs(&["su", "mount"]) {
+        return;
+    }
     let sb = Sandbox::new("suid");
+    // `su` is setuid root on the host; inside (no_new_privs, no capabilities) it runs as the
+    // caller and cannot authenticate, and mount(8) is refused. The first line proves the
+    // script ran inside (hostname and uid), so a sandbox that never started cannot pass.
     let run = sb.sh(
-        "su -c 'id -u' root </dev/null; echo su=$?; mount -t tmpfs x /tmp 2>&1; echo mount=$?; \
+        "echo \"inside $(hostname) uid=$(id -u)\"; out=$(su -c 'id -u' root </dev/null 2>/dev/null); \
+         echo \"su=$? out=$out\"; mount -t tmpfs x /tmp 2>/dev/null; echo mount=$?; \
          grep CapEff /proc/self/status",
     );
-    let out = run.stdout();
-    assert!(out.contains("su=1") || !out.contains("su=0"), "{out}");
-    assert!(!out.contains("mount=0"), "{out}");
+    let uid = nix::unistd::getuid().as_raw();
+    let out = run.expect_code(0).stdout();
+    assert_eq!(
+        out,
+        format!("inside suid uid={uid}\nsu=1 out=\nmount=32\nCapEff:\t0000000000000000\n")
+    );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn direct_connections_to_host_listeners_fail() {
     if !prereqs(&["python3", "curl", "bash"]) {
@@ -147,6 +163,7 @@ fn direct_connections_to_host_listeners_fail() {
     sentinel.assert_untouched();
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn only_lo_exists_and_there_is_no_resolver() {
     if !prereqs(&["python3"]) {
@@ -163,6 +180,7 @@ fn only_lo_exists_and_there_is_no_resolver() {
     assert!(!out.contains("RESOLVED"), "{out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn raw_packet_vsock_and_netlink_sockets_are_refused() {
     if !prereqs(&["python3"]) {
@@ -183,6 +201,7 @@ fn raw_packet_vsock_and_netlink_sockets_are_refused() {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn daemon_socket_and_host_abstract_sockets_are_unreachable() {
     if !prereqs(&["python3"]) {
@@ -228,6 +247,7 @@ fn daemon_socket_and_host_abstract_sockets_are_unreachable() {
     assert_eq!(hits.load(Ordering::SeqCst), 0);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn no_inherited_descriptor_reaches_anything() {
     if !prereqs(&["python3"]) {
@@ -255,6 +275,7 @@ fn no_inherited_descriptor_reaches_anything() {
     drop(leak_r);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn host_secrets_and_other_homes_are_invisible() {
     if !prereqs(&["python3"]) {
@@ -269,24 +290,48 @@ fn host_secrets_and_other_homes_are_invisible() {
     // A symlink in the repo pointing at the host's secrets, absolute and relative.
     std::os::unix::fs::symlink(home.join(".ssh/id_ed25519"), sb.repo.join("key")).unwrap();
     std::os::unix::fs::symlink("../home/.aws/credentials", sb.repo.join("aws")).unwrap();
+    // Each read's error is printed, so the whole output is compared exactly: the home lives
+    // under /var/tmp (support::world_parent), which only the mount plan hides.
+    let h = home.display();
     let script = format!(
         "for f in {h}/.ssh/id_ed25519 {h}/.aws/credentials {h}/.airlock/identity.toml /etc/shadow \
-         /root/.bashrc key aws; do cat $f 2>/dev/null && echo LEAK $f; done; ls /home; ls /root 2>&1; \
-         ls {h} 2>&1; true",
-        h = home.display()
+         /root/.bashrc key aws; do cat $f 2>&1 && echo LEAK $f; done; ls /home; ls /root 2>&1; \
+         ls {h} 2>&1; ls {parent} 2>&1; echo end",
+        parent = support::world_parent().display()
     );
     let run = sb.exec(&["sh", "-c", &script]).env("AWS_SECRET_ACCESS_KEY", "ENV-SENTINEL").run();
     let out = run.expect_code(0).stdout();
-    assert!(!out.contains("SENTINEL") && !out.contains("LEAK"), "{out}");
-    assert!(out.contains("agent\n"), "only the agent's home: {out}");
+    let enoent = |p: &str| format!("cat: {p}: No such file or directory\n");
+    let expected = [
+        enoent(&format!("{h}/.ssh/id_ed25519")),
+        enoent(&format!("{h}/.aws/credentials")),
+        enoent(&format!("{h}/.airlock/identity.toml")),
+        enoent("/etc/shadow"),
+        enoent("/root/.bashrc"),
+        enoent("key"),
+        enoent("aws"),
+        "agent\n".to_string(),
+        "ls: cannot access '/root': No such file or directory\n".to_string(),
+        format!("ls: cannot access '{h}': No such file or directory\n"),
+        format!(
+            "ls: cannot access '{}': No such file or directory\n",
+            support::world_parent().display()
+        ),
+        "end\n".to_string(),
+    ]
+    .concat();
+    assert_eq!(out, expected);
     // The host environment does not come in; init's copy of it is not readable either.
     let env = sb
         .exec(&["sh", "-c", "env; cat /proc/1/environ /proc/1/cmdline 2>&1; true"])
         .env("AWS_SECRET_ACCESS_KEY", "ENV-SENTINEL")
-        .run();
+        .run()
+        .expect_code(0);
+    assert!(env.stdout().lines().any(|l| l == "HOME=/home/agent"), "{}", env.stdout());
     assert!(!env.stdout().contains("ENV-SENTINEL"), "{}", env.stdout());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn host_processes_are_invisible_and_untraceable() {
     if !prereqs(&["python3"]) {
@@ -319,82 +364,122 @@ fn host_processes_are_invisible_and_untraceable() {
     assert!(!out.contains("INITFDS ['0', '1', '2', '"), "init holds only stdio: {out}");
 }
 
+/// SECURITY §4's EPERM list, written from the man pages and x86_64's
+/// arch/x86/entry/syscalls/syscall_64.tbl (not from `src/sandbox/seccomp.rs`): name, number,
+/// arguments (a Python expression), and what a capability-less caller gets from this machine
+/// kind's kernel (6.x) *without* the filter. The arguments are chosen so the kernel fails
+/// early with something other than EPERM (a bad fd, pointer, pid or flag), so an EPERM here
+/// is the filter's. Where the kernel checks a capability before anything else ("EPERM"), EPERM
+/// is necessary but not sufficient; the BPF unit tests in seccomp.rs cover those.
+const DENIED_SYSCALLS: &[(&str, u32, &str)] = &[
+    ("io_uring_setup", 425, "0, BAD"), // unfiltered: EFAULT; io_uring_setup(2): params copied first
+    ("io_uring_enter", 426, "-1, 0, 0, 0, 0, 0"), // unfiltered: EBADF
+    ("io_uring_register", 427, "-1, 0, 0, 0"), // unfiltered: EINVAL
+    ("ptrace", 101, "1, NOPID, 0, 0"), // unfiltered: ESRCH; PTRACE_PEEKTEXT of no process
+    ("process_vm_readv", 310, "NOPID, 0, 0, 0, 0, 0"), // unfiltered: OK; zero iovecs: nothing to do
+    ("process_vm_writev", 311, "NOPID, 0, 0, 0, 0, 0"), // unfiltered: OK
+    ("pidfd_getfd", 438, "-1, 0, 0"),  // unfiltered: EBADF
+    ("setns", 308, "-1, 0"),           // unfiltered: EBADF
+    ("mount", 165, "BAD, BAD, BAD, 0, 0"), // unfiltered: EFAULT; mount(2) copies its strings first
+    ("umount2", 166, "BAD, 0xffff"),   // unfiltered: EINVAL; unknown flags
+    ("pivot_root", 155, "BAD, BAD"),   // unfiltered: EPERM
+    ("fsopen", 430, "BAD, 0xffff"),    // unfiltered: EPERM
+    ("fsconfig", 431, "-1, 0xffff, 0, 0, 0"), // unfiltered: EINVAL
+    ("fsmount", 432, "-1, 0xffff, 0"), // unfiltered: EPERM
+    ("move_mount", 429, "-1, BAD, -1, BAD, 0xffffffff"), // unfiltered: EPERM
+    ("open_tree", 428, "-100, BAD, 0"), // unfiltered: EFAULT
+    ("open_tree_attr", 467, "-100, BAD, 0, 0, 0"), // unfiltered: EFAULT; ENOSYS before Linux 6.15
+    ("mount_setattr", 442, "-1, BAD, 0xffffffff, 0, 0"), // unfiltered: EINVAL
+    ("bpf", 321, "0xffff, 0, 0"),      // unfiltered: EINVAL; unknown command
+    ("keyctl", 250, "0xffff, 0, 0, 0, 0"), // unfiltered: ENOTSUP
+    ("add_key", 248, "BAD, BAD, 0, 0, 0"), // unfiltered: EFAULT
+    ("request_key", 249, "BAD, BAD, 0, 0"), // unfiltered: EFAULT
+    ("perf_event_open", 298, "BAD, 0, -1, -1, 0"), // unfiltered: EFAULT
+    ("userfaultfd", 323, "0xfffe | 1"), // unfiltered: EINVAL; UFFD_USER_MODE_ONLY + unknown flags
+    ("kexec_load", 246, "0, 0, 0, 0xffffffff"), // unfiltered: EPERM or ENOSYS
+    ("kexec_file_load", 320, "-1, -1, 0, 0, 0xffffffff"), // unfiltered: EPERM or ENOSYS
+    ("init_module", 175, "BAD, 0, BAD"), // unfiltered: EPERM or ENOSYS
+    ("finit_module", 313, "-1, BAD, 0xffffffff"), // unfiltered: EPERM or ENOSYS
+    ("delete_module", 176, "BAD, 0xffffffff"), // unfiltered: EPERM or ENOSYS
+    ("reboot", 169, "0, 0, 0, 0"),     // unfiltered: EPERM
+    ("swapon", 167, "BAD, 0"),         // unfiltered: EPERM
+    ("swapoff", 168, "BAD"),           // unfiltered: EPERM
+    ("acct", 163, "BAD"),              // unfiltered: EPERM
+];
+
+/// The rest of SECURITY §4's prologue and flag rules, by raw number: (name, number,
+/// arguments, expected).
+const OTHER_REFUSALS: &[(&str, u32, &str, &str)] = &[
+    ("clone3", 435, "0, 0", "ENOSYS"),
+    ("unshare_user", 272, "0x10000000", "EPERM"),
+    ("unshare_net", 272, "0x40000000", "EPERM"),
+    ("unshare_mnt", 272, "0x20000", "EPERM"),
+    ("clone_newuser", 56, "0x10000000 | 17, 0, 0, 0, 0", "EPERM"),
+    ("unknown", 999, "", "ENOSYS"),
+    ("x32_getpid", 0x4000_0000 | 39, "", "EPERM"),
+];
+
+#[cfg(feature = "test-hooks")]
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn kernel_attack_surface_syscalls_are_refused() {
     if !prereqs(&["python3"]) {
         return;
     }
+    assert_eq!(DENIED_SYSCALLS.len(), 33, "SECURITY §4 names 33 calls");
     let sb = Sandbox::new("syscalls");
-    let code = "import ctypes, errno, os\n\
-        libc = ctypes.CDLL(None, use_errno=True)\n\
-        def sc(name, nr, *args):\n\
-        \x20   r = libc.syscall(nr, *args); print(name, r, errno.errorcode.get(ctypes.get_errno()))\n\
-        params = ctypes.create_string_buffer(120)\n\
-        sc('io_uring_setup', 425, 8, params)\n\
-        sc('clone3', 435, 0, 0)\n\
-        sc('unshare_user', 272, 0x10000000)\n\
-        sc('unshare_net', 272, 0x40000000)\n\
-        sc('unshare_mnt', 272, 0x20000)\n\
-        sc('clone_newuser', 56, 0x10000000 | 17, 0, 0, 0, 0)\n\
-        sc('mount', 165, b'none', b'/usr', None, 32 | 4096, None)\n\
-        sc('umount2', 166, b'/usr', 2)\n\
-        sc('pivot_root', 155, b'/tmp', b'/tmp')\n\
-        sc('fsopen', 430, b'tmpfs', 0)\n\
-        sc('open_tree', 428, -100, b'/usr', 1)\n\
-        sc('mount_setattr', 442, -100, b'/usr', 0, None, 0)\n\
-        sc('setns', 308, 0, 0)\n\
-        sc('bpf', 321, 0, None, 0)\n\
-        sc('keyctl', 250, 0, 0)\n\
-        sc('perf_event_open', 298, None, 0, -1, -1, 0)\n\
-        sc('userfaultfd', 323, 0)\n\
-        sc('reboot', 169, 0, 0, 0, None)\n\
-        sc('unknown', 999)\n\
-        sc('x32_getpid', 0x40000000 | 39)\n";
-    let out = sb.py(code).expect_code(0).stdout();
-    for (name, errno) in [
-        ("io_uring_setup", "EPERM"),
-        ("clone3", "ENOSYS"),
-        ("unshare_user", "EPERM"),
-        ("unshare_net", "EPERM"),
-        ("unshare_mnt", "EPERM"),
-        ("clone_newuser", "EPERM"),
-        ("mount", "EPERM"),
-        ("umount2", "EPERM"),
-        ("pivot_root", "EPERM"),
-        ("fsopen", "EPERM"),
-        ("open_tree", "EPERM"),
-        ("mount_setattr", "EPERM"),
-        ("setns", "EPERM"),
-        ("bpf", "EPERM"),
-        ("keyctl", "EPERM"),
-        ("perf_event_open", "EPERM"),
-        ("userfaultfd", "EPERM"),
-        ("reboot", "EPERM"),
-        ("unknown", "ENOSYS"),
-        ("x32_getpid", "EPERM"),
-    ] {
-        assert!(
-            out.contains(&format!("{name} -1 {errno}\n")),
-            "{name} should fail {errno}:\n{out}"
-        );
+    let mut code = String::from(
+        "import ctypes, errno\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         libc.syscall.restype = ctypes.c_long\n\
+         BAD = 1  # nothing is mapped at address 1\n\
+         NOPID = 0x3ffffff0  # above PID_MAX_LIMIT\n\
+         def sc(name, nr, *args):\n\
+         \x20   ctypes.set_errno(0)\n\
+         \x20   r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])\n\
+         \x20   e = ctypes.get_errno()\n\
+         \x20   print(name, 'OK' if r >= 0 else errno.errorcode.get(e, e), flush=True)\n",
+    );
+    let mut expected = String::new();
+    for (name, nr, args) in DENIED_SYSCALLS {
+        code.push_str(&format!("sc('{name}', {nr}, {args})\n"));
+        expected.push_str(&format!("{name} EPERM\n"));
     }
+    for (name, nr, args, want) in OTHER_REFUSALS {
+        code.push_str(&format!("sc('{name}', {nr}, {args})\n"));
+        expected.push_str(&format!("{name} {want}\n"));
+    }
+    code.push_str("print('done')\n");
+    expected.push_str("done\n");
+    let out = sb.py(&code).expect_code(0).stdout();
+    assert_eq!(out, expected);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn nested_unshare_and_remounts_fail() {
-    if !prereqs(&["unshare", "python3"]) {
+    if !prereqs(&["unshare", "mount", "touch"]) {
         return;
     }
     let sb = Sandbox::new("nested");
-    let out = sb
-        .sh("unshare -Ur true; echo u=$?; unshare -n true; echo n=$?; \
-             mount -o remount,rw /usr 2>/dev/null; echo m=$?; touch /usr/x 2>/dev/null; echo t=$?")
-        .stdout();
-    for key in ["u", "n", "m", "t"] {
-        assert!(!out.contains(&format!("{key}=0")), "{key} succeeded:\n{out}");
-    }
+    // Each attempt's exit status and message, and a first line proving the script ran inside:
+    // unshare(2) is EPERM (seccomp), the remount is refused, and /usr stays read-only.
+    let run = sb.sh(
+        "echo \"inside $(hostname)\"; unshare -Ur true 2>&1; echo u=$?; unshare -n true 2>&1; \
+         echo n=$?; mount -o remount,rw /usr 2>/dev/null; echo m=$?; touch /usr/x 2>&1; echo t=$?",
+    );
+    let out = run.expect_code(0).stdout();
+    assert_eq!(
+        out,
+        "inside nested\n\
+         unshare: unshare failed: Operation not permitted\nu=1\n\
+         unshare: unshare failed: Operation not permitted\nn=1\n\
+         m=32\n\
+         touch: cannot touch '/usr/x': Read-only file system\nt=1\n"
+    );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn tiocsti_cannot_inject_with_stdout_a_tty_and_stdin_a_pipe() {
     if !prereqs(&["python3"]) {
@@ -438,6 +523,7 @@ fn tiocsti_cannot_inject_with_stdout_a_tty_and_stdin_a_pipe() {
     assert!(out.contains("False True"), "stdin a pipe, stdout a pty: {out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn writes_land_only_in_repo_home_and_tmp() {
     let sb = Sandbox::new("writes");
@@ -469,6 +555,7 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     if !prereqs(&["git"]) {
@@ -527,6 +614,7 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     assert_eq!(std::fs::read_to_string(repo.join(".claude/settings.json")).unwrap(), "{}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn untrusted_repo_config_refuses_without_a_terminal() {
     let sb = Sandbox::new("untrusted");
@@ -540,6 +628,7 @@ fn untrusted_repo_config_refuses_without_a_terminal() {
     sb.exec(&["true"]).run().expect_code(125);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn stdin_pipes_through_and_exit_codes_propagate() {
     let sb = Sandbox::new("codes");
@@ -561,6 +650,7 @@ fn stdin_pipes_through_and_exit_codes_propagate() {
     sb.world.airlock(&sb.repo).args(["exec"]).run().expect_code(125);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn stdin_pipe_with_stdout_on_a_terminal() {
     let sb = Sandbox::new("ptyout");
@@ -577,6 +667,7 @@ fn stdin_pipe_with_stdout_on_a_terminal() {
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn sigint_reaches_the_command() {
     if !prereqs(&["python3"]) {
@@ -605,6 +696,7 @@ fn sigint_reaches_the_command() {
     assert_eq!(child.wait().unwrap().code(), Some(42));
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn dev_server_on_loopback_inside_is_reachable_from_inside() {
     if !prereqs(&["python3", "curl"]) {
@@ -620,6 +712,7 @@ fn dev_server_on_loopback_inside_is_reachable_from_inside() {
     assert_eq!(out, "dev-server-ok\n");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn proxy_listener_is_handed_to_the_host_side() {
     if !prereqs(&["curl"]) {
@@ -632,7 +725,7 @@ fn proxy_listener_is_handed_to_the_host_side() {
     let run = sb
         .world
         .airlock(&sb.repo)
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "respond")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "respond")
         .args(["exec", "--", "sh", "-c", "echo $HTTP_PROXY; curl -sS -m 5 http://example.test/"])
         .run()
         .expect_code(0);
@@ -641,6 +734,7 @@ fn proxy_listener_is_handed_to_the_host_side() {
     assert!(out.contains("airlock-test-bridge session="), "{out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn environment_is_the_minimal_base() {
     let sb = Sandbox::new("envbase");
@@ -678,6 +772,7 @@ fn environment_is_the_minimal_base() {
     assert!(run.stdout().contains("AIRLOCK_REPO=/envbase\n"));
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn identity_and_env_pass_come_in_from_trusted_layers_only() {
     let sb = Sandbox::new("envpass");
@@ -699,6 +794,7 @@ fn identity_and_env_pass_come_in_from_trusted_layers_only() {
     assert!(out.lines().any(|l| l.starts_with("AIRLOCK_USER_ID=u_")), "{out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn reserved_repo_names_are_mounted_under_workspace() {
     let sb = Sandbox::new("etc");
@@ -706,13 +802,14 @@ fn reserved_repo_names_are_mounted_under_workspace() {
     assert_eq!(out, "/workspace/etc\netc\n/etc/passwd\n");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn apparmor_restriction_is_detected_with_the_fix() {
     let sb = Sandbox::new("apparmor");
     let fake = sb.world.tmp.path().join("probe");
     sb.world.write(fake.join("proc/sys/kernel/apparmor_restrict_unprivileged_userns"), "1\n");
     sb.world.write(fake.join("proc/self/attr/apparmor/current"), "unconfined\n");
-    let run = sb.exec(&["true"]).env("AIRLOCK_TEST_PROBE_ROOT", &fake).run();
+    let run = sb.exec(&["true"]).hook("AIRLOCK_TEST_PROBE_ROOT", &fake).run();
     if nix::unistd::getuid().is_root() {
         // The restriction does not apply to root.
         run.expect_code(0);
@@ -723,10 +820,11 @@ fn apparmor_restriction_is_detected_with_the_fix() {
     }
     // A mandatory layer missing refuses in every mode.
     sb.world.write(fake.join("proc/sys/user/max_user_namespaces"), "0\n");
-    let run = sb.exec(&["true"]).env("AIRLOCK_TEST_PROBE_ROOT", &fake).run().expect_code(125);
+    let run = sb.exec(&["true"]).hook("AIRLOCK_TEST_PROBE_ROOT", &fake).run().expect_code(125);
     assert!(run.stderr().contains("max_user_namespaces"), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn worktree_gitdir_outside_the_repo_is_usable_and_its_hooks_protected() {
     if !prereqs(&["git"]) {
@@ -785,6 +883,7 @@ impl ArgPath for support::TestCommand {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_terminal_is_relayed_through_a_private_pty() {
     let sb = Sandbox::new("ptyin");
@@ -803,6 +902,7 @@ fn a_terminal_is_relayed_through_a_private_pty() {
     assert_eq!(child.wait().unwrap().code(), Some(0), "{}", out.seen.escape_ascii());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn untrusted_repo_config_asks_on_a_terminal() {
     let sb = Sandbox::new("asktrust");
@@ -846,6 +946,7 @@ fn a_repo_containing_home_or_airlock_state_is_refused() {
         .expect_code(125);
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn doctor_shows_the_kernel_probes_exec_decides_with() {
     let sb = Sandbox::new("doctor");
@@ -855,7 +956,7 @@ fn doctor_shows_the_kernel_probes_exec_decides_with() {
     let run = sb
         .world
         .airlock(&sb.repo)
-        .env("AIRLOCK_TEST_PROBE_ROOT", &fake)
+        .hook("AIRLOCK_TEST_PROBE_ROOT", &fake)
         .args(["doctor", "--json"])
         .run();
     let checks: serde_json::Value = serde_json::from_str(&run.stdout()).unwrap();
@@ -891,6 +992,7 @@ fn cgroup_v2_of(pid: u32) -> String {
 ///   a delegated scope): the leaf still exists (init born in it, the sandbox's cgroup root), a
 ///   warning says why limits are not applied, and it is removed afterwards;
 /// - not delegated (e.g. the unprivileged CI user): the warning, and the session runs.
+#[cfg(feature = "test-hooks")]
 #[test]
 fn session_cgroup_is_applied_where_delegated_and_removed_after() {
     if !prereqs(&["python3"]) {
@@ -912,11 +1014,20 @@ fn session_cgroup_is_applied_where_delegated_and_removed_after() {
         .map(|d| PathBuf::from(d.split([',', ';']).next().unwrap()));
     let limited = line["level"] == "ok";
     assert_eq!(limited, delegated.is_some() && detail.contains("pids.max and memory.max"));
+    // The limits branch below never runs on the CI machines (their cgroup2 offers only
+    // `hugetlb`, or nothing is delegated to the unprivileged user); it is a manual check
+    // (docs/testing.md). If a CI machine ever offers delegated limits, this fails so that the
+    // doc and this line are updated rather than the branch silently starting (or not) to run.
+    assert!(
+        !support::in_ci() || !limited,
+        "this CI machine offers delegated cgroup limits ({detail}): the limits branch now runs \
+         in CI; update docs/testing.md's manual check and remove this assertion"
+    );
 
     // A session that waits on stdin, so the host side can look at it while it runs.
     let mut cmd = sb
         .exec(&["sh", "-c", "tail -n1 /proc/self/cgroup; read x; echo done"])
-        .env("AIRLOCK_TEST_PIDS_MAX", "20")
+        .hook("AIRLOCK_TEST_PIDS_MAX", "20")
         .cmd;
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
@@ -982,7 +1093,7 @@ fn session_cgroup_is_applied_where_delegated_and_removed_after() {
             \x20   print('EAGAIN' if e.errno == errno.EAGAIN else e, len(kids))\n\
             for k in kids:\n\
             \x20   os.kill(k, 9)\n";
-        let run = sb.exec(&["python3", "-c", code]).env("AIRLOCK_TEST_PIDS_MAX", "20").run();
+        let run = sb.exec(&["python3", "-c", code]).hook("AIRLOCK_TEST_PIDS_MAX", "20").run();
         let out = run.stdout();
         assert!(out.starts_with("EAGAIN "), "{out}{}", run.stderr());
         let forked: usize = out.trim().rsplit(' ').next().unwrap().parse().unwrap();

@@ -6,6 +6,9 @@
 //!
 //! Network safety: no policy here lists an Anthropic host, so the proxy refuses it without
 //! resolving it; the only allowed name, `example.test`, is never dialed.
+// Without `test-hooks` only the tests needing no hook are built; helpers the others share
+// are then unused.
+#![cfg_attr(not(feature = "test-hooks"), allow(dead_code, unused_imports))]
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -38,7 +41,9 @@ impl Agents {
             world.home.join(".airlock/config.toml"),
             "[network]\nallow = [\"example.test\"]\n",
         );
-        let fakebin = world.tmp.path().join("fakebin");
+        // Where the native installer puts it (`~/.local/bin`): a tree under the home, so the
+        // sandbox shows it relocated below /opt/airlock/agents (docs/agents.md).
+        let fakebin = world.home.join(".local/bin");
         world.write_executable(
             fakebin.join("claude"),
             "#!/bin/sh\n# Stand-in for Claude Code: runs its first argument as a script.\nexec /bin/sh -c \"$1\"\n",
@@ -55,8 +60,9 @@ impl Agents {
     }
 
     /// `airlock run claude -- SCRIPT` in `repo`, with the test bridge holding the listener.
+    #[cfg(feature = "test-hooks")]
     fn run(&self, repo: &Path, script: &str) -> Run {
-        self.cmd(repo, script).env("AIRLOCK_TEST_PROXY_BRIDGE", "hold").run()
+        self.cmd(repo, script).hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold").run()
     }
 
     fn cmd(&self, repo: &Path, script: &str) -> TestCommand {
@@ -102,6 +108,7 @@ fn sha256_file(path: &Path) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(std::fs::read(path).unwrap())))
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn the_agent_home_persists_per_repo_at_home_agent() {
     let a = Agents::new();
@@ -141,6 +148,7 @@ fn the_agent_home_persists_per_repo_at_home_agent() {
     assert!(run.stdout().is_empty());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn repo_a_cannot_read_repo_b_transcripts_or_plant_what_b_loads() {
     let a = Agents::new();
@@ -155,23 +163,31 @@ fn repo_a_cannot_read_repo_b_transcripts_or_plant_what_b_loads() {
     .expect_code(0);
     // A tries to read B's home by every path it might know, and plants settings, hooks, memory
     // and MCP config in its own home and wherever B's might be.
+    // B's home lives under /var/tmp (support::world_parent), which only the mount plan hides;
+    // every attempt's error is printed and the whole output compared exactly.
     let plant = format!(
-        "cat {b}/.claude/projects/-beta/s.jsonl 2>/dev/null && echo READ-B; \
-         ls /home 2>&1; grep -rs B-TRANSCRIPT /home /opt /tmp && echo FOUND-B; \
+        "cat {b}/.claude/projects/-beta/s.jsonl 2>&1 && echo READ-B; \
+         ls /home 2>&1; grep -rs B-TRANSCRIPT /home /opt /tmp; echo grep=$?; \
          mkdir -p ~/.claude/commands ~/.claude/agents; \
          echo '{{\"hooks\":{{\"SessionStart\":[{{\"hooks\":[{{\"type\":\"command\",\"command\":\"touch /tmp/pwned\"}}]}}]}}}}' > ~/.claude/settings.json; \
          echo 'A-MEMORY' > ~/.claude/CLAUDE.md; echo '{{\"mcpServers\":{{\"evil\":{{\"command\":\"sh\"}}}}}}' > ~/.claude.json; \
          echo x > ~/.claude/commands/evil.md; echo x > ~/.claude/agents/evil.md; \
-         mkdir -p {b}/.claude 2>/dev/null && echo A-MEMORY > {b}/.claude/CLAUDE.md 2>/dev/null && echo PLANTED-B; \
+         mkdir -p {b}/.claude 2>/dev/null && echo A-MEMORY > {b}/.claude/CLAUDE.md && echo PLANTED-B; \
+         echo mkdir=$?; \
          echo done",
         b = home_b.display()
     );
     let run = a.run(&repo_a, &plant).expect_code(0);
     let out = run.stdout();
-    assert!(out.contains("done"), "{out}\n{}", run.stderr());
-    assert!(!out.contains("READ-B") && !out.contains("FOUND-B"), "{out}");
-    // Writing to B's host path inside lands in the sandbox's private /tmp, not on the host.
-    assert_eq!(out.lines().next(), Some("agent"), "only the sandbox's own home under /home: {out}");
+    let expected = format!(
+        "cat: {b}/.claude/projects/-beta/s.jsonl: No such file or directory\n\
+         agent\n\
+         grep=1\n\
+         mkdir=1\n\
+         done\n",
+        b = home_b.display()
+    );
+    assert_eq!(out, expected, "stderr:\n{}", run.stderr());
     // B's next session sees only B's files.
     let run = a.run(&repo_b, "cd ~ && find . -type f | sort").expect_code(0);
     let files = run.stdout();
@@ -182,6 +198,7 @@ fn repo_a_cannot_read_repo_b_transcripts_or_plant_what_b_loads() {
     assert!(!home_b.join(".claude/CLAUDE.md").exists());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_refreshed_credential_is_shared_with_the_next_repos_session() {
     let a = Agents::new();
@@ -212,6 +229,7 @@ fn a_refreshed_credential_is_shared_with_the_next_repos_session() {
     assert!(!a.home_of(&repo_b).join(".claude/settings.json").exists());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn symlinks_planted_in_the_home_are_never_followed_by_copy_in_or_copy_back() {
     let a = Agents::new();
@@ -330,11 +348,12 @@ fn killing_the_supervisor_records_supervisor_lost() {
     assert_eq!(recs[1]["end_reason"], "supervisor_lost", "{recs:?}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn piped_input_reaches_the_agent() {
     let a = Agents::new();
     let repo = a.repo("piped");
-    let mut cmd = a.cmd(&repo, "tr a-z A-Z").env("AIRLOCK_TEST_PROXY_BRIDGE", "hold").cmd;
+    let mut cmd = a.cmd(&repo, "tr a-z A-Z").hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold").cmd;
     let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(b"a prompt\n").unwrap();
     let out = child.wait_with_output().unwrap();
@@ -361,6 +380,7 @@ fn a_missing_agent_exits_127_and_says_how_to_install_it() {
     assert!(run.stderr().contains("nope"), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_path_agent_runs_with_its_own_home() {
     let a = Agents::new();
@@ -372,7 +392,7 @@ fn a_path_agent_runs_with_its_own_home() {
     let run = a
         .world
         .airlock(&repo)
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
         .args(["run", "./tools/my-agent", "--", "x", "y"])
         .run()
         .expect_code(0);
@@ -382,6 +402,7 @@ fn a_path_agent_runs_with_its_own_home() {
 
 /// Regression (review of issue 6): a repo's own `./claude` was a custom agent named `claude`
 /// and shared Claude Code's homes, credentials included.
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_repo_script_named_claude_never_gets_claudes_credentials() {
     let a = Agents::new();
@@ -394,7 +415,7 @@ fn a_repo_script_named_claude_never_gets_claudes_credentials() {
     let run = a
         .world
         .airlock(&repo)
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
         .args(["run", "./claude"])
         .run()
         .expect_code(0);
@@ -405,7 +426,7 @@ fn a_repo_script_named_claude_never_gets_claudes_credentials() {
     let run = a
         .world
         .airlock(&repo)
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
         .args(["run", "./linked"])
         .run()
         .expect_code(125);
@@ -517,6 +538,7 @@ fn refused_anthropic(world: &World, repo: &str) -> bool {
         .any(|l| l["host"] == "api.anthropic.com" && l["allowed"] == false)
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn real_claude_code_prints_its_version_inside_the_sandbox() {
     let Some(bin) = claude_code() else { return };
@@ -526,7 +548,7 @@ fn real_claude_code_prints_its_version_inside_the_sandbox() {
         .world
         .airlock(&repo)
         .env("PATH", format!("{}:{SYSTEM_PATH}", bin.display()))
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
         .args(["run", "claude", "--", "--version"])
         .run()
         .expect_code(0);
@@ -641,6 +663,7 @@ print("\nEXIT", os.waitstatus_to_exitcode(status))
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn on_a_terminal_the_agent_gets_a_pty_that_resizes_and_takes_ctrl_c() {
     if !support::have("python3") {
@@ -694,10 +717,7 @@ fn doctor_shows_which_agents_run_would_find() {
     let out = run.stdout();
     let claude = out.lines().find(|l| l.contains("agent") && l.contains("claude")).unwrap();
     assert!(claude.starts_with("[ok  ]"), "{out}");
-    assert!(
-        claude.contains("/opt/airlock/agents/claude/claude"),
-        "relocated from the temp dir: {out}"
-    );
+    assert!(claude.contains("/opt/airlock/agents/claude/claude"), "relocated from the home: {out}");
     let codex = out.lines().position(|l| l.contains("codex: not installed")).unwrap();
     assert!(out.lines().nth(codex + 1).unwrap().contains("npm install -g @openai/codex"), "{out}");
 }
@@ -733,4 +753,89 @@ fn real_claude_code_takes_a_piped_prompt() {
     assert!(text.contains("api.anthropic.com:443 refused"), "{text}");
     assert!(refused_anthropic(&a.world, "piped-claude"), "{text}");
     assert_ne!(out.status.code(), Some(0), "{text}");
+}
+
+/// `airlock run codex` with a stand-in `codex` on PATH: Codex's own layout (docs/agents.md
+/// "Where things live"): its home per repo at `/home/agent` with `.codex/`, `auth.json`
+/// shared by copy (only the format's fields go back), both transcript roots hashed in the
+/// session record, and nothing of Claude's.
+#[test]
+fn codex_gets_its_own_home_credential_and_transcripts() {
+    let a = Agents::new();
+    a.world.write_executable(
+        a.fakebin.join("codex"),
+        "#!/bin/sh\n# Stand-in for the Codex CLI: runs its first argument as a script.\nexec /bin/sh -c \"$1\"\n",
+    );
+    let codex_dir = a.world.home.join(".airlock/agent/codex");
+    let shared = codex_dir.join("shared/auth.json");
+    a.world.write(&shared, r#"{"OPENAI_API_KEY":"sk-v1"}"#);
+    let repo = a.repo("cdx");
+    a.world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(&a.world, Options::default());
+    let script = "echo \"home=$HOME pwd=$(pwd) codex=$(command -v codex)\"; cat ~/.codex/auth.json; echo; \
+        ls -A ~ ~/.codex; \
+        mkdir -p ~/.codex/sessions/2026/12 ~/.codex/archived_sessions && \
+        echo '{\"n\":1}' > ~/.codex/sessions/2026/12/rollout-1.jsonl && \
+        echo '{\"n\":2}' > ~/.codex/archived_sessions/rollout-0.jsonl && echo notes > ~/.codex/notes.txt && \
+        printf '%s' '{\"OPENAI_API_KEY\":\"sk-v2\",\"tokens\":{\"access_token\":\"at\"},\"extra\":\"stays\"}' \
+          > ~/.codex/auth.json.tmp && mv ~/.codex/auth.json.tmp ~/.codex/auth.json && echo refreshed";
+    let run = a
+        .world
+        .airlock(&repo)
+        .env("PATH", a.path())
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["run", "codex", "--", script])
+        .run()
+        .expect_code(0);
+    let out = run.stdout();
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("home=/home/agent pwd=/cdx codex=/opt/airlock/bin/codex"));
+    assert_eq!(json(lines.next().unwrap()), json(r#"{"OPENAI_API_KEY":"sk-v1"}"#), "{out}");
+    let rest: Vec<&str> = lines.collect();
+    assert_eq!(
+        rest,
+        [
+            "/home/agent:",
+            ".codex",
+            ".gitconfig",
+            "",
+            "/home/agent/.codex:",
+            "auth.json",
+            "refreshed"
+        ],
+        "{out}\n{}",
+        run.stderr()
+    );
+
+    // The home, on the host: Codex's, keyed by the repo; Claude's tree never made.
+    let canonical = std::fs::canonicalize(&repo).unwrap();
+    let digest = hex::encode(Sha256::digest(canonical.as_os_str().as_encoded_bytes()));
+    let home = codex_dir.join(format!("cdx-{}", &digest[..8]));
+    assert!(home.join(".codex/notes.txt").is_file(), "{}", home.display());
+    assert!(!a.agent_dir().exists(), "a Codex session made Claude's directory");
+    // Copy-back: only the format's fields reach the shared store; the rest stays in the home.
+    assert_eq!(
+        json(&std::fs::read_to_string(&shared).unwrap()),
+        json(r#"{"OPENAI_API_KEY":"sk-v2","tokens":{"access_token":"at"}}"#)
+    );
+    let kept = json(&std::fs::read_to_string(home.join(".codex/auth.json")).unwrap());
+    assert_eq!(kept["extra"], "stays");
+
+    // The session record names the agent and hashes both transcript roots' new files.
+    let recs = a.world.session_records("cdx");
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    assert_eq!(recs[0]["agent"], "codex");
+    assert_eq!(recs[1]["exit_status"], 0);
+    let hashed: Vec<(String, String)> = recs[1]["transcripts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["path"].as_str().unwrap().into(), t["sha256"].as_str().unwrap().into()))
+        .collect();
+    let expect: Vec<(String, String)> =
+        [".codex/archived_sessions/rollout-0.jsonl", ".codex/sessions/2026/12/rollout-1.jsonl"]
+            .iter()
+            .map(|f| (home.join(f).display().to_string(), sha256_file(&home.join(f))))
+            .collect();
+    assert_eq!(hashed, expect, "{}", recs[1]);
 }

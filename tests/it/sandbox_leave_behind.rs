@@ -4,6 +4,9 @@
 //! when the same bytes are written by the host itself into a scratch copy (a positive control),
 //! so a test cannot pass because the attack was wrong. Runs as root and, through
 //! `.ci/unprivileged`, as an unprivileged user.
+// Without `test-hooks` only the tests needing no hook are built; helpers the others share
+// are then unused.
+#![cfg_attr(not(feature = "test-hooks"), allow(dead_code, unused_imports))]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -55,17 +58,19 @@ fn ends(sb: &Sandbox) -> Vec<serde_json::Value> {
     crate::support::jsonl_lines(sb.world.tmp.path(), "session-ends")
 }
 
+#[cfg(feature = "test-hooks")]
 impl Sandbox {
     /// `exec` with the `record` bridge (session_end written to [`record_bridge`]).
     fn exec_recorded(&self, script: &str) -> crate::support::Run {
         self.world
             .airlock(&self.repo)
-            .env("AIRLOCK_TEST_PROXY_BRIDGE", format!("record:{}", record_bridge(self).display()))
+            .hook("AIRLOCK_TEST_PROXY_BRIDGE", format!("record:{}", record_bridge(self).display()))
             .args(["exec", "--", "sh", "-c", script])
             .run()
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn planted_git_pointers_never_mount_host_directories() {
     if !prereqs(&["git"]) {
@@ -106,6 +111,7 @@ fn planted_git_pointers_never_mount_host_directories() {
     assert!(trust.stderr().contains("commondir"), "{}", trust.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_planted_gitdir_file_is_quarantined_and_refused_next_time() {
     let sb = Sandbox::new("gitfile");
@@ -127,6 +133,7 @@ fn a_planted_gitdir_file_is_quarantined_and_refused_next_time() {
     assert_eq!(trust.code(), 3, "{}", trust.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn host_git_status_and_checkout_run_nothing_a_session_planted() {
     if !prereqs(&["git"]) {
@@ -181,6 +188,7 @@ fn host_git_status_and_checkout_run_nothing_a_session_planted() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_git_init_inside_keeps_working_with_its_config_neutralized() {
     if !prereqs(&["git"]) {
@@ -242,6 +250,7 @@ fn host_cargo(cargo: &Path, dir: &Path, world: &Path) -> std::process::Output {
         .unwrap()
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn toolchain_files_keep_inert_edits_and_lose_code_running_keys() {
     let sb = Sandbox::new("toolchain");
@@ -308,6 +317,7 @@ fn toolchain_files_keep_inert_edits_and_lose_code_running_keys() {
     assert_eq!(tc, "[toolchain]\nchannel = \"1.80.0\"\n");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn nested_host_run_files_are_quarantined_and_top_level_ones_are_unusable_live() {
     let sb = Sandbox::new("nested");
@@ -353,6 +363,7 @@ fn nested_host_run_files_are_quarantined_and_top_level_ones_are_unusable_live() 
     assert!(sb.repo.join("sub/deeper").is_dir(), "only the planted files go");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn quarantine_cannot_be_aborted_across_filesystems_or_by_odd_trees() {
     // ~/.airlock on a tmpfs, the repo on the root filesystem: every move is EXDEV.
@@ -393,6 +404,7 @@ fn quarantine_cannot_be_aborted_across_filesystems_or_by_odd_trees() {
     assert!(items.iter().all(|i| i["how"] == "copied"), "{manifest:#}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn setuid_bits_gained_during_a_session_are_stripped_and_reported() {
     let sb = Sandbox::new("setid");
@@ -423,6 +435,7 @@ fn setuid_bits_gained_during_a_session_are_stripped_and_reported() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn host_private_keys_are_never_bound() {
     let sb = Sandbox::new("keys");
@@ -436,6 +449,7 @@ fn host_private_keys_are_never_bound() {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_root_caller_drops_supplementary_groups_and_others_refuse_group_only_paths() {
     let sb = Sandbox::new("groups");
@@ -454,7 +468,7 @@ fn a_root_caller_drops_supplementary_groups_and_others_refuse_group_only_paths()
     let run = sb
         .world
         .airlock(&sb.repo)
-        .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
         .args(["exec", "--repo"])
         .arg(&repo)
         .args(["--", "true"])
@@ -464,6 +478,7 @@ fn a_root_caller_drops_supplementary_groups_and_others_refuse_group_only_paths()
     assert!(run.stderr().contains(&*repo.to_string_lossy()), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn instruction_files_and_outside_symlinks_are_reported_in_the_end_record() {
     let sb = Sandbox::new("report");
@@ -488,6 +503,7 @@ fn instruction_files_and_outside_symlinks_are_reported_in_the_end_record() {
     assert!(!names.iter().any(|p| p.ends_with("/inside")), "{end:#}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn quarantine_list_show_and_restore_give_back_what_was_legitimate() {
     let sb = Sandbox::new("restore");
@@ -560,6 +576,7 @@ impl ArgOs for crate::support::TestCommand {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_concurrent_sessions_placeholder_does_not_open_a_hole_when_it_goes() {
     let sb = Sandbox::new("concurrent");
@@ -597,6 +614,7 @@ fn a_concurrent_sessions_placeholder_does_not_open_a_hole_when_it_goes() {
     }
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn content_planted_under_an_innocent_name_and_renamed_in_later_is_still_judged() {
     if !prereqs(&["git"]) {
@@ -647,6 +665,7 @@ open('.git/index','wb').write(d+hashlib.sha1(d).digest())\"; echo crafted"
     )
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_crafted_index_cannot_make_a_host_checkout_write_into_git() {
     if !prereqs(&["git", "python3"]) {
@@ -690,6 +709,7 @@ fn a_crafted_index_cannot_make_a_host_checkout_write_into_git() {
     assert!(!config.contains("fsmonitor"), "{config}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn symlinks_at_names_host_tools_read_are_taken() {
     if !prereqs(&["git"]) {
@@ -727,6 +747,7 @@ fn symlinks_at_names_host_tools_read_are_taken() {
     assert!(!marker.exists(), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_submodule_named_with_a_slash_is_protected_like_any_other() {
     if !prereqs(&["git"]) {
@@ -766,6 +787,7 @@ fn a_submodule_named_with_a_slash_is_protected_like_any_other() {
     assert!(!marker.exists());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn hooks_the_developer_keeps_in_the_worktree_are_read_only() {
     if !prereqs(&["git"]) {
@@ -792,6 +814,7 @@ fn hooks_the_developer_keeps_in_the_worktree_are_read_only() {
     assert!(out.contains("result:\n"), "a worktree hook was writable: {out}");
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_repo_top_level_shaped_like_a_git_dir_is_judged_as_one() {
     if !prereqs(&["git"]) {
@@ -820,6 +843,7 @@ fn a_repo_top_level_shaped_like_a_git_dir_is_judged_as_one() {
     assert!(!marker.exists(), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_whole_second_filesystem_still_sees_the_first_second_of_a_session() {
     // Needs a filesystem that stores whole seconds: a small ext4 with 128-byte inodes on a loop
@@ -839,6 +863,9 @@ fn a_whole_second_filesystem_still_sees_the_first_second_of_a_session() {
         return;
     }
     let world = World::new();
+    // Declared before the unmount guard, so it is dropped (the World removed) after the
+    // unmount, also on a panic; otherwise the mount point keeps the World's directory.
+    let sb: Sandbox;
     let img = world.tmp.path().join("coarse.img");
     let mnt = world.tmp.path().join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
@@ -861,7 +888,7 @@ fn a_whole_second_filesystem_still_sees_the_first_second_of_a_session() {
     let _guard = Unmount(mnt.clone());
     let repo = mnt.join("coarse");
     std::fs::create_dir_all(repo.join(".git")).unwrap();
-    let sb = Sandbox::with(world, repo);
+    sb = Sandbox::with(world, repo);
     let run = sb
         .exec(&[
             "sh",
@@ -873,6 +900,7 @@ fn a_whole_second_filesystem_still_sees_the_first_second_of_a_session() {
     assert!(!sb.repo.join("x/.envrc").exists(), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_headless_git_dir_completed_or_renamed_in_a_later_session_is_judged_whole() {
     if !prereqs(&["git"]) {
@@ -907,6 +935,7 @@ fn a_headless_git_dir_completed_or_renamed_in_a_later_session_is_judged_whole() 
     assert!(!marker.exists(), "{}", two.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_symlinked_cargo_config_renamed_in_with_its_directory_is_taken() {
     let sb = Sandbox::new("cargolink");
@@ -929,6 +958,7 @@ fn a_symlinked_cargo_config_renamed_in_with_its_directory_is_taken() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn an_index_cannot_stage_host_read_files_or_hide_edits_from_review() {
     if !prereqs(&["git"]) {
@@ -960,6 +990,7 @@ fn an_index_cannot_stage_host_read_files_or_hide_edits_from_review() {
     );
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn hooks_and_includes_the_developers_config_points_into_the_worktree_are_protected() {
     if !prereqs(&["git"]) {
@@ -990,6 +1021,7 @@ fn hooks_and_includes_the_developers_config_points_into_the_worktree_are_protect
     assert!(!sb.repo.join(".githooks").exists(), "{}", run.stderr());
 }
 
+#[cfg(feature = "test-hooks")]
 #[test]
 fn git_state_that_runs_commands_or_reaches_prompts_is_taken() {
     if !prereqs(&["git"]) {

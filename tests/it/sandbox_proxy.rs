@@ -174,3 +174,99 @@ fn allowed_host_through_the_proxy_and_denied_host_refused_and_audited() {
     assert!(lines.iter().all(|l| l["user_id"] == user_id.as_str() && l["repo"] == "egress"));
     assert!(refused.iter().all(|l| l["host"] == "pastebin.com"), "{refused:?}");
 }
+
+/// A listener on `ip` that only counts the connections reaching it.
+fn counting_listener(ip: &str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let h = std::sync::Arc::clone(&hits);
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            if c.is_ok() {
+                h.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    (port, hits)
+}
+
+/// Blocklist mode allows any name without a rule, but a review-plane server stays refused
+/// (SECURITY §3, `policy::eval` step 1): by name, subdomain, any port, plain HTTP and CONNECT,
+/// never resolved and never dialed. Both addresses are in `allow_private`, so nothing but the
+/// review rule stands between the session and the review host's listener.
+#[test]
+fn review_plane_hosts_are_refused_in_blocklist_mode() {
+    if !have("curl") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("blocklist");
+    let port = http_upstream("127.0.0.3", "upstream-ok\n");
+    let (review_port, review_hits) = counting_listener("127.0.0.4");
+    let resolver = world.write(
+        world.tmp.path().join("resolver"),
+        "other.test 127.0.0.3\nreview.test 127.0.0.4\napi.review.test 127.0.0.4\n",
+    );
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nmode = \"blocklist\"\nallow_private = [\"127.0.0.3/32\", \"127.0.0.4/32\"]\n\
+         [review]\nservers = [\"https://review.test:8443\"]\n",
+    );
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.clone().into())],
+            ..Default::default()
+        },
+    );
+    let script = format!(
+        "echo \"other:$(curl -sS -m 10 http://other.test:{port}/)\"\n\
+         curl -sS -m 10 -o /dev/null -w 'review:%{{http_code}}\\n' http://review.test:{review_port}/\n\
+         curl -sS -m 10 -o /dev/null -w 'sub:%{{http_code}}\\n' http://api.review.test:{review_port}/\n\
+         curl -sS -m 10 https://review.test:{review_port}/ 2>/dev/null; echo \"https:$?\"\n\
+         curl -sS -m 10 -D - -o /dev/null http://review.test:8443/ | tr -d '\\r' | grep -i '^x-airlock-reason:'\n"
+    );
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["exec", "--", "sh", "-c", &script])
+        .run();
+    let out = run.expect_code(0).stdout();
+    assert_eq!(
+        out,
+        "other:upstream-ok\nreview:403\nsub:403\nhttps:56\nX-Airlock-Reason: review_plane\n",
+        "airlockd:\n{}",
+        h.log()
+    );
+    use std::sync::atomic::Ordering;
+    assert_eq!(review_hits.load(Ordering::SeqCst), 0, "the review host was dialed");
+
+    let lines = world.audit_lines("blocklist");
+    let decided: Vec<(String, bool, String)> = lines
+        .iter()
+        .map(|l| {
+            let reason = l["reason"].as_str().unwrap_or_default().to_string();
+            (l["host"].as_str().unwrap().to_string(), l["allowed"] == true, reason)
+        })
+        .collect();
+    let want = |host: &str, allowed: bool, reason: &str| (host.to_string(), allowed, reason.into());
+    assert_eq!(
+        decided,
+        vec![
+            want("other.test", true, ""), // allowed lines carry no reason
+            want("review.test", false, "review_plane"),
+            want("api.review.test", false, "review_plane"),
+            want("review.test", false, "review_plane"),
+            want("review.test", false, "review_plane"),
+        ],
+        "{lines:#?}"
+    );
+    // The resolver was asked for the allowed name (so its log exists) and never for the review
+    // host.
+    let queries = std::fs::read_to_string(format!("{}.queries", resolver.display()))
+        .expect("the resolver log exists once other.test was resolved");
+    assert_eq!(queries, "other.test\n");
+}

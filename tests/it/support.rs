@@ -24,7 +24,40 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// A user's world: a temp HOME (with `~/.airlock`), a managed-policy path, and a repo dir.
+/// The directory Worlds are made in: `AIRLOCK_TEST_WORLD_DIR`, else `/var/tmp`. Never `/tmp`:
+/// inside the sandbox `/tmp` is always a private tmpfs, so a host home under it would be
+/// invisible whatever the mounts did, and "the host's `~/.ssh` is invisible" would pass with
+/// the host tree exposed. The sandbox shows nothing of `/var`, so a home there is hidden only
+/// by the mount plan under test. `/var/tmp` is sticky and world-writable like `/tmp`, so the
+/// unprivileged CI user (`.ci/unprivileged`) makes its Worlds there too.
+pub fn world_parent() -> PathBuf {
+    let dir = std::env::var_os("AIRLOCK_TEST_WORLD_DIR")
+        .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+    assert!(
+        !dir.starts_with("/tmp"),
+        "test Worlds must not live under /tmp (the sandbox's private tmpfs): {}",
+        dir.display()
+    );
+    dir
+}
+
+/// How many inputs a sampling loop (a fuzz loop) tries: `wanted`, capped by
+/// `AIRLOCK_IT_MAX_ITERATIONS` (`.ci/run` sets it so the suite keeps within its time budget as
+/// it grows; docs/testing.md).
+pub fn iterations(wanted: usize) -> usize {
+    match std::env::var("AIRLOCK_IT_MAX_ITERATIONS") {
+        Ok(cap) => {
+            let cap: usize = cap.parse().unwrap_or_else(|_| {
+                panic!("AIRLOCK_IT_MAX_ITERATIONS={cap:?} is not a number of iterations")
+            });
+            wanted.min(cap)
+        }
+        Err(_) => wanted,
+    }
+}
+
+/// A user's world: a HOME (with `~/.airlock`), a managed-policy path, and a repo dir, in a
+/// fresh directory under [`world_parent`] that is removed when the World is dropped.
 pub struct World {
     pub tmp: tempfile::TempDir,
     pub home: PathBuf,
@@ -33,7 +66,10 @@ pub struct World {
 
 impl World {
     pub fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("airlock-world-")
+            .tempdir_in(world_parent())
+            .unwrap_or_else(|e| panic!("cannot make a World in {}: {e}", world_parent().display()));
         let home = tmp.path().join("home");
         std::fs::create_dir_all(&home).unwrap();
         let managed = tmp.path().join("etc-airlock-policy.toml");
@@ -110,20 +146,25 @@ impl Sandbox {
         Self { world, repo }
     }
 
+    /// `airlock exec -- ARGS` with the `hold` bridge, a test hook: tests using it exist only in
+    /// `test-hooks` builds (a build without hooks would start a real daemon instead).
+    #[cfg(feature = "test-hooks")]
     pub fn exec<S: AsRef<OsStr>>(&self, args: &[S]) -> TestCommand {
         self.world
             .airlock(&self.repo)
-            .env("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+            .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
             .args(["exec", "--"])
             .args(args)
     }
 
     /// `sh -c SCRIPT` inside.
+    #[cfg(feature = "test-hooks")]
     pub fn sh(&self, script: &str) -> Run {
         self.exec(&["sh", "-c", script]).run()
     }
 
     /// `python3 -c CODE` inside.
+    #[cfg(feature = "test-hooks")]
     pub fn py(&self, code: &str) -> Run {
         self.exec(&["python3", "-c", code]).run()
     }
@@ -213,6 +254,15 @@ impl TestCommand {
     pub fn env(mut self, key: &str, value: impl AsRef<OsStr>) -> Self {
         self.cmd.env(key, value);
         self
+    }
+
+    /// Sets a test-hook variable (`AIRLOCK_TEST_*`, read by the binaries only when built with
+    /// `test-hooks`). Exists only in `test-hooks` builds, so a test relying on a hook cannot
+    /// compile into the suite that runs against the binaries users install.
+    #[cfg(feature = "test-hooks")]
+    pub fn hook(self, key: &str, value: impl AsRef<OsStr>) -> Self {
+        assert!(key.starts_with("AIRLOCK_TEST_"), "{key} is not a test hook");
+        self.env(key, value)
     }
 
     pub fn run(mut self) -> Run {
