@@ -35,3 +35,4 @@ pub mod review;
 pub mod sandbox;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod timefmt;
