@@ -26,6 +26,7 @@ pub mod daemon;
 pub mod env;
 pub mod fsat;
 pub mod hostpath;
+pub mod logging;
 pub mod paths;
 pub mod policy;
 pub mod protocol;

@@ -7,6 +7,7 @@ mod cli_policy;
 mod daemon;
 mod daemon_units;
 mod harness;
+mod logging;
 mod logs;
 mod proxy;
 mod proxy_adversarial;
