@@ -547,6 +547,8 @@ fn leftovers(report: &Report) -> crate::protocol::Leftovers {
         instructions_changed: report.instructions_changed.iter().map(|p| show(p)).collect(),
         unscanned: report.unreadable.iter().map(|p| show(p)).collect(),
         scanned_entries: report.entries,
+        // The transcript walk's fields are filled by `airlock run`'s bridge.
+        ..crate::protocol::Leftovers::default()
     }
 }
 

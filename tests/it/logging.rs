@@ -1,7 +1,9 @@
-//! The one log subscriber (src/logging.rs) seen from outside: a failing audit write in the
-//! daemon's proxy reaches the daemon's stderr, a bad `AIRLOCK_LOG` is a clear error, and while
-//! the caller's terminal is raw the CLI's warnings go to `~/.airlock/airlock.log`, never onto
-//! the terminal. Upstreams are the test's own loopback servers; the test resolver maps names.
+//! Nothing is dropped silently. The one log subscriber (src/logging.rs) seen from outside: a
+//! failing audit write in the daemon's proxy reaches the daemon's stderr, a bad `AIRLOCK_LOG`
+//! is a clear error, and while the caller's terminal is raw the CLI's warnings go to
+//! `~/.airlock/airlock.log`, never onto the terminal. And a transcript walk cut short at
+//! session end is said in the session record. Upstreams are the test's own loopback servers;
+//! the test resolver maps names.
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -154,4 +156,48 @@ fn while_the_terminal_is_raw_cli_warnings_go_to_the_log_file_and_are_counted() {
         "{text}"
     );
     assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+}
+
+#[test]
+fn a_transcript_walk_cut_short_is_said_in_the_session_record() {
+    if !have("python3") {
+        return;
+    }
+    let world = World::new();
+    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"example.test\"]\n");
+    let fakebin = world.tmp.path().join("fakebin");
+    world.write_executable(
+        fakebin.join("claude"),
+        "#!/bin/sh\n# Stand-in for Claude Code: runs its first argument as a script.\nexec /bin/sh -c \"$1\"\n",
+    );
+    let repo = world.repo("manyfiles");
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(&world, Options::default());
+    let limit = airlock::agent::home::WALK_MAX_ENTRIES;
+    // One entry more than the walk looks at, all transcript-shaped.
+    let script = format!(
+        "python3 -c \"import os\nd = os.path.expanduser('~/.claude/projects/-many')\nos.makedirs(d)\n\
+         for i in range({limit}):\n  open(os.path.join(d, '%06d.jsonl' % i), 'w').close()\"",
+    );
+    let path = format!("{}:{}", fakebin.display(), std::env::var("PATH").unwrap_or_default());
+    let run = world
+        .airlock(&repo)
+        .env("PATH", path)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["run", "claude", "--", &script])
+        .run();
+    assert_eq!(run.code(), 0, "{}\n--- airlockd\n{}", run.stderr(), h.log());
+    // The CLI warned (after the session, not while the terminal was raw).
+    assert!(run.stderr().contains("the rest were not hashed"), "{}", run.stderr());
+    let recs = world.session_records("manyfiles");
+    let end = recs.iter().find(|r| r["kind"] == "end");
+    let end = end.unwrap_or_else(|| panic!("no end record: {recs:?}\n--- airlockd\n{}", h.log()));
+    assert!(end.get("end_reason").is_none(), "the end record was not lost: {}", end["end_reason"]);
+    assert_eq!(end["transcripts_truncated"], true);
+    assert_eq!(end["transcript_entries_walked"], limit as u64);
+    // One entry is the `-many` directory; the list stops at its byte budget, the rest counted.
+    let listed = end["transcripts"].as_array().unwrap().len() as u64;
+    let unlisted = end["transcripts_unlisted"].as_u64().unwrap();
+    assert!(listed > 10, "{listed}");
+    assert_eq!(listed + unlisted, limit as u64 - 1);
 }
