@@ -26,6 +26,7 @@ pub mod daemon;
 pub mod env;
 pub mod fsat;
 pub mod hostpath;
+pub mod logging;
 pub mod paths;
 pub mod policy;
 pub mod protocol;
@@ -35,3 +36,4 @@ pub mod review;
 pub mod sandbox;
 #[allow(unsafe_code)]
 pub mod sys;
+pub mod timefmt;

@@ -422,6 +422,17 @@ pub struct Leftovers {
     /// Entries the sweep looked at.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub scanned_entries: u64,
+    /// `airlock run`: the transcript walk stopped early (too many entries, or too deep), so
+    /// `transcripts` may be incomplete.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transcripts_truncated: bool,
+    /// With `transcripts_truncated`: the directory entries the walk looked at.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transcript_entries_walked: u64,
+    /// With `transcripts_truncated`: changed transcripts found but left out of `transcripts`
+    /// (the list is kept small enough for one control frame).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transcripts_unlisted: u64,
 }
 
 fn is_zero(n: &u64) -> bool {

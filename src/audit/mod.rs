@@ -173,21 +173,9 @@ pub enum AuditError {
     },
 }
 
-/// `ts` format: RFC 3339, milliseconds, UTC, `Z` suffix (`2026-07-24T18:03:11.482Z`).
-/// Times before 1970 (a broken clock) are written as the epoch.
-pub fn rfc3339_ms(t: SystemTime) -> String {
-    let dt = time::OffsetDateTime::from(t.max(SystemTime::UNIX_EPOCH));
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
-        dt.year(),
-        u8::from(dt.month()),
-        dt.day(),
-        dt.hour(),
-        dt.minute(),
-        dt.second(),
-        dt.millisecond()
-    )
-}
+/// `ts` format: RFC 3339, milliseconds, UTC, `Z` suffix (`2026-07-24T18:03:11.482Z`), from
+/// the crate's one formatter.
+pub use crate::timefmt::rfc3339_ms;
 
 /// The UTC date of `t` as `YYYY-MM-DD`: the date part of audit and session file names.
 pub fn utc_date(t: SystemTime) -> String {

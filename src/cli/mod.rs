@@ -95,6 +95,10 @@ pub fn main() -> i32 {
             return err.exit_code();
         }
     };
+    if let Err(err) = crate::logging::init(&ProcessEnv, crate::logging::Program::Cli) {
+        eprintln!("airlock: {err}");
+        return if matches!(cli.command, Command::Exec(_) | Command::Run(_)) { 125 } else { 2 };
+    }
     let cwd = match std::env::current_dir() {
         Ok(cwd) => cwd,
         Err(err) => {

@@ -76,16 +76,39 @@ pub fn render_systemd(airlockd: &Path) -> (String, String) {
     (SYSTEMD_SOCKET.to_owned(), service)
 }
 
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+/// Fills the per-user LaunchAgent template: the `@AIRLOCKD@`, `@SOCKET@` and `@LOG@` strings
+/// are replaced in the parsed property list and the plist crate writes it out again, so a path
+/// with `&`, `<` or non-ASCII is encoded as XML requires (the template's comment is dropped).
+pub fn render_launchd_user(airlockd: &Path, socket: &Path, log: &Path) -> Result<String, String> {
+    let bad_template =
+        |e: plist::Error| format!("the built-in LaunchAgent template is broken: {e}");
+    let mut agent =
+        plist::Value::from_reader_xml(LAUNCHD_USER_TEMPLATE.as_bytes()).map_err(bad_template)?;
+    let fill = |placeholder: &str| match placeholder {
+        "@AIRLOCKD@" => Some(airlockd.display().to_string()),
+        "@SOCKET@" => Some(socket.display().to_string()),
+        "@LOG@" => Some(log.display().to_string()),
+        _ => None,
+    };
+    fill_strings(&mut agent, &fill);
+    let mut out = Vec::new();
+    agent.to_writer_xml(&mut out).map_err(bad_template)?;
+    out.push(b'\n');
+    String::from_utf8(out).map_err(|e| format!("the LaunchAgent is not UTF-8: {e}"))
 }
 
-/// Fills the per-user LaunchAgent template.
-pub fn render_launchd_user(airlockd: &Path, socket: &Path, log: &Path) -> String {
-    LAUNCHD_USER_TEMPLATE
-        .replace("@AIRLOCKD@", &xml_escape(&airlockd.display().to_string()))
-        .replace("@SOCKET@", &xml_escape(&socket.display().to_string()))
-        .replace("@LOG@", &xml_escape(&log.display().to_string()))
+/// Replaces every string value for which `fill` has a replacement.
+fn fill_strings(value: &mut plist::Value, fill: &dyn Fn(&str) -> Option<String>) {
+    match value {
+        plist::Value::String(s) => {
+            if let Some(new) = fill(s) {
+                *s = new;
+            }
+        }
+        plist::Value::Array(items) => items.iter_mut().for_each(|v| fill_strings(v, fill)),
+        plist::Value::Dictionary(dict) => dict.values_mut().for_each(|v| fill_strings(v, fill)),
+        _ => {}
+    }
 }
 
 struct Plan {
@@ -134,7 +157,7 @@ fn plan_install(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Result<Pl
         Manager::Launchd => {
             let plist = launch_agent_path(paths);
             let socket = SocketPath::resolve(ctx.env).path;
-            let contents = render_launchd_user(&airlockd, &socket, &paths.daemon_log());
+            let contents = render_launchd_user(&airlockd, &socket, &paths.daemon_log())?;
             Plan {
                 manager,
                 commands: vec![vec![
@@ -371,9 +394,22 @@ mod tests {
 
     #[test]
     fn launchd_template_is_filled_and_escaped() {
-        let p =
-            render_launchd_user(Path::new("/a&b/airlockd"), Path::new("/tmp/s"), Path::new("/l"));
-        assert!(p.contains("<string>/a&amp;b/airlockd</string>"));
-        assert!(!p.contains('@'));
+        let xml = render_launchd_user(
+            Path::new("/a&b/<x>/airlockd"),
+            Path::new("/tmp/s é"),
+            Path::new("/l"),
+        )
+        .unwrap();
+        assert!(xml.contains("<string>/a&amp;b/&lt;x&gt;/airlockd</string>"), "{xml}");
+        assert!(!xml.contains('@'), "{xml}");
+        // What was written reads back as the values given, in the template's places.
+        let agent = plist::Value::from_reader_xml(xml.as_bytes()).unwrap();
+        let agent = agent.as_dictionary().unwrap();
+        let program = &agent["ProgramArguments"].as_array().unwrap()[0];
+        assert_eq!(program.as_string(), Some("/a&b/<x>/airlockd"));
+        let sock = agent["Sockets"].as_dictionary().unwrap()["airlock"].as_dictionary().unwrap();
+        assert_eq!(sock["SockPathName"].as_string(), Some("/tmp/s é"));
+        assert_eq!(sock["SockPathMode"].as_signed_integer(), Some(384));
+        assert_eq!(agent["StandardErrorPath"].as_string(), Some("/l"));
     }
 }

@@ -115,9 +115,7 @@ pub fn state(paths: &Paths, repo: &Repo, digest: &str) -> TrustState {
 
 /// Records `digest` as the trusted content of `repo`'s file.
 pub fn trust(paths: &Paths, repo: &Repo, digest: &str) -> Result<TrustRecord, TrustError> {
-    let trusted_at = time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default();
+    let trusted_at = crate::timefmt::rfc3339_ms(std::time::SystemTime::now());
     let record = TrustRecord { path: repo.config_file(), digest: digest.to_owned(), trusted_at };
     let text = toml::to_string(&record)?;
     let path = record_path(paths, repo);

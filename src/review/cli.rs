@@ -212,16 +212,6 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
     1
 }
 
-fn init_logging() {
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
-}
-
 /// Entry point of `airlockd review`. Returns the exit code.
 pub fn run_review(args: ReviewArgs) -> i32 {
     match args.command {
@@ -330,7 +320,6 @@ fn is_loopback(addr: &SocketAddr) -> bool {
 
 fn run_server(args: ReviewArgs) -> i32 {
     use crate::sys::activation::Family;
-    init_logging();
     // Adopt the activation socket before any thread exists (DESIGN §6).
     let std_listener = match args.listen {
         Some(addr) => match std::net::TcpListener::bind(addr) {

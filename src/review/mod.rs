@@ -131,12 +131,7 @@ pub fn now_micros() -> Micros {
 
 /// RFC 3339 with milliseconds, UTC (`2026-03-04T09:12:05.118Z`), as the audit log writes it.
 pub fn format_micros(us: Micros) -> String {
-    let dt = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    let fmt = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
-    );
-    dt.format(&fmt).unwrap_or_default()
+    crate::timefmt::rfc3339(crate::timefmt::from_micros(us), crate::timefmt::Fraction::Millis)
 }
 
 /// Parses an RFC 3339 timestamp into microseconds.

@@ -368,41 +368,13 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     )
 }
 
-fn query_params(req: &Request<Incoming>) -> Vec<(String, String)> {
-    req.uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|s| !s.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
-                {
-                    Ok(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+/// The query string's `name=value` pairs, decoded as `application/x-www-form-urlencoded`
+/// (WHATWG URL §5.1: `+` is a space, `%XX` a byte, a malformed escape stays as written, and
+/// bytes that are not UTF-8 become U+FFFD, so they can only fail the checks of a value).
+fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Resp> {
+    serde_urlencoded::from_str(query.unwrap_or("")).map_err(|e| {
+        error(StatusCode::BAD_REQUEST, format!("the query string cannot be decoded: {e}"))
+    })
 }
 
 fn parse_limit(v: &str) -> Result<u32, Resp> {
@@ -414,7 +386,9 @@ fn parse_limit(v: &str) -> Result<u32, Resp> {
 
 fn parse_time(name: &str, v: &str) -> Result<i64, Resp> {
     parse_rfc3339(v).ok_or_else(|| {
-        error(StatusCode::BAD_REQUEST, format!("`{name}` must be an RFC 3339 timestamp"))
+        // In a query string an unencoded `+` is a space: the likeliest cause of a space here.
+        let hint = if v.contains(' ') { "; send a `+` in the offset as %2B" } else { "" };
+        error(StatusCode::BAD_REQUEST, format!("`{name}` must be an RFC 3339 timestamp{hint}"))
     })
 }
 
@@ -440,7 +414,11 @@ async fn resolve_user<S: Store>(st: &AppState<S>, v: &str) -> Result<String, Res
 async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
     let mut q = EventQuery { limit: 100, ..EventQuery::default() };
     let mut with_view = false;
-    for (k, v) in query_params(req) {
+    let params = match query_params(req.uri().query()) {
+        Ok(params) => params,
+        Err(resp) => return resp,
+    };
+    for (k, v) in params {
         let r: Result<(), Resp> = async {
             match k.as_str() {
                 "user" => q.user_id = Some(resolve_user(st, &v).await?),
@@ -532,7 +510,11 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
 
 async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
     let mut q = FlagQuery { limit: 100, ..FlagQuery::default() };
-    for (k, v) in query_params(req) {
+    let params = match query_params(req.uri().query()) {
+        Ok(params) => params,
+        Err(resp) => return resp,
+    };
+    for (k, v) in params {
         let r: Result<(), Resp> = async {
             match k.as_str() {
                 "user" => q.user_id = Some(resolve_user(st, &v).await?),
@@ -717,5 +699,74 @@ fn scope_member_reads(user: &User, wanted: &mut Option<String>, what: &str) -> R
             *wanted = Some(user.id.clone());
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn pairs(query: &str) -> Vec<(String, String)> {
+        query_params(Some(query)).unwrap()
+    }
+
+    fn owned(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    #[test]
+    fn query_strings_are_percent_and_plus_decoded() {
+        assert_eq!(
+            pairs("user=dev%40example.test&rule=a+b%2Bc&since=2026-03-04T09%3A12%3A05%2B01%3A00"),
+            owned(&[
+                ("user", "dev@example.test"),
+                ("rule", "a b+c"),
+                ("since", "2026-03-04T09:12:05+01:00")
+            ])
+        );
+        // Empty pairs are skipped; a name without `=` has an empty value; an encoded name.
+        assert_eq!(pairs("&&view&li%6Dit=5&"), owned(&[("view", ""), ("limit", "5")]));
+        assert_eq!(query_params(None).unwrap(), Vec::new());
+        // UTF-8 escapes decode to the character.
+        assert_eq!(pairs("rule=caf%C3%A9"), owned(&[("rule", "café")]));
+    }
+
+    #[test]
+    fn malformed_escapes_and_bad_bytes_reach_the_value_checks_visibly() {
+        // A malformed escape stays as written; a byte that is not UTF-8 becomes U+FFFD.
+        assert_eq!(
+            pairs("rule=50%&state=%zz&x=%4"),
+            owned(&[("rule", "50%"), ("state", "%zz"), ("x", "%4")])
+        );
+        assert_eq!(pairs("session=%FF"), owned(&[("session", "\u{fffd}")]));
+        // ... and the value checks then refuse them with messages naming the parameter.
+        let (k, v) = &pairs("limit=%31%30%30%30%30")[0];
+        assert_eq!((k.as_str(), v.as_str()), ("limit", "10000"));
+        let resp = parse_limit(v).unwrap_err();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body = futures_body(resp);
+        assert_eq!(body["error"], "`limit` must be an integer from 1 to 1000");
+        let (_, v) = &pairs("since=2026-03-04T09:12:05+01:00")[0];
+        // An unencoded `+` is a space, so this timestamp is refused, and the message says how.
+        assert_eq!(v, "2026-03-04T09:12:05 01:00");
+        let body = futures_body(parse_time("since", v).unwrap_err());
+        assert_eq!(
+            body["error"],
+            "`since` must be an RFC 3339 timestamp; send a `+` in the offset as %2B"
+        );
+        let body = futures_body(parse_time("until", "yesterday").unwrap_err());
+        assert_eq!(body["error"], "`until` must be an RFC 3339 timestamp");
+    }
+
+    /// The JSON body of an error response.
+    fn futures_body(resp: Resp) -> Value {
+        let bytes = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(resp.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
     }
 }

@@ -158,9 +158,7 @@ pub struct Store {
 }
 
 fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+    crate::timefmt::rfc3339_ms(std::time::SystemTime::now())
 }
 
 fn kind_name(kind: SFlag) -> &'static str {

@@ -105,13 +105,14 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_ctx("pipe")(e.into()))
 }
 
-/// Restores the caller's terminal on drop.
-struct RawMode(Option<Termios>);
+/// Restores the caller's terminal on drop; while raw, the CLI's log events go to a file
+/// (`logging::divert_while_raw`; the guard drops after the terminal is restored).
+struct RawMode(Option<Termios>, Option<crate::logging::Diverted>);
 
 impl RawMode {
     fn enter(on: bool) -> Self {
         if !on {
-            return Self(None);
+            return Self(None, None);
         }
         let fd = StdFd::IN.borrow();
         match termios::tcgetattr(fd) {
@@ -119,9 +120,9 @@ impl RawMode {
                 let mut raw = saved.clone();
                 termios::cfmakeraw(&mut raw);
                 let _ = termios::tcsetattr(fd, SetArg::TCSANOW, &raw);
-                Self(Some(saved))
+                Self(Some(saved), Some(crate::logging::divert_while_raw()))
             }
-            Err(_) => Self(None),
+            Err(_) => Self(None, None),
         }
     }
 }
@@ -131,6 +132,8 @@ impl Drop for RawMode {
         if let Some(saved) = &self.0 {
             let _ = termios::tcsetattr(StdFd::IN.borrow(), SetArg::TCSAFLUSH, saved);
         }
+        // Only now, with the terminal cooked again, may the diversion's summary be printed.
+        drop(self.1.take());
     }
 }
 
@@ -526,6 +529,8 @@ fn leftovers(report: &Report) -> crate::protocol::Leftovers {
         instructions_changed: report.instructions_changed.iter().map(|p| show(p)).collect(),
         unscanned: report.unreadable.iter().map(|p| show(p)).collect(),
         scanned_entries: report.entries,
+        // The transcript walk's fields are filled by `airlock run`'s bridge.
+        ..crate::protocol::Leftovers::default()
     }
 }
 

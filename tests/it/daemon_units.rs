@@ -1,167 +1,21 @@
 //! The shipped service files (issue 4 items 8–9): the systemd units pass
-//! `systemd-analyze verify` (through `.ci/lint-units`), and the launchd plists — parsed with a
-//! small plist reader below — have `SockPathMode` as the integer 384, no `RunAtLoad`/`KeepAlive`,
-//! an absolute program path, and the socket key airlockd asks launchd for.
+//! `systemd-analyze verify` (through `.ci/lint-units`), and the launchd plists — read with the
+//! `plist` crate — have `SockPathMode` as the integer 384, no `RunAtLoad`/`KeepAlive`, an
+//! absolute program path, and the socket key airlockd asks launchd for.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 
 use airlock::sys::activation::SOCKET_NAME;
+use plist::{Dictionary, Value};
 
 use crate::support::{World, bin, in_ci};
 
-/// A property-list value (the subset launchd plists use).
-#[derive(Debug, Clone, PartialEq)]
-enum Plist {
-    Dict(Vec<(String, Plist)>),
-    Array(Vec<Plist>),
-    String(String),
-    Integer(i64),
-    Bool(bool),
-}
-
-impl Plist {
-    fn get(&self, key: &str) -> Option<&Plist> {
-        match self {
-            Plist::Dict(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-    fn keys(&self) -> Vec<&str> {
-        match self {
-            Plist::Dict(entries) => entries.iter().map(|(k, _)| k.as_str()).collect(),
-            _ => Vec::new(),
-        }
-    }
-}
-
-/// Tokens of the XML: tags (with a self-closing flag) and text.
-#[derive(Debug, PartialEq)]
-enum Tok {
-    Open(String),
-    Close(String),
-    Empty(String),
-    Text(String),
-}
-
-fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
-}
-
-fn tokenize(xml: &str) -> Result<Vec<Tok>, String> {
-    let mut toks = Vec::new();
-    let mut rest = xml;
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix("<?") {
-            rest = &r[r.find("?>").ok_or("unterminated <?")? + 2..];
-        } else if let Some(r) = rest.strip_prefix("<!--") {
-            rest = &r[r.find("-->").ok_or("unterminated comment")? + 3..];
-        } else if let Some(r) = rest.strip_prefix("<!") {
-            rest = &r[r.find('>').ok_or("unterminated <!")? + 1..];
-        } else if let Some(r) = rest.strip_prefix('<') {
-            let end = r.find('>').ok_or("unterminated tag")?;
-            let tag = &r[..end];
-            rest = &r[end + 1..];
-            if let Some(name) = tag.strip_prefix('/') {
-                toks.push(Tok::Close(name.trim().to_owned()));
-            } else if let Some(name) = tag.strip_suffix('/') {
-                toks.push(Tok::Empty(name.trim().to_owned()));
-            } else {
-                let name = tag.split_whitespace().next().ok_or("empty tag")?;
-                toks.push(Tok::Open(name.to_owned()));
-            }
-        } else {
-            let end = rest.find('<').unwrap_or(rest.len());
-            let text = &rest[..end];
-            if !text.trim().is_empty() {
-                toks.push(Tok::Text(unescape(text)));
-            }
-            rest = &rest[end..];
-        }
-    }
-    Ok(toks)
-}
-
-fn parse_value(toks: &[Tok], i: &mut usize) -> Result<Plist, String> {
-    let tok = toks.get(*i).ok_or("unexpected end")?;
-    *i += 1;
-    let text_until = |i: &mut usize, name: &str| -> Result<String, String> {
-        let mut text = String::new();
-        if let Some(Tok::Text(t)) = toks.get(*i) {
-            text = t.clone();
-            *i += 1;
-        }
-        match toks.get(*i) {
-            Some(Tok::Close(n)) if n == name => {
-                *i += 1;
-                Ok(text)
-            }
-            other => Err(format!("expected </{name}>, got {other:?}")),
-        }
-    };
-    match tok {
-        Tok::Empty(n) if n == "true" => Ok(Plist::Bool(true)),
-        Tok::Empty(n) if n == "false" => Ok(Plist::Bool(false)),
-        Tok::Empty(n) if n == "dict" => Ok(Plist::Dict(Vec::new())),
-        Tok::Empty(n) if n == "array" => Ok(Plist::Array(Vec::new())),
-        Tok::Open(n) if n == "string" => Ok(Plist::String(text_until(i, "string")?)),
-        Tok::Open(n) if n == "integer" => {
-            let t = text_until(i, "integer")?;
-            t.trim().parse().map(Plist::Integer).map_err(|e| format!("bad integer {t:?}: {e}"))
-        }
-        Tok::Open(n) if n == "array" => {
-            let mut items = Vec::new();
-            loop {
-                if let Some(Tok::Close(c)) = toks.get(*i) {
-                    if c != "array" {
-                        return Err(format!("unexpected </{c}> in array"));
-                    }
-                    *i += 1;
-                    return Ok(Plist::Array(items));
-                }
-                items.push(parse_value(toks, i)?);
-            }
-        }
-        Tok::Open(n) if n == "dict" => {
-            let mut entries = Vec::new();
-            loop {
-                match toks.get(*i) {
-                    Some(Tok::Close(c)) if c == "dict" => {
-                        *i += 1;
-                        return Ok(Plist::Dict(entries));
-                    }
-                    Some(Tok::Open(k)) if k == "key" => {
-                        *i += 1;
-                        let key = text_until(i, "key")?;
-                        if entries.iter().any(|(e, _)| *e == key) {
-                            return Err(format!("duplicate key {key}"));
-                        }
-                        entries.push((key, parse_value(toks, i)?));
-                    }
-                    other => return Err(format!("expected <key> in dict, got {other:?}")),
-                }
-            }
-        }
-        other => Err(format!("unexpected {other:?}")),
-    }
-}
-
-fn parse_plist(xml: &str) -> Result<Plist, String> {
-    let toks = tokenize(xml)?;
-    let mut i = 0;
-    match toks.first() {
-        Some(Tok::Open(n)) if n == "plist" => i += 1,
-        other => return Err(format!("expected <plist>, got {other:?}")),
-    }
-    let v = parse_value(&toks, &mut i)?;
-    match toks.get(i) {
-        Some(Tok::Close(n)) if n == "plist" && i + 1 == toks.len() => Ok(v),
-        other => Err(format!("trailing content: {other:?}")),
-    }
+fn parse_plist(xml: &str) -> Dictionary {
+    Value::from_reader_xml(xml.as_bytes())
+        .unwrap_or_else(|e| panic!("not a property list ({e}):\n{xml}"))
+        .into_dictionary()
+        .expect("the top level is not a dict")
 }
 
 fn repo_file(rel: &str) -> PathBuf {
@@ -169,54 +23,87 @@ fn repo_file(rel: &str) -> PathBuf {
 }
 
 /// The checks every airlockd LaunchAgent must pass; returns the socket dict.
-fn check_agent(plist: &Plist) -> &Plist {
-    assert_eq!(plist.get("Label"), Some(&Plist::String(airlock::client::LAUNCHD_LABEL.into())));
-    for forbidden in ["RunAtLoad", "KeepAlive"] {
-        assert!(plist.get(forbidden).is_none(), "{forbidden} must not be set: airlockd idles out");
+fn check_agent(agent: &Dictionary) -> Result<&Dictionary, String> {
+    if agent.get("Label").and_then(Value::as_string) != Some(airlock::client::LAUNCHD_LABEL) {
+        return Err(format!("Label is {:?}", agent.get("Label")));
     }
-    let Some(Plist::Array(args)) = plist.get("ProgramArguments") else {
-        panic!("no ProgramArguments")
-    };
-    let Some(Plist::String(program)) = args.first() else { panic!("empty ProgramArguments") };
-    assert!(Path::new(program).is_absolute(), "program path {program} is not absolute");
-    let sockets = plist.get("Sockets").expect("no Sockets");
-    assert_eq!(
-        sockets.keys(),
-        vec![SOCKET_NAME],
-        "the socket key must be what airlockd asks launchd for"
-    );
-    let sock = sockets.get(SOCKET_NAME).unwrap();
-    assert_eq!(
-        sock.get("SockPathMode"),
-        Some(&Plist::Integer(384)),
-        "SockPathMode must be the integer 384 (0600)"
-    );
-    sock
+    for forbidden in ["RunAtLoad", "KeepAlive"] {
+        if agent.contains_key(forbidden) {
+            return Err(format!("{forbidden} must not be set: airlockd idles out"));
+        }
+    }
+    let program = agent
+        .get("ProgramArguments")
+        .and_then(Value::as_array)
+        .and_then(|args| args.first())
+        .and_then(Value::as_string)
+        .ok_or("no ProgramArguments, or its first item is not a string")?;
+    if !Path::new(program).is_absolute() {
+        return Err(format!("program path {program} is not absolute"));
+    }
+    let sockets = agent.get("Sockets").and_then(Value::as_dictionary).ok_or("no Sockets dict")?;
+    let keys: Vec<&str> = sockets.keys().map(String::as_str).collect();
+    if keys != [SOCKET_NAME] {
+        return Err(format!("socket keys {keys:?}: must be only what airlockd asks launchd for"));
+    }
+    let sock = sockets[SOCKET_NAME].as_dictionary().ok_or("the socket is not a dict")?;
+    // An integer, not the string "384" (launchd ignores a mode of the wrong type).
+    if !matches!(sock.get("SockPathMode"), Some(Value::Integer(n)) if n.as_signed() == Some(384)) {
+        return Err(format!(
+            "SockPathMode must be the integer 384 (0600), is {:?}",
+            sock.get("SockPathMode")
+        ));
+    }
+    Ok(sock)
 }
 
 #[test]
-fn the_plist_reader_rejects_what_launchd_would() {
-    assert!(parse_plist("<plist><dict><key>a</key></dict></plist>").is_err());
-    assert!(parse_plist("<plist><dict><key>a</key><integer>x</integer></dict></plist>").is_err());
-    assert!(
-        parse_plist("<plist><dict><key>a</key><true/><key>a</key><true/></dict></plist>").is_err()
-    );
-    let v = parse_plist("<plist version=\"1.0\"><dict><key>k</key><string>a&amp;b</string><key>n</key><integer>384</integer></dict></plist>").unwrap();
-    assert_eq!(v.get("k"), Some(&Plist::String("a&b".into())));
-    assert_eq!(v.get("n"), Some(&Plist::Integer(384)));
-    // The string "384" is not the integer 384.
-    let s = parse_plist("<plist><dict><key>n</key><string>384</string></dict></plist>").unwrap();
-    assert_ne!(s.get("n"), Some(&Plist::Integer(384)));
+fn the_agent_checks_refuse_what_airlockd_cannot_use() {
+    let xml =
+        std::fs::read_to_string(repo_file("service/launchd/dev.airlock.airlockd.plist")).unwrap();
+    let good = parse_plist(&xml);
+    check_agent(&good).unwrap();
+    type Mutation = fn(&mut Dictionary);
+    let mutations: [(&str, Mutation); 5] = [
+        ("RunAtLoad", |d| {
+            d.insert("RunAtLoad".into(), Value::Boolean(true));
+        }),
+        ("not absolute", |d| {
+            d.insert(
+                "ProgramArguments".into(),
+                Value::Array(vec![Value::String("airlockd".into())]),
+            );
+        }),
+        ("socket keys", |d| {
+            let sockets = d.get_mut("Sockets").unwrap().as_dictionary_mut().unwrap();
+            let sock = sockets.remove(SOCKET_NAME).unwrap();
+            sockets.insert("other".into(), sock);
+        }),
+        ("integer 384", |d| {
+            let sockets = d.get_mut("Sockets").unwrap().as_dictionary_mut().unwrap();
+            let sock = sockets.get_mut(SOCKET_NAME).unwrap().as_dictionary_mut().unwrap();
+            sock.insert("SockPathMode".into(), Value::String("384".into()));
+        }),
+        ("Label", |d| {
+            d.insert("Label".into(), Value::String("com.example.other".into()));
+        }),
+    ];
+    for (what, mutate) in mutations {
+        let mut bad = good.clone();
+        mutate(&mut bad);
+        let err = check_agent(&bad).unwrap_err();
+        assert!(err.contains(what), "{what}: {err}");
+    }
 }
 
 #[test]
 fn fleet_plist_uses_a_secure_socket_exported_as_airlock_socket() {
     let xml =
         std::fs::read_to_string(repo_file("service/launchd/dev.airlock.airlockd.plist")).unwrap();
-    let plist = parse_plist(&xml).unwrap();
-    let sock = check_agent(&plist);
-    assert_eq!(sock.get("SecureSocketWithKey"), Some(&Plist::String("AIRLOCK_SOCKET".into())));
-    assert!(sock.get("SockPathName").is_none());
+    let agent = parse_plist(&xml);
+    let sock = check_agent(&agent).unwrap();
+    assert_eq!(sock.get("SecureSocketWithKey").and_then(Value::as_string), Some("AIRLOCK_SOCKET"));
+    assert!(!sock.contains_key("SockPathName"));
 }
 
 #[test]
@@ -232,12 +119,14 @@ fn per_user_plist_from_service_install_dry_run() {
     let out = run.stdout();
     let start = out.find("<?xml").expect("no plist printed");
     let end = out.find("</plist>").expect("unterminated plist") + "</plist>".len();
-    let plist = parse_plist(&out[start..end]).unwrap();
-    let s = check_agent(&plist);
-    assert_eq!(s.get("SockPathName"), Some(&Plist::String(sock.display().to_string())));
-    let Some(Plist::Array(args)) = plist.get("ProgramArguments") else { unreachable!() };
-    let Plist::String(program) = &args[0] else { unreachable!() };
-    assert!(program.ends_with("/airlockd"));
+    let agent = parse_plist(&out[start..end]);
+    let s = check_agent(&agent).unwrap();
+    assert_eq!(
+        s.get("SockPathName").and_then(Value::as_string),
+        Some(sock.display().to_string().as_str())
+    );
+    let program = agent["ProgramArguments"].as_array().unwrap()[0].as_string().unwrap();
+    assert!(program.ends_with("/airlockd"), "{program}");
     assert!(out.contains("# would run: launchctl bootstrap gui/"), "{out}");
     assert!(!world.home.join("Library").exists(), "--dry-run wrote files");
 }

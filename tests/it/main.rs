@@ -10,6 +10,7 @@ mod cli_policy;
 mod daemon;
 mod daemon_units;
 mod harness;
+mod logging;
 mod logs;
 #[cfg(feature = "test-hooks")]
 mod proxy;

@@ -30,7 +30,7 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 pub use credentials::{CopyBack, CopyIn, SHARED_CREDENTIAL_CAP, credential_only, parses_as};
-pub use transcripts::Snapshot;
+pub use transcripts::{Snapshot, TranscriptScan};
 
 use crate::agent::{Agent, Layout};
 use beneath::{mkdir_open, open_dir_path, write_replace};
@@ -45,6 +45,10 @@ pub const TRANSCRIPT_CAP: u64 = 1 << 32;
 pub const WALK_MAX_ENTRIES: usize = 100_000;
 /// Directory levels descended below a transcript root.
 pub const WALK_MAX_DEPTH: usize = 32;
+/// How much of the session's end record the transcript list may take (JSON bytes): the record
+/// is one line of at most `audit::MAX_RECORD` bytes (and travels in one control frame), and a
+/// line too long loses the whole record. Past it, changed transcripts are only counted.
+pub const RECORD_MAX_TRANSCRIPT_BYTES: usize = crate::audit::MAX_RECORD / 2;
 
 pub(super) const TEMP_PREFIX: &str = ".airlock-tmp-";
 pub(super) const DIR_MODE: u32 = 0o700;

@@ -17,7 +17,10 @@ use nix::sys::stat::{FileStat, SFlag};
 use sha2::{Digest, Sha256};
 
 use super::beneath::{open_dir, open_dir_path};
-use super::{AgentHome, HASH_BUF, TRANSCRIPT_CAP, WALK_MAX_DEPTH, WALK_MAX_ENTRIES};
+use super::{
+    AgentHome, HASH_BUF, RECORD_MAX_TRANSCRIPT_BYTES, TRANSCRIPT_CAP, WALK_MAX_DEPTH,
+    WALK_MAX_ENTRIES,
+};
 use crate::fsat::{how, kind, read_flags};
 use crate::protocol::TranscriptHash;
 
@@ -74,24 +77,60 @@ impl AgentHome {
 
     /// Hashes every transcript file that is new or changed since `before`, sorted by path.
     pub fn changed_transcripts(&self, before: &Snapshot) -> Vec<TranscriptHash> {
+        self.scan_transcripts(before).hashes
+    }
+
+    /// [`Self::changed_transcripts`], and whether the walk was cut short (an agent can create
+    /// far more files than [`WALK_MAX_ENTRIES`]): the session record must say so.
+    pub fn scan_transcripts(&self, before: &Snapshot) -> TranscriptScan {
+        self.scan_transcripts_capped(before, WALK_MAX_ENTRIES, RECORD_MAX_TRANSCRIPT_BYTES)
+    }
+
+    fn scan_transcripts_capped(
+        &self,
+        before: &Snapshot,
+        max_entries: usize,
+        max_bytes: usize,
+    ) -> TranscriptScan {
         let mut out = Vec::new();
-        self.walk(&mut |dir, name, rel, meta| {
+        let (mut bytes, mut unlisted) = (0usize, 0u64);
+        let walked = self.walk_capped(max_entries, &mut |dir, name, rel, meta| {
             if before.files.get(rel) == Some(&meta) {
+                return;
+            }
+            if bytes >= max_bytes {
+                unlisted += 1;
                 return;
             }
             if let Some(sha256) = hash_transcript(dir, name) {
                 let path = self.path.join(rel).to_string_lossy().into_owned();
-                out.push(TranscriptHash { path, sha256 });
+                let hash = TranscriptHash { path, sha256 };
+                // As the control protocol will encode it (escapes included).
+                bytes += serde_json::to_string(&hash).map_or(max_bytes, |j| j.len() + 1);
+                out.push(hash);
             }
         });
         out.sort_by(|a, b| a.path.cmp(&b.path));
-        out
+        TranscriptScan {
+            hashes: out,
+            truncated: walked.truncated || unlisted > 0,
+            entries: walked.entries,
+            unlisted,
+        }
     }
 
     /// Calls `visit(dir fd, file name, path relative to the home, metadata)` for every regular
     /// file under the transcript roots whose name has the root's suffix.
     fn walk(&self, visit: &mut dyn FnMut(BorrowedFd<'_>, &OsStr, &Path, FileMeta)) {
-        let mut budget = WALK_MAX_ENTRIES;
+        self.walk_capped(WALK_MAX_ENTRIES, visit);
+    }
+
+    fn walk_capped(
+        &self,
+        max_entries: usize,
+        visit: &mut dyn FnMut(BorrowedFd<'_>, &OsStr, &Path, FileMeta),
+    ) -> Walked {
+        let mut budget = Budget { left: max_entries, truncated: false };
         for root in self.layout.transcripts {
             let rel = Path::new(root.root);
             match open_dir_path(self.home.as_fd(), &self.path, rel, false) {
@@ -103,14 +142,44 @@ impl AgentHome {
                 Err(e) => tracing::warn!("transcripts not hashed: {e}"),
             }
         }
-        if budget == 0 {
+        if budget.truncated {
             tracing::warn!(
-                "{}: more than {WALK_MAX_ENTRIES} entries under the transcript directories; \
-                 the rest were not hashed",
+                "{}: more than {max_entries} entries (or {WALK_MAX_DEPTH} levels) under the \
+                 transcript directories; the rest were not hashed (the session record says \
+                 \"transcripts_truncated\": true)",
                 self.path.display()
             );
         }
+        Walked { truncated: budget.truncated, entries: (max_entries - budget.left) as u64 }
     }
+}
+
+/// What [`AgentHome::scan_transcripts`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TranscriptScan {
+    /// The new or changed transcripts, hashed, sorted by path.
+    pub hashes: Vec<TranscriptHash>,
+    /// The walk stopped at [`WALK_MAX_ENTRIES`] entries or skipped directories deeper than
+    /// [`WALK_MAX_DEPTH`]: `hashes` may be incomplete.
+    pub truncated: bool,
+    /// Directory entries the walk looked at.
+    pub entries: u64,
+    /// Changed transcripts found but neither hashed nor listed: the list had reached
+    /// [`RECORD_MAX_TRANSCRIPT_BYTES`].
+    pub unlisted: u64,
+}
+
+/// Entries a walk may still look at, and whether it had to leave some out.
+#[derive(Debug)]
+struct Budget {
+    left: usize,
+    truncated: bool,
+}
+
+#[derive(Debug)]
+struct Walked {
+    truncated: bool,
+    entries: u64,
 }
 
 fn walk_dir(
@@ -118,7 +187,7 @@ fn walk_dir(
     rel: &Path,
     suffix: &OsStr,
     depth: usize,
-    budget: &mut usize,
+    budget: &mut Budget,
     visit: &mut dyn FnMut(BorrowedFd<'_>, &OsStr, &Path, FileMeta),
 ) {
     let Ok(mut dir) = Dir::from_fd(fd) else { return };
@@ -130,10 +199,11 @@ fn walk_dir(
         if name == b"." || name == b".." {
             continue;
         }
-        if *budget == 0 {
+        if budget.left == 0 {
+            budget.truncated = true;
             break;
         }
-        *budget -= 1;
+        budget.left -= 1;
         names.push(OsString::from_vec(name.to_vec()));
     }
     names.sort();
@@ -150,6 +220,7 @@ fn walk_dir(
                     walk_dir(child, &rel.join(&name), suffix, depth + 1, budget, visit);
                 }
             }
+            SFlag::S_IFDIR => budget.truncated = true,
             SFlag::S_IFREG if name.as_bytes().ends_with(suffix.as_bytes()) => {
                 visit(dir.as_fd(), &name, &rel.join(&name), FileMeta::of(&st));
             }
@@ -336,5 +407,39 @@ mod tests {
         assert_eq!(got.len(), 2);
         assert!(got[0].path.ends_with(".codex/archived_sessions/rollout.jsonl"));
         assert!(got[1].path.ends_with(".codex/sessions/2025/01/rollout.jsonl"));
+    }
+
+    #[test]
+    fn a_transcript_walk_cut_short_says_so() {
+        let fx = Fixture::new();
+        let home = fx.open();
+        let proj = projects(&home).join("-repo");
+        fs::create_dir_all(&proj).unwrap();
+        for i in 0..4 {
+            fs::write(proj.join(format!("{i}.jsonl")), "{}\n").unwrap();
+        }
+        let none = Snapshot::default();
+        // Five entries (`-repo` and its four files) within a cap of five: complete.
+        let all = home.scan_transcripts_capped(&none, 5, usize::MAX);
+        assert_eq!((all.truncated, all.entries, all.hashes.len(), all.unlisted), (false, 5, 4, 0));
+        let cut = home.scan_transcripts_capped(&none, 3, usize::MAX);
+        assert_eq!((cut.truncated, cut.entries, cut.hashes.len(), cut.unlisted), (true, 3, 2, 0));
+        // The list's byte budget: once it is spent, the rest are counted, not listed.
+        let one = serde_json::to_string(&all.hashes[0]).unwrap().len() + 1;
+        let listed = home.scan_transcripts_capped(&none, 5, one + 1);
+        assert_eq!((listed.truncated, listed.hashes.len(), listed.unlisted), (true, 2, 2));
+        // Which two depends on readdir order; they are two of the four.
+        assert!(cut.hashes.iter().all(|h| all.hashes.contains(h)), "{:?}", cut.hashes);
+        assert!(!home.scan_transcripts(&none).truncated);
+        // A directory deeper than the walk descends is left out, and that is said too.
+        let mut deep = proj.clone();
+        for level in 0..WALK_MAX_DEPTH {
+            deep.push(format!("d{level}"));
+        }
+        fs::create_dir_all(&deep).unwrap();
+        fs::write(deep.join("deep.jsonl"), "{}\n").unwrap();
+        let scan = home.scan_transcripts(&none);
+        assert!(scan.truncated);
+        assert_eq!(scan.hashes.len(), 4, "{:?}", scan.hashes);
     }
 }

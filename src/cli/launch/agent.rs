@@ -175,7 +175,13 @@ impl ProxyBridge for AgentBridge {
                 s.home.path().display()
             );
         }
-        let transcripts = s.home.changed_transcripts(&s.before);
-        self.inner.end(&SessionEnd { transcripts, ..end.clone() });
+        let scan = s.home.scan_transcripts(&s.before);
+        let mut leftovers = end.leftovers.clone();
+        if scan.truncated {
+            leftovers.transcripts_truncated = true;
+            leftovers.transcript_entries_walked = scan.entries;
+            leftovers.transcripts_unlisted = scan.unlisted;
+        }
+        self.inner.end(&SessionEnd { transcripts: scan.hashes, leftovers, ..end.clone() });
     }
 }

@@ -84,12 +84,7 @@ async fn connect(url: &str) -> Result<Client, StoreError> {
 
 /// RFC 3339 with microseconds, for `::timestamptz` casts.
 fn ts_text(us: Micros) -> String {
-    let dt = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
-        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    let fmt = time::macros::format_description!(
-        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
-    );
-    dt.format(&fmt).unwrap_or_default()
+    crate::timefmt::rfc3339(crate::timefmt::from_micros(us), crate::timefmt::Fraction::Micros)
 }
 
 const RECEIVED_US: &str = "(extract(epoch from received_at) * 1000000)::int8";
