@@ -956,3 +956,55 @@ fn a_daemon_activated_with_signals_blocked_still_exits_on_sigterm_with_a_live_tu
     assert_eq!(lines[0]["interrupted"], true, "{lines:?}");
     assert_eq!(lines[0]["bytes_sent"], 4, "{lines:?}");
 }
+
+/// Regression: `airlockd proxy` wrote its ALLOW/DENY lines to stdout from the proxy's async
+/// tasks, so a reader that stopped reading (a full pipe) stalled every request. The console now
+/// has its own thread and a bounded queue: with stdout a full pipe nobody reads, every request
+/// is still answered and audited; only console lines are dropped.
+#[test]
+fn airlockd_proxy_with_an_unread_stdout_pipe_still_serves_and_audits() {
+    use std::io::BufRead;
+    const REQUESTS: usize = 2_300; // more than the console queue (2048) plus the pipe
+    let world = World::new();
+    let cfg = world.write(world.tmp.path().join("p.toml"), "[network]\nallow = [\"ok.test\"]\n");
+    let res = world.write(world.tmp.path().join("p.resolver"), "ok.test 127.0.0.2\n");
+    let logs = world.tmp.path().join("p-logs");
+    let mut cmd = world
+        .airlockd(world.tmp.path())
+        .args(["proxy", "--repo-name", "stuck", "--listen", "127.0.0.1:0"])
+        .args(["--config".as_ref(), cfg.as_os_str()])
+        .args(["--log-dir".as_ref(), logs.as_os_str()])
+        .env("AIRLOCK_TEST_RESOLVER", &res)
+        .cmd;
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // Held open and never read; shrunk to one page so a few lines fill it.
+    let stdout = child.stdout.take().unwrap();
+    nix::fcntl::fcntl(&stdout, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = err.next().expect("proxy exited before listening").unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let host = format!("{0}.{0}.{0}.test", "x".repeat(60));
+    for i in 0..REQUESTS {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(LONG)).unwrap();
+        write!(s, "GET http://{host}/{i} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+        let head = crate::proxy_support::read_head(&mut s);
+        assert!(head.starts_with("HTTP/1.1 403 "), "request {i} got {head:?}");
+    }
+    let lines = crate::proxy_support::audit_lines(&logs);
+    assert_eq!(lines.len(), REQUESTS);
+    assert!(lines.iter().all(|l| l["allowed"] == false && l["host"] == host.as_str()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    drop(stdout);
+}
