@@ -96,7 +96,16 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
     }
     // Same user and network namespace as ours, or nothing is served (SECURITY §7): a sandboxed
     // process that reaches the socket (say, through a bad mount) must not speak the protocol.
-    if let Err(err) = crate::sys::peer::check_same_namespaces(conn.stream.as_fd()) {
+    // stat(2)s under /proc: off the runtime, on a duplicate of the socket's descriptor.
+    let peer_check = match conn.stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => blocking(move || {
+            crate::sys::peer::check_same_namespaces(fd.as_fd()).map(drop).map_err(|e| e.to_string())
+        })
+        .await
+        .and_then(|r| r),
+        Err(e) => Err(format!("cannot inspect the peer: {e}")),
+    };
+    if let Err(err) = peer_check {
         eprintln!("airlockd: WARNING: refused a control connection: {err}");
         let msg = format!(
             "refused: airlockd serves only processes in its own user and network namespaces; \

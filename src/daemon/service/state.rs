@@ -3,7 +3,6 @@
 //! are blocking and say so; async callers go through [`blocking`].
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
@@ -18,7 +17,7 @@ use crate::daemon::notify;
 use crate::env::{Env, ProcessEnv};
 use crate::paths::Paths;
 use crate::protocol::{self, SessionSpec, SessionStatus, StatusReply, VersionRange};
-use crate::proxy::{self, Resolver, SessionProxy, SystemResolver};
+use crate::proxy::{Resolver, SessionProxy, SystemResolver};
 use crate::sys::activation::Source;
 
 /// One registered session and the proxy serving its listener.
@@ -268,6 +267,7 @@ impl Daemon {
     pub(super) fn resolver(&self) -> Result<Arc<dyn Resolver>, String> {
         #[cfg(feature = "test-hooks")]
         if let Some(file) = self.env.var("AIRLOCK_TEST_RESOLVER") {
+            use std::path::PathBuf;
             let path = PathBuf::from(&file);
             let log = self
                 .env
@@ -275,7 +275,7 @@ impl Daemon {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(format!("{file}.queries")));
             eprintln!("airlockd: WARNING: TEST RESOLVER IN FORCE ({file}); test-hooks build");
-            let r = proxy::resolver::FileResolver::load(&path, Some(log))
+            let r = crate::proxy::resolver::FileResolver::load(&path, Some(log))
                 .map_err(|e| format!("AIRLOCK_TEST_RESOLVER={file}: {e}"))?;
             return Ok(Arc::new(r));
         }
@@ -359,6 +359,7 @@ pub(super) mod tests {
     use super::*;
     use crate::audit::{AuditError, AuditLine, AuditSink, Stamp};
     use crate::env::MapEnv;
+    use crate::proxy;
     use std::time::Duration;
 
     /// An audit sink that keeps nothing (these tests never proxy a request).
