@@ -11,9 +11,9 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -150,10 +150,9 @@ impl ConsoleWriter {
         let (done_tx, done) = mpsc::channel();
         let dropped = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&dropped);
-        let out = Mutex::new(out);
         let spawned =
             std::thread::Builder::new().name("airlockd-console".into()).spawn(move || {
-                let mut out = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut out = out;
                 for line in rx {
                     // A closed stdout (EPIPE) is the reader's choice; the audit log has the line.
                     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
@@ -251,6 +250,7 @@ impl AuditSink for ConsoleSink {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
     use std::sync::mpsc::channel;
 
     /// A writer that blocks until the test lets it go, recording what got through.
