@@ -901,6 +901,19 @@ fn signal_masks(pid: i64) -> (String, String) {
     (field("SigBlk:"), field("SigIgn:"))
 }
 
+/// SIGKILLs a detached daemon the test started if it is still alive when the test ends (a
+/// failing run must not leave a daemon that ignores SIGTERM behind).
+struct KillIfAlive(i64);
+
+impl Drop for KillIfAlive {
+    fn drop(&mut self) {
+        if pid_alive(self.0) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGKILL);
+        }
+    }
+}
+
 /// Regression: a daemon the CLI activated from a process with SIGTERM blocked (the sandbox
 /// supervisor) inherited the mask and ignored SIGTERM. It must start with a clean signal state,
 /// exit on SIGTERM with a tunnel open, and log that tunnel `interrupted`.
@@ -919,6 +932,7 @@ fn a_daemon_activated_with_signals_blocked_still_exits_on_sigterm_with_a_live_tu
     .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let pid = json(&String::from_utf8_lossy(&out.stdout))["pid"].as_i64().unwrap();
+    let _reap = KillIfAlive(pid);
     // Nothing blocked; of the ignored signals only SIGPIPE (bit 13), which Rust's runtime sets
     // itself at startup — SIGHUP's ignore (bit 1) must not have been inherited.
     assert_eq!(
@@ -957,6 +971,16 @@ fn a_daemon_activated_with_signals_blocked_still_exits_on_sigterm_with_a_live_tu
     assert_eq!(lines[0]["bytes_sent"], 4, "{lines:?}");
 }
 
+/// A child process killed if the test fails before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Regression: `airlockd proxy` wrote its ALLOW/DENY lines to stdout from the proxy's async
 /// tasks, so a reader that stopped reading (a full pipe) stalled every request. The console now
 /// has its own thread and a bounded queue: with stdout a full pipe nobody reads, every request
@@ -977,7 +1001,8 @@ fn airlockd_proxy_with_an_unread_stdout_pipe_still_serves_and_audits() {
         .env("AIRLOCK_TEST_RESOLVER", &res)
         .cmd;
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
+    let child = &mut child.0;
     // Held open and never read; shrunk to one page so a few lines fill it.
     let stdout = child.stdout.take().unwrap();
     nix::fcntl::fcntl(&stdout, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
