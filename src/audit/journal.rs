@@ -8,6 +8,11 @@
 //! `{"journal":"open","id":"…","line":{…audit line at attempt start…}}` and
 //! `{"journal":"close","id":"…"}`. Neither has a top-level `allowed` or `host`, so the product
 //! page's `jq 'select(.allowed == false) | .host' *.jsonl` recipe never picks them up.
+//!
+//! This module owns the journal protocol: the record format, the file naming, which records
+//! are still pending ([`pending_records`]) and the line a pending record becomes once its
+//! writer is gone ([`interrupted`]). Settlement ([`super::settle`]), the reader and the writer
+//! depend on it; it depends only on the file layer ([`super::files`]) and the line format.
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
@@ -18,10 +23,10 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use super::files::{for_each_line, write_once};
 use super::format::{MAX_LINE, encode_json, fit_line};
-use super::settle::{SettleReport, settle_locked};
-use super::writer::{JsonlAppender, write_once};
 use super::{AuditError, AuditLine};
+use crate::policy::Reason;
 
 /// Compact the journal (truncate to empty) once it is this large and nothing is in flight.
 const COMPACT_AT: u64 = 1 << 20;
@@ -154,22 +159,19 @@ impl Journal {
 
 impl Journal {
     /// Retires the journal of a writer that is stopping while attempts are still open (a
-    /// tunnel task that never closed): their lines are written as interrupted now, under our
-    /// own lock, instead of waiting for the next writer; then the journal is deleted.
-    pub(crate) fn retire(&self, dir: &Path, audit: &JsonlAppender) -> Result<(), AuditError> {
+    /// tunnel task that never closed): with the journal's state locked and attempts still
+    /// open, `settle` gets its path and a fresh read handle (the caller settles them as
+    /// interrupted, under our own flock, instead of leaving them for the next writer); then
+    /// nothing counts as open any more and dropping the journal deletes nothing twice.
+    pub(crate) fn retire_with(
+        &self,
+        settle: impl FnOnce(&Path, &File) -> Result<(), AuditError>,
+    ) -> Result<(), AuditError> {
         let mut state = self.lock();
         if !state.open.is_empty() {
             let reader = File::open(&self.path)
                 .map_err(|source| AuditError::Journal { path: self.path.clone(), source })?;
-            let mut report = SettleReport::default();
-            settle_locked(dir, &self.path, &reader, audit, &mut report)?;
-            if report.lines_written > 0 {
-                tracing::warn!(
-                    journal = %self.path.display(),
-                    lines = report.lines_written,
-                    "writer stopped with attempts still open; logged them as interrupted"
-                );
-            }
+            settle(&self.path, &reader)?;
             state.open.clear();
         }
         Ok(())
@@ -185,6 +187,45 @@ impl Drop for Journal {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Open records without a close marker, in journal order, and the number of bad lines.
+pub(crate) fn pending_records(
+    file: &File,
+    path: &Path,
+) -> Result<(Vec<AuditLine>, usize), AuditError> {
+    let mut open: Vec<AuditLine> = Vec::new();
+    let mut closed: HashSet<String> = HashSet::new();
+    let mut bad = 0;
+    for_each_line(file, path, |buf| {
+        if buf.iter().all(u8::is_ascii_whitespace) {
+            return;
+        }
+        match serde_json::from_slice::<JournalRecord>(buf) {
+            Ok(JournalRecord::Open { id, mut line }) => {
+                line.id = id;
+                open.push(*line);
+            }
+            Ok(JournalRecord::Close { id }) => {
+                closed.insert(id);
+            }
+            Err(e) => {
+                bad += 1;
+                tracing::warn!(journal = %path.display(), error = %e, "skipping a bad journal line");
+            }
+        }
+    })?;
+    let mut seen = HashSet::new();
+    open.retain(|l| !closed.contains(&l.id) && seen.insert(l.id.clone()));
+    Ok((open, bad))
+}
+
+/// The line a settled record becomes: what was known at the start, marked interrupted.
+pub(crate) fn interrupted(mut line: AuditLine) -> AuditLine {
+    line.allowed = true;
+    line.reason = Some(Reason::Interrupted);
+    line.interrupted = Some(true);
+    line
 }
 
 #[cfg(test)]

@@ -9,12 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::{LayerKind, Reason};
 
+mod files;
 mod format;
 mod journal;
 mod reader;
 mod settle;
 mod writer;
 
+pub use files::{Clock, JsonlAppender, MAX_RECORD, SystemClock, append_record, audit_files};
 #[cfg(test)]
 pub(crate) use format::tests::sample as test_sample_line;
 pub use format::{
@@ -22,12 +24,9 @@ pub use format::{
     text_from_bytes,
 };
 pub use journal::{Journal, JournalRecord};
-pub use reader::{Entry, Follower, audit_files, read_dir};
+pub use reader::{Entry, Follower, read_dir};
 pub use settle::{SettleReport, settle_all, settle_journals};
-pub use writer::{
-    Clock, FileAuditSink, JsonlAppender, LogRegistry, MAX_RECORD, RepoLog, SessionInfo,
-    SystemClock, append_record,
-};
+pub use writer::{FileAuditSink, LogRegistry, RepoLog, SessionInfo};
 
 /// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
 /// the first eight are the product page's format, the rest are ours.

@@ -8,8 +8,8 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use super::journal::journal_boot;
-use super::settle::pending_records;
+use super::files::audit_files;
+use super::journal::{journal_boot, pending_records};
 use super::{AuditError, AuditLine};
 
 /// One item read from a log directory.
@@ -22,37 +22,6 @@ pub enum Entry {
     InFlight { journal: PathBuf, line: AuditLine },
     /// A line that is not an audit line (a fragment, hand edits, another format).
     Bad { file: PathBuf, lineno: usize, raw: String, error: String },
-}
-
-/// `(date, path)` of every `audit-<YYYY-MM-DD>.jsonl` in `dir`, oldest first. A missing
-/// directory has none.
-pub fn audit_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, AuditError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(AuditError::Read { path: dir.to_owned(), source }),
-    };
-    let mut files: Vec<(String, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let date = audit_date(&name)?.to_owned();
-            Some((date, e.path()))
-        })
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
-/// The date of an audit file name (`audit-2026-07-24.jsonl` → `2026-07-24`).
-fn audit_date(name: &str) -> Option<&str> {
-    let date = name.strip_prefix("audit-")?.strip_suffix(".jsonl")?;
-    let b = date.as_bytes();
-    let shape = b.len() == 10
-        && b.iter()
-            .enumerate()
-            .all(|(i, c)| if i == 4 || i == 7 { *c == b'-' } else { c.is_ascii_digit() });
-    shape.then_some(date)
 }
 
 /// Everything in `dir` at once: audit lines (oldest file first), bad lines, then unsettled
@@ -237,6 +206,7 @@ fn parse(path: &Path, lineno: usize, bytes: &[u8]) -> Entry {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::audit::files::audit_date;
     use crate::audit::writer::tests::info;
     use crate::audit::{AuditSink, RepoLog};
     use std::io::Write;

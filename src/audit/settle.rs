@@ -10,18 +10,15 @@
 
 use std::collections::HashSet;
 use std::fs::{File, TryLockError};
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use serde::Deserialize;
 
+use super::files::{JsonlAppender, audit_files, for_each_line};
 use super::format::encode_line;
-use super::journal::{JournalRecord, journal_boot};
-use super::reader::audit_files;
-use super::writer::JsonlAppender;
+use super::journal::{interrupted, journal_boot, pending_records};
 use super::{AuditError, AuditLine};
-use crate::policy::Reason;
 
 /// What one settlement run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -183,45 +180,6 @@ pub(crate) fn settle_locked(
     Ok(())
 }
 
-/// The line a settled record becomes: what was known at the start, marked interrupted.
-fn interrupted(mut line: AuditLine) -> AuditLine {
-    line.allowed = true;
-    line.reason = Some(Reason::Interrupted);
-    line.interrupted = Some(true);
-    line
-}
-
-/// Open records without a close marker, in journal order, and the number of bad lines.
-pub(crate) fn pending_records(
-    file: &File,
-    path: &Path,
-) -> Result<(Vec<AuditLine>, usize), AuditError> {
-    let mut open: Vec<AuditLine> = Vec::new();
-    let mut closed: HashSet<String> = HashSet::new();
-    let mut bad = 0;
-    for_each_line(file, path, |buf| {
-        if buf.iter().all(u8::is_ascii_whitespace) {
-            return;
-        }
-        match serde_json::from_slice::<JournalRecord>(buf) {
-            Ok(JournalRecord::Open { id, mut line }) => {
-                line.id = id;
-                open.push(*line);
-            }
-            Ok(JournalRecord::Close { id }) => {
-                closed.insert(id);
-            }
-            Err(e) => {
-                bad += 1;
-                tracing::warn!(journal = %path.display(), error = %e, "skipping a bad journal line");
-            }
-        }
-    })?;
-    let mut seen = HashSet::new();
-    open.retain(|l| !closed.contains(&l.id) && seen.insert(l.id.clone()));
-    Ok((open, bad))
-}
-
 /// Which of `pending`'s ids already appear in the audit files that could hold them: those
 /// dated from the day before the earliest attempt start onwards (an attempt's line is written
 /// at or after its start; one day of slack covers a clock stepped back).
@@ -253,27 +211,6 @@ fn ids_in_audit_files(dir: &Path, pending: &[AuditLine]) -> Result<HashSet<Strin
     Ok(found)
 }
 
-/// Calls `f` with each `\n`-terminated line of `file` (raw bytes: hostile lines need not be
-/// UTF-8), the last one even without its newline.
-fn for_each_line(
-    file: impl std::io::Read,
-    path: &Path,
-    mut f: impl FnMut(&[u8]),
-) -> Result<(), AuditError> {
-    let mut reader = BufReader::new(file);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| AuditError::Read { path: path.to_owned(), source })?;
-        if n == 0 {
-            return Ok(());
-        }
-        f(&buf);
-    }
-}
-
 /// `YYYY-MM-DD` of the day before `date` (or `date` itself if it does not parse, which only
 /// widens the search).
 fn day_before(date: &str) -> String {
@@ -291,6 +228,7 @@ mod tests {
     use super::*;
     use crate::audit::writer::tests::{BEFORE_MIDNIGHT, TestClock, info, lines};
     use crate::audit::{AuditSink, RepoLog, utc_date};
+    use crate::policy::Reason;
     use std::io::Write;
     use std::time::SystemTime;
 

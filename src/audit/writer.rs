@@ -1,191 +1,19 @@
-//! The writing side: dated append-only JSONL files (`<prefix>-<YYYY-MM-DD>.jsonl`, one
-//! `write(2)` per line on an `O_APPEND` descriptor), the per-directory [`RepoLog`] that owns a
-//! writer's journal, and [`FileAuditSink`], the [`AuditSink`] the proxy calls per session.
+//! The writing side: the per-directory [`RepoLog`] that owns a writer's audit files and
+//! journal, the daemon's [`LogRegistry`] of them, and [`FileAuditSink`], the [`AuditSink`] the
+//! proxy calls per session. The dated files are [`super::files`]; the journal's records and
+//! rules are [`super::journal`]'s.
 
 use std::collections::HashMap;
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::SystemTime;
 
-use serde::Serialize;
-
-use super::format::{encode_json, encode_line};
+use super::files::{Clock, JsonlAppender, SystemClock};
+use super::format::encode_line;
 use super::journal::Journal;
-use super::settle::{SettleReport, settle_journals};
-use super::{AuditError, AuditLine, AuditSink, Stamp, new_id, rfc3339_ms, utc_date};
-
-/// Largest record [`JsonlAppender::append`] accepts (session records carry command lines).
-pub const MAX_RECORD: usize = 64 * 1024;
-
-/// The wall clock, injectable so tests can cross midnight.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    fn now(&self) -> SystemTime;
-}
-
-/// The real clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
-
-/// Creates `dir` (and parents) with mode 0700; an existing directory is left as it is.
-pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-/// Writes `buf` with exactly one successful `write(2)`: retried only on `EINTR`; a short write
-/// is an error (the caller fails closed), never completed by a second write that another
-/// writer's line could interleave with.
-pub(crate) fn write_once(file: &File, buf: &[u8]) -> io::Result<()> {
-    loop {
-        match (&*file).write(buf) {
-            Ok(n) if n == buf.len() => return Ok(()),
-            Ok(n) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    format!("short write: {n} of {} bytes", buf.len()),
-                ));
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Opens `path` for appending (`O_APPEND|O_CLOEXEC|O_CREAT`, mode 0600 when created).
-/// std opens every file with `O_CLOEXEC` on Linux, so the sandbox never inherits it.
-pub(crate) fn open_append(path: &Path) -> io::Result<File> {
-    OpenOptions::new().append(true).create(true).mode(0o600).open(path)
-}
-
-/// One open dated file.
-#[derive(Debug)]
-struct DatedFile {
-    /// UTC days since the epoch.
-    day: u64,
-    path: PathBuf,
-    file: File,
-    /// A short write left a fragment without its newline: the next line starts with `\n` so
-    /// it stays parseable (the fragment becomes one bad line a reader reports).
-    fragment: AtomicBool,
-}
-
-impl DatedFile {
-    fn write_line(&self, line: &[u8]) -> io::Result<()> {
-        let result = if self.fragment.load(Ordering::Acquire) {
-            let mut buf = Vec::with_capacity(line.len() + 1);
-            buf.push(b'\n');
-            buf.extend_from_slice(line);
-            write_once(&self.file, &buf)
-        } else {
-            write_once(&self.file, line)
-        };
-        match &result {
-            Ok(()) => self.fragment.store(false, Ordering::Release),
-            Err(e) if e.kind() == io::ErrorKind::WriteZero => {
-                self.fragment.store(true, Ordering::Release)
-            }
-            Err(_) => {}
-        }
-        result
-    }
-}
-
-/// Appends JSON lines to `<dir>/<prefix>-<YYYY-MM-DD>.jsonl`, by the UTC date of each write,
-/// switching files when the date changes. Safe to share between threads; concurrent lines
-/// never interleave (one `write(2)` each on an `O_APPEND` descriptor).
-#[derive(Debug)]
-pub struct JsonlAppender {
-    dir: PathBuf,
-    prefix: String,
-    clock: Arc<dyn Clock>,
-    current: Mutex<Option<Arc<DatedFile>>>,
-}
-
-impl JsonlAppender {
-    /// An appender for `<dir>/<prefix>-<date>.jsonl`; creates `dir` (0700) if missing.
-    pub fn new(dir: impl Into<PathBuf>, prefix: &str) -> Result<Self, AuditError> {
-        Self::with_clock(dir, prefix, Arc::new(SystemClock))
-    }
-
-    /// Like [`JsonlAppender::new`] with an injected clock.
-    pub fn with_clock(
-        dir: impl Into<PathBuf>,
-        prefix: &str,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, AuditError> {
-        let dir = dir.into();
-        create_private_dir(&dir)
-            .map_err(|source| AuditError::Write { path: dir.clone(), source })?;
-        Ok(Self { dir, prefix: prefix.to_owned(), clock, current: Mutex::new(None) })
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// The file a write on `date` (`YYYY-MM-DD`) goes to.
-    pub fn path_for(&self, date: &str) -> PathBuf {
-        self.dir.join(format!("{}-{date}.jsonl", self.prefix))
-    }
-
-    /// The file for the clock's current date, opening (and rotating to) it if needed.
-    fn file(&self) -> Result<Arc<DatedFile>, AuditError> {
-        let now = self.clock.now();
-        // UTC days since the epoch: compared on every write, formatted only on a new day.
-        let day = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400);
-        // A poisoned lock only means another writer panicked between two statements that
-        // cannot leave the Option inconsistent; keep going.
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = current.as_ref().filter(|f| f.day == day) {
-            return Ok(Arc::clone(f));
-        }
-        let path = self.path_for(&utc_date(now));
-        let file = open_append(&path)
-            .map_err(|source| AuditError::Write { path: path.clone(), source })?;
-        let f = Arc::new(DatedFile { day, path, file, fragment: AtomicBool::new(false) });
-        *current = Some(Arc::clone(&f));
-        Ok(f)
-    }
-
-    /// Writes one already-encoded line (must be a single line ending in `\n`).
-    pub fn append_encoded(&self, line: &[u8]) -> Result<(), AuditError> {
-        let f = self.file()?;
-        f.write_line(line).map_err(|source| AuditError::Write { path: f.path.clone(), source })
-    }
-
-    /// Serializes `record` as one line (at most [`MAX_RECORD`] bytes) and appends it.
-    pub fn append<T: Serialize + ?Sized>(&self, record: &T) -> Result<(), AuditError> {
-        let line = encode_json(record, MAX_RECORD, &self.prefix)?;
-        self.append_encoded(&line)
-    }
-
-    /// `fdatasync` of the current file, so settlement can delete a journal knowing its lines
-    /// are on disk.
-    pub fn sync(&self) -> Result<(), AuditError> {
-        let f = self.file()?;
-        f.file.sync_data().map_err(|source| AuditError::Write { path: f.path.clone(), source })
-    }
-}
-
-/// One-off append of `record` to `<dir>/<prefix>-<today>.jsonl` (e.g. session records:
-/// `append_record(&logs_dir, "sessions", &record)`). Long-lived writers keep a
-/// [`JsonlAppender`] instead, which keeps the file open.
-pub fn append_record<T: Serialize + ?Sized>(
-    dir: &Path,
-    prefix: &str,
-    record: &T,
-) -> Result<(), AuditError> {
-    JsonlAppender::new(dir, prefix)?.append(record)
-}
+use super::settle::{SettleReport, settle_journals, settle_locked};
+use super::{AuditError, AuditLine, AuditSink, Stamp, new_id, rfc3339_ms};
 
 /// One writer instance's logs in one repo directory: the dated audit files and the writer's
 /// journal `journal-<boot>.jsonl`, locked for the life of this value. The daemon keeps one per
@@ -200,13 +28,31 @@ pub struct RepoLog {
     settled: SettleReport,
     /// False only in tests that simulate a crash (the journal is left for settlement).
     retire_on_drop: AtomicBool,
+    /// Fired when this value is fully gone — after `journal` (declared before it, so dropped
+    /// before it) has deleted its file: a [`LogRegistry`] reopening the directory under the
+    /// same boot waits for it instead of polling.
+    closed: CloseNotice,
 }
 
 impl Drop for RepoLog {
     fn drop(&mut self) {
-        if self.retire_on_drop.load(Ordering::Relaxed)
-            && let Err(e) = self.journal.retire(self.audit.dir(), &self.audit)
-        {
+        if !self.retire_on_drop.load(Ordering::Relaxed) {
+            return;
+        }
+        let dir = self.audit.dir();
+        let retired = self.journal.retire_with(|path, reader| {
+            let mut report = SettleReport::default();
+            settle_locked(dir, path, reader, &self.audit, &mut report)?;
+            if report.lines_written > 0 {
+                tracing::warn!(
+                    journal = %path.display(),
+                    lines = report.lines_written,
+                    "writer stopped with attempts still open; logged them as interrupted"
+                );
+            }
+            Ok(())
+        });
+        if let Err(e) = retired {
             // The journal stays (locked until our descriptor closes just after this), so the
             // next writer settles it.
             tracing::error!(error = %e, "cannot retire the audit journal");
@@ -229,23 +75,10 @@ impl RepoLog {
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Self>, AuditError> {
         let audit = JsonlAppender::with_clock(dir, "audit", Arc::clone(&clock))?;
-        let mut settled = SettleReport::default();
-        let mut tries = 0;
-        let journal = loop {
-            settled.add(&settle_journals(audit.dir())?);
-            match Journal::create(audit.dir(), boot) {
-                Ok(j) => break j,
-                // Our own boot's previous log of this directory is being dropped on another
-                // thread right now (see LogRegistry); it deletes its journal in a moment.
-                Err(AuditError::Journal { source, .. })
-                    if source.kind() == io::ErrorKind::AlreadyExists && tries < 100 =>
-                {
-                    tries += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => return Err(e),
-            }
-        };
+        let settled = settle_journals(audit.dir())?;
+        // A journal of our own boot already here means a live writer of ours holds this
+        // directory: an error, never a wait (the registry waits for a closing log itself).
+        let journal = Journal::create(audit.dir(), boot)?;
         if settled.lines_written > 0 {
             tracing::warn!(
                 dir = %audit.dir().display(),
@@ -260,6 +93,7 @@ impl RepoLog {
             clock,
             settled,
             retire_on_drop: AtomicBool::new(true),
+            closed: CloseNotice(Arc::new(Closed::default())),
         }))
     }
 
@@ -305,15 +139,86 @@ impl RepoLog {
     }
 }
 
+/// Set once a [`RepoLog`] is gone (journal deleted or left for settlement, lock released).
+#[derive(Debug, Default)]
+struct Closed {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Closed {
+    fn wait(&self) {
+        let mut done = lock(&self.done);
+        while !*done {
+            done = self.cv.wait(done).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// A poisoned lock only means a panic elsewhere between statements that keep the guarded
+/// value consistent (each update is one insert, remove or assignment).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Notifies waiters of a [`Closed`] when the log that carries it is dropped.
+#[derive(Debug)]
+struct CloseNotice(Arc<Closed>);
+
+impl Drop for CloseNotice {
+    fn drop(&mut self) {
+        *lock(&self.0.done) = true;
+        self.0.cv.notify_all();
+    }
+}
+
+/// What the registry knows of one repo's log.
+#[derive(Debug)]
+enum Slot {
+    /// One caller is opening it (outside the registry's lock); others wait for `changed`.
+    Opening,
+    /// Open, or closing: `closed` fires once a dead `log` has let go of its journal.
+    Open { log: Weak<RepoLog>, closed: Arc<Closed> },
+}
+
 /// The daemon's map from repo name to its [`RepoLog`] under `~/.airlock/logs/`, for one boot:
 /// sessions of the same repo share one log (and so one `journal-<boot>.jsonl`); a repo's log is
 /// closed when its last session's sink goes away and reopened on the next session.
+///
+/// Opening a log does file I/O (settlement) and may wait for the previous log of the same repo
+/// to let go of its journal; neither happens under the registry's lock, which is only held to
+/// decide who opens (a per-repo `Opening` slot) — so one slow repo never stalls the others.
 #[derive(Debug)]
 pub struct LogRegistry {
     root: PathBuf,
     boot: String,
     clock: Arc<dyn Clock>,
-    logs: Mutex<HashMap<String, Weak<RepoLog>>>,
+    logs: Mutex<HashMap<String, Slot>>,
+    /// Signalled whenever an `Opening` slot is resolved.
+    changed: Condvar,
+}
+
+/// Resolves an `Opening` slot however the opener leaves (success, error or panic).
+struct OpeningGuard<'a> {
+    registry: &'a LogRegistry,
+    repo: &'a str,
+    opened: Option<(Weak<RepoLog>, Arc<Closed>)>,
+}
+
+impl Drop for OpeningGuard<'_> {
+    fn drop(&mut self) {
+        let mut logs = lock(&self.registry.logs);
+        match self.opened.take() {
+            Some((log, closed)) => {
+                logs.insert(self.repo.to_owned(), Slot::Open { log, closed });
+            }
+            None => {
+                logs.remove(self.repo);
+            }
+        }
+        drop(logs);
+        self.registry.changed.notify_all();
+    }
 }
 
 impl LogRegistry {
@@ -323,27 +228,61 @@ impl LogRegistry {
     }
 
     pub fn with_clock(root: impl Into<PathBuf>, boot: &str, clock: Arc<dyn Clock>) -> Self {
-        Self { root: root.into(), boot: boot.to_owned(), clock, logs: Mutex::new(HashMap::new()) }
+        Self {
+            root: root.into(),
+            boot: boot.to_owned(),
+            clock,
+            logs: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+        }
     }
 
     pub fn boot(&self) -> &str {
         &self.boot
     }
 
-    /// The live log of `repo` (a validated repo name), opening it if needed.
+    /// The live log of `repo` (a validated repo name), opening it if needed. Blocking (file
+    /// I/O): async callers run it on `spawn_blocking`.
     pub fn repo_log(&self, repo: &str) -> Result<Arc<RepoLog>, AuditError> {
-        let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(log) = logs.get(repo).and_then(Weak::upgrade) {
-            return Ok(log);
+        let previous = {
+            let mut logs = lock(&self.logs);
+            loop {
+                match logs.get(repo) {
+                    Some(Slot::Opening) => {
+                        logs = self.changed.wait(logs).unwrap_or_else(|p| p.into_inner());
+                    }
+                    Some(Slot::Open { log, closed }) => match log.upgrade() {
+                        Some(live) => return Ok(live),
+                        None => {
+                            let closed = Arc::clone(closed);
+                            logs.insert(repo.to_owned(), Slot::Opening);
+                            break Some(closed);
+                        }
+                    },
+                    None => {
+                        logs.retain(|_, slot| match slot {
+                            Slot::Opening => true,
+                            Slot::Open { log, .. } => log.strong_count() > 0,
+                        });
+                        logs.insert(repo.to_owned(), Slot::Opening);
+                        break None;
+                    }
+                }
+            }
+        };
+        let mut guard = OpeningGuard { registry: self, repo, opened: None };
+        // Our boot's previous log of this directory is being dropped on another thread: its
+        // journal (same name as ours) goes away just before `closed` fires.
+        if let Some(closed) = previous {
+            closed.wait();
         }
-        logs.retain(|_, w| w.strong_count() > 0);
         let log =
             RepoLog::open_with_clock(self.root.join(repo), &self.boot, Arc::clone(&self.clock))?;
-        logs.insert(repo.to_owned(), Arc::downgrade(&log));
+        guard.opened = Some((Arc::downgrade(&log), Arc::clone(&log.closed.0)));
         Ok(log)
     }
 
-    /// A sink for a new session of `info.repo`.
+    /// A sink for a new session of `info.repo`. Blocking, like [`LogRegistry::repo_log`].
     pub fn session_sink(&self, info: SessionInfo) -> Result<FileAuditSink, AuditError> {
         Ok(FileAuditSink::new(self.repo_log(&info.repo)?, info))
     }
@@ -438,6 +377,7 @@ impl AuditSink for FileAuditSink {
 pub(crate) mod tests {
     use super::*;
     use crate::audit::format::tests::sample;
+    use crate::audit::utc_date;
     use std::collections::HashSet;
     use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::AtomicU64;
@@ -630,56 +570,52 @@ pub(crate) mod tests {
         assert!(c.log().journal().path().exists());
     }
 
-    /// A short write is an error, never finished by a second write; the next line starts with
-    /// a newline so only the fragment is lost. A full non-blocking pipe forces the short write.
+    /// Regression: reopening a repo whose previous log (same boot) is still being dropped on
+    /// another thread used to poll for up to a second holding the registry's lock. Now the
+    /// opener waits, without that lock, for the closing log's notice; others are not held up.
     #[test]
-    fn short_write_is_an_error_and_the_next_line_starts_clean() {
-        use std::io::Read;
-        let (rx, tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
-        let mut rx = File::from(rx);
-        let f = DatedFile {
-            day: 0,
-            path: PathBuf::from("pipe"),
-            file: File::from(tx),
-            fragment: AtomicBool::new(false),
+    fn reopening_waits_for_the_closing_log_and_never_blocks_other_repos() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reg = Arc::new(LogRegistry::new(tmp.path(), "boot"));
+        // A log of `some-repo` that is mid-drop: no strong reference left, journal still there.
+        std::fs::create_dir(tmp.path().join("some-repo")).unwrap();
+        let closing = Journal::create(&tmp.path().join("some-repo"), "boot").unwrap();
+        let notice = CloseNotice(Arc::new(Closed::default()));
+        lock(&reg.logs).insert(
+            "some-repo".into(),
+            Slot::Open { log: Weak::new(), closed: Arc::clone(&notice.0) },
+        );
+        let opener = {
+            let reg = Arc::clone(&reg);
+            std::thread::spawn(move || reg.session_sink(info()).map(|s| Arc::clone(s.log())))
         };
-        let big = vec![b'x'; 1 << 20]; // larger than any pipe buffer
-        let err = f.write_line(&big).unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::WriteZero, "{err}");
-        let mut drained = Vec::new();
-        let mut buf = vec![0; 1 << 16];
-        while let Ok(n) = rx.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            drained.extend_from_slice(&buf[..n]);
+        while !matches!(lock(&reg.logs).get("some-repo"), Some(Slot::Opening))
+            && !opener.is_finished()
+        {
+            std::thread::yield_now();
         }
-        assert!(!drained.is_empty() && drained.len() < big.len(), "one partial write only");
-        f.write_line(b"{\"ok\":1}\n").unwrap();
-        let n = rx.read(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"\n{\"ok\":1}\n");
-        f.write_line(b"{}\n").unwrap();
-        let n = rx.read(&mut buf).unwrap();
-        assert_eq!(&buf[..n], b"{}\n");
+        // The registry's lock is free meanwhile: another repo opens at once.
+        let other = reg.session_sink(SessionInfo { repo: "other".into(), ..info() }).unwrap();
+        assert_eq!(other.log().dir(), tmp.path().join("other"));
+        drop(closing);
+        drop(notice);
+        let log = opener.join().unwrap().unwrap();
+        assert!(log.journal().path().exists());
+        let again = reg.repo_log("some-repo").unwrap();
+        assert!(Arc::ptr_eq(&log, &again));
     }
 
     #[test]
-    fn generic_appender_writes_session_records() {
+    fn concurrent_first_sessions_of_a_repo_share_one_log() {
         let tmp = tempfile::tempdir().unwrap();
-        #[derive(Serialize)]
-        struct Rec<'a> {
-            id: &'a str,
-            command: &'a str,
-        }
-        append_record(tmp.path(), "sessions", &Rec { id: "s:start", command: "a\nb" }).unwrap();
-        append_record(tmp.path(), "sessions", &Rec { id: "s:end", command: "" }).unwrap();
-        let date = utc_date(SystemTime::now());
-        let text = std::fs::read_to_string(tmp.path().join(format!("sessions-{date}.jsonl")));
-        let text = text.unwrap();
-        assert_eq!(text.lines().count(), 2);
-        assert!(text.starts_with(r#"{"id":"s:start","command":"a\nb"}"#));
-        let huge = "x".repeat(MAX_RECORD);
-        let err = append_record(tmp.path(), "sessions", &Rec { id: "s:x", command: &huge });
-        assert!(matches!(err, Err(AuditError::TooLarge { .. })));
+        let reg = Arc::new(LogRegistry::new(tmp.path(), "boot"));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let reg = Arc::clone(&reg);
+                std::thread::spawn(move || reg.repo_log("shared").unwrap())
+            })
+            .collect();
+        let logs: Vec<Arc<RepoLog>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(logs.iter().all(|l| Arc::ptr_eq(l, &logs[0])));
     }
 }

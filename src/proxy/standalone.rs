@@ -1,268 +1,317 @@
-//! `airlockd proxy`: the proxy in the foreground, without the daemon — one session, one
-//! listener, policy from an operator `--config` file (layer `operator`), audit trail in
-//! `~/.airlock/logs/<repo>` (or `--log-dir`), and an `ALLOW`/`DENY` line per attempt on stdout.
-//! The future Docker backend runs exactly this. `docs/proxy.md` documents every flag.
+//! The standalone proxy behind `airlockd proxy`: one session, one listener, a policy the
+//! caller built, the audit trail in one log directory, and an `ALLOW`/`DENY` line per attempt
+//! on stdout. The future Docker backend runs exactly this. Argument parsing and policy loading
+//! live in the `airlockd` front ([`crate::daemon::cli`]); `docs/proxy.md` documents the flags.
+//!
+//! Stdout is written by a dedicated thread through a bounded queue ([`ConsoleWriter`]), never
+//! from the proxy's tasks: a reader that stops reading (a full pipe) must not stall the proxy.
+//! When the queue is full, console lines are dropped — never audit lines, which are on disk
+//! before they are queued — and the drops are counted and reported through `tracing`.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
 use tokio::sync::watch;
 
 use crate::audit::{AuditError, AuditLine, AuditSink, FileAuditSink, SessionInfo, Stamp};
-use crate::env::Env;
 use crate::policy::Policy;
 
-use super::{Identity, Limits, Resolver, SessionProxy, SystemResolver};
+use super::{Identity, Limits, Resolver, SessionProxy};
 
-/// `airlockd proxy` flags; each has an environment fallback.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ProxyArgs {
-    /// The repo name the audit lines carry (and the log directory's name).
-    #[arg(long, env = "AIRLOCK_REPO_NAME", value_name = "NAME")]
+/// Console lines that may wait for a slow stdout reader before new ones are dropped (at about
+/// 150 bytes a line, a few hundred KiB).
+pub const CONSOLE_QUEUE: usize = 2048;
+
+/// How long shutdown waits for queued console lines to reach stdout before exiting anyway
+/// (a reader that never reads must not keep the process alive).
+const CONSOLE_FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// Everything one standalone proxy run needs, already validated by the caller.
+#[derive(Debug)]
+pub struct Standalone {
+    /// The repo name the audit lines carry.
     pub repo_name: String,
-    /// Address to listen on, e.g. 127.0.0.1:3128 (port 0 picks a free port; the chosen address
-    /// is printed on stderr).
-    #[arg(long, env = "AIRLOCK_LISTEN", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Policy file in `.airlock.toml` format, trusted as the `operator` layer.
-    #[arg(long, env = "AIRLOCK_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Audit log directory [default: ~/.airlock/logs/<repo-name>].
-    #[arg(long, env = "AIRLOCK_LOG_DIR", value_name = "DIR")]
-    pub log_dir: Option<PathBuf>,
-    /// `user_id` written on every line (omitted when unset: unattributed).
-    #[arg(long, env = "AIRLOCK_USER_ID", value_name = "ID")]
+    /// The audit log directory (`~/.airlock/logs/<repo>` by default).
+    pub log_dir: PathBuf,
+    /// `user_id` on every line; `None` writes unattributed lines.
     pub user_id: Option<String>,
-    /// Time for a request head to arrive.
-    #[arg(long, env = "AIRLOCK_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub header_timeout: Duration,
-    /// Largest request head in bytes (beyond: 431).
-    #[arg(long, env = "AIRLOCK_MAX_HEADER_BYTES", default_value_t = 16 * 1024)]
-    pub max_header_bytes: usize,
-    /// Name resolution timeout.
-    #[arg(long, env = "AIRLOCK_DNS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub dns_timeout: Duration,
-    /// Connect timeout (all of a target's addresses together).
-    #[arg(long, env = "AIRLOCK_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub connect_timeout: Duration,
-    /// Close a tunnel after this long without a byte either way.
-    #[arg(long, env = "AIRLOCK_TUNNEL_IDLE_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
-    pub idle_timeout: Duration,
-    /// Open tunnels at once (beyond: 503, audited `tunnel_limit`).
-    #[arg(long, env = "AIRLOCK_MAX_TUNNELS", default_value_t = 512)]
-    pub max_tunnels: usize,
-    /// Time for the ClientHello to arrive after `200`.
-    #[arg(long, env = "AIRLOCK_CLIENT_HELLO_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub client_hello_timeout: Duration,
-    /// On SIGTERM/SIGINT: how long open tunnels may finish before they are closed and logged
-    /// `interrupted`.
-    #[arg(long, env = "AIRLOCK_DRAIN_GRACE", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub drain_grace: Duration,
+    pub limits: Limits,
+    pub policy: Policy,
+    pub resolver: Arc<dyn Resolver>,
 }
 
-impl ProxyArgs {
-    pub fn limits(&self) -> Limits {
-        Limits {
-            header_timeout: self.header_timeout,
-            max_header_bytes: self.max_header_bytes,
-            dns_timeout: self.dns_timeout,
-            connect_timeout: self.connect_timeout,
-            idle_timeout: self.idle_timeout,
-            max_tunnels: self.max_tunnels,
-            client_hello_timeout: self.client_hello_timeout,
-            max_client_hello: Limits::default().max_client_hello,
-            drain_grace: self.drain_grace,
-        }
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error("cannot open the audit log in {}", dir.display())]
+    AuditLog {
+        dir: PathBuf,
+        #[source]
+        source: AuditError,
+    },
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("listener address")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("proxy failed")]
+    Serve(#[source] std::io::Error),
+    /// A blocking helper task panicked or was cancelled (a bug; the message says where).
+    #[error("internal error in a blocking task")]
+    Task(#[source] tokio::task::JoinError),
 }
 
-/// Runs the standalone proxy until SIGTERM/SIGINT; returns the exit code.
-pub fn main(args: ProxyArgs, env: &dyn Env) -> i32 {
-    match run(args, env) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("airlockd proxy: {e:#}");
-            1
-        }
-    }
-}
-
-fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
-    crate::repo::validate_repo_name(&args.repo_name)
-        .with_context(|| format!("--repo-name {:?}", args.repo_name))?;
-    raise_nofile();
-    let policy = Arc::new(load_policy(&args, env)?);
-    let log_dir = match &args.log_dir {
-        Some(d) => d.clone(),
-        None => crate::paths::Paths::from_env(env)
-            .context("cannot find the home directory for the default --log-dir")?
-            .logs_dir(&args.repo_name),
+/// Serves `proxy.listen` until `shutdown` completes, then drains open tunnels (up to
+/// `limits.drain_grace`; the rest are logged `interrupted`) and flushes the console.
+pub async fn serve(
+    proxy: Standalone,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StandaloneError> {
+    let boot = crate::audit::new_boot_id();
+    let info = SessionInfo {
+        session: crate::audit::new_id(),
+        repo: proxy.repo_name.clone(),
+        repo_path: None,
+        user_id: proxy.user_id.clone(),
     };
-    let resolver = make_resolver(env)?;
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(async move {
-        let boot = crate::audit::new_boot_id();
-        let info = SessionInfo {
-            session: crate::audit::new_id(),
-            repo: args.repo_name.clone(),
-            repo_path: None,
-            user_id: args.user_id.clone(),
-        };
-        // Opening the log settles journals left by writers that died (their tunnels become
-        // `"interrupted": true` lines) and locks this run's journal.
-        let sink = FileAuditSink::open(&log_dir, &boot, info)
-            .with_context(|| format!("cannot open the audit log in {}", log_dir.display()))?;
-        let settled = sink.log().settled().lines_written;
-        if settled > 0 {
-            eprintln!("airlockd proxy: settled {settled} interrupted tunnel(s) of an earlier run");
-        }
-        let audit: Arc<dyn AuditSink> = Arc::new(ConsoleSink(sink));
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let bound = listener.local_addr().context("listener address")?;
-        let limits = args.limits();
-        let identity =
-            Identity { repo: args.repo_name.clone(), repo_path: None, user_id: args.user_id };
-        let session = Arc::new(SessionProxy::new(
-            policy,
-            audit,
-            resolver,
-            limits,
-            super::local_addrs(),
-            identity,
-        ));
-        eprintln!(
-            "airlockd proxy: listening on {bound} (repo {}, audit log {})",
-            args.repo_name,
-            log_dir.display()
-        );
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            eprintln!("airlockd proxy: shutting down (draining open tunnels)");
-            let _ = tx.send(true);
-        });
-        super::serve_session(listener, session, rx).await.context("proxy failed")?;
-        Ok(())
-    })
+    // Opening the log settles journals left by writers that died (their tunnels become
+    // `"interrupted": true` lines) and locks this run's journal; both are file I/O.
+    let dir = proxy.log_dir.clone();
+    let sink = tokio::task::spawn_blocking(move || FileAuditSink::open(&dir, &boot, info))
+        .await
+        .map_err(StandaloneError::Task)?
+        .map_err(|source| StandaloneError::AuditLog { dir: proxy.log_dir.clone(), source })?;
+    let settled = sink.log().settled().lines_written;
+    if settled > 0 {
+        eprintln!("airlockd proxy: settled {settled} interrupted tunnel(s) of an earlier run");
+    }
+    let console = ConsoleWriter::start(std::io::stdout(), CONSOLE_QUEUE);
+    let audit = Arc::new(ConsoleSink { sink, console: console.handle() });
+    let listener = tokio::net::TcpListener::bind(proxy.listen)
+        .await
+        .map_err(|source| StandaloneError::Listen { addr: proxy.listen, source })?;
+    let bound = listener.local_addr().map_err(StandaloneError::LocalAddr)?;
+    let identity =
+        Identity { repo: proxy.repo_name.clone(), repo_path: None, user_id: proxy.user_id };
+    let local = tokio::task::spawn_blocking(super::local_addrs).await.unwrap_or_default();
+    let session = Arc::new(SessionProxy::new(
+        Arc::new(proxy.policy),
+        Arc::clone(&audit) as Arc<dyn AuditSink>,
+        proxy.resolver,
+        proxy.limits,
+        local,
+        identity,
+    ));
+    eprintln!(
+        "airlockd proxy: listening on {bound} (repo {}, audit log {})",
+        proxy.repo_name,
+        proxy.log_dir.display()
+    );
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        eprintln!("airlockd proxy: shutting down (draining open tunnels)");
+        let _ = tx.send(true);
+    });
+    let served = super::serve_session(listener, session, rx).await.map_err(StandaloneError::Serve);
+    drop(audit);
+    // Blocking wait for the writer thread (bounded), off the async workers.
+    let _ = tokio::task::spawn_blocking(move || console.finish(CONSOLE_FLUSH_WAIT)).await;
+    served
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+/// The stdout writer: one thread that owns the writer, fed through a bounded queue.
+#[derive(Debug)]
+pub struct ConsoleWriter {
+    handle: ConsoleHandle,
+    /// Signalled by the thread once the queue is closed and drained.
+    done: Receiver<()>,
+}
+
+/// The sending side, cheap to clone; never blocks.
+#[derive(Debug, Clone)]
+pub struct ConsoleHandle {
+    tx: SyncSender<String>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl ConsoleWriter {
+    /// Starts the writer thread on `out` with room for `capacity` waiting lines.
+    pub fn start(out: impl Write + Send + 'static, capacity: usize) -> Self {
+        let (tx, rx) = mpsc::sync_channel::<String>(capacity);
+        let (done_tx, done) = mpsc::channel();
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&dropped);
+        let spawned =
+            std::thread::Builder::new().name("airlockd-console".into()).spawn(move || {
+                let mut out = out;
+                for line in rx {
+                    // A closed stdout (EPIPE) is the reader's choice; the audit log has the line.
+                    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+                    report_drops(&counter, "while stdout was not being read");
+                }
+                let _ = done_tx.send(());
+            });
+        if let Err(e) = spawned {
+            // Without the thread every send finds the queue closed and counts a drop.
+            tracing::error!(error = %e, "cannot start the console writer; ALLOW/DENY lines are off");
+        }
+        Self { handle: ConsoleHandle { tx, dropped }, done }
+    }
+
+    pub fn handle(&self) -> ConsoleHandle {
+        self.handle.clone()
+    }
+
+    /// Closes the queue (once every handle is gone) and waits up to `wait` for the thread to
+    /// write what is queued. Drops not yet reported are reported here.
+    pub fn finish(self, wait: Duration) {
+        let Self { handle, done } = self;
+        let dropped = Arc::clone(&handle.dropped);
+        drop(handle);
+        if done.recv_timeout(wait).is_err() {
+            tracing::warn!(
+                "stdout is still not being read; exiting without the queued ALLOW/DENY lines \
+                 (the audit log has every line)"
+            );
+        }
+        report_drops(&dropped, "before exit");
+    }
+}
+
+impl ConsoleHandle {
+    /// Queues `line` for stdout; drops (and counts) it when the queue is full.
+    pub fn show(&self, line: String) {
+        match self.tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        "stdout is not keeping up: dropping ALLOW/DENY lines until it does (the \
+                         audit log has every line)"
+                    );
+                }
             }
         }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
+    }
+
+    /// Console lines dropped and not yet reported.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 }
 
-/// The operator file, plus the fleet's managed layer (and its review-plane servers) when the
-/// machine has one: a fleet policy binds the standalone proxy too.
-fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
-    let Some(path) = &args.config else {
-        bail!(
-            "no policy: pass --config FILE (or AIRLOCK_CONFIG) with an allow list in \
-             .airlock.toml format, e.g. [network] allow = [\"example.com\"]"
+/// Reports (and resets) the count of dropped console lines, if any.
+fn report_drops(counter: &AtomicU64, when: &str) {
+    let n = counter.swap(0, Ordering::Relaxed);
+    if n > 0 {
+        tracing::warn!(
+            dropped = n,
+            "dropped {n} ALLOW/DENY line(s) {when}; the audit log has them"
         );
-    };
-    let operator = crate::config::load_operator(path).map_err(|e| anyhow::anyhow!("{e}"))?;
-    for w in &operator.warnings {
-        eprintln!("airlockd proxy: warning: {w}");
-    }
-    let managed = match crate::paths::Paths::from_env(env) {
-        Ok(paths) => crate::config::load_managed(&paths).map_err(|e| anyhow::anyhow!("{e}"))?,
-        Err(_) => None,
-    };
-    let mut docs = Vec::new();
-    let mut review = Vec::new();
-    if let Some(m) = &managed {
-        docs.push(m);
-        review = crate::config::review_servers_of(m);
-    }
-    docs.push(&operator.doc);
-    let built = crate::config::build_policy(&docs, &review).map_err(|e| anyhow::anyhow!("{e}"))?;
-    for w in &built.warnings {
-        eprintln!("airlockd proxy: warning: {w}");
-    }
-    Ok(built.policy)
-}
-
-/// The system resolver, or — only in `test-hooks` builds — the file named by
-/// `AIRLOCK_TEST_RESOLVER`, announced loudly.
-fn make_resolver(env: &dyn Env) -> anyhow::Result<Arc<dyn Resolver>> {
-    #[cfg(feature = "test-hooks")]
-    if let Some(file) = env.var("AIRLOCK_TEST_RESOLVER") {
-        let path = PathBuf::from(&file);
-        let log = env
-            .var("AIRLOCK_TEST_RESOLVER_LOG")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(format!("{file}.queries")));
-        eprintln!(
-            "airlockd proxy: WARNING: TEST RESOLVER IN FORCE ({}): names resolve only from \
-             that file (test-hooks build; never use in production)",
-            path.display()
-        );
-        let r = super::resolver::FileResolver::load(&path, Some(log))
-            .with_context(|| format!("AIRLOCK_TEST_RESOLVER={}", path.display()))?;
-        return Ok(Arc::new(r));
-    }
-    let _ = env;
-    Ok(Arc::new(SystemResolver))
-}
-
-/// Raises the soft open-files limit to the hard limit: every tunnel holds two sockets and up
-/// to four pipe ends.
-pub fn raise_nofile() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
-        && soft < hard
-        && let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
-    {
-        eprintln!("airlockd proxy: warning: cannot raise the open-files limit to {hard}: {e}");
     }
 }
 
-/// Prints each written line as an `ALLOW`/`DENY` line on stdout (after it is on disk).
-struct ConsoleSink(FileAuditSink);
-
-impl ConsoleSink {
-    fn show(line: &AuditLine) {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", crate::audit::console_line(line));
-        let _ = out.flush();
-    }
+/// Queues each written line as an `ALLOW`/`DENY` line for stdout (after it is on disk).
+#[derive(Debug)]
+struct ConsoleSink {
+    sink: FileAuditSink,
+    console: ConsoleHandle,
 }
 
 impl AuditSink for ConsoleSink {
     fn stamp(&self) -> Stamp {
-        self.0.stamp()
+        self.sink.stamp()
     }
     fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
-        self.0.append(line)?;
-        Self::show(line);
+        self.sink.append(line)?;
+        self.console.show(crate::audit::console_line(line));
         Ok(())
     }
     fn journal_open(&self, line: &AuditLine) -> Result<(), AuditError> {
-        self.0.journal_open(line)
+        self.sink.journal_open(line)
     }
     fn journal_close(&self, line: &AuditLine) -> Result<(), AuditError> {
-        self.0.journal_close(line)?;
-        Self::show(line);
+        self.sink.journal_close(line)?;
+        self.console.show(crate::audit::console_line(line));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::mpsc::channel;
+
+    /// A writer that blocks until the test lets it go, recording what got through.
+    struct Gate {
+        open: Receiver<()>,
+        written: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let _ = self.open.recv();
+            self.written.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_stdout_never_blocks_the_sender_and_drops_are_counted() {
+        let (open_tx, open) = channel();
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let writer = ConsoleWriter::start(Gate { open, written: Arc::clone(&written) }, 4);
+        let console = writer.handle();
+        // The thread takes one line and blocks in write; four more fill the queue; the rest
+        // are dropped — and every `show` returns at once (this test would hang otherwise).
+        for i in 0..100 {
+            console.show(format!("line {i}"));
+        }
+        let dropped = console.dropped();
+        assert!((95..=96).contains(&dropped), "dropped {dropped}");
+        drop(open_tx); // unblocks every write from now on
+        drop(console);
+        writer.finish(Duration::from_secs(30));
+        let out = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len() as u64, 100 - dropped, "{out}");
+        assert_eq!(lines[0], "line 0");
+    }
+
+    #[test]
+    fn every_line_reaches_a_reader_that_keeps_up() {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        struct Shared(Arc<Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let writer = ConsoleWriter::start(Shared(Arc::clone(&buf)), 8);
+        let console = writer.handle();
+        for i in 0..5 {
+            console.show(format!("l{i}"));
+        }
+        drop(console);
+        writer.finish(Duration::from_secs(30));
+        assert_eq!(String::from_utf8(buf.lock().unwrap().clone()).unwrap(), "l0\nl1\nl2\nl3\nl4\n");
     }
 }

@@ -1,12 +1,12 @@
 //! The review plane (DESIGN §8): ingest of published events, the insert-only stores
 //! (embedded SQLite and PostgreSQL behind one [`store::Store`] trait), detection at ingest,
-//! the HTTP API and the `airlockd review` / `airlockd admin` commands.
+//! and the HTTP API; the `airlockd review` / `airlockd admin` commands that drive them are in
+//! the `airlockd` front ([`crate::daemon::cli`]).
 //!
 //! Data flow: [`server`] authenticates a bearer token ([`token`]), [`ingest`] decodes and
 //! validates a batch, the store inserts it (dedup on `(user, source, id)`), and [`detect`]
 //! runs the rules over the newly created events ([`transcript`] gives them a typed view).
 
-pub mod cli;
 pub mod detect;
 pub mod ingest;
 pub mod server;

@@ -7,7 +7,13 @@
 //!
 //! Between fork and exec only async-signal-safe calls run (signal-safety(7)): every string,
 //! the environment array and the `LISTEN_PID=` buffer are built before `fork`, and the child
-//! only writes digits into that buffer, `dup2`s, `setsid`s and `execve`s.
+//! only resets its signal state, writes digits into that buffer, `dup2`s, `setsid`s and
+//! `execve`s.
+//!
+//! The signal mask and ignored dispositions survive `execve` (signal(7), "Signal mask and
+//! pending signals"; execve(2)): a daemon started from the sandbox supervisor, which blocks
+//! SIGTERM, SIGINT and friends, would otherwise never see SIGTERM. So the child resets every
+//! catchable signal to `SIG_DFL` and empties its mask before exec, as a service manager does.
 
 use std::ffi::{CString, OsStr, OsString, c_char};
 use std::io;
@@ -179,6 +185,7 @@ unsafe fn child(
                 libc::_exit(0);
             }
         }
+        reset_signals();
         // fd 3 is the listener's place: if /dev/null or the log happen to sit there (fd numbers
         // depend on what the caller had open), move them above it first, or installing the
         // listener would close them. The copies above 3 are closed by close_range below.
@@ -217,6 +224,55 @@ unsafe fn child(
         libc::_exit(127);
     }
 }
+
+/// Every catchable signal back to `SIG_DFL`, then an empty mask (async-signal-safe: only
+/// sigaction(2), sigemptyset(3) and sigprocmask(2), all in signal-safety(7)). Dispositions go
+/// first, so a signal that is pending when the mask opens gets its default action, never a
+/// handler of the parent's that makes no sense in this child.
+///
+/// # Safety
+/// Must be called only in a just-forked child that is about to exec.
+unsafe fn reset_signals() {
+    // SAFETY: the structs are plain C data on our stack, zero-initialised (a valid "SIG_DFL, no
+    // flags, empty mask" action) or filled by sigemptyset; the calls are async-signal-safe.
+    // SIGKILL and SIGSTOP cannot be changed and fail with EINVAL, which is ignored.
+    unsafe {
+        for sig in 1..SIGNAL_LIMIT {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            // Raw rt_sigaction on Linux: the C library refuses the real-time signals it keeps
+            // for itself (32 and 33 in glibc, nptl(7)), yet an ignored one still survives
+            // execve. The kernel's struct is four words here, all zero = SIG_DFL, and its mask
+            // is 64 bits (8 bytes) on every Linux architecture.
+            #[cfg(target_os = "linux")]
+            {
+                let action = [0u64; 4];
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    action.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                );
+            }
+            #[cfg(not(target_os = "linux"))]
+            {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = libc::SIG_DFL;
+                libc::sigemptyset(&mut action.sa_mask);
+                libc::sigaction(sig, &action, std::ptr::null_mut());
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+}
+
+/// One past the highest signal number: Linux has 64 (`_NSIG` = 65, signal(7)); other Unixes
+/// fewer, where the extra numbers just fail with EINVAL.
+const SIGNAL_LIMIT: libc::c_int = 65;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

@@ -115,7 +115,7 @@ fn spec_with(repo: &str, user_toml: &str) -> SessionSpec {
 /// An "agent" in a fresh network namespace (as the sandbox makes one): it creates the proxy
 /// listener on 127.0.0.1:8888 inside, hands it back over a unix socket, and then makes proxy
 /// requests on command (one `CONNECT host:port` per stdin line; prints the status line and,
-/// for a 200, the echo of `ping`).
+/// for a 200, the echo of `ping`). A line `hold host:port` keeps that tunnel open.
 struct NetnsAgent {
     child: std::process::Child,
     stdin: std::process::ChildStdin,
@@ -127,8 +127,11 @@ import socket,sys
 s=socket.socket(); s.bind(('127.0.0.1',8888)); s.listen(16)
 u=socket.socket(socket.AF_UNIX); u.connect(sys.argv[1])
 socket.send_fds(u,[b'x'],[s.fileno()]); u.close(); s.close()
+held=[]
 for line in sys.stdin:
     t=line.strip()
+    hold=t.startswith('hold ')
+    if hold: t=t[5:]
     c=socket.create_connection(('127.0.0.1',8888))
     c.sendall(('CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n' % (t,t)).encode())
     r=b''
@@ -139,7 +142,8 @@ for line in sys.stdin:
     out=r.split(b'\r\n')[0].decode()
     if ' 200 ' in out:
         c.sendall(b'ping'); out+=' '+c.recv(4096).decode()
-    c.close()
+    if hold: held.append(c)
+    else: c.close()
     print(out, flush=True)
 "#;
 
@@ -868,4 +872,176 @@ fn many_sessions_in_a_row_never_stall_on_notifications() {
         assert!(recs.iter().any(|r| r["id"] == format!("{id}:end")), "{id} end missing");
     }
     status(&world, h.socket()).run().expect_code(0);
+}
+
+/// Runs `cmd` under python3 with the signals the sandbox supervisor blocks (SigBlk 0x8014a07:
+/// HUP INT QUIT USR1 USR2 TERM CHLD WINCH) blocked and SIGHUP ignored, the way `airlock exec`
+/// starts a one-shot daemon: mask and ignored dispositions survive execve(2).
+fn with_signals_blocked(cmd: crate::support::TestCommand) -> Command {
+    const BLOCK: &str = r#"
+import os,signal,sys
+S=signal
+signal.pthread_sigmask(S.SIG_BLOCK,{S.SIGHUP,S.SIGINT,S.SIGQUIT,S.SIGUSR1,S.SIGUSR2,S.SIGTERM,S.SIGCHLD,S.SIGWINCH})
+signal.signal(S.SIGHUP,S.SIG_IGN)
+os.execv(sys.argv[1],sys.argv[1:])
+"#;
+    let inner = cmd.cmd;
+    let mut outer = Command::new(system_python3());
+    outer.arg("-c").arg(BLOCK).arg(inner.get_program()).args(inner.get_args()).env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            outer.env(k, v);
+        }
+    }
+    if let Some(dir) = inner.get_current_dir() {
+        outer.current_dir(dir);
+    }
+    outer.stdin(Stdio::null());
+    outer
+}
+
+/// `SigBlk:`/`SigIgn:` of `pid` (hex masks as /proc/PID/status prints them, proc(5)).
+fn signal_masks(pid: i64) -> (String, String) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("SigBlk:"), field("SigIgn:"))
+}
+
+/// SIGKILLs a detached daemon the test started if it is still alive when the test ends (a
+/// failing run must not leave a daemon that ignores SIGTERM behind).
+struct KillIfAlive(i64);
+
+impl Drop for KillIfAlive {
+    fn drop(&mut self) {
+        if pid_alive(self.0) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0 as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Regression: a daemon the CLI activated from a process with SIGTERM blocked (the sandbox
+/// supervisor) inherited the mask and ignored SIGTERM. It must start with a clean signal state,
+/// exit on SIGTERM with a tunnel open, and log that tunnel `interrupted`.
+#[test]
+fn a_daemon_activated_with_signals_blocked_still_exits_on_sigterm_with_a_live_tunnel() {
+    let world = World::new();
+    let sock = oneshot_socket(&world);
+    let upstream = echo_server("127.0.0.2");
+    let resolver = world.write(world.tmp.path().join("resolver"), "allowed.test 127.0.0.2\n");
+    let out = with_signals_blocked(
+        status(&world, &sock)
+            .env("AIRLOCK_IDLE_TIMEOUT", "60s")
+            .env("AIRLOCK_TEST_RESOLVER", &resolver),
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid = json(&String::from_utf8_lossy(&out.stdout))["pid"].as_i64().unwrap();
+    let _reap = KillIfAlive(pid);
+    // Nothing blocked; of the ignored signals only SIGPIPE (bit 13), which Rust's runtime sets
+    // itself at startup — SIGHUP's ignore (bit 1) must not have been inherited.
+    assert_eq!(
+        signal_masks(pid),
+        ("0000000000000000".to_owned(), "0000000000001000".to_owned()),
+        "the activated daemon inherited the activator's signal state"
+    );
+
+    let port = upstream.port();
+    let user = format!(
+        "[network]\nallow = [\"allowed.test:{port}\"]\nallow_private = [\"127.0.0.2/32\"]\n"
+    );
+    let (mut agent, listener) = NetnsAgent::start(world.tmp.path());
+    // A bare registration (no re-registering watcher): the session ends with this daemon.
+    let mut raw = Raw::connect(&sock);
+    raw.hello();
+    let req =
+        protocol::encode(&Request::SessionStart(Box::new(spec_with("sigterm", &user)))).unwrap();
+    let sent =
+        airlock::sys::fdpass::send_with_fds(raw.stream.as_fd(), &req, &[listener.as_fd()]).unwrap();
+    raw.stream.write_all(&req[sent..]).unwrap();
+    assert!(matches!(raw.recv(), Response::SessionStarted { .. }));
+    assert_eq!(
+        agent.connect(&format!("hold allowed.test:{port}")),
+        "HTTP/1.1 200 Connection established ping"
+    );
+    let s = json(&status(&world, &sock).run().expect_code(0).stdout());
+    assert_eq!(s["tunnels"], 1, "{s}");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGTERM).unwrap();
+    assert!(wait_until(LONG, || !pid_alive(pid)), "airlockd ignored SIGTERM");
+    let lines = world.audit_lines("sigterm");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["allowed"], true, "{lines:?}");
+    assert_eq!(lines[0]["interrupted"], true, "{lines:?}");
+    assert_eq!(lines[0]["bytes_sent"], 4, "{lines:?}");
+}
+
+/// A child process killed if the test fails before it exits.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Regression: `airlockd proxy` wrote its ALLOW/DENY lines to stdout from the proxy's async
+/// tasks, so a reader that stopped reading (a full pipe) stalled every request. The console now
+/// has its own thread and a bounded queue: with stdout a full pipe nobody reads, every request
+/// is still answered and audited; only console lines are dropped.
+#[test]
+fn airlockd_proxy_with_an_unread_stdout_pipe_still_serves_and_audits() {
+    use std::io::BufRead;
+    const REQUESTS: usize = 2_300; // more than the console queue (2048) plus the pipe
+    let world = World::new();
+    let cfg = world.write(world.tmp.path().join("p.toml"), "[network]\nallow = [\"ok.test\"]\n");
+    let res = world.write(world.tmp.path().join("p.resolver"), "ok.test 127.0.0.2\n");
+    let logs = world.tmp.path().join("p-logs");
+    let mut cmd = world
+        .airlockd(world.tmp.path())
+        .args(["proxy", "--repo-name", "stuck", "--listen", "127.0.0.1:0"])
+        .args(["--config".as_ref(), cfg.as_os_str()])
+        .args(["--log-dir".as_ref(), logs.as_os_str()])
+        .env("AIRLOCK_TEST_RESOLVER", &res)
+        .cmd;
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
+    let child = &mut child.0;
+    // Held open and never read; shrunk to one page so a few lines fill it.
+    let stdout = child.stdout.take().unwrap();
+    nix::fcntl::fcntl(&stdout, nix::fcntl::FcntlArg::F_SETPIPE_SZ(4096)).unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = err.next().expect("proxy exited before listening").unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let host = format!("{0}.{0}.{0}.test", "x".repeat(60));
+    for i in 0..REQUESTS {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(LONG)).unwrap();
+        write!(s, "GET http://{host}/{i} HTTP/1.1\r\nHost: {host}\r\n\r\n").unwrap();
+        let head = crate::proxy_support::read_head(&mut s);
+        assert!(head.starts_with("HTTP/1.1 403 "), "request {i} got {head:?}");
+    }
+    let lines = crate::proxy_support::audit_lines(&logs);
+    assert_eq!(lines.len(), REQUESTS);
+    assert!(lines.iter().all(|l| l["allowed"] == false && l["host"] == host.as_str()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    drop(stdout);
 }

@@ -1,13 +1,13 @@
-//! `airlockd review …` and `airlockd admin …`: argument structs and their `run` functions.
-//! Every command takes the same store selection: `--database URL` (PostgreSQL) or
-//! `--data-dir DIR` (embedded SQLite, the default).
+//! `airlockd review …` and `airlockd admin …`: argument structs and their `run` functions,
+//! the front of the review plane ([`crate::review`]). Every command takes the same store
+//! selection: `--database URL` (PostgreSQL) or `--data-dir DIR` (embedded SQLite, the default).
 
-use super::detect::Engine;
-use super::server::{AppState, serve, settle_loop, tls_acceptor};
-use super::store::postgres::{self, PgStore};
-use super::store::sqlite::SqliteStore;
-use super::store::{AnyStore, Store, StoreError, random_id};
-use super::{Role, token};
+use crate::review::detect::Engine;
+use crate::review::server::{AppState, serve, settle_loop, tls_acceptor};
+use crate::review::store::postgres::{self, PgStore};
+use crate::review::store::sqlite::SqliteStore;
+use crate::review::store::{AnyStore, Store, StoreError, random_id};
+use crate::review::{Role, token};
 use clap::{Args, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -429,7 +429,7 @@ async fn open(store: &StoreArgs) -> Result<AnyStore, i32> {
     store.open(1).await.map_err(fail)
 }
 
-async fn find_user(s: &AnyStore, email: &str) -> Result<super::User, i32> {
+async fn find_user(s: &AnyStore, email: &str) -> Result<crate::review::User, i32> {
     match s.user_by_email(email).await {
         Ok(Some(u)) => Ok(u),
         Ok(None) => Err(fail(format!(

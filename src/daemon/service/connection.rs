@@ -1,0 +1,336 @@
+//! One control connection: the peer checks (uid, namespaces), framing and fd passing, and
+//! [`handle_request`], the dispatch of one request against the connection's state — which
+//! needs no socket, so it is unit-tested directly.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+use super::session::{end_session, start_session};
+use super::state::{Daemon, Session, blocking, may_quit};
+use crate::protocol::{self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd};
+use crate::sys::fdpass;
+
+/// What a connection has negotiated and owns, apart from its socket.
+#[derive(Debug, Default)]
+pub(super) struct ConnState {
+    /// Fds that arrived with the request being handled.
+    pub(super) fds: Vec<OwnedFd>,
+    /// The negotiated protocol; `None` before hello, `Some(None)` when none is shared.
+    pub(super) version: Option<Option<u32>>,
+    pub(super) session: Option<Arc<Session>>,
+}
+
+/// Per-connection I/O.
+struct Conn {
+    stream: UnixStream,
+    frames: FrameBuf,
+    state: ConnState,
+}
+
+impl Conn {
+    async fn send(&mut self, resp: &Response) -> Result<(), FrameError> {
+        let bytes = protocol::encode(resp)?;
+        self.stream.write_all(&bytes).await?;
+        Ok(())
+    }
+
+    /// Closes after a final error: half-close, then discard what the peer still sends (briefly),
+    /// so unread input does not turn our close into a reset that hides the error (unix(7)).
+    async fn close_gracefully(&mut self) {
+        let _ = self.stream.shutdown().await;
+        let drain = async {
+            let mut buf = [0u8; 4096];
+            let mut total = 0usize;
+            while let Ok(n) = tokio::io::AsyncReadExt::read(&mut self.stream, &mut buf).await {
+                total += n;
+                if n == 0 || total > 1 << 20 {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
+    }
+
+    /// Reads one chunk (and any fds sent with it). `Ok(false)` = EOF.
+    async fn read_chunk(&mut self) -> Result<bool, FrameError> {
+        let mut buf = [0u8; 16 * 1024];
+        let fds = &mut self.state.fds;
+        let stream = &self.stream;
+        let n = stream
+            .async_io(Interest::READABLE, || fdpass::recv_with_fds(stream.as_fd(), &mut buf, fds))
+            .await?;
+        self.frames.extend(&buf[..n]);
+        Ok(n > 0)
+    }
+}
+
+pub(super) fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error { code, message: message.into() }
+}
+
+pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
+    let mut conn = Conn { stream, frames: FrameBuf::new(), state: ConnState::default() };
+    // Peer uid on every accept (SO_PEERCRED, unix(7)).
+    let me = nix::unistd::geteuid().as_raw();
+    match conn.stream.peer_cred() {
+        Ok(cred) if cred.uid() == me => {}
+        Ok(cred) => {
+            let msg = format!(
+                "refused: this airlockd serves uid {me}; the connecting process runs as uid {}",
+                cred.uid()
+            );
+            eprintln!("airlockd: {msg}");
+            let _ = conn.send(&error(ErrorCode::PeerUid, msg)).await;
+            conn.close_gracefully().await;
+            return;
+        }
+        Err(err) => {
+            eprintln!("airlockd: cannot read peer credentials: {err}");
+            return;
+        }
+    }
+    // Same user and network namespace as ours, or nothing is served (SECURITY §7): a sandboxed
+    // process that reaches the socket (say, through a bad mount) must not speak the protocol.
+    // stat(2)s under /proc: off the runtime, on a duplicate of the socket's descriptor.
+    let peer_check = match conn.stream.as_fd().try_clone_to_owned() {
+        Ok(fd) => blocking(move || {
+            crate::sys::peer::check_same_namespaces(fd.as_fd()).map(drop).map_err(|e| e.to_string())
+        })
+        .await
+        .and_then(|r| r),
+        Err(e) => Err(format!("cannot inspect the peer: {e}")),
+    };
+    if let Err(err) = peer_check {
+        eprintln!("airlockd: WARNING: refused a control connection: {err}");
+        let msg = format!(
+            "refused: airlockd serves only processes in its own user and network namespaces; \
+             {err}. Run airlock in the same namespaces as airlockd."
+        );
+        let _ = conn.send(&error(ErrorCode::PeerNamespace, msg)).await;
+        conn.close_gracefully().await;
+        return;
+    }
+    let mut stop = daemon.stop_tx.subscribe();
+    loop {
+        let req = match conn.frames.next_message::<Request>() {
+            Ok(Some(req)) => req,
+            Ok(None) => {
+                // Re-evaluated per chunk: once stopping, a connection closes only between
+                // requests, so a request that is partly read still gets its answer.
+                let got = tokio::select! {
+                    biased;
+                    r = conn.read_chunk() => Some(r),
+                    _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => None,
+                };
+                let Some(got) = got else {
+                    let _ =
+                        conn.send(&error(ErrorCode::Stopping, "airlockd is stopping; retry")).await;
+                    conn.close_gracefully().await;
+                    return;
+                };
+                match got {
+                    Ok(true) => continue,
+                    Ok(false) | Err(FrameError::Io(_)) => break,
+                    Err(e) => {
+                        let _ = conn.send(&error(ErrorCode::Protocol, e.to_string())).await;
+                        conn.close_gracefully().await;
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = conn.send(&error(ErrorCode::Protocol, e.to_string())).await;
+                break;
+            }
+        };
+        let resp = handle_request(daemon, &mut conn.state, req).await;
+        // Fds belong to the request they arrived with; any left over are closed.
+        conn.state.fds.clear();
+        if conn.send(&resp).await.is_err() {
+            break;
+        }
+    }
+    // The connection is gone. A session it still owns lost its supervisor — unless we are the
+    // ones stopping, in which case the supervisor re-registers with the next instance.
+    let stopping = *daemon.stop_tx.borrow();
+    if let Some(session) = conn.state.session.take()
+        && !stopping
+    {
+        end_session(
+            daemon,
+            &session,
+            &SessionEnd { session: session.id.clone(), ..Default::default() },
+            Some("supervisor_lost"),
+        )
+        .await;
+    }
+}
+
+/// Answers one request: the version handshake first, then status and session requests.
+pub(super) async fn handle_request(
+    daemon: &Arc<Daemon>,
+    conn: &mut ConnState,
+    req: Request,
+) -> Response {
+    match (&conn.version, req) {
+        (None, Request::Hello { protocol, capabilities, .. }) => {
+            let shared = daemon.protocol.shared(protocol);
+            conn.version = Some(shared);
+            Response::Hello {
+                version: shared,
+                protocol: daemon.protocol,
+                daemon_version: daemon.version.clone(),
+                pid: std::process::id(),
+                boot: daemon.boot.clone(),
+                sessions: daemon.session_count(),
+                capabilities: protocol::Capabilities::agreed(
+                    shared,
+                    &protocol::Capabilities::current(),
+                    &capabilities,
+                ),
+            }
+        }
+        (None, _) => error(ErrorCode::Protocol, "the first request must be hello"),
+        (Some(_), Request::Hello { .. }) => error(ErrorCode::Protocol, "hello was already sent"),
+        (Some(_), Request::QuitIfIdle) => {
+            let sessions = daemon.session_count();
+            // This connection is the only one, and nothing else runs.
+            let quitting =
+                may_quit(sessions, daemon.tunnels(), daemon.conns.load(Ordering::SeqCst));
+            if quitting {
+                daemon.quit.notify_one();
+            }
+            Response::QuitIfIdle { quitting, sessions }
+        }
+        (Some(None), _) => error(
+            ErrorCode::Protocol,
+            format!("no shared protocol version (airlockd speaks {})", daemon.protocol),
+        ),
+        (Some(Some(_)), Request::Status) => {
+            let d = Arc::clone(daemon);
+            let config_error = match blocking(move || d.config_check().err()).await {
+                Ok(e) => e,
+                Err(e) => Some(e),
+            };
+            Response::Status(Box::new(daemon.status(config_error)))
+        }
+        (Some(Some(_)), Request::SessionStart(spec)) => {
+            start_session(daemon, conn, *spec, false).await
+        }
+        (Some(Some(_)), Request::SessionReregister(spec)) => {
+            start_session(daemon, conn, *spec, true).await
+        }
+        (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
+            Some(s) if s.id == end.session => {
+                end_session(daemon, &s, &end, None).await;
+                Response::SessionEnded { session: end.session }
+            }
+            other => {
+                conn.session = other;
+                error(
+                    ErrorCode::Session,
+                    format!("session {:?} is not owned by this connection", end.session),
+                )
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::daemon::service::state::tests::{daemon, spec};
+    use crate::protocol::{SessionSpec, VersionRange};
+
+    fn hello() -> Request {
+        Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "test".into(),
+            capabilities: Default::default(),
+        }
+    }
+
+    fn code(r: &Response) -> ErrorCode {
+        match r {
+            Response::Error { code, .. } => *code,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn hello_comes_first_and_only_once() {
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        let mut conn = ConnState::default();
+        assert_eq!(
+            code(&handle_request(&d, &mut conn, Request::Status).await),
+            ErrorCode::Protocol
+        );
+        match handle_request(&d, &mut conn, hello()).await {
+            Response::Hello { version, boot, sessions, .. } => {
+                assert_eq!(version, Some(VersionRange::CURRENT.max));
+                assert_eq!(boot, d.boot);
+                assert_eq!(sessions, 0);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(code(&handle_request(&d, &mut conn, hello()).await), ErrorCode::Protocol);
+        match handle_request(&d, &mut conn, Request::Status).await {
+            Response::Status(s) => assert_eq!((s.boot.as_str(), s.sessions.len()), (&*d.boot, 0)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_shared_version_only_quit_if_idle_is_served() {
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        let mut conn = ConnState::default();
+        let too_new = VersionRange { min: d.protocol.max + 1, max: d.protocol.max + 1 };
+        let hello = Request::Hello {
+            protocol: too_new,
+            client_version: "future".into(),
+            capabilities: Default::default(),
+        };
+        match handle_request(&d, &mut conn, hello).await {
+            Response::Hello { version, .. } => assert_eq!(version, None),
+            other => panic!("{other:?}"),
+        }
+        let r = handle_request(&d, &mut conn, Request::Status).await;
+        assert_eq!(code(&r), ErrorCode::Protocol);
+        d.conns.fetch_add(1, Ordering::SeqCst); // this connection
+        match handle_request(&d, &mut conn, Request::QuitIfIdle).await {
+            Response::QuitIfIdle { quitting, sessions } => {
+                assert_eq!((quitting, sessions), (true, 0))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn session_requests_are_checked_before_anything_is_served() {
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        let mut conn = ConnState::default();
+        handle_request(&d, &mut conn, hello()).await;
+        // No listener fd with the request.
+        let r = handle_request(&d, &mut conn, Request::SessionStart(Box::new(spec()))).await;
+        assert_eq!(code(&r), ErrorCode::Listener);
+        let bad = SessionSpec { repo: "../x".into(), ..spec() };
+        let r = handle_request(&d, &mut conn, Request::SessionStart(Box::new(bad))).await;
+        assert_eq!(code(&r), ErrorCode::Session);
+        let nameless = SessionSpec { session: None, ..spec() };
+        let r = handle_request(&d, &mut conn, Request::SessionReregister(Box::new(nameless))).await;
+        assert_eq!(code(&r), ErrorCode::Session);
+        let end = SessionEnd { session: "nope".into(), ..Default::default() };
+        let r = handle_request(&d, &mut conn, Request::SessionEnd(end)).await;
+        assert_eq!(code(&r), ErrorCode::Session);
+        assert_eq!(d.session_count(), 0);
+    }
+}

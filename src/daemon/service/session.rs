@@ -1,0 +1,341 @@
+//! Starting and ending sessions: checks of the request, the session's policy (the daemon's
+//! managed layer over the client's layers), its audit sink, the start and end records, and the
+//! proxy task serving the session's listener. The file I/O of both runs on `spawn_blocking`.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::watch;
+
+use super::connection::{ConnState, error};
+use super::state::{Daemon, Session, blocking, lock, now};
+use crate::audit::{self, FileAuditSink, SessionInfo};
+use crate::config::{BuiltPolicy, LayerDoc};
+use crate::daemon::records::{self, EndRecord, StartRecord};
+use crate::paths::Paths;
+use crate::policy::LocalAddrs;
+use crate::protocol::{ErrorCode, Response, SessionEnd, SessionSpec};
+use crate::proxy::{self, Limits, Resolver, SessionProxy};
+use crate::sys::fdpass;
+
+fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The one place a request's configuration becomes policy: the daemon's managed layer (read by
+/// the daemon, so the client cannot drop it) over the client's user and repo layers. Returns
+/// the built policy and `name@sha256:<digest>` of each layer in force, for the start record.
+fn session_policy(
+    managed: Option<&LayerDoc>,
+    spec: &SessionSpec,
+) -> Result<(BuiltPolicy, Vec<String>), String> {
+    let client = crate::config::ClientLayers::from_wire(&spec.config).map_err(|e| e.to_string())?;
+    let built = client.build_policy(managed).map_err(|e| e.to_string())?;
+    let layers = managed
+        .into_iter()
+        .chain(client.user.as_ref())
+        .chain(client.repo.as_ref())
+        .map(|l| format!("{}@sha256:{}", l.name, l.digest))
+        .collect();
+    Ok((built, layers))
+}
+
+/// What the blocking half of a session start produced.
+struct Prepared {
+    spec: SessionSpec,
+    id: String,
+    paths: Paths,
+    built: BuiltPolicy,
+    policy_layers: Vec<String>,
+    listener: std::net::TcpListener,
+    listen: String,
+    resolver: Arc<dyn Resolver>,
+    sink: FileAuditSink,
+    local: LocalAddrs,
+}
+
+/// Every check and every file touched before a session can be served, in the order the errors
+/// are reported. Blocking: stat and parse of the managed layer, the test resolver file, the
+/// audit log's settlement and journal, `getifaddrs`.
+fn prepare(
+    daemon: &Daemon,
+    spec: SessionSpec,
+    listener: Option<OwnedFd>,
+    reregister: bool,
+) -> Result<Prepared, Response> {
+    // The managed layer is read here, by the daemon, for every session: the client cannot drop
+    // it, and a fix to a broken file applies without a restart.
+    let managed = daemon.config_check().map_err(|e| error(ErrorCode::Config, e))?;
+    let paths = daemon.paths().map_err(|e| error(ErrorCode::Config, e))?;
+    if !crate::repo::is_valid_name(&spec.repo) {
+        return Err(error(ErrorCode::Session, format!("invalid repo name {:?}", spec.repo)));
+    }
+    let id = match (&spec.session, reregister) {
+        (Some(id), _) if valid_session_id(id) => id.clone(),
+        (Some(id), _) => {
+            return Err(error(ErrorCode::Session, format!("invalid session id {id:?}")));
+        }
+        (None, true) => {
+            return Err(error(ErrorCode::Session, "session_reregister needs the session id"));
+        }
+        (None, false) => audit::new_id(),
+    };
+    let (built, policy_layers) =
+        session_policy(managed.as_ref(), &spec).map_err(|e| error(ErrorCode::Config, e))?;
+    let Some(listener) = listener else {
+        return Err(error(
+            ErrorCode::Listener,
+            "no listener fd was passed with the request (SCM_RIGHTS)",
+        ));
+    };
+    let listen = match fdpass::validate_listener(listener.as_fd()) {
+        Ok(addr) => addr.to_string(),
+        Err(e) => return Err(error(ErrorCode::Listener, format!("listener refused: {e}"))),
+    };
+    let resolver = daemon.resolver().map_err(|e| error(ErrorCode::Config, e))?;
+    let info = SessionInfo {
+        session: id.clone(),
+        repo: spec.repo.clone(),
+        repo_path: Some(spec.repo_path.clone()),
+        user_id: spec.identity.user_id.clone(),
+    };
+    // A new boot: this session's `seq` restarts at 1 under this instance's `boot`.
+    let sink = daemon
+        .logs(&paths)
+        .session_sink(info)
+        .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
+    let listener = std::net::TcpListener::from(listener);
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| error(ErrorCode::Listener, format!("cannot serve the listener: {e}")))?;
+    Ok(Prepared {
+        spec,
+        id,
+        paths,
+        built,
+        policy_layers,
+        listener,
+        listen,
+        resolver,
+        sink,
+        local: proxy::local_addrs(),
+    })
+}
+
+/// Writes the start record of a new (not re-registered) session. Blocking.
+fn write_start_record(
+    daemon: &Daemon,
+    session: &Session,
+    paths: &Paths,
+    policy_digest: String,
+    policy_layers: Vec<String>,
+) -> Result<(), String> {
+    let s = &session.spec;
+    let rec = StartRecord {
+        id: format!("{}:start", session.id),
+        kind: "start",
+        ts: session.started_at.clone(),
+        session: &session.id,
+        boot: &daemon.boot,
+        user_id: s.identity.user_id.as_deref(),
+        email: s.identity.email.as_deref(),
+        repo: &s.repo,
+        repo_path: &s.repo_path,
+        command: &s.command,
+        agent: s.agent.as_deref(),
+        agent_version: s.agent_version.as_deref(),
+        airlock_version: &s.airlock_version,
+        daemon_version: &daemon.version,
+        policy_digest,
+        policy_layers,
+        layers: &s.layers,
+        listen: &session.listen,
+    };
+    records::append(&paths.logs_dir(&s.repo), &rec).map_err(|e| e.to_string())
+}
+
+pub(super) async fn start_session(
+    daemon: &Arc<Daemon>,
+    conn: &mut ConnState,
+    spec: SessionSpec,
+    reregister: bool,
+) -> Response {
+    if conn.session.is_some() {
+        return error(
+            ErrorCode::Session,
+            "this connection already owns a session; open one connection per session",
+        );
+    }
+    let listener = conn.fds.pop();
+    let d = Arc::clone(daemon);
+    let prepared = match blocking(move || prepare(&d, spec, listener, reregister)).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(resp)) => return resp,
+        Err(e) => return error(ErrorCode::Internal, e),
+    };
+    let Prepared { spec, id, paths, built, policy_layers, listener, listen, resolver, sink, local } =
+        prepared;
+    let tcp = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
+    };
+    // The effective policy's digest (mode, entries, review hosts — not display names).
+    let policy_digest = built.policy.digest();
+    let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
+    let proxy = Arc::new(SessionProxy::new(
+        Arc::new(built.policy),
+        Arc::new(sink),
+        resolver,
+        limits,
+        local,
+        proxy::Identity {
+            repo: spec.repo.clone(),
+            repo_path: Some(spec.repo_path.clone()),
+            user_id: spec.identity.user_id.clone(),
+        },
+    ));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let session = Arc::new(Session {
+        id: id.clone(),
+        started_at: now(),
+        listen,
+        proxy: Arc::clone(&proxy),
+        shutdown,
+        spec,
+    });
+    if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
+        return error(ErrorCode::Session, e);
+    }
+    if !reregister {
+        let (d, s) = (Arc::clone(daemon), Arc::clone(&session));
+        let digest = format!("sha256:{policy_digest}");
+        let written =
+            blocking(move || write_start_record(&d, &s, &paths, digest, policy_layers)).await;
+        if let Err(e) = written.and_then(|r| r) {
+            lock(&daemon.sessions).remove(&id);
+            return error(ErrorCode::Internal, e);
+        }
+    }
+    // Serve the proxy on the validated listener until the session ends or the daemon stops.
+    daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
+    let d = Arc::clone(daemon);
+    let sid = id.clone();
+    let handle = tokio::spawn(async move {
+        if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
+            eprintln!("airlockd: session {sid}: proxy failed: {e}");
+        }
+        d.running_proxies.fetch_sub(1, Ordering::SeqCst);
+        d.activity.notify_one();
+    });
+    {
+        let mut proxies = lock(&daemon.proxies);
+        proxies.retain(|h| !h.is_finished());
+        proxies.push(handle);
+    }
+    conn.session = Some(Arc::clone(&session));
+    daemon.notify_status();
+    daemon.activity.notify_one();
+    Response::SessionStarted {
+        session: id,
+        boot: daemon.boot.clone(),
+        listen: session.listen.clone(),
+    }
+}
+
+pub(super) async fn end_session(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    end: &SessionEnd,
+    reason: Option<&'static str>,
+) {
+    session.stop_proxy();
+    let stats = session.proxy.stats();
+    lock(&daemon.sessions).remove(&session.id);
+    let (d, s, end) = (Arc::clone(daemon), Arc::clone(session), end.clone());
+    let written = blocking(move || {
+        let rec = EndRecord {
+            id: format!("{}:end", s.id),
+            kind: "end",
+            ts: now(),
+            session: &s.id,
+            boot: &d.boot,
+            repo: &s.spec.repo,
+            user_id: s.spec.identity.user_id.as_deref(),
+            exit_status: end.exit_status,
+            transcripts: &end.transcripts,
+            quarantined: &end.quarantined,
+            leftovers: &end.leftovers,
+            end_reason: reason,
+            tunnels: stats.tunnels_total,
+            bytes_sent: stats.bytes_sent,
+            bytes_recv: stats.bytes_recv,
+        };
+        match d.paths() {
+            Ok(paths) => {
+                if let Err(e) = records::append(&paths.logs_dir(&s.spec.repo), &rec) {
+                    eprintln!("airlockd: {e}");
+                }
+            }
+            Err(e) => eprintln!("airlockd: cannot write the end record of {}: {e}", s.id),
+        }
+    })
+    .await;
+    if let Err(e) = written {
+        eprintln!("airlockd: cannot write the end record of {}: {e}", session.id);
+    }
+    daemon.notify_status();
+    daemon.activity.notify_one();
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(super) mod tests {
+    use super::*;
+
+    pub(crate) fn policy_for(spec: &SessionSpec) -> Result<(BuiltPolicy, Vec<String>), String> {
+        session_policy(None, spec)
+    }
+
+    #[test]
+    fn session_ids_are_short_safe_names() {
+        assert!(valid_session_id("0123abcd-ef_9"));
+        assert!(!valid_session_id(""));
+        assert!(!valid_session_id("a/b"));
+        assert!(!valid_session_id("a b"));
+        assert!(!valid_session_id(&"a".repeat(129)));
+        assert!(valid_session_id(&"a".repeat(128)));
+    }
+
+    #[test]
+    fn the_managed_layer_is_always_in_the_sessions_policy() {
+        let layer = |kind, name: &str, toml: &str| {
+            crate::config::parse_layer(kind, name, toml.as_bytes()).unwrap().doc
+        };
+        use crate::policy::LayerKind;
+        let managed =
+            layer(LayerKind::Managed, "managed.toml", "[network]\nblock = [\"b.test\"]\n");
+        let user =
+            layer(LayerKind::User, "~/.airlock/config.toml", "[network]\nallow = [\"b.test\"]\n");
+        let spec = SessionSpec {
+            config: (&crate::config::ClientLayers {
+                user: Some(user.clone()),
+                ..Default::default()
+            })
+                .into(),
+            ..Default::default()
+        };
+        let (built, layers) = session_policy(Some(&managed), &spec).unwrap();
+        assert_eq!(
+            layers,
+            [
+                format!("managed.toml@sha256:{}", managed.digest),
+                format!("~/.airlock/config.toml@sha256:{}", user.digest)
+            ]
+        );
+        let (without, _) = session_policy(None, &spec).unwrap();
+        assert_ne!(built.policy.digest(), without.policy.digest());
+    }
+}
