@@ -874,6 +874,7 @@ fn many_sessions_in_a_row_never_stall_on_notifications() {
     status(&world, h.socket()).run().expect_code(0);
 }
 
+#[cfg(feature = "test-hooks")]
 /// Runs `cmd` under python3 with the signals the sandbox supervisor blocks (SigBlk 0x8014a07:
 /// HUP INT QUIT USR1 USR2 TERM CHLD WINCH) blocked and SIGHUP ignored, the way `airlock exec`
 /// starts a one-shot daemon: mask and ignored dispositions survive execve(2).
@@ -900,6 +901,7 @@ os.execv(sys.argv[1],sys.argv[1:])
     outer
 }
 
+#[cfg(feature = "test-hooks")]
 /// `SigBlk:`/`SigIgn:` of `pid` (hex masks as /proc/PID/status prints them, proc(5)).
 fn signal_masks(pid: i64) -> (String, String) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -915,8 +917,10 @@ fn signal_masks(pid: i64) -> (String, String) {
 
 /// SIGKILLs a detached daemon the test started if it is still alive when the test ends (a
 /// failing run must not leave a daemon that ignores SIGTERM behind).
+#[cfg(feature = "test-hooks")]
 struct KillIfAlive(i64);
 
+#[cfg(feature = "test-hooks")]
 impl Drop for KillIfAlive {
     fn drop(&mut self) {
         if pid_alive(self.0) {
@@ -926,6 +930,7 @@ impl Drop for KillIfAlive {
     }
 }
 
+#[cfg(feature = "test-hooks")] // the test resolver (AIRLOCK_TEST_RESOLVER)
 /// Regression: a daemon the CLI activated from a process with SIGTERM blocked (the sandbox
 /// supervisor) inherited the mask and ignored SIGTERM. It must start with a clean signal state,
 /// exit on SIGTERM with a tunnel open, and log that tunnel `interrupted`.
@@ -984,8 +989,10 @@ fn a_daemon_activated_with_signals_blocked_still_exits_on_sigterm_with_a_live_tu
 }
 
 /// A child process killed if the test fails before it exits.
+#[cfg(feature = "test-hooks")]
 struct KillOnDrop(std::process::Child);
 
+#[cfg(feature = "test-hooks")]
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -993,6 +1000,7 @@ impl Drop for KillOnDrop {
     }
 }
 
+#[cfg(feature = "test-hooks")] // the test resolver (AIRLOCK_TEST_RESOLVER)
 /// Regression: `airlockd proxy` wrote its ALLOW/DENY lines to stdout from the proxy's async
 /// tasks, so a reader that stopped reading (a full pipe) stalled every request. The console now
 /// has its own thread and a bounded queue: with stdout a full pipe nobody reads, every request
