@@ -65,7 +65,7 @@ impl Endpoint {
         let start = Instant::now();
         let mut asked_to_quit = false;
         let mut backoff = Duration::from_millis(2);
-        let mut last;
+        let mut last = String::new();
         if self.socket.path.parent().is_some_and(Path::exists) {
             check_dir(self.socket.dir())?;
         }
@@ -97,9 +97,19 @@ impl Endpoint {
                     }
                     match client.quit_if_idle()? {
                         (true, _) => asked_to_quit = true,
+                        // No session, but another connection or a tunnel is still open: most
+                        // often a client that just said hello and is hanging up (the daemon has
+                        // not seen the close yet). Ask again shortly, up to the timeout below.
+                        (false, 0) => {
+                            last = format!(
+                                "airlockd v{version} has no session but another client is                                  connected, so it would not quit for the upgrade"
+                            );
+                        }
                         (false, sessions) => return Err(ClientError::Busy { version, sessions }),
                     }
-                    continue;
+                    if asked_to_quit {
+                        continue;
+                    }
                 }
                 Ok(Err(Attempt::Dead(why))) => {
                     last = why;

@@ -532,6 +532,42 @@ fn version_skew_an_idle_older_daemon_is_replaced() {
     assert_eq!(h.activations(), 2);
 }
 
+/// Regression: an older daemon with no session but another client's connection still open
+/// (a CLI that had just said hello and was hanging up) refused `quit_if_idle`, and the
+/// upgrading CLI failed at once with "airlockd v0.0.1 is busy with 0 sessions" (a flake of
+/// `version_skew_an_idle_older_daemon_is_replaced`). It now asks again until the other client
+/// has gone.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn version_skew_upgrade_waits_for_another_clients_connection_to_close() {
+    let world = World::new();
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![
+                ("AIRLOCK_TEST_DAEMON_PROTOCOL".into(), "1-1".into()),
+                ("AIRLOCK_TEST_DAEMON_VERSION".into(), "0.0.1".into()),
+            ],
+            ..Default::default()
+        },
+    );
+    let mut other = Raw::connect(h.socket());
+    let old = boot_of(&other.hello());
+    h.set_env("AIRLOCK_TEST_DAEMON_PROTOCOL", "2-3");
+    // The other client hangs up only after the upgrading CLI has been refused at least once.
+    let hang_up = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(600));
+        drop(other);
+    });
+    let run = status(&world, h.socket()).env("AIRLOCK_TEST_CLIENT_PROTOCOL", "2-3").run();
+    hang_up.join().unwrap();
+    let s = json(&run.expect_code(0).stdout());
+    assert_ne!(s["boot"].as_str().unwrap(), old);
+    assert_eq!(s["protocol"], 3);
+    assert_eq!(h.exits(), vec![0]);
+    assert_eq!(h.activations(), 2);
+}
+
 #[cfg(feature = "test-hooks")]
 #[test]
 fn version_skew_a_daemon_with_sessions_is_never_asked_to_quit() {
