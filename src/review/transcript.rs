@@ -1,7 +1,8 @@
 //! A typed view of event payloads for detection and display: Claude Code and Codex
-//! transcript lines (reference/transcripts.md) become messages, tool calls and results,
-//! files read and commands run; egress lines expose their host. Unknown line types are
-//! never rejected: their raw JSON is scanned as text (and stored verbatim by the store).
+//! transcript lines (JSONL; the format quirks handled are the tests' `quirkN`) become
+//! messages, tool calls and results, files read and commands run; egress lines expose their
+//! host. Unknown line types are never rejected: their raw JSON is scanned as text (and stored
+//! verbatim by the store).
 
 use super::Source;
 use serde_json::Value;

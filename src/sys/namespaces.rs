@@ -107,10 +107,14 @@ pub fn fork_into_namespaces_in_cgroup(
     }
 }
 
-/// Plain fork(2) (used by init to start the command).
+/// Plain fork(2) (used by init to start the command). Refuses in a multi-threaded process,
+/// like [`fork_into_namespaces`], so it is sound to call from safe code.
 pub fn fork() -> io::Result<Forked> {
-    // SAFETY: called only from the sandbox's init, which is single-threaded; the child only
-    // performs setup syscalls and execve (or exits).
+    if thread_count()? != 1 {
+        return Err(io::Error::other("fork refused: the process is multi-threaded"));
+    }
+    // SAFETY: the process is single-threaded (checked above), so the child cannot inherit a
+    // lock held by another thread; it gets a copy-on-write copy of this one's memory.
     match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
         nix::unistd::ForkResult::Parent { child } => Ok(Forked::Parent(child)),
         nix::unistd::ForkResult::Child => Ok(Forked::Child),
@@ -144,4 +148,24 @@ pub fn loopback_up() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// `fork` is a safe fn: with another thread alive it must refuse instead of forking a
+    /// child that could inherit that thread's locks.
+    #[test]
+    fn fork_refuses_in_a_multi_threaded_process() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            let _ = rx.recv();
+        });
+        let err = fork().expect_err("forked with two threads");
+        assert_eq!(err.to_string(), "fork refused: the process is multi-threaded");
+        drop(tx);
+        other.join().unwrap();
+    }
 }
