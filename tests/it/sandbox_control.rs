@@ -126,7 +126,7 @@ except OSError as e:
     // The daemon says why, naming the peer and the namespaces that differ.
     let warning = log
         .lines()
-        .find(|l| l.starts_with("airlockd: WARNING: refused a control connection"))
+        .find(|l| l.contains(" WARN ") && l.contains(": refused a control connection: "))
         .unwrap_or_else(|| panic!("no warning in the daemon log:\n{log}"));
     assert!(warning.contains("peer pid "), "{warning}");
     assert!(warning.contains("network namespace"), "{warning}");

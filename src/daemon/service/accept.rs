@@ -39,16 +39,16 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
         // Build the (possibly file-backed) resolver once so a broken test resolver shows up
         // early.
         if let Err(e) = d.resolver() {
-            eprintln!("airlockd: {e}");
+            tracing::error!("{e}");
         }
         if let Err(e) = d.config_check() {
             // Stay up and answer with the error (DESIGN §6).
-            eprintln!("airlockd: {e}");
+            tracing::error!("{e}");
         }
     })
     .await;
     if let Err(e) = started {
-        eprintln!("airlockd: {e}");
+        tracing::error!("{e}");
     }
     notify::ready(&notify::describe(0, 0));
     tracing::info!(boot = %daemon.boot, "airlockd ready");
@@ -74,7 +74,7 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
                 }
                 Err(err) => {
                     // EMFILE and friends: back off instead of spinning.
-                    eprintln!("airlockd: accept failed: {err}");
+                    tracing::error!("accept failed: {err}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -135,7 +135,7 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
     if reason == StopReason::Signal {
         // In-flight requests finish; open tunnels get the grace period.
         if tokio::time::timeout(daemon.options.shutdown_grace, drain).await.is_err() {
-            eprintln!("airlockd: grace period over; closing remaining connections");
+            tracing::warn!("grace period over; closing remaining connections");
         }
     } else {
         drain.await;
@@ -150,18 +150,15 @@ fn settle_journals(daemon: &Daemon) {
     let paths = match daemon.paths() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("airlockd: cannot settle journals: {e}");
+            tracing::error!("cannot settle journals: {e}");
             return;
         }
     };
     match audit::settle_all(&paths.logs_root()) {
         Ok(r) if r.lines_written > 0 => {
-            eprintln!(
-                "airlockd: settled {} interrupted attempt(s) of earlier writers",
-                r.lines_written
-            );
+            tracing::info!("settled {} interrupted attempt(s) of earlier writers", r.lines_written);
         }
         Ok(_) => {}
-        Err(e) => eprintln!("airlockd: settling journals: {e}"),
+        Err(e) => tracing::error!("settling journals: {e}"),
     }
 }

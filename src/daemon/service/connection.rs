@@ -84,13 +84,13 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
                 "refused: this airlockd serves uid {me}; the connecting process runs as uid {}",
                 cred.uid()
             );
-            eprintln!("airlockd: {msg}");
+            tracing::warn!("{msg}");
             let _ = conn.send(&error(ErrorCode::PeerUid, msg)).await;
             conn.close_gracefully().await;
             return;
         }
         Err(err) => {
-            eprintln!("airlockd: cannot read peer credentials: {err}");
+            tracing::warn!("cannot read peer credentials: {err}");
             return;
         }
     }
@@ -106,7 +106,7 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
         Err(e) => Err(format!("cannot inspect the peer: {e}")),
     };
     if let Err(err) = peer_check {
-        eprintln!("airlockd: WARNING: refused a control connection: {err}");
+        tracing::warn!("refused a control connection: {err}");
         let msg = format!(
             "refused: airlockd serves only processes in its own user and network namespaces; \
              {err}. Run airlock in the same namespaces as airlockd."

@@ -225,7 +225,7 @@ pub(super) async fn start_session(
     let sid = id.clone();
     let handle = tokio::spawn(async move {
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
-            eprintln!("airlockd: session {sid}: proxy failed: {e}");
+            tracing::error!("session {sid}: proxy failed: {e}");
         }
         d.running_proxies.fetch_sub(1, Ordering::SeqCst);
         d.activity.notify_one();
@@ -276,15 +276,15 @@ pub(super) async fn end_session(
         match d.paths() {
             Ok(paths) => {
                 if let Err(e) = records::append(&paths.logs_dir(&s.spec.repo), &rec) {
-                    eprintln!("airlockd: {e}");
+                    tracing::error!("{e}");
                 }
             }
-            Err(e) => eprintln!("airlockd: cannot write the end record of {}: {e}", s.id),
+            Err(e) => tracing::error!("cannot write the end record of {}: {e}", s.id),
         }
     })
     .await;
     if let Err(e) = written {
-        eprintln!("airlockd: cannot write the end record of {}: {e}", session.id);
+        tracing::error!("cannot write the end record of {}: {e}", session.id);
     }
     daemon.notify_status();
     daemon.activity.notify_one();

@@ -274,6 +274,7 @@ impl Daemon {
                 .var("AIRLOCK_TEST_RESOLVER_LOG")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(format!("{file}.queries")));
+            // Straight to stderr, not through the log filter: no AIRLOCK_LOG may hide it.
             eprintln!("airlockd: WARNING: TEST RESOLVER IN FORCE ({file}); test-hooks build");
             let r = crate::proxy::resolver::FileResolver::load(&path, Some(log))
                 .map_err(|e| format!("AIRLOCK_TEST_RESOLVER={file}: {e}"))?;
