@@ -39,6 +39,23 @@ impl Drop for RepoLog {
         if !self.retire_on_drop.load(Ordering::Relaxed) {
             return;
         }
+        // Retiring reads the journal, appends lines and unlinks it: blocking file I/O, and the
+        // last reference often goes away on a tokio worker (a tunnel task ending). On the
+        // multi-thread runtime, block_in_place first hands the worker's other tasks to another
+        // thread; it panics on a current-thread runtime, where (as outside any runtime) the
+        // retirement simply runs here.
+        let flavor = tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor());
+        if matches!(flavor, Ok(tokio::runtime::RuntimeFlavor::MultiThread)) {
+            tokio::task::block_in_place(|| self.retire());
+        } else {
+            self.retire();
+        }
+    }
+}
+
+impl RepoLog {
+    /// Settles what is still open in this writer's journal and deletes it (the drop path).
+    fn retire(&self) {
         let dir = self.audit.dir();
         let retired = self.journal.retire_with(|path, reader| {
             let mut report = SettleReport::default();
@@ -58,9 +75,7 @@ impl Drop for RepoLog {
             tracing::error!(error = %e, "cannot retire the audit journal");
         }
     }
-}
 
-impl RepoLog {
     /// Creates the directory (0700), settles every journal no live writer holds (crashed
     /// writers' tunnels become `"interrupted": true` lines), then creates and locks this
     /// writer's journal.
@@ -551,6 +566,42 @@ pub(crate) mod tests {
         assert_eq!((got[0].id.as_str(), got[0].interrupted), (leaked.id.as_str(), Some(true)));
         // The same boot can open the directory again.
         RepoLog::open(tmp.path(), "b").unwrap();
+    }
+
+    /// The last reference dropped on a multi-thread runtime's worker (a tunnel task ending in
+    /// the daemon), on a current-thread runtime (where `block_in_place` would panic) and on a
+    /// blocking thread: each retires the journal and logs the open attempt as interrupted.
+    #[test]
+    fn the_last_reference_retires_the_journal_on_any_runtime_thread() {
+        fn open_with_a_leaked_attempt(dir: &Path) -> (Arc<RepoLog>, PathBuf) {
+            let log = RepoLog::open(dir, "b").unwrap();
+            let sink = log.session_sink(info());
+            let mut leaked = sink.line("leaked.test", Some(443), "CONNECT");
+            leaked.allowed = true;
+            sink.journal_open(&leaked).unwrap();
+            let journal = log.journal().path().to_owned();
+            (log, journal)
+        }
+        let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for (n, how) in ["worker", "current-thread", "blocking"].into_iter().enumerate() {
+            let tmp = tempfile::tempdir().unwrap();
+            let (log, journal) = open_with_a_leaked_attempt(tmp.path());
+            match how {
+                "worker" => multi
+                    .block_on(async move { tokio::spawn(async move { drop(log) }).await })
+                    .unwrap(),
+                "current-thread" => current.block_on(async move { drop(log) }),
+                _ => multi
+                    .block_on(async move { tokio::task::spawn_blocking(move || drop(log)).await })
+                    .unwrap(),
+            }
+            assert!(!journal.exists(), "{how}: journal left");
+            let day = utc_date(SystemTime::now());
+            let got = lines(&tmp.path().join(format!("audit-{day}.jsonl")));
+            assert_eq!(got.len(), 1, "{how} ({n}): {got:?}");
+            assert_eq!(got[0].interrupted, Some(true), "{how}");
+        }
     }
 
     #[test]
