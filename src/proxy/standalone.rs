@@ -177,11 +177,15 @@ impl ConsoleWriter {
         let Self { handle, done } = self;
         let dropped = Arc::clone(&handle.dropped);
         drop(handle);
-        if done.recv_timeout(wait).is_err() {
-            tracing::warn!(
-                "stdout is still not being read; exiting without the queued ALLOW/DENY lines \
-                 (the audit log has every line)"
-            );
+        match done.recv_timeout(wait) {
+            // Drained, or the thread never ran (its start failure was reported then).
+            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {}
+            // A stalled reader, or a tunnel task still holding a handle past the drain grace.
+            Err(mpsc::RecvTimeoutError::Timeout) => tracing::warn!(
+                "the ALLOW/DENY lines did not finish within {} ms (stdout not being read, or \
+                 tunnels still open); exiting without the rest (the audit log has every line)",
+                wait.as_millis()
+            ),
         }
         report_drops(&dropped, "before exit");
     }
