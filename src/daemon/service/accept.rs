@@ -133,8 +133,13 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
         }
     };
     if reason == StopReason::Signal {
-        // In-flight requests finish; open tunnels get the grace period.
-        if tokio::time::timeout(daemon.options.shutdown_grace, drain).await.is_err() {
+        // In-flight requests finish; open tunnels get the grace period, after which each
+        // session proxy closes its own and logs them `interrupted` with their byte counts. This
+        // outer bound must outlast that, or the runtime is dropped first and the journal's bare
+        // record (no counts) is all that is logged; it only cuts what will not end by itself
+        // (a control connection mid-request).
+        let bound = daemon.options.shutdown_grace + CLOSE_MARGIN;
+        if tokio::time::timeout(bound, drain).await.is_err() {
             tracing::warn!("grace period over; closing remaining connections");
         }
     } else {
@@ -143,6 +148,10 @@ pub async fn serve(listener: OwnedFd, options: Options) -> Result<(), ServiceErr
     tracing::info!(boot = %daemon.boot, "airlockd exiting ({why})");
     Ok(())
 }
+
+/// How long after the grace period the session proxies get to close their remaining tunnels
+/// and write those tunnels' final lines.
+const CLOSE_MARGIN: Duration = Duration::from_secs(2);
 
 /// Settles in-flight journals that no live writer holds (DESIGN §5), for every repo: tunnels
 /// that were open when an earlier writer died become `"interrupted": true` lines. Blocking.
