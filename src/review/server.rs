@@ -7,9 +7,10 @@
 
 use super::detect::{self, Created, Engine};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
-use super::store::{EventQuery, FlagQuery, Store, StoreError, random_id};
+use super::store::{EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
 use super::{
-    FlagState, Micros, NewEvent, Source, User, format_micros, now_micros, parse_rfc3339, token,
+    FlagState, Inserted, Micros, NewEvent, NewFlag, Source, StoredEvent, User, format_micros,
+    now_micros, parse_rfc3339, token,
 };
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -33,7 +34,7 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct AppState<S> {
     pub store: S,
-    pub engine: Engine,
+    pub engine: Arc<Engine>,
     ingest: Semaphore,
     /// Sessions that received events, with when they last did: the settle sweep re-checks a
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
@@ -50,7 +51,7 @@ impl<S: Store> AppState<S> {
     pub fn with_concurrency(store: S, engine: Engine, n: usize) -> Self {
         Self {
             store,
-            engine,
+            engine: Arc::new(engine),
             ingest: Semaphore::new(n.max(1)),
             touched: std::sync::Mutex::new(HashMap::new()),
         }
@@ -91,6 +92,52 @@ impl<S: Store> AppState<S> {
             }
         }
         due.len()
+    }
+}
+
+/// Detection over one ingest request, run by the store inside the batch's transaction
+/// ([`IngestScan`]), so a flag is never committed apart from its events.
+struct BatchScan {
+    engine: Arc<Engine>,
+    user_id: String,
+    /// The request's valid items, in the order their events go to the store.
+    items: Vec<ParsedItem>,
+}
+
+impl BatchScan {
+    /// The items this request created (not duplicates), paired with the store's result.
+    fn created<'a>(&'a self, inserted: &[Inserted]) -> Vec<Created<'a>> {
+        self.items
+            .iter()
+            .zip(inserted)
+            .filter(|(_, ins)| ins.created)
+            .map(|(p, ins)| Created {
+                pk: ins.pk,
+                event: &p.event,
+                payload: &p.payload,
+                received_at: ins.received_at,
+            })
+            .collect()
+    }
+}
+
+impl IngestScan for BatchScan {
+    fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag> {
+        self.engine.detect_batch(&self.user_id, &self.created(inserted))
+    }
+
+    fn ended_sessions(&self, inserted: &[Inserted]) -> Vec<String> {
+        let ended: BTreeSet<&str> = self
+            .created(inserted)
+            .into_iter()
+            .filter(|c| c.event.source == Source::Session && c.event.id.ends_with(":end"))
+            .filter_map(|c| c.event.session.as_deref())
+            .collect();
+        ended.into_iter().map(str::to_string).collect()
+    }
+
+    fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
+        detect::session_checks(&self.user_id, session, events)
     }
 }
 
@@ -278,63 +325,51 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     };
     let parsed: Vec<Result<ParsedItem, ItemError>> =
         items.iter().map(|raw| ingest::parse_item(raw, &user.id)).collect();
-    let events: Vec<NewEvent> =
-        parsed.iter().filter_map(|p| p.as_ref().ok().map(|p| p.event.clone())).collect();
+    // The valid items move into the scan the store runs inside the batch's transaction; the
+    // response keeps each item's id or error in input order.
+    let mut valid = Vec::new();
+    let outcomes: Vec<Result<String, ItemError>> = parsed
+        .into_iter()
+        .map(|p| {
+            p.map(|p| {
+                let id = p.event.id.clone();
+                valid.push(p);
+                id
+            })
+        })
+        .collect();
+    let events: Vec<NewEvent> = valid.iter().map(|p| p.event.clone()).collect();
     let received_at = now_micros();
+    let scan = Arc::new(BatchScan {
+        engine: Arc::clone(&st.engine),
+        user_id: user.id.clone(),
+        items: valid,
+    });
     let inserted = if events.is_empty() {
         Vec::new()
     } else {
-        match st.store.insert_events(&user.id, received_at, &events).await {
+        // Events, keys and flags commit in one transaction: a failure (a flag insert
+        // included) stores nothing and is the client's 503, retried as new items.
+        match st.store.ingest(&user.id, received_at, &events, scan.clone()).await {
             Ok(r) => r,
             Err(e) => return store_error(e),
         }
     };
-    // Detection over the events this request created.
-    let mut created = Vec::new();
-    let mut it = inserted.iter();
-    for p in parsed.iter().flatten() {
-        if let Some(ins) = it.next()
+    super::store::crash_point("after-commit");
+    for (p, ins) in scan.items.iter().zip(&inserted) {
+        if let Some(session) = p.event.session.as_deref()
             && ins.created
         {
-            created.push(Created {
-                pk: ins.pk,
-                event: &p.event,
-                payload: &p.payload,
-                received_at: ins.received_at,
-            });
-        }
-    }
-    let mut flags = st.engine.detect_batch(&user.id, &created);
-    for c in &created {
-        if let Some(session) = c.event.session.as_deref() {
             st.touch(&user.id, session, received_at);
         }
     }
-    let ended: BTreeSet<&str> = created
-        .iter()
-        .filter(|c| c.event.source == Source::Session && c.event.id.ends_with(":end"))
-        .filter_map(|c| c.event.session.as_deref())
-        .collect();
-    for session in ended {
-        match st.store.session_events(&user.id, session).await {
-            Ok(evs) => flags.extend(detect::session_checks(&user.id, session, &evs)),
-            Err(e) => tracing::error!("session checks for {session} skipped: {e}"),
-        }
-    }
-    if !flags.is_empty()
-        && let Err(e) = st.store.insert_flags(&flags).await
-    {
-        // The events are stored; losing their flags is logged loudly rather than turning
-        // a successful write into an error the client would retry as duplicates.
-        tracing::error!("storing {} flags failed: {e}", flags.len());
-    }
-    let mut results = Vec::with_capacity(parsed.len());
+    let mut results = Vec::with_capacity(outcomes.len());
     let mut all_ok = true;
     let mut it = inserted.iter();
     let (mut n_created, mut n_dup, mut n_rej) = (0, 0, 0);
-    for (index, p) in parsed.iter().enumerate() {
+    for (index, p) in outcomes.iter().enumerate() {
         match p {
-            Ok(p) => {
+            Ok(id) => {
                 let Some(ins) = it.next() else {
                     return error(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -348,8 +383,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
                     n_dup += 1;
                     ("duplicate", 200)
                 };
-                results
-                    .push(json!({"index": index, "id": p.event.id, "status": status, "code": code,
+                results.push(json!({"index": index, "id": id, "status": status, "code": code,
                     "error": null, "received_at": format_micros(ins.received_at)}));
             }
             Err(e) => {

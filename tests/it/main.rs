@@ -19,6 +19,8 @@ mod proxy_adversarial;
 #[cfg(feature = "test-hooks")]
 mod proxy_support;
 mod review;
+#[cfg(feature = "test-hooks")]
+mod review_atomic;
 mod review_store;
 mod review_support;
 mod sandbox;

@@ -75,7 +75,7 @@ pub struct ReviewArgs {
     /// Ingest requests handled at once; more are answered 429 with Retry-After.
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub ingest_concurrency: usize,
-    /// PostgreSQL connections to keep.
+    /// PostgreSQL connections to keep (plus up to as many for ingest transactions).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
 }

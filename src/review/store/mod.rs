@@ -13,6 +13,7 @@ use super::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
 use std::future::Future;
+use std::sync::Arc;
 
 /// Errors from a store. `Unavailable` maps to HTTP 503; the rest are the caller's mistake or
 /// a bug and are reported with what went wrong.
@@ -57,6 +58,23 @@ impl From<tokio_postgres::Error> for StoreError {
             None => StoreError::Other(e.to_string()),
         }
     }
+}
+
+/// Test hook (feature `test-hooks`): the ingest step at which the server aborts, as a
+/// `kill -9` there would (`after-events`, `after-flags`, `after-commit`); the crash tests use it
+/// to prove no stored event is ever left without its flags.
+pub const TEST_CRASH_AT_VAR: &str = "AIRLOCK_TEST_REVIEW_CRASH_AT";
+
+/// Aborts the process when [`TEST_CRASH_AT_VAR`] names `step` (only in `test-hooks` builds;
+/// elsewhere a no-op). `abort` skips destructors and SQLite's close, like a `SIGKILL`.
+pub(crate) fn crash_point(step: &str) {
+    #[cfg(feature = "test-hooks")]
+    if std::env::var(TEST_CRASH_AT_VAR).is_ok_and(|v| v == step) {
+        eprintln!("airlockd: test hook: aborting at ingest step {step}");
+        std::process::abort();
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = step;
 }
 
 /// Filters for reading events; `after` is the cursor (a `pk`); results are in `pk` order.
@@ -126,6 +144,20 @@ impl FlagQuery {
     }
 }
 
+/// Detection that [`Store::ingest`] runs inside its transaction, so an event, its dedup key
+/// and its flags are committed together or not at all (a crash between "events stored" and
+/// "flags stored" would leave events that a retry answers `duplicate` and nothing rescans).
+/// Methods are synchronous: the store calls them between its own statements.
+pub trait IngestScan: Send + Sync + 'static {
+    /// Flags over the batch, given the store's result for each event (input order).
+    fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag>;
+    /// Sessions this batch ended, whose span and gap checks run in the same transaction.
+    fn ended_sessions(&self, inserted: &[Inserted]) -> Vec<String>;
+    /// Flags over one ended session's events (read inside the transaction, so the batch's
+    /// own rows are included).
+    fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag>;
+}
+
 /// The store contract. Methods return `Send` futures so the server can run them on any
 /// runtime thread; implementations never update or delete a row.
 pub trait Store: Send + Sync + 'static {
@@ -174,6 +206,16 @@ pub trait Store: Send + Sync + 'static {
         user_id: &str,
         received_at: Micros,
         events: &[NewEvent],
+    ) -> impl Future<Output = Result<Vec<Inserted>, StoreError>> + Send;
+    /// As [`Store::insert_events`], and in the same transaction the flags `scan` derives
+    /// from the result: events, keys and flags commit together, and a failure anywhere
+    /// (a flag insert included) stores nothing and is returned.
+    fn ingest(
+        &self,
+        user_id: &str,
+        received_at: Micros,
+        events: &[NewEvent],
+        scan: Arc<dyn IngestScan>,
     ) -> impl Future<Output = Result<Vec<Inserted>, StoreError>> + Send;
     fn query_events(
         &self,
@@ -254,6 +296,15 @@ impl Store for AnyStore {
         e: &[NewEvent],
     ) -> Result<Vec<Inserted>, StoreError> {
         dispatch!(self, s => s.insert_events(u, r, e))
+    }
+    async fn ingest(
+        &self,
+        u: &str,
+        r: Micros,
+        e: &[NewEvent],
+        scan: Arc<dyn IngestScan>,
+    ) -> Result<Vec<Inserted>, StoreError> {
+        dispatch!(self, s => s.ingest(u, r, e, scan))
     }
     async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
         dispatch!(self, s => s.query_events(q))

@@ -2,12 +2,13 @@
 //! SELECT only (plus USAGE on the id sequences); the owner role runs [`migrate`] and
 //! [`maintain`]. Events are partitioned by month of the server's `received_at`; dedup goes
 //! through the `event_keys` table, each event's key and row inserted by one statement so an
-//! item is never half-written.
+//! item is never half-written; an ingest's events, keys and flags commit in one transaction on
+//! a connection of its own (the shared connections are pipelined).
 //!
 //! Connections are plain TCP or a Unix socket (`NoTls`): point `--database` at a local
 //! PostgreSQL or a socket; TLS to a remote database is not supported yet.
 
-use super::{EventQuery, FlagQuery, Store, StoreError, random_id};
+use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -15,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, GenericClient, NoTls, Row};
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/pg_0001.sql"))];
 
@@ -42,6 +43,10 @@ pub struct PgStore {
     url: Arc<str>,
     slots: Arc<Vec<Slot>>,
     next: Arc<AtomicUsize>,
+    /// Connections for ingest transactions, each held by one transaction at a time: on a
+    /// shared pipelined connection other calls would run inside the transaction. Connected on
+    /// first use, replaced when closed.
+    tx_slots: Arc<Vec<tokio::sync::Mutex<Option<Client>>>>,
 }
 
 #[derive(Debug)]
@@ -99,7 +104,28 @@ impl PgStore {
                 in_flight: Arc::new(AtomicUsize::new(0)),
             });
         }
-        Ok(Self { url: url.into(), slots: Arc::new(slots), next: Arc::new(AtomicUsize::new(0)) })
+        let tx_slots = (0..size.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect();
+        Ok(Self {
+            url: url.into(),
+            slots: Arc::new(slots),
+            next: Arc::new(AtomicUsize::new(0)),
+            tx_slots: Arc::new(tx_slots),
+        })
+    }
+
+    /// A connection for one transaction: the first free one, else waits for one.
+    async fn tx_client(&self) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, StoreError> {
+        let n = self.tx_slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let free = (0..n).find_map(|k| self.tx_slots[(start + k) % n].try_lock().ok());
+        let mut guard = match free {
+            Some(g) => g,
+            None => self.tx_slots[start % n].lock().await,
+        };
+        if guard.as_ref().is_none_or(|c| c.is_closed()) {
+            *guard = Some(connect(&self.url).await?);
+        }
+        Ok(guard)
     }
 
     async fn client(&self) -> Result<Lease, StoreError> {
@@ -230,6 +256,165 @@ fn event_from_row(r: &Row) -> StoredEvent {
 const EVENT_COLS: &str = "pk, user_id, source, id, type, ts, session, seq, boot, \
      (extract(epoch from received_at) * 1000000)::int8, payload";
 
+/// Inserts a batch's events and keys on `c` (a pooled client, or a transaction the caller
+/// commits). Within the batch a repeated key reports the first copy.
+async fn insert_event_rows(
+    c: &impl GenericClient,
+    user_id: &str,
+    received_at: Micros,
+    events: &[NewEvent],
+) -> Result<Vec<Inserted>, StoreError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Collapse repeats within the batch: later copies report the first.
+    let mut first: HashMap<(Source, &str), usize> = HashMap::new();
+    let mut unique: Vec<&NewEvent> = Vec::new();
+    let mut slot_of = Vec::with_capacity(events.len());
+    for e in events {
+        let slot = *first.entry((e.source, e.id.as_str())).or_insert_with(|| {
+            unique.push(e);
+            unique.len() - 1
+        });
+        slot_of.push(slot);
+    }
+    let sources: Vec<&str> = unique.iter().map(|e| e.source.as_str()).collect();
+    let ids: Vec<&str> = unique.iter().map(|e| e.id.as_str()).collect();
+    let kinds: Vec<&str> = unique.iter().map(|e| e.kind.as_str()).collect();
+    let tss: Vec<i64> = unique.iter().map(|e| e.ts).collect();
+    let sessions: Vec<Option<&str>> = unique.iter().map(|e| e.session.as_deref()).collect();
+    let seqs: Vec<Option<i64>> = unique.iter().map(|e| e.seq).collect();
+    let boots: Vec<Option<&str>> = unique.iter().map(|e| e.boot.as_deref()).collect();
+    let payloads: Vec<&str> = unique.iter().map(|e| e.payload.as_str()).collect();
+    let ords: Vec<i32> = (0..unique.len() as i32).collect();
+    let received = ts_text(received_at);
+    // One statement: each key and its row are inserted together or not at all.
+    let rows = c
+        .query(
+            "WITH input AS (
+               SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
+                                    $7::int8[], $8::text[], $9::text[], $10::int4[])
+                 AS t(source, id, type, ts, session, seq, boot, payload, ord)
+             ), keys AS (
+               INSERT INTO event_keys (user_id, source, id, pk, received_at)
+               SELECT $1, source, id, nextval('events_pk_seq'), $11::text::timestamptz
+               FROM input ORDER BY ord
+               ON CONFLICT DO NOTHING
+               RETURNING source, id, pk
+             ), ev AS (
+               INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, received_at, payload)
+               SELECT k.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot,
+                      $11::text::timestamptz, i.payload
+               FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id
+               RETURNING pk
+             )
+             SELECT i.ord, k.pk FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id",
+            &[
+                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
+                &ords, &received,
+            ],
+        )
+        .await?;
+    let mut results: Vec<Option<Inserted>> = vec![None; unique.len()];
+    for r in rows {
+        let ord: i32 = r.get(0);
+        results[ord as usize] = Some(Inserted { created: true, pk: r.get(1), received_at });
+    }
+    let missing: Vec<usize> = (0..unique.len()).filter(|i| results[*i].is_none()).collect();
+    if !missing.is_empty() {
+        // Runs in a new snapshot (READ COMMITTED, inside a transaction too), so it sees keys
+        // committed concurrently by other batches.
+        let ms: Vec<&str> = missing.iter().map(|i| sources[*i]).collect();
+        let mi: Vec<&str> = missing.iter().map(|i| ids[*i]).collect();
+        let mo: Vec<i32> = missing.iter().map(|i| *i as i32).collect();
+        let rows = c
+            .query(
+                &format!(
+                    "SELECT m.ord, k.pk, {RECEIVED_US} FROM unnest($2::text[], $3::text[], $4::int4[]) AS m(source, id, ord)
+                     JOIN event_keys k ON k.user_id = $1 AND k.source = m.source AND k.id = m.id"
+                ),
+                &[&user_id, &ms, &mi, &mo],
+            )
+            .await?;
+        for r in rows {
+            let ord: i32 = r.get(0);
+            results[ord as usize] =
+                Some(Inserted { created: false, pk: r.get(1), received_at: r.get(2) });
+        }
+    }
+    let unique_results: Vec<Inserted> = results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| StoreError::Other("event key vanished during insert".into())))
+        .collect::<Result<_, _>>()?;
+    let mut seen = vec![false; unique_results.len()];
+    Ok(slot_of
+        .into_iter()
+        .map(|slot| {
+            let mut r = unique_results[slot];
+            if seen[slot] {
+                r.created = false;
+            }
+            seen[slot] = true;
+            r
+        })
+        .collect())
+}
+
+/// Inserts flags and their event links on `c`; an existing flag id is left as it is.
+async fn insert_flag_rows(c: &impl GenericClient, flags: &[NewFlag]) -> Result<(), StoreError> {
+    if flags.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<&str> = flags.iter().map(|f| f.id.as_str()).collect();
+    let rules: Vec<&str> = flags.iter().map(|f| f.rule_id.as_str()).collect();
+    let titles: Vec<&str> = flags.iter().map(|f| f.title.as_str()).collect();
+    let sevs: Vec<&str> = flags.iter().map(|f| f.severity.as_str()).collect();
+    let users: Vec<&str> = flags.iter().map(|f| f.user_id.as_str()).collect();
+    let sessions: Vec<Option<&str>> = flags.iter().map(|f| f.session.as_deref()).collect();
+    let details: Vec<&str> = flags.iter().map(|f| f.detail.as_str()).collect();
+    let mut link_flags: Vec<&str> = Vec::new();
+    let mut link_pks: Vec<i64> = Vec::new();
+    for f in flags {
+        for pk in &f.event_pks {
+            link_flags.push(&f.id);
+            link_pks.push(*pk);
+        }
+    }
+    // One statement: flags and their links together; an existing flag id is left alone.
+    c.execute(
+        "WITH f AS (
+           INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail)
+           SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                                $6::text[], $7::text[])
+           ON CONFLICT (id) DO NOTHING RETURNING id
+         )
+         INSERT INTO flag_events(flag_id, event_pk)
+         SELECT l.flag_id, l.pk FROM unnest($8::text[], $9::int8[]) AS l(flag_id, pk)
+         JOIN f ON f.id = l.flag_id
+         ON CONFLICT DO NOTHING",
+        &[&ids, &rules, &titles, &sevs, &users, &sessions, &details, &link_flags, &link_pks],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Every event of one user's session, in `pk` order.
+async fn session_rows(
+    c: &impl GenericClient,
+    user_id: &str,
+    session: &str,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = c
+        .query(
+            &format!(
+                "SELECT {EVENT_COLS} FROM events WHERE user_id = $1 AND session = $2 ORDER BY pk"
+            ),
+            &[&user_id, &session],
+        )
+        .await?;
+    Ok(rows.iter().map(event_from_row).collect())
+}
+
 impl Store for PgStore {
     async fn add_user(&self, email: &str, role: Role) -> Result<User, StoreError> {
         let c = self.client().await?;
@@ -358,97 +543,38 @@ impl Store for PgStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        // Collapse repeats within the batch: later copies report the first.
-        let mut first: HashMap<(Source, &str), usize> = HashMap::new();
-        let mut unique: Vec<&NewEvent> = Vec::new();
-        let mut slot_of = Vec::with_capacity(events.len());
-        for e in events {
-            let slot = *first.entry((e.source, e.id.as_str())).or_insert_with(|| {
-                unique.push(e);
-                unique.len() - 1
-            });
-            slot_of.push(slot);
-        }
-        let sources: Vec<&str> = unique.iter().map(|e| e.source.as_str()).collect();
-        let ids: Vec<&str> = unique.iter().map(|e| e.id.as_str()).collect();
-        let kinds: Vec<&str> = unique.iter().map(|e| e.kind.as_str()).collect();
-        let tss: Vec<i64> = unique.iter().map(|e| e.ts).collect();
-        let sessions: Vec<Option<&str>> = unique.iter().map(|e| e.session.as_deref()).collect();
-        let seqs: Vec<Option<i64>> = unique.iter().map(|e| e.seq).collect();
-        let boots: Vec<Option<&str>> = unique.iter().map(|e| e.boot.as_deref()).collect();
-        let payloads: Vec<&str> = unique.iter().map(|e| e.payload.as_str()).collect();
-        let ords: Vec<i32> = (0..unique.len() as i32).collect();
-        let received = ts_text(received_at);
         let c = self.client().await?;
-        // One statement: each key and its row are inserted together or not at all.
-        let rows = c
-            .query(
-                "WITH input AS (
-                   SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
-                                        $7::int8[], $8::text[], $9::text[], $10::int4[])
-                     AS t(source, id, type, ts, session, seq, boot, payload, ord)
-                 ), keys AS (
-                   INSERT INTO event_keys (user_id, source, id, pk, received_at)
-                   SELECT $1, source, id, nextval('events_pk_seq'), $11::text::timestamptz
-                   FROM input ORDER BY ord
-                   ON CONFLICT DO NOTHING
-                   RETURNING source, id, pk
-                 ), ev AS (
-                   INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, received_at, payload)
-                   SELECT k.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot,
-                          $11::text::timestamptz, i.payload
-                   FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id
-                   RETURNING pk
-                 )
-                 SELECT i.ord, k.pk FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id",
-                &[
-                    &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
-                    &ords, &received,
-                ],
-            )
-            .await?;
-        let mut results: Vec<Option<Inserted>> = vec![None; unique.len()];
-        for r in rows {
-            let ord: i32 = r.get(0);
-            results[ord as usize] = Some(Inserted { created: true, pk: r.get(1), received_at });
+        insert_event_rows(&*c, user_id, received_at, events).await
+    }
+
+    async fn ingest(
+        &self,
+        user_id: &str,
+        received_at: Micros,
+        events: &[NewEvent],
+        scan: Arc<dyn IngestScan>,
+    ) -> Result<Vec<Inserted>, StoreError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
         }
-        let missing: Vec<usize> = (0..unique.len()).filter(|i| results[*i].is_none()).collect();
-        if !missing.is_empty() {
-            // Runs in a new snapshot, so it sees keys committed concurrently by other batches.
-            let ms: Vec<&str> = missing.iter().map(|i| sources[*i]).collect();
-            let mi: Vec<&str> = missing.iter().map(|i| ids[*i]).collect();
-            let mo: Vec<i32> = missing.iter().map(|i| *i as i32).collect();
-            let rows = c
-                .query(
-                    &format!(
-                        "SELECT m.ord, k.pk, {RECEIVED_US} FROM unnest($2::text[], $3::text[], $4::int4[]) AS m(source, id, ord)
-                         JOIN event_keys k ON k.user_id = $1 AND k.source = m.source AND k.id = m.id"
-                    ),
-                    &[&user_id, &ms, &mi, &mo],
-                )
-                .await?;
-            for r in rows {
-                let ord: i32 = r.get(0);
-                results[ord as usize] =
-                    Some(Inserted { created: false, pk: r.get(1), received_at: r.get(2) });
-            }
+        let mut guard = self.tx_client().await?;
+        let Some(client) = guard.as_mut() else {
+            return Err(StoreError::Unavailable("no connection for the ingest".into()));
+        };
+        // Dropped without `commit` (an error below), the transaction rolls back: nothing of
+        // the batch is stored and the client's retry creates it again.
+        let tx = client.transaction().await?;
+        let inserted = insert_event_rows(&tx, user_id, received_at, events).await?;
+        crash_point("after-events");
+        let mut flags = scan.batch_flags(&inserted);
+        for session in scan.ended_sessions(&inserted) {
+            let evs = session_rows(&tx, user_id, &session).await?;
+            flags.extend(scan.session_flags(&session, &evs));
         }
-        let unique_results: Vec<Inserted> = results
-            .into_iter()
-            .map(|r| r.ok_or_else(|| StoreError::Other("event key vanished during insert".into())))
-            .collect::<Result<_, _>>()?;
-        let mut seen = vec![false; unique_results.len()];
-        Ok(slot_of
-            .into_iter()
-            .map(|slot| {
-                let mut r = unique_results[slot];
-                if seen[slot] {
-                    r.created = false;
-                }
-                seen[slot] = true;
-                r
-            })
-            .collect())
+        insert_flag_rows(&tx, &flags).await?;
+        crash_point("after-flags");
+        tx.commit().await?;
+        Ok(inserted)
     }
 
     async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
@@ -502,53 +628,12 @@ impl Store for PgStore {
         session: &str,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let c = self.client().await?;
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT {EVENT_COLS} FROM events WHERE user_id = $1 AND session = $2 ORDER BY pk"
-                ),
-                &[&user_id, &session],
-            )
-            .await?;
-        Ok(rows.iter().map(event_from_row).collect())
+        session_rows(&*c, user_id, session).await
     }
 
     async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {
-        if flags.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<&str> = flags.iter().map(|f| f.id.as_str()).collect();
-        let rules: Vec<&str> = flags.iter().map(|f| f.rule_id.as_str()).collect();
-        let titles: Vec<&str> = flags.iter().map(|f| f.title.as_str()).collect();
-        let sevs: Vec<&str> = flags.iter().map(|f| f.severity.as_str()).collect();
-        let users: Vec<&str> = flags.iter().map(|f| f.user_id.as_str()).collect();
-        let sessions: Vec<Option<&str>> = flags.iter().map(|f| f.session.as_deref()).collect();
-        let details: Vec<&str> = flags.iter().map(|f| f.detail.as_str()).collect();
-        let mut link_flags: Vec<&str> = Vec::new();
-        let mut link_pks: Vec<i64> = Vec::new();
-        for f in flags {
-            for pk in &f.event_pks {
-                link_flags.push(&f.id);
-                link_pks.push(*pk);
-            }
-        }
         let c = self.client().await?;
-        // One statement: flags and their links together; an existing flag id is left alone.
-        c.execute(
-            "WITH f AS (
-               INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail)
-               SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-                                    $6::text[], $7::text[])
-               ON CONFLICT (id) DO NOTHING RETURNING id
-             )
-             INSERT INTO flag_events(flag_id, event_pk)
-             SELECT l.flag_id, l.pk FROM unnest($8::text[], $9::int8[]) AS l(flag_id, pk)
-             JOIN f ON f.id = l.flag_id
-             ON CONFLICT DO NOTHING",
-            &[&ids, &rules, &titles, &sevs, &users, &sessions, &details, &link_flags, &link_pks],
-        )
-        .await?;
-        Ok(())
+        insert_flag_rows(&*c, flags).await
     }
 
     async fn list_flags(&self, q: &FlagQuery) -> Result<Vec<(i64, Flag)>, StoreError> {

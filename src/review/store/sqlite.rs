@@ -1,7 +1,9 @@
-//! Embedded store: one SQLite file (`review.db`) under the data dir, WAL mode, one writer
-//! connection behind a mutex; blocking calls run on tokio's blocking pool.
+//! Embedded store: one SQLite file (`review.db`) under the data dir, WAL mode with
+//! `synchronous=FULL`, one writer connection behind a mutex; blocking calls run on tokio's
+//! blocking pool. An ingest's events, keys and flags commit in one transaction, and each
+//! migration with its `schema_migrations` row in one (docs/review.md, "Durability").
 
-use super::{EventQuery, FlagQuery, Store, StoreError, random_id};
+use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
     now_micros,
@@ -26,13 +28,15 @@ impl SqliteStore {
             StoreError::Unavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
         })?;
         let path = data_dir.join("review.db");
-        let conn = Connection::open(&path)
+        let mut conn = Connection::open(&path)
             .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // FULL: in WAL mode, NORMAL may lose the last commits on power loss (the WAL is not
+        // synced at commit); an answered ingest must survive one (sqlite.org/pragma.html#pragma_synchronous).
+        conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        migrate(&conn)?;
+        migrate(&mut conn)?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
     }
 
@@ -64,7 +68,14 @@ impl SqliteStore {
     }
 }
 
-fn migrate(conn: &Connection) -> Result<(), StoreError> {
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    migrate_with(conn, MIGRATIONS)
+}
+
+/// Applies each migration newer than the store's and its `schema_migrations` row in one
+/// transaction, so a crash or error never leaves a migration applied but unrecorded (it would
+/// fail on the next start) or half applied.
+fn migrate_with(conn: &mut Connection, migrations: &[(i64, &str)]) -> Result<(), StoreError> {
     let have: i64 = conn
         .query_row(
             "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_migrations'",
@@ -77,16 +88,113 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
     } else {
         conn.query_row("SELECT coalesce(max(version),0) FROM schema_migrations", [], |r| r.get(0))?
     };
-    for (version, sql) in MIGRATIONS {
+    for (version, sql) in migrations {
         if *version > current {
-            conn.execute_batch(&format!("BEGIN;{sql}COMMIT;"))?;
-            conn.execute(
+            let tx = conn.transaction()?;
+            tx.execute_batch(sql).map_err(|e| {
+                StoreError::Other(format!(
+                    "review store migration {version} failed (nothing of it was applied): {e}"
+                ))
+            })?;
+            tx.execute(
                 "INSERT INTO schema_migrations(version, applied_at) VALUES (?1, ?2)",
                 params![version, now_micros()],
             )?;
+            tx.commit()?;
         }
     }
     Ok(())
+}
+
+/// Inserts a batch's events and dedup keys on `tx` (the caller commits); within the batch a
+/// repeated key reports the first copy.
+fn insert_event_rows(
+    tx: &Connection,
+    user_id: &str,
+    received_at: Micros,
+    events: &[NewEvent],
+) -> Result<Vec<Inserted>, StoreError> {
+    let mut out = Vec::with_capacity(events.len());
+    let mut find = tx.prepare_cached(
+        "SELECT pk, received_at FROM event_keys WHERE user_id = ?1 AND source = ?2 AND id = ?3",
+    )?;
+    let mut ins = tx.prepare_cached(
+        "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?;
+    let mut key = tx.prepare_cached(
+        "INSERT INTO event_keys(user_id, source, id, pk, received_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for e in events {
+        let found: Option<(i64, i64)> = find
+            .query_row(params![user_id, e.source.as_str(), e.id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        if let Some((pk, received_at)) = found {
+            out.push(Inserted { created: false, pk, received_at });
+            continue;
+        }
+        ins.execute(params![
+            user_id,
+            e.source.as_str(),
+            e.id,
+            e.kind,
+            e.ts,
+            e.session,
+            e.seq,
+            e.boot,
+            received_at,
+            e.payload
+        ])?;
+        let pk = tx.last_insert_rowid();
+        key.execute(params![user_id, e.source.as_str(), e.id, pk, received_at])?;
+        out.push(Inserted { created: true, pk, received_at });
+    }
+    Ok(out)
+}
+
+/// Inserts flags and their event links on `tx` (the caller commits); an existing flag id is
+/// left as it is.
+fn insert_flag_rows(tx: &Connection, flags: &[NewFlag]) -> Result<(), StoreError> {
+    let now = now_micros();
+    let mut flag = tx.prepare_cached(
+        "INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(id) DO NOTHING",
+    )?;
+    let mut link = tx.prepare_cached(
+        "INSERT INTO flag_events(flag_id, event_pk) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+    )?;
+    for f in flags {
+        let n = flag.execute(params![
+            f.id,
+            f.rule_id,
+            f.title,
+            f.severity.as_str(),
+            f.user_id,
+            f.session,
+            f.detail,
+            now
+        ])?;
+        if n == 0 {
+            continue;
+        }
+        for pk in &f.event_pks {
+            link.execute(params![f.id, pk])?;
+        }
+    }
+    Ok(())
+}
+
+/// Every event of one user's session, in `pk` order.
+fn session_rows(
+    conn: &Connection,
+    user_id: &str,
+    session: &str,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {EVENT_COLS} FROM events e WHERE e.user_id = ?1 AND e.session = ?2 ORDER BY e.pk"
+    ))?;
+    let rows = stmt.query_map([user_id, session], event_from_row)?.collect::<Result<_, _>>()?;
+    Ok(rows)
 }
 
 fn current_role(conn: &Connection, user_id: &str) -> Result<Role, StoreError> {
@@ -311,47 +419,36 @@ impl Store for SqliteStore {
         let events = events.to_vec();
         self.with(move |c| {
             let tx = c.transaction()?;
-            let mut out = Vec::with_capacity(events.len());
-            {
-                let mut find = tx.prepare_cached(
-                    "SELECT pk, received_at FROM event_keys WHERE user_id = ?1 AND source = ?2 AND id = ?3",
-                )?;
-                let mut ins = tx.prepare_cached(
-                    "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                )?;
-                let mut key = tx.prepare_cached(
-                    "INSERT INTO event_keys(user_id, source, id, pk, received_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                )?;
-                for e in &events {
-                    let found: Option<(i64, i64)> = find
-                        .query_row(params![user_id, e.source.as_str(), e.id], |r| {
-                            Ok((r.get(0)?, r.get(1)?))
-                        })
-                        .optional()?;
-                    if let Some((pk, received_at)) = found {
-                        out.push(Inserted { created: false, pk, received_at });
-                        continue;
-                    }
-                    ins.execute(params![
-                        user_id,
-                        e.source.as_str(),
-                        e.id,
-                        e.kind,
-                        e.ts,
-                        e.session,
-                        e.seq,
-                        e.boot,
-                        received_at,
-                        e.payload
-                    ])?;
-                    let pk = tx.last_insert_rowid();
-                    key.execute(params![user_id, e.source.as_str(), e.id, pk, received_at])?;
-                    out.push(Inserted { created: true, pk, received_at });
-                }
-            }
+            let out = insert_event_rows(&tx, &user_id, received_at, &events)?;
             tx.commit()?;
             Ok(out)
+        })
+        .await
+    }
+
+    async fn ingest(
+        &self,
+        user_id: &str,
+        received_at: Micros,
+        events: &[NewEvent],
+        scan: Arc<dyn IngestScan>,
+    ) -> Result<Vec<Inserted>, StoreError> {
+        let user_id = user_id.to_string();
+        let events = events.to_vec();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let inserted = insert_event_rows(&tx, &user_id, received_at, &events)?;
+            crash_point("after-events");
+            let mut flags = scan.batch_flags(&inserted);
+            for session in scan.ended_sessions(&inserted) {
+                let evs = session_rows(&tx, &user_id, &session)?;
+                flags.extend(scan.session_flags(&session, &evs));
+            }
+            insert_flag_rows(&tx, &flags)?;
+            crash_point("after-flags");
+            // With `synchronous=FULL` the commit returns only once the WAL is on disk.
+            tx.commit()?;
+            Ok(inserted)
         })
         .await
     }
@@ -411,48 +508,14 @@ impl Store for SqliteStore {
         session: &str,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let (user_id, session) = (user_id.to_string(), session.to_string());
-        self.with(move |c| {
-            let mut stmt = c.prepare_cached(&format!(
-                "SELECT {EVENT_COLS} FROM events e WHERE e.user_id = ?1 AND e.session = ?2 ORDER BY e.pk"
-            ))?;
-            let rows = stmt
-                .query_map([&user_id, &session], event_from_row)?
-                .collect::<Result<_, _>>()?;
-            Ok(rows)
-        })
-        .await
+        self.with(move |c| session_rows(c, &user_id, &session)).await
     }
 
     async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {
         let flags = flags.to_vec();
         self.with(move |c| {
             let tx = c.transaction()?;
-            let now = now_micros();
-            for f in &flags {
-                let n = tx.execute(
-                    "INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(id) DO NOTHING",
-                    params![
-                        f.id,
-                        f.rule_id,
-                        f.title,
-                        f.severity.as_str(),
-                        f.user_id,
-                        f.session,
-                        f.detail,
-                        now
-                    ],
-                )?;
-                if n == 0 {
-                    continue;
-                }
-                for pk in &f.event_pks {
-                    tx.execute(
-                        "INSERT INTO flag_events(flag_id, event_pk) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
-                        params![f.id, pk],
-                    )?;
-                }
-            }
+            insert_flag_rows(&tx, &flags)?;
             tx.commit()?;
             Ok(())
         })
@@ -509,5 +572,117 @@ impl Store for SqliteStore {
             Ok(n > 0)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::review::Severity;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    fn event(id: &str) -> NewEvent {
+        NewEvent {
+            source: Source::External,
+            id: id.into(),
+            kind: "t".into(),
+            ts: 1,
+            session: None,
+            seq: None,
+            boot: None,
+            payload: "{}".into(),
+        }
+    }
+
+    /// Flags every created event with one flag of its own.
+    struct FlagEach;
+
+    impl IngestScan for FlagEach {
+        fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag> {
+            inserted
+                .iter()
+                .filter(|i| i.created)
+                .map(|i| NewFlag {
+                    id: format!("flag-{}", i.pk),
+                    rule_id: "test.rule".into(),
+                    title: "t".into(),
+                    severity: Severity::Low,
+                    user_id: "u".into(),
+                    session: None,
+                    detail: String::new(),
+                    event_pks: vec![i.pk],
+                })
+                .collect()
+        }
+        fn ended_sessions(&self, _: &[Inserted]) -> Vec<String> {
+            Vec::new()
+        }
+        fn session_flags(&self, _: &str, _: &[StoredEvent]) -> Vec<NewFlag> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn commits_are_synchronous_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        let mode: i64 =
+            s.conn.lock().unwrap().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        assert_eq!(mode, 2, "synchronous must be FULL (2), so answered commits survive power loss");
+    }
+
+    #[test]
+    fn a_failing_migration_is_applied_not_at_all() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        let broken = [
+            MIGRATIONS[0],
+            (2, "CREATE TABLE extra(a INTEGER); INSERT INTO no_such_table VALUES (1);"),
+        ];
+        let e = migrate_with(&mut conn, &broken).unwrap_err().to_string();
+        assert!(e.contains("migration 2 failed"), "{e}");
+        let extra: i64 = conn
+            .query_row("SELECT count(*) FROM sqlite_master WHERE name = 'extra'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(extra, 0, "the failed migration's first statement was rolled back");
+        let version: i64 =
+            conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, 1);
+        // Fixed, it applies on the next open, with its row.
+        let fixed = [MIGRATIONS[0], (2, "CREATE TABLE extra(a INTEGER);")];
+        migrate_with(&mut conn, &fixed).unwrap();
+        let version: i64 =
+            conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, 2);
+    }
+
+    #[test]
+    fn ingest_commits_events_and_flags_together_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        let scan: Arc<dyn IngestScan> = Arc::new(FlagEach);
+        let rt = rt();
+        let count =
+            |sql: &str| -> i64 { s.conn.lock().unwrap().query_row(sql, [], |r| r.get(0)).unwrap() };
+        let ins = rt.block_on(s.ingest("u", 5, &[event("a"), event("b")], scan.clone())).unwrap();
+        assert!(ins.iter().all(|i| i.created));
+        assert_eq!(count("SELECT count(*) FROM flag_events"), 2);
+        // A flag that cannot be written: the whole batch is refused and nothing is left.
+        s.execute_raw(
+            "CREATE TRIGGER refuse BEFORE INSERT ON flags BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .unwrap();
+        let r = rt.block_on(s.ingest("u", 6, &[event("c")], scan.clone()));
+        assert!(r.is_err(), "{r:?}");
+        assert_eq!(count("SELECT count(*) FROM events"), 2);
+        assert_eq!(count("SELECT count(*) FROM event_keys"), 2);
+        // Lifted, the retry creates the event (its key was not left behind) and its flag.
+        s.execute_raw("DROP TRIGGER refuse").unwrap();
+        let ins = rt.block_on(s.ingest("u", 7, &[event("c")], scan)).unwrap();
+        assert!(ins[0].created);
+        assert_eq!(count("SELECT count(*) FROM flag_events"), 3);
     }
 }
