@@ -176,6 +176,8 @@ fn misspelled_data_dir_is_refused_and_nothing_is_created() {
     let typo = world.tmp.path().join("stroe");
     let empty = world.tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let empty_mode = mode(&empty);
 
     for target in [&typo, &empty] {
         let commands: [&[&str]; 4] = [
@@ -213,6 +215,7 @@ fn misspelled_data_dir_is_refused_and_nothing_is_created() {
     assert_eq!(run.code(), 1, "{}", run.stderr());
     assert!(run.stderr().contains("not a review store"), "{}", run.stderr());
     assert_eq!(std::fs::metadata(empty.join("review.db")).unwrap().len(), 0);
+    assert_eq!(mode(&empty), empty_mode, "a dir that holds no store is left as it was");
 
     // Without --data-dir the default location is not conjured up either.
     let run = airlockd_umask0(&world).args(["admin", "user", "list"]).run();
@@ -273,4 +276,34 @@ fn init_tls_force_leaves_no_world_readable_key() {
         .run()
         .expect_code(0);
     assert_eq!(mode(&fresh.join("k.pem")), 0o600);
+}
+
+/// A store made by an older version (0755 dir, 0644 database) is tightened when opened.
+#[test]
+fn a_loose_store_from_before_init_is_tightened_on_open() {
+    let world = World::new();
+    let dir = world.tmp.path().join("store");
+    init(&world, &dir, "ana@example.test").expect_code(0);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(dir.join("review.db"), std::fs::Permissions::from_mode(0o644))
+        .unwrap();
+    let run = airlockd_umask0(&world)
+        .args(["admin", "user", "list", "--data-dir"])
+        .args([&dir])
+        .run()
+        .expect_code(0);
+    assert!(run.stdout().contains("ana@example.test"), "{}", run.stdout());
+    assert!(run.stderr().contains("readable by others"), "{}", run.stderr());
+    assert_private(&dir);
+}
+
+#[test]
+fn init_with_a_bad_admin_email_creates_nothing() {
+    let world = World::new();
+    let dir = world.tmp.path().join("store");
+    let run = init(&world, &dir, "not-an-email");
+    assert_eq!(run.code(), 1, "{}", run.stderr());
+    assert!(run.stderr().contains("not an email address"), "{}", run.stderr());
+    assert!(run.stdout().is_empty(), "{}", run.stdout());
+    assert!(!dir.exists(), "a refused init created {}", dir.display());
 }

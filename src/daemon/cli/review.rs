@@ -89,6 +89,7 @@ pub struct ReviewArgs {
 #[derive(Debug, Subcommand)]
 pub enum ReviewCommand {
     /// Create an embedded store with its admin and the admin's first token (printed once).
+    /// (PostgreSQL: `review migrate`, then `airlockd admin`.)
     Init(InitArgs),
     /// Write a self-signed certificate and key for trials (rcgen).
     InitTls(InitTlsArgs),

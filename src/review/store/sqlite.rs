@@ -40,31 +40,52 @@ impl SqliteStore {
 
     /// Opens the store in `data_dir`, which must exist and hold a `review.db` with this
     /// store's schema; a missing or empty dir is an error naming it (never created here: a
-    /// misspelled `--data-dir` must not become a new, empty store).
+    /// misspelled `--data-dir` must not become a new, empty store). A store left group- or
+    /// world-accessible (made by an older version) is tightened to 0700/0600, with a warning.
     pub fn open_existing(data_dir: &Path) -> Result<Self, StoreError> {
         let path = data_dir.join(DB_FILE);
-        let missing = |what: &str| {
-            StoreError::NotFound(format!(
-                "{} {what}; create a store with `airlockd review init --data-dir {} --admin EMAIL` \
-                 or pass the --data-dir of an existing one",
-                data_dir.display(),
-                data_dir.display()
-            ))
-        };
+        let init_hint = format!(
+            "create a store with `airlockd review init --data-dir {} --admin EMAIL` or pass the \
+             --data-dir of an existing one",
+            data_dir.display()
+        );
         if !data_dir.is_dir() {
-            return Err(missing("does not exist or is not a directory"));
+            return Err(StoreError::NotFound(format!(
+                "{} does not exist or is not a directory; {init_hint}",
+                data_dir.display()
+            )));
         }
         if !path.is_file() {
-            return Err(missing("holds no review store (no review.db)"));
+            return Err(StoreError::NotFound(format!(
+                "{} holds no review store (no {DB_FILE}); {init_hint}",
+                data_dir.display()
+            )));
         }
         // Without SQLITE_OPEN_CREATE a vanished file is an error, not a new empty database.
         let flags = OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE);
         let probe = Connection::open_with_flags(&path, flags)
             .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
-        if !has_schema(&probe).unwrap_or(false) {
-            return Err(missing("holds a review.db that is not a review store"));
+        probe.busy_timeout(std::time::Duration::from_secs(5))?;
+        let is_store = match has_schema(&probe) {
+            Ok(found) => found,
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::NotADatabase =>
+            {
+                false
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !is_store {
+            return Err(StoreError::NotFound(format!(
+                "{} is not a review store (no schema); move it away and run `airlockd review \
+                 init --data-dir {} --admin EMAIL`, or pass the --data-dir of an existing store",
+                path.display(),
+                data_dir.display()
+            )));
         }
         drop(probe);
+        // Only once it is known to be a store: a directory that is not one is left as it was.
+        tighten_modes(data_dir)?;
         Self::open_file(path, flags)
     }
 
@@ -230,6 +251,29 @@ fn create_private_file(path: &Path) -> Result<(), StoreError> {
         .map_err(|e| io_error("cannot create", path, e))?;
     f.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(|e| io_error("cannot set the mode of", path, e))
+}
+
+/// Sets the data dir to 0700 and the database and its `-wal`/`-shm`/`-journal` files to
+/// 0600 where they allow more (stores made before `review init` existed were 0755/0644).
+fn tighten_modes(dir: &Path) -> Result<(), StoreError> {
+    let db = dir.join(DB_FILE);
+    let mut paths = vec![(dir.to_path_buf(), 0o700)];
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        paths.push((sidecar(&db, suffix), 0o600));
+    }
+    for (p, want) in paths {
+        let Ok(meta) = std::fs::metadata(&p) else { continue };
+        let have = meta.permissions().mode() & 0o7777;
+        if have & 0o077 != 0 {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(want))
+                .map_err(|e| io_error("cannot restrict the mode of", &p, e))?;
+            tracing::warn!(
+                "{} was mode {have:o}, readable by others; set it to {want:o}",
+                p.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Makes `dir` ready for a new store: created 0700 if missing; if present, it must be a
