@@ -508,8 +508,7 @@ cnt() {{
   echo $((a + ${{b:-0}}))
 }}
 D={d}
-$D admin user add --email ana@example.test --role reviewer --data-dir {dir} >/dev/null
-T=$($D admin token create --user ana@example.test --data-dir {dir} 2>/dev/null)
+T=$($D review init --admin ana@example.test --data-dir {dir} 2>/dev/null)
 before=$(cnt)
 $D review --listen 127.0.0.1:18999 --data-dir {dir} 2>/dev/null &
 pid=$!

@@ -107,8 +107,36 @@ impl StoreSel {
     }
 }
 
-/// Adds a user and returns a fresh token for them.
+/// The admin `user_with_token` makes with `airlockd review init` when it must create an
+/// embedded store for a user who is not an admin.
+pub const INIT_ADMIN: &str = "init-admin@example.test";
+
+/// Runs `airlockd review init` on `dir` with `admin` and returns the printed token.
+pub fn init_store(world: &World, dir: &Path, admin: &str) -> String {
+    let run = world
+        .airlockd(world.tmp.path())
+        .args(["review", "init", "--admin", admin, "--data-dir"])
+        .args([dir])
+        .run()
+        .expect_code(0);
+    let t = run.stdout().trim().to_string();
+    assert!(t.starts_with("alk_"), "token: {t:?}");
+    assert!(!run.stderr().contains(&t), "the secret must not appear on stderr");
+    t
+}
+
+/// Adds a user and returns a fresh token for them. An embedded store that does not exist yet
+/// is made with `airlockd review init` (the only command that creates one): with this user as
+/// its admin when `role` is admin, else with [`INIT_ADMIN`].
 pub fn user_with_token(world: &World, store: &StoreSel, email: &str, role: &str) -> String {
+    if let StoreSel::Embedded(dir) = store
+        && !dir.join("review.db").exists()
+    {
+        if role == "admin" {
+            return init_store(world, dir, email);
+        }
+        init_store(world, dir, INIT_ADMIN);
+    }
     world
         .airlockd(world.tmp.path())
         .args(["admin", "user", "add", "--email", email, "--role", role])

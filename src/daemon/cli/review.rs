@@ -1,6 +1,8 @@
 //! `airlockd review …` and `airlockd admin …`: argument structs and their `run` functions,
 //! the front of the review plane ([`crate::review`]). Every command takes the same store
 //! selection: `--database URL` (PostgreSQL) or `--data-dir DIR` (embedded SQLite, the default).
+//! An embedded store is created only by `airlockd review init`; every other command refuses a
+//! data dir that holds none.
 
 use crate::review::detect::Engine;
 use crate::review::server::{AppState, serve, settle_loop, tls_acceptor};
@@ -19,26 +21,30 @@ pub struct StoreArgs {
     /// PostgreSQL connection URL (e.g. `postgres://airlock_runtime@127.0.0.1/airlock`).
     #[arg(long, env = "AIRLOCK_REVIEW_DATABASE", value_name = "URL")]
     pub database: Option<String>,
-    /// Directory of the embedded store (`review.db`); used when no --database is given.
+    /// Directory of the embedded store (`review.db`, made by `airlockd review init`); used
+    /// when no --database is given.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
 }
 
+/// The embedded store's directory when no `--data-dir` is given.
+fn default_data_dir() -> PathBuf {
+    dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("airlock").join("review")
+}
+
 impl StoreArgs {
     fn data_dir(&self) -> PathBuf {
-        self.data_dir.clone().unwrap_or_else(|| {
-            dirs::data_dir().unwrap_or_else(|| PathBuf::from(".")).join("airlock").join("review")
-        })
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
     }
 
-    /// Opens the selected store.
+    /// Opens the selected store; an embedded one must already exist (`airlockd review init`).
     pub async fn open(&self, pool: usize) -> Result<AnyStore, StoreError> {
         match &self.database {
             Some(url) => Ok(AnyStore::Pg(PgStore::connect(url, pool).await?)),
             None => {
                 let dir = self.data_dir();
                 Ok(AnyStore::Sqlite(
-                    tokio::task::spawn_blocking(move || SqliteStore::open(&dir))
+                    tokio::task::spawn_blocking(move || SqliteStore::open_existing(&dir))
                         .await
                         .map_err(|e| StoreError::Other(e.to_string()))??,
                 ))
@@ -82,12 +88,26 @@ pub struct ReviewArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ReviewCommand {
+    /// Create an embedded store with its admin and the admin's first token (printed once).
+    /// (PostgreSQL: `review migrate`, then `airlockd admin`.)
+    Init(InitArgs),
     /// Write a self-signed certificate and key for trials (rcgen).
     InitTls(InitTlsArgs),
     /// Apply schema migrations (PostgreSQL: as the owner role) and create partitions.
     Migrate(MigrateArgs),
     /// Create monthly partitions ahead; warn if the DEFAULT partition holds rows.
     Maintain(MaintainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Directory to create the store in (made 0700); it must not exist or be empty.
+    /// Default: `$XDG_DATA_HOME/airlock/review`.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Email of the store's first user, made admin; its token is printed once on stdout.
+    #[arg(long, value_name = "EMAIL")]
+    pub admin: String,
 }
 
 #[derive(Debug, Args)]
@@ -215,10 +235,43 @@ fn fail(msg: impl std::fmt::Display) -> i32 {
 /// Entry point of `airlockd review`. Returns the exit code.
 pub fn run_review(args: ReviewArgs) -> i32 {
     match args.command {
+        Some(ReviewCommand::Init(a)) => init(&a),
         Some(ReviewCommand::InitTls(a)) => init_tls(&a),
         Some(ReviewCommand::Migrate(a)) => migrate(&a),
         Some(ReviewCommand::Maintain(a)) => maintain(&a),
         None => run_server(args),
+    }
+}
+
+fn init(a: &InitArgs) -> i32 {
+    if !a.admin.contains('@') {
+        return fail(format!("--admin {:?} is not an email address", a.admin));
+    }
+    let dir = a.data_dir.clone().unwrap_or_else(default_data_dir);
+    let rt = match runtime() {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let created = rt.block_on(SqliteStore::create(&dir, |store| async move {
+        let user = store.add_user(&a.admin, Role::Admin).await?;
+        let secret = token::Token::generate().map_err(|e| StoreError::Other(e.to_string()))?;
+        let id = random_id();
+        store.create_token(&id, &user.id, secret.hash()).await?;
+        Ok((id, secret))
+    }));
+    match created {
+        Ok((store, (id, secret))) => {
+            eprintln!(
+                "created the review store {} (directory 0700, files 0600) with admin {}; \
+                 token id {id}; the token below is shown once and cannot be shown again \
+                 (make another with `airlockd admin token create`)",
+                store.path().display(),
+                a.admin
+            );
+            println!("{}", secret.expose());
+            0
+        }
+        Err(e) => fail(e),
     }
 }
 
@@ -232,31 +285,47 @@ fn init_tls(a: &InitTlsArgs) -> i32 {
         Ok(c) => c,
         Err(e) => return fail(format!("cannot generate a certificate: {e}")),
     };
-    if let Err(e) = std::fs::write(&a.cert, ck.cert.pem()) {
-        return fail(format!("cannot write {}: {e}", a.cert.display()));
-    }
     let key_pem = zeroize::Zeroizing::new(ck.signing_key.serialize_pem());
-    let written = {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&a.key)
-            .and_then(|mut f| f.write_all(key_pem.as_bytes()))
-    };
-    if let Err(e) = written {
+    // Key first: a failure leaves no certificate without its key.
+    if let Err(e) = replace_file(&a.key, key_pem.as_bytes(), 0o600) {
         return fail(format!("cannot write {}: {e}", a.key.display()));
     }
+    if let Err(e) = replace_file(&a.cert, ck.cert.pem().as_bytes(), 0o644) {
+        return fail(format!("cannot write {}: {e}", a.cert.display()));
+    }
     eprintln!(
-        "wrote {} and {} (self-signed, for trials: clients need --cacert {})",
+        "wrote {} and {} (key 0600; self-signed, for trials: clients need --cacert {})",
         a.cert.display(),
         a.key.display(),
         a.cert.display()
     );
     0
+}
+
+/// Writes `data` to a new file beside `path` created with `mode`, then renames it over
+/// `path` (rename(2) is atomic), so an existing file — perhaps a world-readable old key — is
+/// replaced, never rewritten in place under its old mode.
+fn replace_file(path: &std::path::Path, data: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", random_id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| {
+            // The umask may have removed bits; set exactly `mode`.
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.write_all(data)?;
+            f.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 fn migrate(a: &MigrateArgs) -> i32 {
@@ -374,6 +443,11 @@ fn run_server(args: ReviewArgs) -> i32 {
     rt.block_on(async move {
         let store = match args.store.open(args.pool_size).await {
             Ok(s) => s,
+            // No store at --data-dir: restarting cannot help (the unit prevents restarts on 64).
+            Err(e @ StoreError::NotFound(_)) => {
+                fail(e);
+                return 64;
+            }
             Err(e) => return fail(e),
         };
         let listener = match tokio::net::TcpListener::from_std(std_listener) {

@@ -1,14 +1,18 @@
 //! Embedded store: one SQLite file (`review.db`) under the data dir, WAL mode with
 //! `synchronous=FULL`, one writer connection behind a mutex; blocking calls run on tokio's
 //! blocking pool. An ingest's events, keys and flags commit in one transaction, and each
-//! migration with its `schema_migrations` row in one (docs/review.md, "Durability").
+//! migration with its `schema_migrations` row in one (docs/review.md, "Durability"). It also
+//! owns how a store comes to exist: [`SqliteStore::create`] (only `airlockd review init`)
+//! makes the data dir 0700 and the database 0600, and [`SqliteStore::open_existing`] (every
+//! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
 use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
     now_micros,
 };
-use rusqlite::{Connection, OptionalExtension, params, params_from_iter, types::Value};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params, params_from_iter, types::Value};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -22,13 +26,127 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) `DIR/review.db` and applies pending migrations.
+    /// Opens `DIR/review.db`, creating the dir (0700) and the database (0600) if needed, and
+    /// applies pending migrations. For tests and embedding; the commands use
+    /// [`Self::create`] and [`Self::open_existing`], which never guess.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|e| {
-            StoreError::Unavailable(format!("cannot create data dir {}: {e}", data_dir.display()))
-        })?;
-        let path = data_dir.join("review.db");
-        let mut conn = Connection::open(&path)
+        if !data_dir.is_dir() {
+            create_private_dir(data_dir)?;
+        }
+        let path = data_dir.join(DB_FILE);
+        if !path.exists() {
+            create_private_file(&path)?;
+        }
+        Self::open_file(path, OpenFlags::default())
+    }
+
+    /// Opens the store in `data_dir`, which must exist and hold a `review.db` with this
+    /// store's schema; a missing or empty dir is an error naming it (never created here: a
+    /// misspelled `--data-dir` must not become a new, empty store). A store left group- or
+    /// world-accessible (made by an older version) is tightened to 0700/0600, with a warning.
+    pub fn open_existing(data_dir: &Path) -> Result<Self, StoreError> {
+        let path = data_dir.join(DB_FILE);
+        let init_hint = format!(
+            "create a store with `airlockd review init --data-dir {} --admin EMAIL` or pass the \
+             --data-dir of an existing one",
+            data_dir.display()
+        );
+        if !data_dir.is_dir() {
+            return Err(StoreError::NotFound(format!(
+                "{} does not exist or is not a directory; {init_hint}",
+                data_dir.display()
+            )));
+        }
+        if !path.is_file() {
+            return Err(StoreError::NotFound(format!(
+                "{} holds no review store (no {DB_FILE}); {init_hint}",
+                data_dir.display()
+            )));
+        }
+        // Without SQLITE_OPEN_CREATE a vanished file is an error, not a new empty database.
+        let flags = OpenFlags::default().difference(OpenFlags::SQLITE_OPEN_CREATE);
+        let probe = Connection::open_with_flags(&path, flags)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        probe.busy_timeout(std::time::Duration::from_secs(5))?;
+        let is_store = match has_schema(&probe) {
+            Ok(found) => found,
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::NotADatabase =>
+            {
+                false
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !is_store {
+            return Err(StoreError::NotFound(format!(
+                "{} is not a review store (no schema); move it away and run `airlockd review \
+                 init --data-dir {} --admin EMAIL`, or pass the --data-dir of an existing store",
+                path.display(),
+                data_dir.display()
+            )));
+        }
+        drop(probe);
+        // Only once it is known to be a store: a directory that is not one is left as it was.
+        tighten_modes(data_dir)?;
+        Self::open_file(path, flags)
+    }
+
+    /// Creates a new store in `data_dir` (made 0700; it may exist if empty, like a service
+    /// manager's state directory) with its first rows written by `setup`, so no store ever
+    /// exists without them. The database is built under a staging name and linked into place
+    /// only when complete (link(2) fails rather than replace a `review.db` that appeared
+    /// meanwhile); a crash leaves only a staging file, which the next `create` removes.
+    pub async fn create<T, F, Fut>(data_dir: &Path, setup: F) -> Result<(Self, T), StoreError>
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        let dir = data_dir.to_path_buf();
+        let staging = blocking(move || prepare_new_store_dir(&dir)).await?;
+        let store = {
+            let staging = staging.clone();
+            blocking(move || Self::open_file(staging, OpenFlags::default())).await?
+        };
+        let result = setup(store.clone()).await;
+        let conn = Arc::try_unwrap(store.conn)
+            .map_err(|_| StoreError::Other("the new store is still in use after setup".into()))?
+            .into_inner()
+            .map_err(|_| StoreError::Other("store lock poisoned".into()))?;
+        let value = match result {
+            Ok(v) => v,
+            Err(e) => {
+                drop(conn);
+                remove_staging(&staging);
+                return Err(e);
+            }
+        };
+        let dir = data_dir.to_path_buf();
+        let store = blocking(move || {
+            // Closing the only connection checkpoints the WAL into the file and deletes it
+            // (https://www.sqlite.org/wal.html#the_wal_file), so the staging file is complete.
+            conn.close().map_err(|(_, e)| StoreError::from(e))?;
+            let final_path = dir.join(DB_FILE);
+            if sidecar(&staging, "-wal").exists() {
+                remove_staging(&staging);
+                return Err(StoreError::Other(format!(
+                    "could not checkpoint the new store in {}; nothing was created, run init again",
+                    dir.display()
+                )));
+            }
+            let linked = std::fs::hard_link(&staging, &final_path);
+            remove_staging(&staging);
+            linked.map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => already_a_store(&dir),
+                _ => io_error("cannot create", &final_path, e),
+            })?;
+            Self::open_existing(&dir)
+        })
+        .await?;
+        Ok((store, value))
+    }
+
+    fn open_file(path: PathBuf, flags: OpenFlags) -> Result<Self, StoreError> {
+        let mut conn = Connection::open_with_flags(&path, flags)
             .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -66,6 +184,145 @@ impl SqliteStore {
             self.conn.lock().map_err(|_| StoreError::Unavailable("store lock poisoned".into()))?;
         Ok(conn.execute(sql, [])?)
     }
+}
+
+/// The database file under the data dir.
+const DB_FILE: &str = "review.db";
+/// Prefix of the file `create` builds the database in before linking it to [`DB_FILE`].
+const STAGING_PREFIX: &str = ".review.db.init-";
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Other(format!("store task failed: {e}")))?
+}
+
+fn io_error(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Unavailable(format!("{what} {}: {e}", path.display()))
+}
+
+fn already_a_store(dir: &Path) -> StoreError {
+    StoreError::Conflict(format!(
+        "{} already holds a review store; init never touches an existing one \
+         (add users and tokens with `airlockd admin … --data-dir {}`)",
+        dir.display(),
+        dir.display()
+    ))
+}
+
+/// `path` with SQLite's `-wal`/`-shm`/`-journal` suffix.
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn remove_staging(staging: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(sidecar(staging, suffix));
+    }
+}
+
+fn has_schema(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='schema_migrations'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
+}
+
+/// Creates `dir` (and missing parents) with mode 0700.
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io_error("cannot create data dir", dir, e))
+}
+
+/// Creates `path` empty with mode 0600, set explicitly since the umask may have removed
+/// bits. SQLite gives the `-wal`, `-shm` and `-journal` files it makes later the mode of the
+/// database file (os_unix.c, `findCreateFileMode`), so they are 0600 too.
+fn create_private_file(path: &Path) -> Result<(), StoreError> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| io_error("cannot create", path, e))?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io_error("cannot set the mode of", path, e))
+}
+
+/// Sets the data dir to 0700 and the database and its `-wal`/`-shm`/`-journal` files to
+/// 0600 where they allow more (stores made before `review init` existed were 0755/0644).
+fn tighten_modes(dir: &Path) -> Result<(), StoreError> {
+    let db = dir.join(DB_FILE);
+    let mut paths = vec![(dir.to_path_buf(), 0o700)];
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        paths.push((sidecar(&db, suffix), 0o600));
+    }
+    for (p, want) in paths {
+        let Ok(meta) = std::fs::metadata(&p) else { continue };
+        let have = meta.permissions().mode() & 0o7777;
+        if have & 0o077 != 0 {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(want))
+                .map_err(|e| io_error("cannot restrict the mode of", &p, e))?;
+            tracing::warn!(
+                "{} was mode {have:o}, readable by others; set it to {want:o}",
+                p.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Makes `dir` ready for a new store: created 0700 if missing; if present, it must be a
+/// directory holding nothing but staging files of an interrupted `create` (removed), and is
+/// made 0700. Returns the path of a fresh 0600 staging file.
+fn prepare_new_store_dir(dir: &Path) -> Result<PathBuf, StoreError> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => create_private_dir(dir)?,
+        Err(e) => return Err(io_error("cannot inspect", dir, e)),
+        Ok(_) => {
+            if !dir.is_dir() {
+                return Err(StoreError::Conflict(format!(
+                    "{} exists and is not a directory; pass a new or empty --data-dir",
+                    dir.display()
+                )));
+            }
+            if dir.join(DB_FILE).exists() {
+                return Err(already_a_store(dir));
+            }
+            let entries = std::fs::read_dir(dir).map_err(|e| io_error("cannot read", dir, e))?;
+            let mut leftovers = Vec::new();
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error("cannot read", dir, e))?;
+                let name = entry.file_name();
+                if name.to_string_lossy().starts_with(STAGING_PREFIX) {
+                    leftovers.push(entry.path());
+                } else {
+                    return Err(StoreError::Conflict(format!(
+                        "{} is not empty (it holds {}); init creates a store only in a new or \
+                         empty directory",
+                        dir.display(),
+                        name.to_string_lossy()
+                    )));
+                }
+            }
+            for p in leftovers {
+                std::fs::remove_file(&p).map_err(|e| io_error("cannot remove", &p, e))?;
+            }
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| io_error("cannot set the mode of", dir, e))?;
+        }
+    }
+    let staging = dir.join(format!("{STAGING_PREFIX}{}", random_id()));
+    create_private_file(&staging)?;
+    Ok(staging)
 }
 
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
