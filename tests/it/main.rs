@@ -21,6 +21,7 @@ mod proxy_support;
 mod review;
 mod review_store;
 mod review_support;
+mod review_validate;
 mod sandbox;
 mod sandbox_agent;
 mod sandbox_control;
