@@ -4,23 +4,45 @@
 //! - **body errors** (bad gzip, unknown media type, not a JSON array / NDJSON framing,
 //!   more than [`MAX_ITEMS`] items, more than [`MAX_BODY`] bytes after decompression): the
 //!   request fails with a 4xx and nothing is stored;
-//! - **item errors** (an element or NDJSON line that is not valid JSON, misses a field,
-//!   exceeds [`MAX_ITEM`], or names another user): that item gets its code in a 207, the
-//!   rest are stored.
+//! - **item errors** (an element or NDJSON line that is not valid JSON or not an object,
+//!   misses a field, exceeds [`MAX_ITEM`], names another user, has an envelope field the
+//!   stores cannot hold, or claims a [reserved type](is_reserved_type)): that item gets its
+//!   code in a 207, the rest are stored.
+//!
+//! Everything the stores keep in their own columns is checked here, before the database, so
+//! both stores give the same answer and nothing a client sends reaches the store as an error
+//! (PostgreSQL `text` cannot hold U+0000 and its btree entries are capped at about 2.7 KB):
+//! `id`, `type` and `session` have byte limits and may not hold NUL. The payload is stored as
+//! the client's own text and never refused for what its strings hold: NUL and lone UTF-16
+//! surrogate escapes (RFC 8259 §8.2 allows them; Node's `JSON.stringify` writes them) come
+//! back byte for byte, and detection reads a parsed copy with U+FFFD in place of each lone
+//! surrogate ([`payload_value`]).
 //!
 //! A JSON array is split into elements by a small bracket/string scanner, so one malformed
 //! element does not make the whole body unreadable.
 
-use super::{Micros, NewEvent, Source, parse_rfc3339};
+use super::{Micros, NewEvent, NewFlag, Source, parse_rfc3339};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 use std::io::Read;
 
 pub const MAX_ITEMS: usize = 1000;
 pub const MAX_BODY: usize = 5 * 1024 * 1024;
 pub const MAX_ITEM: usize = 1024 * 1024;
-const MAX_ID: usize = 1024;
-const MAX_TYPE: usize = 256;
+/// Longest `id` in bytes (UTF-8). Every id a source derives is far shorter (a Claude summary
+/// id, `<uuid>:summary:<uuid>`, is 81), and the dedup key `(user_id, source, id)` must stay
+/// well inside PostgreSQL's btree entry limit (a third of an 8 KiB page, about 2.7 KB).
+pub const MAX_ID: usize = 256;
+/// Longest `type` in bytes.
+pub const MAX_TYPE: usize = 128;
+/// Longest `session` in bytes; it is in the `(user_id, session, pk)` index.
+pub const MAX_SESSION: usize = 256;
+/// Longest `payload.boot` the server lifts into its own column (longer ones stay in the payload only).
+pub const MAX_BOOT: usize = 256;
+/// `type` prefixes only the server writes (compared ignoring ASCII case): `airlock.` for its
+/// own records (`airlock.review.read`), `gate.` for action-gate decisions. docs/api.md lists them.
+pub const RESERVED_TYPE_PREFIXES: [&str; 2] = ["airlock.", "gate."];
 
 /// Body framing, from `Content-Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,12 +200,15 @@ fn split_array(body: &[u8]) -> Result<Vec<&[u8]>, BodyError> {
         match b {
             b'"' => in_str = true,
             b'[' | b'{' => stack.push(b),
-            b'}' if stack.pop() != Some(b'{') => {
-                return Err(err("unbalanced '}'"));
+            // A closing bracket inside an element pops its opener (and must match it); only
+            // one at depth zero ends the top-level array.
+            b'}' | b']' if !stack.is_empty() => {
+                let opener = if b == b'}' { b'{' } else { b'[' };
+                if stack.pop() != Some(opener) {
+                    return Err(err(if b == b'}' { "unbalanced '}'" } else { "unbalanced ']'" }));
+                }
             }
-            b']' if !stack.is_empty() && stack.pop() != Some(b'[') => {
-                return Err(err("unbalanced ']'"));
-            }
+            b'}' => return Err(err("unbalanced '}'")),
             b',' | b']' if stack.is_empty() => {
                 let item = trim(&body[start..i]);
                 if item.is_empty() {
@@ -252,6 +277,8 @@ struct RawEnvelope<'a> {
     payload: Option<&'a RawValue>,
 }
 
+/// An optional envelope string. A string that parses as JSON but has no text form (a lone
+/// UTF-16 surrogate escape) is refused here with that reason, not as "not a string".
 fn opt_string(
     raw: Option<&RawValue>,
     field: &str,
@@ -260,9 +287,118 @@ fn opt_string(
     match raw {
         None => Ok(None),
         Some(r) if r.get() == "null" => Ok(None),
-        Some(r) => serde_json::from_str::<String>(r.get())
-            .map(Some)
-            .map_err(|_| ItemError::bad(id.clone(), format!("`{field}` must be a string"))),
+        Some(r) => serde_json::from_str::<String>(r.get()).map(Some).map_err(|e| {
+            let message = if r.get().starts_with('"') {
+                format!(
+                    "`{field}` is not a valid string ({e}): it holds an escape with no text form, \
+                     such as a lone UTF-16 surrogate (\\ud800); only `payload` may hold one"
+                )
+            } else {
+                format!("`{field}` must be a string")
+            };
+            ItemError::bad(id.clone(), message)
+        }),
+    }
+}
+
+/// Checks an envelope field the stores keep in its own column: no NUL (PostgreSQL `text`
+/// cannot hold U+0000) and at most `max` bytes.
+fn storable(field: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.contains('\0') {
+        return Err(format!(
+            "`{field}` contains a NUL character (\\u0000), which the store cannot hold; \
+             remove it (a payload may hold NUL, an envelope field may not)"
+        ));
+    }
+    if value.len() > max {
+        return Err(format!(
+            "`{field}` is {} bytes; the limit is {max} bytes (UTF-8), see docs/api.md",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `kind` is a type only the server writes ([`RESERVED_TYPE_PREFIXES`]). Leading
+/// whitespace and ASCII case do not make a reserved type the client's.
+pub fn is_reserved_type(kind: &str) -> bool {
+    let kind = kind.trim_start().as_bytes();
+    RESERVED_TYPE_PREFIXES
+        .iter()
+        .any(|p| kind.get(..p.len()).is_some_and(|head| head.eq_ignore_ascii_case(p.as_bytes())))
+}
+
+/// Parses a payload's JSON text for detection and the typed view. serde_json refuses lone
+/// UTF-16 surrogate escapes, which RFC 8259 §8.2 allows and Node's `JSON.stringify` writes
+/// for broken strings; they are read as U+FFFD here, as `String::from_utf16_lossy` does. The
+/// stored payload is always the original text.
+pub fn payload_value(text: &str) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::from_str(&without_lone_surrogates(text))
+}
+
+/// Four hex digits at `at`, as a UTF-16 code unit.
+fn hex4(b: &[u8], at: usize) -> Option<u16> {
+    let digits = std::str::from_utf8(b.get(at..at + 4)?).ok()?;
+    u16::from_str_radix(digits, 16).ok().filter(|_| digits.bytes().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// `text` with every `\uXXXX` escape of a lone surrogate (a high one not followed by a low
+/// one, or a low one alone) replaced by `\ufffd`; borrowed when there is none.
+fn without_lone_surrogates(text: &str) -> Cow<'_, str> {
+    let b = text.as_bytes();
+    let mut out = String::new();
+    let mut copied = 0;
+    let mut in_str = false;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                in_str = !in_str;
+                i += 1;
+            }
+            b'\\' if in_str => {
+                let unit = (b.get(i + 1) == Some(&b'u')).then(|| hex4(b, i + 2)).flatten();
+                let Some(unit) = unit else {
+                    // Any other escape is two bytes, both ASCII in valid JSON.
+                    i += 2;
+                    continue;
+                };
+                let low_follows = || {
+                    b.get(i + 6) == Some(&b'\\')
+                        && b.get(i + 7) == Some(&b'u')
+                        && hex4(b, i + 8).is_some_and(|l| (0xDC00..0xE000).contains(&l))
+                };
+                match unit {
+                    0xD800..0xDC00 if low_follows() => i += 12,
+                    0xD800..0xE000 => {
+                        out.push_str(&text[copied..i]);
+                        out.push_str("\\ufffd");
+                        i += 6;
+                        copied = i;
+                    }
+                    _ => i += 6,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    if copied == 0 {
+        return Cow::Borrowed(text);
+    }
+    out.push_str(&text[copied..]);
+    Cow::Owned(out)
+}
+
+/// Makes flags storable: detection copies a few characters of what it matched into a flag's
+/// `detail` (and a rule's `title`), and a NUL from a payload would make PostgreSQL refuse the
+/// flag; it is shown as U+2400 (␀) instead, on both stores alike.
+pub fn storable_flags(flags: &mut [NewFlag]) {
+    for f in flags {
+        for text in [&mut f.detail, &mut f.title] {
+            if text.contains('\0') {
+                *text = text.replace('\0', "\u{2400}");
+            }
+        }
     }
 }
 
@@ -286,7 +422,8 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
         Ok(e) => e,
         Err(e) => {
             let msg = if e.is_data() {
-                "item must be a JSON object (the event envelope)".to_string()
+                "item must be a JSON object (the event envelope), not an array or a scalar"
+                    .to_string()
             } else {
                 format!("item is not valid JSON: {e}")
             };
@@ -300,9 +437,8 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
             "`id` is required (a non-empty string; docs/api.md says how to derive it per source)",
         ));
     };
-    if id.len() > MAX_ID {
-        return Err(ItemError::bad(None, format!("`id` is longer than {MAX_ID} bytes")));
-    }
+    // An id the store cannot hold is not echoed back either.
+    storable("id", &id, MAX_ID).map_err(|m| ItemError::bad(None, m))?;
     let sid = Some(id.clone());
     // Attribution first: a foreign user_id is refused whatever else is wrong.
     if let Some(claimed) = opt_string(env.user_id, "user_id", &sid)?
@@ -321,8 +457,16 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
     let kind = opt_string(env.kind, "type", &sid)?
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ItemError::bad(sid.clone(), "`type` is required (a non-empty string)"))?;
-    if kind.len() > MAX_TYPE {
-        return Err(ItemError::bad(sid, format!("`type` is longer than {MAX_TYPE} bytes")));
+    storable("type", &kind, MAX_TYPE).map_err(|m| ItemError::bad(sid.clone(), m))?;
+    if is_reserved_type(&kind) {
+        return Err(ItemError {
+            code: 403,
+            message: format!(
+                "`type` {kind:?} is reserved: `airlock.*` and `gate.*` types are written only \
+                 by the server (docs/api.md lists them); choose another type"
+            ),
+            id: sid,
+        });
     }
     let ts_text = opt_string(env.ts, "ts", &sid)?.ok_or_else(|| {
         ItemError::bad(sid.clone(), "`ts` is required (RFC 3339, e.g. 2026-03-04T09:12:05.118Z)")
@@ -331,6 +475,9 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
         ItemError::bad(sid.clone(), format!("`ts` {ts_text:?} is not an RFC 3339 timestamp"))
     })?;
     let session = opt_string(env.session, "session", &sid)?;
+    if let Some(s) = &session {
+        storable("session", s, MAX_SESSION).map_err(|m| ItemError::bad(sid.clone(), m))?;
+    }
     let seq = match env.seq {
         None => None,
         Some(r) if r.get() == "null" => None,
@@ -346,9 +493,15 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
     };
     let payload_raw =
         env.payload.ok_or_else(|| ItemError::bad(sid.clone(), "`payload` is required"))?;
-    let payload: serde_json::Value = serde_json::from_str(payload_raw.get())
+    let payload = payload_value(payload_raw.get())
         .map_err(|e| ItemError::bad(sid.clone(), format!("`payload` is not valid JSON: {e}")))?;
-    let boot = payload.get("boot").and_then(|b| b.as_str()).map(str::to_string);
+    // `boot` is a copy lifted beside the payload for gap checks; one the store cannot hold in
+    // its column is not lifted (the payload keeps it verbatim), so it never refuses an item.
+    let boot = payload
+        .get("boot")
+        .and_then(|b| b.as_str())
+        .filter(|b| storable("payload.boot", b, MAX_BOOT).is_ok())
+        .map(str::to_string);
     Ok(ParsedItem {
         event: NewEvent {
             source,
@@ -443,6 +596,117 @@ mod tests {
     }
 
     #[test]
+    fn nested_array_elements_are_items_not_framing_errors() {
+        let good = ok_item("a");
+        let body = format!(r#"[[1],{good},[[]],[],{{"x":[1,{{"y":[]}}]}}]"#);
+        let items = split(Format::JsonArray, body.as_bytes()).unwrap();
+        assert_eq!(items, [&b"[1]"[..], good.as_bytes(), b"[[]]", b"[]", br#"{"x":[1,{"y":[]}]}"#]);
+        for i in [0, 2, 3] {
+            let e = parse_item(items[i], "u").unwrap_err();
+            assert_eq!(e.code, 400);
+            assert!(e.message.contains("not an array"), "{}", e.message);
+        }
+        assert!(parse_item(items[1], "u").is_ok());
+        // Mismatched brackets inside an element are still broken framing.
+        for body in ["[[1}]", "[{]}]", "[[1]]]", "[}]"] {
+            assert!(split(Format::JsonArray, body.as_bytes()).is_err(), "{body}");
+        }
+    }
+
+    fn envelope(id: &str, kind: &str, session: &str) -> String {
+        format!(
+            r#"{{"id":"{id}","source":"external","type":"{kind}","ts":"2026-03-04T09:12:05Z","session":"{session}","payload":{{}}}}"#
+        )
+    }
+
+    #[test]
+    fn envelope_fields_the_store_cannot_hold_are_400() {
+        let x = |n: usize| "x".repeat(n);
+        let cases = [
+            (envelope(r"a\u0000", "t", "s"), "`id` contains a NUL"),
+            (envelope("a", r"t\u0000", "s"), "`type` contains a NUL"),
+            (envelope("a", "t", r"\u0000"), "`session` contains a NUL"),
+            (envelope(&x(MAX_ID + 1), "t", "s"), "`id` is 257 bytes; the limit is 256"),
+            (envelope("a", &x(MAX_TYPE + 1), "s"), "`type` is 129 bytes; the limit is 128"),
+            (envelope("a", "t", &x(2700)), "`session` is 2700 bytes; the limit is 256"),
+            (envelope(r"\ud800", "t", "s"), "`id` is not a valid string"),
+            (envelope("a", r"t\udfff", "s"), "`type` is not a valid string"),
+        ];
+        for (raw, want) in cases {
+            let e = parse_item(raw.as_bytes(), "u").unwrap_err();
+            assert_eq!(e.code, 400, "{raw}");
+            assert!(e.message.contains(want), "{raw}: {}", e.message);
+        }
+        // Multi-byte characters count in bytes; the limits themselves are fine.
+        let e = parse_item(envelope("a", &"é".repeat(65), "s").as_bytes(), "u").unwrap_err();
+        assert!(e.message.contains("130 bytes"), "{}", e.message);
+        let edge = envelope(&x(MAX_ID), &x(MAX_TYPE), &x(MAX_SESSION));
+        assert!(parse_item(edge.as_bytes(), "u").is_ok());
+    }
+
+    #[test]
+    fn reserved_types_are_403() {
+        for kind in ["airlock.review.read", "gate.approved", "Gate.Denied", " AIRLOCK.x", "gate."] {
+            assert!(is_reserved_type(kind), "{kind:?}");
+            let e = parse_item(envelope("a", kind, "s").as_bytes(), "u").unwrap_err();
+            assert_eq!((e.code, e.id.as_deref()), (403, Some("a")), "{kind}");
+            assert!(e.message.contains("reserved"), "{}", e.message);
+        }
+        for kind in ["deploy.approved", "airlock", "gate", "my.gate.approved", "airlockx.y"] {
+            assert!(!is_reserved_type(kind), "{kind:?}");
+            assert!(parse_item(envelope("a", kind, "s").as_bytes(), "u").is_ok(), "{kind}");
+        }
+    }
+
+    #[test]
+    fn payload_nul_and_lone_surrogates_are_kept_verbatim() {
+        let payload =
+            r#"{ "b": "\u0000", "a": "\ud800 x \uDC00", "ok": "\ud83d\ude00", "e": "\\ud800" }"#;
+        let raw = format!(
+            r#"{{"id":"a","source":"external","type":"t","ts":"2026-03-04T09:12:05Z","payload":{payload}}}"#
+        );
+        let p = parse_item(raw.as_bytes(), "u").unwrap();
+        assert_eq!(p.event.payload, payload);
+        assert_eq!(p.payload["b"], "\0");
+        assert_eq!(p.payload["a"], "\u{fffd} x \u{fffd}");
+        assert_eq!(p.payload["ok"], "\u{1f600}");
+        assert_eq!(p.payload["e"], "\\ud800");
+    }
+
+    #[test]
+    fn a_boot_the_store_cannot_hold_is_not_lifted() {
+        let with_boot = |boot: &str| {
+            format!(
+                r#"{{"id":"a","source":"egress","type":"connect","ts":"2026-03-04T09:12:05Z","payload":{{"boot":"{boot}"}}}}"#
+            )
+        };
+        let p = parse_item(with_boot("b-1").as_bytes(), "u").unwrap();
+        assert_eq!(p.event.boot.as_deref(), Some("b-1"));
+        for boot in [r"b\u0000".to_string(), "b".repeat(MAX_BOOT + 1)] {
+            let p = parse_item(with_boot(&boot).as_bytes(), "u").unwrap();
+            assert_eq!(p.event.boot, None, "{boot}");
+            assert!(p.event.payload.contains(&boot));
+        }
+    }
+
+    #[test]
+    fn flags_never_carry_nul() {
+        let mut flags = vec![NewFlag {
+            id: "f".into(),
+            rule_id: "r".into(),
+            title: "t\0".into(),
+            severity: crate::review::Severity::Low,
+            user_id: "u".into(),
+            session: None,
+            detail: "match: dd \0\0".into(),
+            event_pks: vec![1],
+        }];
+        storable_flags(&mut flags);
+        assert_eq!(flags[0].detail, "match: dd \u{2400}\u{2400}");
+        assert_eq!(flags[0].title, "t\u{2400}");
+    }
+
+    #[test]
     fn gzip_roundtrip_and_errors() {
         use std::io::Write;
         let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -473,12 +737,27 @@ mod tests {
             }
         }
 
+        /// Replacing lone surrogate escapes reads a string as `String::from_utf16_lossy`
+        /// does, whatever the code units (pairs, lone halves, NUL, backslashes), in either case.
+        #[test]
+        fn lone_surrogates_read_as_from_utf16_lossy(units in proptest::collection::vec(
+            prop_oneof![Just(0u16), Just(0x5c), Just(0x22), 0xd800u16..0xe000, any::<u16>()], 0..24)) {
+            let lossy = String::from_utf16_lossy(&units);
+            let lower: String = units.iter().map(|u| format!("\\u{u:04x}")).collect();
+            let v = payload_value(&format!(r#"["{lower}"]"#)).unwrap();
+            prop_assert_eq!(v[0].as_str().unwrap(), lossy.as_str());
+            let upper: String = units.iter().map(|u| format!("\\u{u:04X}")).collect();
+            let v = payload_value(&format!(r#"{{"k\\":"{upper}"}}"#)).unwrap();
+            prop_assert_eq!(v["k\\"].as_str().unwrap(), lossy.as_str());
+        }
+
         #[test]
         fn framing_matches_serde_on_valid_arrays(vals in proptest::collection::vec(
             prop_oneof![
                 any::<i64>().prop_map(|v| serde_json::json!(v)),
                 ".*".prop_map(|s| serde_json::json!(s)),
                 (".*", any::<bool>()).prop_map(|(k, b)| serde_json::json!({k: [b, {"x": "]}"}]})),
+                (".*", any::<bool>()).prop_map(|(k, b)| serde_json::json!([[b], {"x": [k]}, []])),
             ], 1..20)) {
             let body = serde_json::to_string(&vals).unwrap();
             let items = split(Format::JsonArray, body.as_bytes()).unwrap();

@@ -173,24 +173,51 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
-    /// The API's JSON shape (docs/api.md).
-    pub fn to_json(&self) -> serde_json::Value {
-        let payload: serde_json::Value =
-            serde_json::from_str(&self.payload).unwrap_or(serde_json::Value::Null);
-        serde_json::json!({
-            "pk": self.pk,
-            "user_id": self.user_id,
-            "source": self.source,
-            "id": self.id,
-            "type": self.kind,
-            "ts": format_micros(self.ts),
-            "session": self.session,
-            "seq": self.seq,
-            "boot": self.boot,
-            "received_at": format_micros(self.received_at),
-            "payload": payload,
-        })
+    /// The API's JSON shape (docs/api.md), `payload` written out as the client sent it (its
+    /// own bytes: spacing, key order, NUL and lone-surrogate escapes kept), with the typed
+    /// view when asked for.
+    pub fn api_json(&self, with_view: bool) -> ApiEvent<'_> {
+        // The stored text passed the same check at ingest; `null` stands in for a row that
+        // somehow does not (the API never fails a whole page over one row).
+        let payload = serde_json::from_str::<&serde_json::value::RawValue>(&self.payload).ok();
+        let view = with_view.then(|| {
+            let tree = ingest::payload_value(&self.payload).unwrap_or(serde_json::Value::Null);
+            transcript::view(self.source, &tree)
+        });
+        ApiEvent {
+            pk: self.pk,
+            user_id: &self.user_id,
+            source: self.source,
+            id: &self.id,
+            kind: &self.kind,
+            ts: format_micros(self.ts),
+            session: self.session.as_deref(),
+            seq: self.seq,
+            boot: self.boot.as_deref(),
+            received_at: format_micros(self.received_at),
+            payload,
+            view,
+        }
     }
+}
+
+/// One event as `GET /api/v1/events` writes it (see [`StoredEvent::api_json`]).
+#[derive(Debug, Serialize)]
+pub struct ApiEvent<'a> {
+    pub pk: i64,
+    pub user_id: &'a str,
+    pub source: Source,
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    pub ts: String,
+    pub session: Option<&'a str>,
+    pub seq: Option<i64>,
+    pub boot: Option<&'a str>,
+    pub received_at: String,
+    pub payload: Option<&'a serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub view: Option<transcript::View>,
 }
 
 /// Outcome of inserting one event.

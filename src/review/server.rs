@@ -80,7 +80,8 @@ impl<S: Store> AppState<S> {
         for (user, session) in &due {
             match self.store.session_events(user, session).await {
                 Ok(evs) => {
-                    let flags = detect::session_checks(user, session, &evs);
+                    let mut flags = detect::session_checks(user, session, &evs);
+                    ingest::storable_flags(&mut flags);
                     if let Err(e) = self.store.insert_flags(&flags).await {
                         tracing::error!("settle checks for {session}: storing flags failed: {e}");
                     }
@@ -123,7 +124,11 @@ impl BatchScan {
 
 impl IngestScan for BatchScan {
     fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag> {
-        self.engine.detect_batch(&self.user_id, &self.created(inserted))
+        let mut flags = self.engine.detect_batch(&self.user_id, &self.created(inserted));
+        // A NUL quoted from a payload would fail the flag insert on PostgreSQL, and with it the
+        // whole batch.
+        ingest::storable_flags(&mut flags);
+        flags
     }
 
     fn ended_sessions(&self, inserted: &[Inserted]) -> Vec<String> {
@@ -137,7 +142,9 @@ impl IngestScan for BatchScan {
     }
 
     fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
-        detect::session_checks(&self.user_id, session, events)
+        let mut flags = detect::session_checks(&self.user_id, session, events);
+        ingest::storable_flags(&mut flags);
+        flags
     }
 }
 
@@ -153,7 +160,12 @@ pub async fn settle_loop<S: Store>(state: Arc<AppState<S>>, settle: Duration) {
 type Resp = Response<Full<Bytes>>;
 
 fn json_resp(status: StatusCode, body: &Value) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    bytes_resp(status, body.to_string().into_bytes())
+}
+
+/// A response whose body is already serialized JSON.
+fn bytes_resp(status: StatusCode, body: Vec<u8>) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
@@ -405,10 +417,20 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
 /// The query string's `name=value` pairs, decoded as `application/x-www-form-urlencoded`
 /// (WHATWG URL §5.1: `+` is a space, `%XX` a byte, a malformed escape stays as written, and
 /// bytes that are not UTF-8 become U+FFFD, so they can only fail the checks of a value).
+/// A NUL (`%00`) anywhere is refused: no stored value holds one, and PostgreSQL cannot even
+/// compare against one, so it must not reach the store.
 fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Resp> {
-    serde_urlencoded::from_str(query.unwrap_or("")).map_err(|e| {
-        error(StatusCode::BAD_REQUEST, format!("the query string cannot be decoded: {e}"))
-    })
+    let params: Vec<(String, String)> =
+        serde_urlencoded::from_str(query.unwrap_or("")).map_err(|e| {
+            error(StatusCode::BAD_REQUEST, format!("the query string cannot be decoded: {e}"))
+        })?;
+    if let Some((name, _)) = params.iter().find(|(k, v)| k.contains('\0') || v.contains('\0')) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("query parameter {name:?} contains a NUL character (%00); remove it"),
+        ));
+    }
+    Ok(params)
 }
 
 fn parse_limit(v: &str) -> Result<u32, Resp> {
@@ -524,19 +546,24 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
             let next = (evs.len() == q.limit as usize)
                 .then(|| evs.last().map(|e| e.pk.to_string()))
                 .flatten();
-            let events: Vec<Value> = evs
-                .iter()
-                .map(|e| {
-                    let mut j = e.to_json();
-                    if with_view {
-                        // The typed view (messages, tool calls, files read, commands run).
-                        let v = super::transcript::view(e.source, &j["payload"]);
-                        j["view"] = serde_json::to_value(v).unwrap_or(Value::Null);
-                    }
-                    j
-                })
-                .collect();
-            json_resp(StatusCode::OK, &json!({"events": events, "next_cursor": next}))
+            // Serialized directly, so each payload goes out as its stored text rather than
+            // through a parsed tree (which would reorder keys and cannot hold a lone surrogate).
+            #[derive(serde::Serialize)]
+            struct Page<'a> {
+                events: Vec<super::ApiEvent<'a>>,
+                next_cursor: Option<String>,
+            }
+            let page = Page {
+                events: evs.iter().map(|e| e.api_json(with_view)).collect(),
+                next_cursor: next,
+            };
+            match serde_json::to_vec(&page) {
+                Ok(body) => bytes_resp(StatusCode::OK, body),
+                Err(e) => {
+                    tracing::error!("cannot serialize an events page: {e}");
+                    error(StatusCode::INTERNAL_SERVER_ERROR, "cannot serialize the events page")
+                }
+            }
         }
         Err(e) => store_error(e),
     }
@@ -624,9 +651,12 @@ async fn post_flag<S: Store>(
     };
     let note = match v.get("note") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.len() <= 16 * 1024 => Some(s.as_str()),
+        Some(Value::String(s)) if s.len() <= 16 * 1024 && !s.contains('\0') => Some(s.as_str()),
         Some(_) => {
-            return error(StatusCode::BAD_REQUEST, "`note` must be a string of at most 16 KiB");
+            return error(
+                StatusCode::BAD_REQUEST,
+                "`note` must be a string of at most 16 KiB without NUL characters",
+            );
         }
     };
     match st.store.append_flag_state(id, state, note, &user.id, now_micros()).await {

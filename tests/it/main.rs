@@ -24,6 +24,7 @@ mod review_atomic;
 mod review_init;
 mod review_store;
 mod review_support;
+mod review_validate;
 mod sandbox;
 mod sandbox_agent;
 mod sandbox_control;
