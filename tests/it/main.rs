@@ -19,6 +19,7 @@ mod proxy_adversarial;
 #[cfg(feature = "test-hooks")]
 mod proxy_support;
 mod review;
+mod review_detect;
 mod review_store;
 mod review_support;
 mod sandbox;
