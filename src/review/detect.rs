@@ -786,6 +786,34 @@ mod tests {
     }
 
     #[test]
+    fn a_hit_names_the_rewrite_it_was_found_in_and_not_the_secret() {
+        let engine = Engine::builtin().unwrap();
+        // base64 of "key sk_live_abcdefghijklmnop0000".
+        let p = serde_json::json!({"note": "a2V5IHNrX2xpdmVfYWJjZGVmZ2hpamtsbW5vcDAwMDA="});
+        let view = transcript::view(Source::External, &p);
+        let h = engine.scan(Source::External, &view, &p);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h[0].detail.contains("(base64-decoded)"), "{}", h[0].detail);
+        assert!(!h[0].detail.contains("abcdefghijklmnop"), "{}", h[0].detail);
+        let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
+            "name":"Bash","input":{"command":"cd ~/.ssh && cat id_rsa"}}]}});
+        let view = transcript::view(Source::Claude, &p);
+        let h = engine.scan(Source::Claude, &view, &p);
+        assert!(h.iter().any(|h| h.detail.contains("(parsed shell command)")), "{h:?}");
+    }
+
+    #[test]
+    fn an_allowed_span_does_not_hide_a_real_match_right_after_it() {
+        let engine = Engine::builtin().unwrap();
+        let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
+            "name":"Bash","input":{"command":"cat .env.example .env"}}]}});
+        assert_eq!(hits(&engine, Source::Claude, &p), vec!["access.credential-file".to_string()]);
+        let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
+            "name":"Bash","input":{"command":"cat .env.example"}}]}});
+        assert!(hits(&engine, Source::Claude, &p).is_empty());
+    }
+
+    #[test]
     fn rule_errors_name_file_line_and_column() {
         let bad =
             "[[rule]]\nid = \"x\"\ntitle = \"t\"\nseverity = \"extreme\"\nkeywords = [\"a\"]\n";

@@ -49,6 +49,8 @@ pub const MIN_URL_ESCAPES: usize = 1;
 /// Decoded bytes produced per field at most: past it, further runs are not decoded (the
 /// raw text is still scanned), so a megabyte of base64 costs one bounded pass.
 pub const DECODE_BUDGET: usize = 1 << 20;
+/// Encoded digits judged before a whole run is decoded.
+const PROBE: usize = 64;
 /// Levels of decoding (base64 inside base64, URL-encoding of base64, …).
 const DECODE_DEPTH: usize = 2;
 
@@ -74,20 +76,17 @@ pub fn fold(s: &str) -> Option<String> {
     if s.is_ascii() {
         return None;
     }
-    let odd =
-        |c: char| is_invisible(c) || untag(c).is_some() || ('\u{E0000}'..='\u{E007F}').contains(&c);
-    if !s.chars().any(odd) && is_nfkc_quick(s.chars()) == IsNormalized::Yes {
+    let is_tag = |c: char| ('\u{E0000}'..='\u{E007F}').contains(&c);
+    if !s.chars().any(|c| is_invisible(c) || is_tag(c))
+        && is_nfkc_quick(s.chars()) == IsNormalized::Yes
+    {
         return None;
     }
-    let cleaned = s.chars().filter(|c| !is_invisible(*c)).filter_map(|c| {
-        if let Some(a) = untag(c) {
-            Some(a)
-        } else if ('\u{E0000}'..='\u{E007F}').contains(&c) {
-            None
-        } else {
-            Some(c)
-        }
-    });
+    // Tag characters outside the ASCII mirror (language tag, cancel tag) are dropped.
+    let cleaned = s
+        .chars()
+        .filter(|c| !is_invisible(*c))
+        .filter_map(|c| if is_tag(c) { untag(c) } else { Some(c) });
     let out: String = cleaned.nfkc().collect();
     (out != s).then_some(out)
 }
@@ -198,7 +197,9 @@ fn decode_runs(s: &str, depth: usize, budget: &mut usize, out: &mut Vec<(Pass, S
         i = j;
         if run.len() >= MIN_HEX_RUN && run.iter().all(u8::is_ascii_hexdigit) {
             let even = &run[..run.len() & !1];
-            if let Ok(bytes) = hex::decode(even)
+            let probe = &even[..even.len().min(PROBE)];
+            if hex::decode(probe).ok().and_then(|b| as_text(&b)).is_some()
+                && let Ok(bytes) = hex::decode(even)
                 && let Some(t) = as_text(&bytes)
             {
                 *budget = budget.saturating_sub(t.len());
@@ -209,8 +210,12 @@ fn decode_runs(s: &str, depth: usize, budget: &mut usize, out: &mut Vec<(Pass, S
         if run.len() < MIN_BASE64_RUN {
             continue;
         }
-        // A run glued to a word ("tokenQUtJQ…") is misaligned: try each of the 4 offsets.
-        let decoded = (0..4).find_map(|skip| as_text(&b64_decode(run, skip)));
+        // A run glued to a word ("tokenQUtJQ…") is misaligned: try each of the 4 offsets,
+        // judging a short prefix first so a megabyte of binary is rejected after 64 digits.
+        let probe = &run[..run.len().min(PROBE)];
+        let decoded = (0..4)
+            .find(|skip| as_text(&b64_decode(probe, *skip)).is_some())
+            .and_then(|skip| as_text(&b64_decode(run, skip)));
         if let Some(t) = decoded {
             *budget = budget.saturating_sub(t.len());
             out.push((Pass::Base64, t));
