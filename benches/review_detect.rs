@@ -1,12 +1,15 @@
-//! Detection throughput over transcript text with every built-in rule (aho-corasick
-//! prefilter + regex confirmation), per core (single-threaded). Baseline in the same run:
-//! a byte-sum pass over the same text (memory bandwidth reference) and the prefilter alone.
+//! Detection quality and throughput. First it prints precision and recall per built-in rule
+//! over the labelled corpus (`tests/fixtures/detect/cases.jsonl`) as a Markdown table; then
+//! it measures throughput over transcript text with every built-in rule (aho-corasick
+//! prefilter + regex confirmation, on the text and on each normalized/decoded rewrite of it),
+//! per core (single-threaded). Baseline in the same run: a byte-sum pass over the same text
+//! (memory bandwidth reference) and the prefilter alone.
 //!
 //! `cargo bench --bench review_detect`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use airlock::review::Source;
-use airlock::review::detect::Engine;
+use airlock::review::detect::{Engine, score_corpus};
 use airlock::review::transcript::View;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -21,6 +24,8 @@ fn corpus() -> Vec<String> {
         "diff --git a/src/lib.rs b/src/lib.rs\n@@ -12,7 +12,7 @@ impl Client {\n-    let timeout = Duration::from_secs(30);\n+    let timeout = self.config.timeout;\n",
         "The disk-usage task reported 41% used; risk of form submissions failing is low. Ask the user before any push.",
         "STRIPE_KEY=sk_test_not_a_real_key_0000 # placeholder from the fixture file\n",
+        "curl -s 'https://api.example.test/v1/items?page=2&q=caf%C3%A9' | jq '.items[] | .id'\ncd src && cargo build --release 2>&1 | tail -n 20\n",
+        "ETag: \"33a64df551425fcc55e4d42a148795d9f25f89d4\"\nauthorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.c2lnbmF0dXJl\n",
     ];
     let mut out = Vec::new();
     let mut total = 0;
@@ -36,8 +41,45 @@ fn corpus() -> Vec<String> {
     out
 }
 
+const CASES: &str = include_str!("../tests/fixtures/detect/cases.jsonl");
+
+/// Precision and recall per rule on the labelled corpus, as a Markdown table.
+fn print_quality(engine: &Engine) {
+    let score = score_corpus(engine, CASES).unwrap();
+    println!("\nDetection quality on {} labelled cases:\n", score.cases);
+    println!("| Rule | Positives (found/all) | Negatives (clean/all) | Precision | Recall |");
+    println!("|---|---|---|---|---|");
+    let (mut tp, mut fp, mut fneg) = (0, 0, 0);
+    for r in &score.rules {
+        println!(
+            "| `{}` | {}/{} | {}/{} | {:.3} | {:.3} |",
+            r.rule,
+            r.true_pos,
+            r.true_pos + r.false_neg,
+            r.true_neg,
+            r.true_neg + r.false_pos,
+            r.precision(),
+            r.recall()
+        );
+        tp += r.true_pos;
+        fp += r.false_pos;
+        fneg += r.false_neg;
+    }
+    let ratio = |a: usize, b: usize| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+    println!(
+        "| **all** | {tp}/{} | | **{:.3}** | **{:.3}** |\n",
+        tp + fneg,
+        ratio(tp, tp + fp),
+        ratio(tp, tp + fneg)
+    );
+    for w in &score.wrong {
+        println!("wrong: {w}");
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let engine = Engine::builtin().unwrap();
+    print_quality(&engine);
     let texts = corpus();
     let bytes: usize = texts.iter().map(String::len).sum();
     let views: Vec<View> = texts
@@ -69,6 +111,39 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut hits = 0;
             for v in &views {
+                hits += engine.scan(Source::Claude, v, &payload).len();
+            }
+            black_box(hits)
+        })
+    });
+    g.finish();
+    // Shell commands (the `command` field also gets the parsed simple commands).
+    let commands = [
+        "cd /home/ana/src/payments && cargo test --lib -- retry 2>&1 | tail -n 40",
+        "git status --short && git diff --stat HEAD~1",
+        "rg -n 'fn retry' src/ | head -20",
+        "F=target/debug; ls -la \"$F\" > /tmp/listing.txt",
+        "python3 -m pytest tests/test_api.py -q -k 'not slow'",
+        "curl -s https://api.example.test/v1/health | jq .status",
+    ];
+    let mut cmd_views = Vec::new();
+    let mut cmd_bytes = 0;
+    while cmd_bytes < 1024 * 1024 {
+        let c = commands[cmd_views.len() % commands.len()];
+        cmd_bytes += c.len();
+        cmd_views.push(View {
+            kind: "assistant".into(),
+            command: vec![c.to_string()],
+            ..View::default()
+        });
+    }
+    let mut g = c.benchmark_group("review_detect_commands");
+    g.throughput(Throughput::Bytes(cmd_bytes as u64));
+    g.sample_size(20);
+    g.bench_function("all_builtin_rules", |b| {
+        b.iter(|| {
+            let mut hits = 0;
+            for v in &cmd_views {
                 hits += engine.scan(Source::Claude, v, &payload).len();
             }
             black_box(hits)

@@ -5,10 +5,22 @@
 //! denials, backdating (`ts` more than 5 minutes after `received_at`, or outside the span of
 //! its session's records) and `seq` gaps per (session, boot), the last two run when a
 //! session's end record arrives.
+//!
+//! Evasion is met before matching: every field string is also scanned in the rewrites of
+//! [`normalize`] (Unicode folding, joined lines, decoded base64/hex/URL runs) and, for
+//! commands, as the simple commands [`shell`] parses out of it (redirections, `&&`, `cd`,
+//! `$(…)`). False positives are met by each rule's `allow` patterns (documentation example
+//! keys, `.env.example`, …): a match overlapping an allowed span is not a hit.
+//! [`score_corpus`] measures the rules against the labelled corpus in
+//! `tests/fixtures/detect/cases.jsonl` (precision and recall per rule).
+
+pub mod normalize;
+pub mod shell;
 
 use super::transcript::{self, FIELDS, View};
 use super::{Micros, NewEvent, NewFlag, Severity, Source, StoredEvent, format_micros};
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use normalize::Pass;
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
@@ -55,6 +67,9 @@ struct RuleSpec {
     #[serde(default)]
     keywords: Vec<String>,
     regex: Option<String>,
+    /// Known-benign spans: a regex match overlapping one is not a hit.
+    #[serde(default)]
+    allow: Vec<String>,
     predicate: Option<PredicateSpec>,
 }
 
@@ -118,6 +133,7 @@ pub struct Rule {
     fields: Vec<String>,
     has_keywords: bool,
     regex: Option<Regex>,
+    allow: Option<Regex>,
     predicate: Option<Predicate>,
 }
 
@@ -193,6 +209,16 @@ fn parse_rules(name: &str, text: &str) -> Result<Vec<(Vec<String>, Rule)>, RuleE
             .as_deref()
             .map(|r| Regex::new(r).map_err(|e| bad(format!("bad regex: {e}"))))
             .transpose()?;
+        let allow = if spec.allow.is_empty() {
+            None
+        } else {
+            if regex.is_none() {
+                return Err(bad("`allow` needs a `regex` to qualify".into()));
+            }
+            let alternation =
+                spec.allow.iter().map(|a| format!("(?:{a})")).collect::<Vec<_>>().join("|");
+            Some(Regex::new(&alternation).map_err(|e| bad(format!("bad allow pattern: {e}")))?)
+        };
         let predicate = spec
             .predicate
             .as_ref()
@@ -236,6 +262,7 @@ fn parse_rules(name: &str, text: &str) -> Result<Vec<(Vec<String>, Rule)>, RuleE
                 fields: spec.fields,
                 has_keywords: false,
                 regex,
+                allow,
                 predicate,
             },
         ));
@@ -331,41 +358,56 @@ impl Engine {
         &self.rules
     }
 
-    /// Runs every per-event rule over one event's view and payload.
+    /// Runs every per-event rule over one event's view and payload: each field string as
+    /// written and in every rewrite of it ([`normalize::passes`], and for commands
+    /// [`shell::simple_commands`]); a rule hits at most once per event.
     pub fn scan(&self, source: Source, view: &View, payload: &Value) -> Vec<Hit> {
         let mut hits: Vec<Hit> = Vec::new();
         let mut done = vec![false; self.rules.len()];
         if let Some(ac) = &self.ac {
             let mut cand: Vec<usize> = Vec::new();
             for field in FIELDS {
+                let wanted = |ri: usize| {
+                    let r = &self.rules[ri];
+                    r.has_keywords && r.applies_to(source) && r.fields.iter().any(|f| f == field)
+                };
+                if !(0..self.rules.len()).any(|ri| !done[ri] && wanted(ri)) {
+                    continue;
+                }
                 for s in view.field(field) {
-                    cand.clear();
-                    for m in ac.find_overlapping_iter(s.as_str()) {
-                        for &ri in &self.pattern_rules[m.pattern().as_usize()] {
-                            if !done[ri] && !cand.contains(&ri) {
-                                cand.push(ri);
+                    let mut extra = normalize::passes(s);
+                    if *field == "command" {
+                        let base = extra
+                            .iter()
+                            .find(|(p, _)| *p == Pass::Normalized)
+                            .map_or(s.as_str(), |(_, t)| t.as_str());
+                        let cmds = shell::simple_commands(base);
+                        extra.extend(cmds.into_iter().map(|c| (Pass::Shell, c)));
+                    }
+                    let texts = std::iter::once((Pass::Raw, s.as_str()))
+                        .chain(extra.iter().map(|(p, t)| (*p, t.as_str())));
+                    for (pass, text) in texts {
+                        cand.clear();
+                        for m in ac.find_overlapping_iter(text) {
+                            for &ri in &self.pattern_rules[m.pattern().as_usize()] {
+                                if !done[ri] && !cand.contains(&ri) && wanted(ri) {
+                                    cand.push(ri);
+                                }
                             }
                         }
-                    }
-                    for &ri in &cand {
-                        let r = &self.rules[ri];
-                        if !r.applies_to(source) || !r.fields.iter().any(|f| f == field) {
-                            continue;
-                        }
-                        let found = match &r.regex {
-                            None => Some(format!("keyword in `{field}`")),
-                            Some(re) => find(re, s)
-                                .or_else(|| {
-                                    // Read output: also judge the text after the `N→` prefixes.
-                                    transcript::strip_line_numbers(s).and_then(|t| find(re, &t))
-                                })
-                                .map(|m| format!("match in `{field}`: {m}")),
-                        };
-                        let pred_ok =
-                            r.predicate.as_ref().is_none_or(|p| p.eval(payload).is_some());
-                        if let Some(d) = found.filter(|_| pred_ok) {
-                            done[ri] = true;
-                            hits.push(Hit { rule: ri, detail: d });
+                        for &ri in &cand {
+                            let r = &self.rules[ri];
+                            let found = match &r.regex {
+                                None => Some(format!("keyword in `{field}`{}", pass.label())),
+                                Some(re) => find(re, r.allow.as_ref(), text)
+                                    .map(|m| format!("match in `{field}`{}: {m}", pass.label())),
+                            };
+                            let pred_ok =
+                                r.predicate.as_ref().is_none_or(|p| p.eval(payload).is_some());
+                            if let Some(d) = found.filter(|_| pred_ok) {
+                                done[ri] = true;
+                                hits.push(Hit { rule: ri, detail: d });
+                            }
                         }
                     }
                 }
@@ -383,13 +425,130 @@ impl Engine {
     }
 }
 
-/// A redacted description of a regex match: never the secret itself.
-fn find(re: &Regex, s: &str) -> Option<String> {
-    re.find(s).map(|m| {
-        let t = m.as_str();
-        let head: String = t.chars().take(6).collect();
-        format!("{head}… ({} chars)", t.chars().count())
-    })
+/// Matches tried per string before giving up on finding one outside the allowed spans.
+const MAX_ALLOWED_MATCHES: usize = 64;
+
+/// A redacted description of the first match of `re` in `s` that overlaps no match of
+/// `allow`: never the secret itself.
+fn find(re: &Regex, allow: Option<&Regex>, s: &str) -> Option<String> {
+    let mut allowed: Option<Vec<std::ops::Range<usize>>> = None;
+    let mut at = 0;
+    for _ in 0..MAX_ALLOWED_MATCHES {
+        let m = re.find_at(s, at)?;
+        let benign = match allow {
+            None => false,
+            Some(a) => allowed
+                .get_or_insert_with(|| a.find_iter(s).map(|x| x.range()).collect())
+                .iter()
+                .any(|r| r.start < m.end() && m.start() < r.end),
+        };
+        if !benign {
+            let t = m.as_str();
+            let head: String = t.chars().take(6).collect();
+            return Some(format!("{head}… ({} chars)", t.chars().count()));
+        }
+        // Retry one character later: the allowed match may have swallowed the delimiter
+        // a real match right after it needs (the regex crate has no look-around).
+        at = m.start() + s[m.start()..].chars().next().map_or(1, char::len_utf8);
+    }
+    None
+}
+
+/// One rule's results over the labelled corpus.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RuleScore {
+    pub rule: String,
+    /// Positives found.
+    pub true_pos: usize,
+    /// Negatives flagged.
+    pub false_pos: usize,
+    /// Positives missed.
+    pub false_neg: usize,
+    /// Negatives left alone.
+    pub true_neg: usize,
+}
+
+impl RuleScore {
+    /// Of what the rule flagged, the share that was meant (1 when it flagged nothing).
+    pub fn precision(&self) -> f64 {
+        let flagged = self.true_pos + self.false_pos;
+        if flagged == 0 { 1.0 } else { self.true_pos as f64 / flagged as f64 }
+    }
+
+    /// Of what the rule should flag, the share it did (1 when there was nothing to find).
+    pub fn recall(&self) -> f64 {
+        let meant = self.true_pos + self.false_neg;
+        if meant == 0 { 1.0 } else { self.true_pos as f64 / meant as f64 }
+    }
+}
+
+/// The corpus scored: per rule (in rule order), and one line per case judged wrongly.
+#[derive(Debug, Clone, Default)]
+pub struct CorpusScore {
+    pub rules: Vec<RuleScore>,
+    pub wrong: Vec<String>,
+    pub cases: usize,
+}
+
+/// A corpus that cannot be read; `line` is 1-based.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "detection corpus line {line}: {message} (each line is {{\"rule\", \"expect\", \"source\", \"why\", \"payload\"}})"
+)]
+pub struct CorpusError {
+    pub line: usize,
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CorpusCase {
+    rule: String,
+    expect: bool,
+    source: String,
+    why: String,
+    payload: Value,
+}
+
+/// Scores `engine` on a labelled corpus (JSON lines: `rule` the case is about, `expect`
+/// whether that rule should hit, `source`, a one-line `why`, and the `payload`). A case
+/// counts only for its own rule; every case whose rule is not among the engine's, or whose
+/// `why` is empty, is an error.
+pub fn score_corpus(engine: &Engine, jsonl: &str) -> Result<CorpusScore, CorpusError> {
+    let mut score = CorpusScore {
+        rules: engine
+            .rules()
+            .iter()
+            .map(|r| RuleScore { rule: r.id.clone(), ..RuleScore::default() })
+            .collect(),
+        ..CorpusScore::default()
+    };
+    for (n, line) in jsonl.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |message: String| CorpusError { line: n + 1, message };
+        let case: CorpusCase = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        if case.why.trim().is_empty() {
+            return Err(bad("`why` is empty; say in one line what the case shows".into()));
+        }
+        let source: Source = case.source.parse().map_err(bad)?;
+        let Some(ri) = engine.rules().iter().position(|r| r.id == case.rule) else {
+            return Err(bad(format!("unknown rule {:?}", case.rule)));
+        };
+        let view = transcript::view(source, &case.payload);
+        let hit = engine.scan(source, &view, &case.payload).iter().any(|h| h.rule == ri);
+        let r = &mut score.rules[ri];
+        match (case.expect, hit) {
+            (true, true) => r.true_pos += 1,
+            (false, false) => r.true_neg += 1,
+            (true, false) => r.false_neg += 1,
+            (false, true) => r.false_pos += 1,
+        }
+        if case.expect != hit {
+            let missed = if hit { "flagged a negative" } else { "missed a positive" };
+            score.wrong.push(format!("line {}: {} {missed}: {}", n + 1, case.rule, case.why));
+        }
+        score.cases += 1;
+    }
+    Ok(score)
 }
 
 /// Deterministic flag id so re-running detection never duplicates a flag.
@@ -589,33 +748,30 @@ mod tests {
             .collect()
     }
 
-    /// Every built-in rule has a true-positive and a true-negative fixture, and each behaves.
+    /// The labelled corpus: at least 200 cases, every built-in rule with positives and
+    /// negatives, and not one case judged wrongly (a regression in any rule fails here).
     #[test]
-    fn every_builtin_rule_has_passing_tp_and_tn_fixtures() {
+    fn the_labelled_corpus_is_judged_without_a_miss() {
         let engine = Engine::builtin().unwrap();
-        let mut tp: HashSet<String> = HashSet::new();
-        let mut tn: HashSet<String> = HashSet::new();
-        for line in CASES.lines().filter(|l| !l.trim().is_empty()) {
-            let case: Value = serde_json::from_str(line).unwrap();
-            let rule = case["rule"].as_str().unwrap().to_string();
-            let expect = case["expect"].as_bool().unwrap();
-            let source: Source = case["source"].as_str().unwrap().parse().unwrap();
-            let got = hits(&engine, source, &case["payload"]);
-            assert_eq!(
-                got.contains(&rule),
-                expect,
-                "rule {rule} expect {expect} on {line}: got {got:?}"
-            );
-            if expect {
-                tp.insert(rule)
-            } else {
-                tn.insert(rule)
-            };
+        let score = score_corpus(&engine, CASES).unwrap();
+        assert!(score.cases >= 200, "corpus has only {} cases", score.cases);
+        assert!(score.wrong.is_empty(), "{} wrong:\n{}", score.wrong.len(), score.wrong.join("\n"));
+        for r in &score.rules {
+            assert!(r.true_pos > 0, "rule {} has no true-positive case", r.rule);
+            assert!(r.true_neg > 0, "rule {} has no true-negative case", r.rule);
         }
-        for r in engine.rules() {
-            assert!(tp.contains(&r.id), "rule {} has no true-positive fixture", r.id);
-            assert!(tn.contains(&r.id), "rule {} has no true-negative fixture", r.id);
-        }
+    }
+
+    #[test]
+    fn a_corpus_case_needs_a_why_and_a_known_rule() {
+        let engine = Engine::builtin().unwrap();
+        let no_why = r#"{"rule":"secret.stripe-key","expect":false,"source":"external","why":" ","payload":{}}"#;
+        let e = score_corpus(&engine, no_why).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("why"), "{e}");
+        let unknown =
+            format!("\n{}", no_why.replace("secret.stripe-key", "nope").replace("\" \"", "\"x\""));
+        let e = score_corpus(&engine, &unknown).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("unknown rule"), "{e}");
     }
 
     #[test]
@@ -627,6 +783,34 @@ mod tests {
         let h = engine.scan(Source::Claude, &view, &p);
         assert_eq!(h.len(), 1);
         assert!(!h[0].detail.contains(secret), "{}", h[0].detail);
+    }
+
+    #[test]
+    fn a_hit_names_the_rewrite_it_was_found_in_and_not_the_secret() {
+        let engine = Engine::builtin().unwrap();
+        // base64 of "key sk_live_abcdefghijklmnop0000".
+        let p = serde_json::json!({"note": "a2V5IHNrX2xpdmVfYWJjZGVmZ2hpamtsbW5vcDAwMDA="});
+        let view = transcript::view(Source::External, &p);
+        let h = engine.scan(Source::External, &view, &p);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h[0].detail.contains("(base64-decoded)"), "{}", h[0].detail);
+        assert!(!h[0].detail.contains("abcdefghijklmnop"), "{}", h[0].detail);
+        let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
+            "name":"Bash","input":{"command":"cd ~/.ssh && cat id_rsa"}}]}});
+        let view = transcript::view(Source::Claude, &p);
+        let h = engine.scan(Source::Claude, &view, &p);
+        assert!(h.iter().any(|h| h.detail.contains("(parsed shell command)")), "{h:?}");
+    }
+
+    #[test]
+    fn an_allowed_span_does_not_hide_a_real_match_right_after_it() {
+        let engine = Engine::builtin().unwrap();
+        let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
+            "name":"Bash","input":{"command":"cat .env.example .env"}}]}});
+        assert_eq!(hits(&engine, Source::Claude, &p), vec!["access.credential-file".to_string()]);
+        let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
+            "name":"Bash","input":{"command":"cat .env.example"}}]}});
+        assert!(hits(&engine, Source::Claude, &p).is_empty());
     }
 
     #[test]

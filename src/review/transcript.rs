@@ -85,8 +85,10 @@ fn content_text(v: &View, content: Option<&Value>, out: &mut Vec<String>) {
             for b in blocks {
                 match b.get("type").and_then(Value::as_str) {
                     Some("text") => push_str(out, b.get("text")),
-                    Some("image") | Some("document") => {} // base64 bloat (quirk 7): not text
-                    _ => {}
+                    Some("image") => {} // base64 pixels (quirk 7): not text
+                    // `document`, `search_result`, and any block type added later: scanned
+                    // raw, so a new block type is never a blind spot for detection.
+                    _ => out.push(b.to_string()),
                 }
             }
         }
@@ -135,7 +137,11 @@ fn claude(p: &Value) -> View {
                                 content_text(&v, b.get("content"), &mut out);
                                 v.text.extend(out);
                             }
-                            _ => {}
+                            // Signed, encrypted reasoning: nothing readable to scan.
+                            Some("redacted_thinking") | Some("image") => {}
+                            // `server_tool_use`, `web_search_tool_result`, `document` and
+                            // block types added later are scanned raw, never skipped.
+                            _ => v.text.push(b.to_string()),
                         }
                     }
                 }

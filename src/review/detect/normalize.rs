@@ -1,0 +1,337 @@
+//! The extra passes detection runs over one field's text so that cosmetic rewrites do not
+//! hide a match: Unicode folding (NFKC, UAX #15) with invisible characters removed
+//! (zero-width, bidi controls, tag characters), the Read tool's line numbers stripped,
+//! wrapped lines joined, and runs of base64, hex or URL-encoding decoded (two levels deep,
+//! within a byte budget). Each pass is tagged so a hit can say which view matched.
+
+use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfkc_quick};
+
+/// Which rewrite of a field's text a hit was found in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Raw,
+    /// NFKC with zero-width, bidi and tag characters removed.
+    Normalized,
+    /// The Read tool's `N→` prefixes removed.
+    Unnumbered,
+    /// Line breaks (and the indentation around them, and `\` continuations) removed.
+    Joined,
+    Base64,
+    Hex,
+    Url,
+    /// One simple command of a parsed shell line, with `cd` applied to its paths.
+    Shell,
+}
+
+impl Pass {
+    /// How a hit's detail names the pass (empty for the raw text).
+    pub fn label(self) -> &'static str {
+        match self {
+            Pass::Raw => "",
+            Pass::Normalized => " (after Unicode normalization)",
+            Pass::Unnumbered => " (line numbers stripped)",
+            Pass::Joined => " (wrapped lines joined)",
+            Pass::Base64 => " (base64-decoded)",
+            Pass::Hex => " (hex-decoded)",
+            Pass::Url => " (URL-decoded)",
+            Pass::Shell => " (parsed shell command)",
+        }
+    }
+}
+
+/// Encoded runs shorter than this are left alone (a 20-character key is 28 in base64).
+pub const MIN_BASE64_RUN: usize = 24;
+/// Hex runs shorter than this are left alone (12 bytes of text).
+pub const MIN_HEX_RUN: usize = 24;
+/// `%XX` escapes a string needs before it gets a URL-decoded pass (one `%3D` can hide the
+/// `=` a key's word boundary needs).
+pub const MIN_URL_ESCAPES: usize = 1;
+/// Decoded bytes produced per field at most: past it, further runs are not decoded (the
+/// raw text is still scanned), so a megabyte of base64 costs one bounded pass.
+pub const DECODE_BUDGET: usize = 1 << 20;
+/// Encoded digits judged before a whole run is decoded.
+const PROBE: usize = 64;
+/// Levels of decoding (base64 inside base64, URL-encoding of base64, …).
+const DECODE_DEPTH: usize = 2;
+
+/// Characters that render as nothing (or only reorder text) and are dropped before
+/// matching: zero-width space/joiners, word joiner, BOM, soft hyphen, Mongolian vowel
+/// separator, invisible operators, and the bidi marks, embeddings, overrides and isolates
+/// (Unicode TR #9).
+fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
+/// Unicode tag characters (U+E0020–U+E007E) mirror ASCII and render as nothing; they are
+/// read as the ASCII they mirror ("ASCII smuggling").
+fn untag(c: char) -> Option<char> {
+    let u = c as u32;
+    (0xE0020..=0xE007E).contains(&u).then(|| char::from_u32(u - 0xE0000)).flatten()
+}
+
+/// NFKC of `s` without invisible characters, or `None` when that is `s` itself.
+pub fn fold(s: &str) -> Option<String> {
+    if s.is_ascii() {
+        return None;
+    }
+    let is_tag = |c: char| ('\u{E0000}'..='\u{E007F}').contains(&c);
+    if !s.chars().any(|c| is_invisible(c) || is_tag(c))
+        && is_nfkc_quick(s.chars()) == IsNormalized::Yes
+    {
+        return None;
+    }
+    // Tag characters outside the ASCII mirror (language tag, cancel tag) are dropped.
+    let cleaned = s
+        .chars()
+        .filter(|c| !is_invisible(*c))
+        .filter_map(|c| if is_tag(c) { untag(c) } else { Some(c) });
+    let out: String = cleaned.nfkc().collect();
+    (out != s).then_some(out)
+}
+
+/// `s` with its line breaks removed, together with the horizontal whitespace around them,
+/// a `\` continuation before them, and JSON's escaped `\n`/`\r` (raw payloads are scanned
+/// as serialized JSON). A key wrapped at 64 columns becomes one token again.
+pub fn join_lines(s: &str) -> Option<String> {
+    if !s.contains('\n') && !s.contains("\\n") {
+        return None;
+    }
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    let mut last = 0;
+    while i < b.len() {
+        let brk = match b[i] {
+            b'\n' => Some(1),
+            b'\\' if matches!(b.get(i + 1), Some(b'n') | Some(b'r')) => Some(2),
+            _ => None,
+        };
+        let Some(len) = brk else {
+            i += 1;
+            continue;
+        };
+        // Trim the whitespace (and a continuation backslash) before the break.
+        let mut end = i;
+        while end > last && matches!(b[end - 1], b' ' | b'\t' | b'\r' | b'\\') {
+            end -= 1;
+        }
+        out.push_str(&s[last..end]);
+        i += len;
+        loop {
+            match b.get(i) {
+                Some(b' ' | b'\t' | b'\r' | b'\n') => i += 1,
+                Some(b'\\') if matches!(b.get(i + 1), Some(b'n') | Some(b'r')) => i += 2,
+                _ => break,
+            }
+        }
+        last = i;
+    }
+    out.push_str(&s[last..]);
+    Some(out)
+}
+
+fn b64_value(c: u8) -> Option<u8> {
+    match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' | b'-' => Some(62), // standard and URL-safe alphabets (RFC 4648 §4, §5)
+        b'/' | b'_' => Some(63),
+        _ => None,
+    }
+}
+
+/// Decodes base64 digits (no padding) starting `skip` digits in; trailing partial bits
+/// are dropped.
+fn b64_decode(run: &[u8], skip: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(run.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in &run[skip.min(run.len())..] {
+        let Some(v) = b64_value(c) else { break };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    out
+}
+
+/// Decoded bytes worth scanning as text: valid-looking UTF-8, at most 1 in 20 characters a
+/// control or replacement character. Binary (a compressed image, a random nonce) is not.
+fn as_text(bytes: &[u8]) -> Option<String> {
+    if bytes.len() < 12 {
+        return None;
+    }
+    let s = String::from_utf8_lossy(bytes);
+    let (mut n, mut bad) = (0usize, 0usize);
+    for c in s.chars() {
+        n += 1;
+        if c == '\u{FFFD}' || (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
+            bad += 1;
+        }
+    }
+    (bad * 20 <= n).then(|| s.into_owned())
+}
+
+/// Appends the decoded text of every long base64 or hex run in `s`, and the URL-decoding of
+/// `s` when it has enough `%XX` escapes, spending at most `budget` bytes.
+fn decode_runs(s: &str, depth: usize, budget: &mut usize, out: &mut Vec<(Pass, String)>) {
+    if depth == 0 || *budget == 0 {
+        return;
+    }
+    let start = out.len();
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() && *budget > 0 {
+        if b64_value(b[i]).is_none() {
+            i += 1;
+            continue;
+        }
+        let j = i + b[i..].iter().take_while(|c| b64_value(**c).is_some()).count();
+        let run = &b[i..j];
+        i = j;
+        if run.len() >= MIN_HEX_RUN && run.iter().all(u8::is_ascii_hexdigit) {
+            let even = &run[..run.len() & !1];
+            let probe = &even[..even.len().min(PROBE)];
+            if hex::decode(probe).ok().and_then(|b| as_text(&b)).is_some()
+                && let Ok(bytes) = hex::decode(even)
+                && let Some(t) = as_text(&bytes)
+            {
+                *budget = budget.saturating_sub(t.len());
+                out.push((Pass::Hex, t));
+                continue;
+            }
+        }
+        if run.len() < MIN_BASE64_RUN {
+            continue;
+        }
+        // A run glued to a word ("tokenQUtJQ…") is misaligned: try each of the 4 offsets,
+        // judging a short prefix first so a megabyte of binary is rejected after 64 digits.
+        let probe = &run[..run.len().min(PROBE)];
+        let decoded = (0..4)
+            .find(|skip| as_text(&b64_decode(probe, *skip)).is_some())
+            .and_then(|skip| as_text(&b64_decode(run, skip)));
+        if let Some(t) = decoded {
+            *budget = budget.saturating_sub(t.len());
+            out.push((Pass::Base64, t));
+        }
+    }
+    if s.len() <= *budget && url_escapes(b) >= MIN_URL_ESCAPES {
+        let t = percent_decode(b);
+        *budget = budget.saturating_sub(t.len());
+        out.push((Pass::Url, t));
+    }
+    let end = out.len();
+    for k in start..end {
+        let inner = out[k].1.clone();
+        decode_runs(&inner, depth - 1, budget, out);
+    }
+}
+
+fn url_escapes(b: &[u8]) -> usize {
+    b.windows(3)
+        .filter(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit())
+        .count()
+}
+
+/// RFC 3986 §2.1 percent-decoding (and `+` as space, as forms send it), lossy UTF-8.
+fn percent_decode(b: &[u8]) -> String {
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex_digit(b[i + 1]), hex_digit(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Every rewrite of `s` worth scanning besides `s` itself.
+pub fn passes(s: &str) -> Vec<(Pass, String)> {
+    let mut out = Vec::new();
+    let folded = fold(s);
+    let base = folded.as_deref().unwrap_or(s);
+    let unnumbered = crate::review::transcript::strip_line_numbers(base);
+    let base2 = unnumbered.as_deref().unwrap_or(base);
+    let joined = join_lines(base2);
+    let mut budget = DECODE_BUDGET;
+    let mut decoded = Vec::new();
+    decode_runs(joined.as_deref().unwrap_or(base2), DECODE_DEPTH, &mut budget, &mut decoded);
+    if joined.is_some() {
+        // Runs that end at a line break are still whole in the unjoined text.
+        decode_runs(base2, DECODE_DEPTH, &mut budget, &mut decoded);
+    }
+    if let Some(f) = folded {
+        out.push((Pass::Normalized, f));
+    }
+    if let Some(u) = unnumbered {
+        out.push((Pass::Unnumbered, u));
+    }
+    if let Some(j) = joined {
+        out.push((Pass::Joined, j));
+    }
+    for d in decoded {
+        if !out.iter().any(|(_, t)| *t == d.1) {
+            out.push(d);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn folding_removes_invisibles_and_applies_nfkc() {
+        assert_eq!(fold("AK\u{200B}IA\u{202E}X").unwrap(), "AKIAX");
+        assert_eq!(fold("\u{FF21}\u{FF2B}IA").unwrap(), "AKIA");
+        assert_eq!(fold("\u{E0041}\u{E004B}").unwrap(), "AK");
+        assert_eq!(fold("plain ascii"), None);
+        assert_eq!(fold("caf\u{E9} \u{2192}"), None);
+    }
+
+    #[test]
+    fn joining_removes_breaks_indentation_and_escaped_newlines() {
+        assert_eq!(join_lines("AKIAABCD\n    EFGH").unwrap(), "AKIAABCDEFGH");
+        assert_eq!(join_lines("ab \\\ncd").unwrap(), "abcd");
+        assert_eq!(join_lines("ab\\ncd\\r\\nef").unwrap(), "abcdef");
+        assert_eq!(join_lines("one line"), None);
+    }
+
+    #[test]
+    fn decoding_finds_base64_hex_and_url_runs_but_not_binary() {
+        let p = passes("blob: QUtJQVo3UTNGQUtFNFRFU1Q5WFkgaXMgdGhlIGtleQ== end");
+        assert!(
+            p.iter().any(|(k, t)| *k == Pass::Base64 && t.contains("AKIAZ7Q3FAKE4TEST9XY")),
+            "{p:?}"
+        );
+        let p = passes("x 414b49415a37513346414b453454455354395859 y");
+        assert!(p.iter().any(|(k, t)| *k == Pass::Hex && t.starts_with("AKIAZ7Q3")), "{p:?}");
+        let p = passes("a=%41%4B%49%41Z7Q3");
+        assert!(p.iter().any(|(k, t)| *k == Pass::Url && t == "a=AKIAZ7Q3"), "{p:?}");
+        // A git object id is hex but decodes to binary: no pass.
+        assert!(passes("commit 9fceb02d0ae598e95dc970b74767f19372d61af8").is_empty());
+        assert!(passes("a_really_long_snake_case_identifier_name").is_empty());
+    }
+}
