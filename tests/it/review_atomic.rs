@@ -8,11 +8,9 @@
 //! every stored line of the batch is linked to a flag.
 
 use crate::review_support::*;
-use crate::support::{World, bin, in_ci};
+use crate::support::{World, in_ci};
 use serde_json::{Value, json};
-use std::net::TcpStream;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The ingest steps the server can abort at (`AIRLOCK_TEST_REVIEW_CRASH_AT`).
 const CRASH_STEPS: &[&str] = &["after-events", "after-flags", "after-commit"];
@@ -24,37 +22,11 @@ fn rand_u64() -> u64 {
     u64::from_le_bytes(b)
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
 /// Starts `airlockd review`, with the crash hook set to `crash_at` if given.
 fn start(world: &World, store: &StoreSel, crash_at: Option<&str>) -> Server {
-    let port = free_port();
-    let log = world.tmp.path().join(format!("review-{port}.log"));
-    let mut cmd = Command::new(bin("airlockd"));
-    cmd.env_clear()
-        .env("HOME", &world.home)
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .args(["review", "--listen", &format!("127.0.0.1:{port}")])
-        .args(store.args())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    if let Some(step) = crash_at {
-        cmd.env("AIRLOCK_TEST_REVIEW_CRASH_AT", step);
-    }
-    let mut child = cmd.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("server exited {status}: {}", std::fs::read_to_string(&log).unwrap_or_default());
-        }
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Server { child, port, base: format!("http://127.0.0.1:{port}"), log }
+    let hook: Vec<(&str, &str)> =
+        crash_at.map(|step| ("AIRLOCK_TEST_REVIEW_CRASH_AT", step)).into_iter().collect();
+    Server::start_with_env(world, store, &[], "http", &hook)
 }
 
 /// A Claude Code user line carrying a (fake, well-formed) GitHub token.

@@ -178,6 +178,17 @@ impl Server {
     }
 
     pub fn start_scheme(world: &World, store: &StoreSel, extra: &[&str], scheme: &str) -> Self {
+        Self::start_with_env(world, store, extra, scheme, &[])
+    }
+
+    /// [`Self::start_scheme`] with extra environment variables (test hooks) for the server.
+    pub fn start_with_env(
+        world: &World,
+        store: &StoreSel,
+        extra: &[&str],
+        scheme: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let port = free_port();
         let log = world.tmp.path().join(format!("review-{port}.log"));
         let mut cmd = Command::new(bin("airlockd"));
@@ -187,6 +198,7 @@ impl Server {
             .args(["review", "--listen", &format!("127.0.0.1:{port}")])
             .args(store.args())
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
