@@ -6,9 +6,13 @@
 //! Data flow: [`server`] authenticates a bearer token ([`token`]), [`ingest`] decodes and
 //! validates a batch, the store inserts it (dedup on `(user, source, id)`), and [`detect`]
 //! runs the rules over the newly created events ([`transcript`] gives them a typed view).
+//! [`limits`] holds the fairness rules the server applies (slots, rate limits, accept
+//! backoff) and [`metrics`] what `GET /metrics` reports.
 
 pub mod detect;
 pub mod ingest;
+pub mod limits;
+pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod token;

@@ -7,9 +7,11 @@
 
 use super::detect::{self, Created, Engine};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
+use super::limits::{self, AcceptBackoff, LimitsConfig, RateLimiter, SlotRefusal, Slots};
+use super::metrics::{self, SlotUse};
 use super::store::{EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
 use super::{
-    FlagState, Inserted, Micros, NewEvent, NewFlag, Source, StoredEvent, User, format_micros,
+    FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User, format_micros,
     now_micros, parse_rfc3339, token,
 };
 use bytes::Bytes;
@@ -19,23 +21,35 @@ use hyper::body::Incoming;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-/// Ingest requests processed at once; more get 429 with `Retry-After`.
-pub const INGEST_CONCURRENCY: usize = 8;
-/// Time allowed for an ingest body to arrive.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(60);
+pub use super::limits::{BODY_TIMEOUT, INGEST_CONCURRENCY};
+
+/// The response header advertising the per-user ingest concurrency (the publish client's
+/// in-flight cap).
+pub const INGEST_CONCURRENCY_HEADER: &str = "x-airlock-ingest-concurrency";
+
+/// Test hook (feature `test-hooks`): when set, every peer is treated as non-loopback (so the
+/// `/metrics` access rule for remote peers can be tested on loopback).
+pub const TEST_PEERS_REMOTE_VAR: &str = "AIRLOCK_TEST_REVIEW_PEERS_REMOTE";
 
 /// Shared server state.
 #[derive(Debug)]
 pub struct AppState<S> {
     pub store: S,
     pub engine: Arc<Engine>,
-    ingest: Semaphore,
+    /// The limits this server applies (flags of `airlockd review`).
+    pub limits: LimitsConfig,
+    ingest: Slots,
+    /// Requests per token (keyed by the token's hash).
+    token_rate: RateLimiter<[u8; 32]>,
+    /// Failed authentications per peer ([`limits::peer_key`]).
+    auth_failures: RateLimiter<IpAddr>,
     /// Sessions that received events, with when they last did: the settle sweep re-checks a
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
     /// instance (lost on restart; the end-record check does not depend on it).
@@ -49,12 +63,30 @@ impl<S: Store> AppState<S> {
 
     /// As [`AppState::new`] with `n` concurrent ingest requests (more get 429).
     pub fn with_concurrency(store: S, engine: Engine, n: usize) -> Self {
+        Self::with_limits(
+            store,
+            engine,
+            LimitsConfig { ingest_concurrency: n, ..Default::default() },
+        )
+    }
+
+    /// As [`AppState::new`] with the given limits.
+    pub fn with_limits(store: S, engine: Engine, limits: LimitsConfig) -> Self {
         Self {
             store,
             engine: Arc::new(engine),
-            ingest: Semaphore::new(n.max(1)),
+            ingest: Slots::new(limits.ingest_concurrency, limits.ingest_concurrency_per_user),
+            token_rate: RateLimiter::new(limits.token_rate),
+            auth_failures: RateLimiter::new(limits.auth_failure_rate),
+            limits,
             touched: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Ingest slots one user may hold at once (after the clamp of [`limits::per_user_share`]);
+    /// advertised as `X-Airlock-Ingest-Concurrency`.
+    pub fn ingest_per_user(&self) -> usize {
+        self.ingest.per_user_limit()
     }
 
     fn touch(&self, user: &str, session: &str, at: Micros) {
@@ -82,8 +114,15 @@ impl<S: Store> AppState<S> {
                 Ok(evs) => {
                     let mut flags = detect::session_checks(user, session, &evs);
                     ingest::storable_flags(&mut flags);
-                    if let Err(e) = self.store.insert_flags(&flags).await {
-                        tracing::error!("settle checks for {session}: storing flags failed: {e}");
+                    match self.store.insert_flags(&flags).await {
+                        Ok(_) => {
+                            flags.iter().for_each(|f| metrics::global().flag_raised(&f.rule_id))
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                "settle checks for {session}: storing flags failed: {e}"
+                            )
+                        }
                     }
                 }
                 Err(e) => {
@@ -103,6 +142,8 @@ struct BatchScan {
     user_id: String,
     /// The request's valid items, in the order their events go to the store.
     items: Vec<ParsedItem>,
+    /// Rule ids of the flags the last scan raised (counted in the metrics once committed).
+    raised: Mutex<Vec<String>>,
 }
 
 impl BatchScan {
@@ -128,6 +169,9 @@ impl IngestScan for BatchScan {
         // A NUL quoted from a payload would fail the flag insert on PostgreSQL, and with it the
         // whole batch.
         ingest::storable_flags(&mut flags);
+        if let Ok(mut r) = self.raised.lock() {
+            *r = flags.iter().map(|f| f.rule_id.clone()).collect();
+        }
         flags
     }
 
@@ -144,6 +188,9 @@ impl IngestScan for BatchScan {
     fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
         let mut flags = detect::session_checks(&self.user_id, session, events);
         ingest::storable_flags(&mut flags);
+        if let Ok(mut r) = self.raised.lock() {
+            r.extend(flags.iter().map(|f| f.rule_id.clone()));
+        }
         flags
     }
 }
@@ -183,6 +230,7 @@ fn with_header(mut r: Resp, name: header::HeaderName, value: &'static str) -> Re
 fn store_error(e: StoreError) -> Resp {
     match e {
         StoreError::Unavailable(m) => {
+            metrics::global().store_error(true);
             tracing::warn!("review store unavailable: {m}");
             with_header(
                 error(StatusCode::SERVICE_UNAVAILABLE, "review store unavailable; retry later"),
@@ -193,6 +241,7 @@ fn store_error(e: StoreError) -> Resp {
         StoreError::NotFound(m) => error(StatusCode::NOT_FOUND, m),
         StoreError::Conflict(m) => error(StatusCode::CONFLICT, m),
         StoreError::Other(m) => {
+            metrics::global().store_error(false);
             tracing::error!("review store error: {m}");
             with_header(
                 error(StatusCode::SERVICE_UNAVAILABLE, "review store error; retry later"),
@@ -203,19 +252,55 @@ fn store_error(e: StoreError) -> Resp {
     }
 }
 
-async fn authenticate<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Result<User, Resp> {
+/// A 429 for `limit` ([`metrics::LIMITS`]) with `Retry-After` in whole seconds.
+fn too_many(limit: &'static str, wait: Duration, message: impl Into<String>) -> Resp {
+    metrics::global().rate_limited(limit);
+    let mut r = error(StatusCode::TOO_MANY_REQUESTS, message);
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(limits::retry_after_secs(wait)));
+    r
+}
+
+/// The bearer token's user. A peer whose presented tokens failed too often is refused (429)
+/// before its token is even looked up, so guessing is slow; a valid token is then held to its
+/// own rate (429 past it).
+async fn authenticate<S: Store>(
+    st: &AppState<S>,
+    peer: IpAddr,
+    req: &Request<Incoming>,
+) -> Result<User, Resp> {
     let unauthorized = |m: &str| {
         with_header(error(StatusCode::UNAUTHORIZED, m), header::WWW_AUTHENTICATE, "Bearer")
     };
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
         return Err(unauthorized("missing `Authorization: Bearer <token>`"));
     };
-    let Some(secret) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
-        return Err(unauthorized("malformed Authorization header; expected `Bearer <token>`"));
+    let peer = limits::peer_key(peer);
+    if let Err(wait) = st.auth_failures.check(&peer, Instant::now()) {
+        return Err(too_many(
+            "auth_failures",
+            wait,
+            "too many failed authentications from this address; retry after the delay",
+        ));
+    }
+    let failed = |m: &str| {
+        // The failure costs this peer a token; the answer stays 401 (the next one is a 429).
+        let _ = st.auth_failures.take(&peer, Instant::now());
+        unauthorized(m)
     };
-    match st.store.authenticate(token::hash(secret.trim())).await {
-        Ok(Some(u)) => Ok(u),
-        Ok(None) => Err(unauthorized("invalid or revoked token")),
+    let Some(secret) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+        return Err(failed("malformed Authorization header; expected `Bearer <token>`"));
+    };
+    let hash = token::hash(secret.trim());
+    match st.store.authenticate(hash).await {
+        Ok(Some(u)) => match st.token_rate.take(&hash, Instant::now()) {
+            Ok(()) => Ok(u),
+            Err(wait) => Err(too_many(
+                "token",
+                wait,
+                "too many requests with this token; retry after the delay",
+            )),
+        },
+        Ok(None) => Err(failed("invalid or revoked token")),
         Err(e) => Err(store_error(e)),
     }
 }
@@ -241,16 +326,77 @@ async fn read_capped(body: Incoming, cap: usize) -> Result<Vec<u8>, ReadError> {
     Ok(buf)
 }
 
+/// Answers one request from `peer`: routes it, records its metrics, and advertises the
+/// per-user ingest concurrency on ingest and `/api/v1/me` answers.
+pub async fn handle<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incoming>) -> Resp {
+    let started = Instant::now();
+    let ingest = req.method() == Method::POST && req.uri().path() == "/api/v1/events";
+    let advertise = ingest || req.uri().path() == "/api/v1/me";
+    let mut resp = route(Arc::clone(&st), peer, req).await;
+    let m = metrics::global();
+    m.response(resp.status().as_u16());
+    if ingest {
+        m.ingest_request(resp.status().as_u16(), started.elapsed());
+    }
+    if advertise {
+        resp.headers_mut()
+            .insert(INGEST_CONCURRENCY_HEADER, HeaderValue::from(st.ingest_per_user() as u64));
+    }
+    resp
+}
+
+/// Whether `peer` counts as loopback for the `/metrics` access rule.
+fn peer_is_loopback(peer: IpAddr) -> bool {
+    #[cfg(feature = "test-hooks")]
+    if std::env::var_os(TEST_PEERS_REMOTE_VAR).is_some() {
+        return false;
+    }
+    limits::peer_key(peer).is_loopback()
+}
+
+/// `GET /metrics`: an admin's token, or no token from a loopback peer.
+async fn get_metrics<S: Store>(st: &AppState<S>, peer: IpAddr, req: &Request<Incoming>) -> Resp {
+    if req.method() != Method::GET {
+        return error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint");
+    }
+    if req.headers().contains_key(header::AUTHORIZATION) {
+        match authenticate(st, peer, req).await {
+            Ok(u) if u.role == Role::Admin => {}
+            Ok(_) => return error(StatusCode::FORBIDDEN, "only an admin's token reads /metrics"),
+            Err(r) => return r,
+        }
+    } else if !peer_is_loopback(peer) {
+        return with_header(
+            error(StatusCode::UNAUTHORIZED, "/metrics needs an admin's token from this address"),
+            header::WWW_AUTHENTICATE,
+            "Bearer",
+        );
+    }
+    let m = metrics::global();
+    m.slots(
+        "ingest",
+        SlotUse {
+            in_use: st.ingest.in_use(),
+            limit: st.ingest.global_limit(),
+            per_user_limit: st.ingest.per_user_limit(),
+        },
+    );
+    let mut r = Response::new(Full::new(Bytes::from(m.render())));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
+    r
+}
+
 /// Routes one request.
-pub async fn handle<S: Store>(st: Arc<AppState<S>>, req: Request<Incoming>) -> Resp {
+async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incoming>) -> Resp {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     let user = match path.as_str() {
-        p if p.starts_with("/api/v1/") => match authenticate(&st, &req).await {
+        p if p.starts_with("/api/v1/") => match authenticate(&st, peer, &req).await {
             Ok(u) => u,
             Err(r) => return r,
         },
         "/healthz" => return json_resp(StatusCode::OK, &json!({"ok": true})),
+        "/metrics" => return get_metrics(&st, peer, &req).await,
         _ => return error(StatusCode::NOT_FOUND, format!("no such endpoint {path}")),
     };
     match (method, path.as_str()) {
@@ -278,15 +424,27 @@ fn body_error(e: &BodyError) -> Resp {
 }
 
 async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incoming>) -> Resp {
-    let Ok(_permit) = st.ingest.try_acquire() else {
-        return with_header(
-            error(
-                StatusCode::TOO_MANY_REQUESTS,
+    // The slot is held until this function returns (a timeout or an early answer included).
+    let _slot = match st.ingest.try_acquire(&user.id) {
+        Ok(slot) => slot,
+        Err(SlotRefusal::PerUser) => {
+            return too_many(
+                "ingest_per_user",
+                Duration::from_secs(1),
+                format!(
+                    "you already have {} ingest requests in progress (the per-user limit, also \
+                     sent as X-Airlock-Ingest-Concurrency); retry after the delay",
+                    st.ingest.per_user_limit()
+                ),
+            );
+        }
+        Err(SlotRefusal::Global) => {
+            return too_many(
+                "ingest_global",
+                Duration::from_secs(1),
                 "too many concurrent ingest requests; retry after the delay",
-            ),
-            header::RETRY_AFTER,
-            "1",
-        );
+            );
+        }
     };
     let headers = req.headers();
     let format =
@@ -312,7 +470,10 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         return body_error(&BodyError::TooLarge);
     }
     // The ingest slot is held while the body arrives; a stalled client loses it.
-    let read = tokio::time::timeout(BODY_TIMEOUT, read_capped(req.into_body(), ingest::MAX_BODY));
+    let read = tokio::time::timeout(
+        st.limits.body_timeout,
+        read_capped(req.into_body(), ingest::MAX_BODY),
+    );
     let Ok(read) = read.await else {
         return error(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time");
     };
@@ -356,6 +517,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         engine: Arc::clone(&st.engine),
         user_id: user.id.clone(),
         items: valid,
+        raised: Mutex::new(Vec::new()),
     });
     let inserted = if events.is_empty() {
         Vec::new()
@@ -368,6 +530,9 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         }
     };
     super::store::crash_point("after-commit");
+    if let Ok(raised) = scan.raised.lock() {
+        raised.iter().for_each(|rule| metrics::global().flag_raised(rule));
+    }
     for (p, ins) in scan.items.iter().zip(&inserted) {
         if let Some(session) = p.event.session.as_deref()
             && ins.created
@@ -406,6 +571,10 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
                     "error": e.message, "received_at": null}));
             }
         }
+    }
+    for r in &results {
+        let code = r["code"].as_u64().and_then(|c| u16::try_from(c).ok()).unwrap_or(0);
+        metrics::global().ingest_item(r["status"].as_str().unwrap_or(""), code);
     }
     let status = if all_ok { StatusCode::OK } else { StatusCode::MULTI_STATUS };
     json_resp(
@@ -694,7 +863,10 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Accepts connections until `shutdown` resolves.
+/// Accepts connections until `shutdown` resolves. At most `max_connections` are served at
+/// once: past it the loop stops accepting, so new ones wait in the kernel's accept queue
+/// instead of being accepted and dropped. A failing `accept` (`EMFILE`, `ENFILE`) backs off
+/// with a growing delay and is logged once per burst ([`AcceptBackoff`]).
 pub async fn serve<S: Store>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -702,38 +874,72 @@ pub async fn serve<S: Store>(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let max = state.limits.max_connections.max(1);
+    let conns = Arc::new(Semaphore::new(max));
+    let m = metrics::global();
+    m.set_connection_limit(max);
+    let mut backoff = AcceptBackoff::new();
     loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&conns).acquire_owned() => p,
+            () = &mut shutdown => break,
+        };
+        // The semaphore is never closed; an error cannot happen, but ends the loop if it did.
+        let Ok(permit) = permit else { break };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             () = &mut shutdown => break,
         };
-        let (stream, _peer) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(s) => s,
+            // The peer gave up before we accepted; nothing is wrong with the listener.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
             Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
+                m.accept_error();
+                let step = backoff.on_error(Instant::now());
+                if step.log {
+                    tracing::warn!(
+                        "accept failed: {e}; not accepting for a growing delay (up to {} ms) \
+                         until it succeeds; further failures of this burst are not logged",
+                        limits::ACCEPT_BACKOFF_MAX.as_millis()
+                    );
+                }
+                drop(permit);
+                tokio::select! {
+                    () = tokio::time::sleep(step.sleep) => continue,
+                    () = &mut shutdown => break,
+                }
             }
         };
+        if let Some(ended) = backoff.on_success(Instant::now()) {
+            tracing::warn!(
+                "accepting again: {} failed accept calls over {} ms",
+                ended.failures,
+                ended.lasted.as_millis()
+            );
+        }
         let _ = stream.set_nodelay(true);
         let st = Arc::clone(&state);
         let tls = tls.clone();
+        let header_timeout = state.limits.header_timeout;
+        let open = m.connection_opened();
         tokio::spawn(async move {
+            // Both are released when the connection ends, however it ends.
+            let _permit = permit;
+            let _open = open;
+            let peer = peer.ip();
             let svc = hyper::service::service_fn(move |req| {
                 let st = Arc::clone(&st);
-                async move { Ok::<_, Infallible>(handle(st, req).await) }
+                async move { Ok::<_, Infallible>(handle(st, peer, req).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
-            // A client that dribbles its headers loses the connection.
-            builder
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30));
+            // A client that dribbles its headers loses the connection, and so does a
+            // keep-alive connection idle for as long: hyper arms this timer whenever the
+            // connection waits for a request's head, the first one or the next.
+            builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
             let result = match tls {
                 Some(acceptor) => {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                        .await
-                    {
+                    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => {
                             builder.serve_connection(hyper_util::rt::TokioIo::new(s), svc).await
                         }

@@ -5,6 +5,7 @@
 //! data dir that holds none.
 
 use crate::review::detect::Engine;
+use crate::review::limits::{self, LimitsConfig, Rate};
 use crate::review::server::{AppState, serve, settle_loop, tls_acceptor};
 use crate::review::store::postgres::{self, PgStore};
 use crate::review::store::sqlite::SqliteStore;
@@ -79,8 +80,46 @@ pub struct ReviewArgs {
     #[arg(long, default_value_t = 600, value_name = "SECS")]
     pub settle_secs: u64,
     /// Ingest requests handled at once; more are answered 429 with Retry-After.
-    #[arg(long, default_value_t = 8, value_name = "N")]
+    #[arg(long, default_value_t = limits::INGEST_CONCURRENCY, value_name = "N")]
     pub ingest_concurrency: usize,
+    /// Ingest requests one user may have in progress at once (at most --ingest-concurrency
+    /// minus 1, so one member never holds every slot); more are answered 429. Advertised in
+    /// the `X-Airlock-Ingest-Concurrency` response header.
+    #[arg(long, default_value_t = limits::INGEST_CONCURRENCY_PER_USER, value_name = "N")]
+    pub ingest_concurrency_per_user: usize,
+    /// Seconds for a request's headers (and a TLS handshake) to arrive; also how long a
+    /// keep-alive connection may sit idle between requests.
+    #[arg(long, default_value_t = limits::HEADER_TIMEOUT.as_secs(), value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds for an ingest body to arrive; a slower upload is answered 408 and its slot freed.
+    #[arg(long, default_value_t = limits::BODY_TIMEOUT.as_secs(), value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
+    /// Connections served at once; more wait in the kernel's accept queue until one closes.
+    #[arg(long, default_value_t = limits::MAX_CONNECTIONS, value_name = "N",
+          value_parser = clap::builder::TypedValueParser::map(
+              clap::value_parser!(u64).range(1..), |n| usize::try_from(n).unwrap_or(usize::MAX)))]
+    pub max_connections: usize,
+    /// Requests per second one token may make on average (token bucket); more are answered
+    /// 429 with Retry-After.
+    #[arg(long, default_value_t = limits::TOKEN_RATE.per_sec, value_name = "RPS",
+          value_parser = positive_rate)]
+    pub rate_limit_per_token: f64,
+    /// Requests one token may make at once before --rate-limit-per-token applies.
+    #[arg(long, default_value_t = limits::TOKEN_RATE.burst, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_limit_burst: u32,
+    /// Failed authentications per second allowed from one address (IPv6: one /64) on
+    /// average; past it, its requests are answered 429 before any token is checked.
+    #[arg(long, default_value_t = limits::AUTH_FAILURE_RATE.per_sec, value_name = "RPS",
+          value_parser = positive_rate)]
+    pub auth_failure_rate: f64,
+    /// Failed authentications allowed from one address at once before --auth-failure-rate
+    /// applies.
+    #[arg(long, default_value_t = limits::AUTH_FAILURE_RATE.burst, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub auth_failure_burst: u32,
     /// PostgreSQL connections to keep (plus up to as many for ingest transactions).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
@@ -383,6 +422,64 @@ fn maintain(a: &MaintainArgs) -> i32 {
     })
 }
 
+/// A rate in requests per second: a finite number above zero.
+fn positive_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a rate above zero (requests per second, e.g. 50 or 0.5)")),
+    }
+}
+
+impl ReviewArgs {
+    /// The server's limits from the flags; warns about a clamped per-user share.
+    fn limits(&self) -> LimitsConfig {
+        let share =
+            limits::per_user_share(self.ingest_concurrency, self.ingest_concurrency_per_user);
+        if share != self.ingest_concurrency_per_user {
+            eprintln!(
+                "airlockd: warning: --ingest-concurrency-per-user {} used as {share} \
+                 (at least 1, at most --ingest-concurrency {} minus 1, so one member never \
+                 holds every slot)",
+                self.ingest_concurrency_per_user, self.ingest_concurrency
+            );
+        }
+        LimitsConfig {
+            ingest_concurrency: self.ingest_concurrency,
+            ingest_concurrency_per_user: share,
+            header_timeout: std::time::Duration::from_secs(self.header_timeout),
+            body_timeout: std::time::Duration::from_secs(self.body_timeout),
+            max_connections: self.max_connections,
+            token_rate: Rate { per_sec: self.rate_limit_per_token, burst: self.rate_limit_burst },
+            auth_failure_rate: Rate {
+                per_sec: self.auth_failure_rate,
+                burst: self.auth_failure_burst,
+            },
+        }
+    }
+}
+
+/// Raises the soft open-files limit to the hard one (the connection cap is meant to bind
+/// first) and warns when --max-connections does not fit under it.
+fn raise_nofile(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    let soft = if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        hard
+    } else {
+        soft
+    };
+    // Descriptors besides connections: the store's files, the listener, the runtime's own.
+    const RESERVE: u64 = 64;
+    if (max_connections as u64).saturating_add(RESERVE) > soft {
+        eprintln!(
+            "airlockd: warning: --max-connections {max_connections} does not fit under the \
+             open-files limit {soft} (minus {RESERVE} for the store and runtime); accept will \
+             fail with EMFILE first (it backs off and recovers, but lower --max-connections \
+             or raise LimitNOFILE)"
+        );
+    }
+}
+
 fn is_loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
@@ -436,6 +533,8 @@ fn run_server(args: ReviewArgs) -> i32 {
     if let Err(e) = std_listener.set_nonblocking(true) {
         return fail(format!("cannot make the listener non-blocking: {e}"));
     }
+    let limits = args.limits();
+    raise_nofile(limits.max_connections);
     let rt = match runtime() {
         Ok(r) => r,
         Err(e) => return fail(e),
@@ -464,7 +563,7 @@ fn run_server(args: ReviewArgs) -> i32 {
             engine.rules().len()
         );
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-        let state = Arc::new(AppState::with_concurrency(store, engine, args.ingest_concurrency));
+        let state = Arc::new(AppState::with_limits(store, engine, limits));
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
             std::time::Duration::from_secs(args.settle_secs.max(1)),
