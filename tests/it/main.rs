@@ -23,6 +23,8 @@ mod review;
 mod review_atomic;
 mod review_detect;
 mod review_init;
+mod review_limits;
+mod review_metrics;
 mod review_store;
 mod review_support;
 mod review_validate;
