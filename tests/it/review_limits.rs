@@ -135,11 +135,9 @@ fn a_slow_body_is_answered_408_and_frees_its_slot() {
     let world = World::new();
     let store = StoreSel::Embedded(world.tmp.path().join("d"));
     let ana = user_with_token(&world, &store, "ana@example.test", "member");
-    let server = Server::start(
-        &world,
-        &store,
-        &["--body-timeout", "2", "--ingest-concurrency-per-user", "1"],
-    );
+    // One slot in all, so the slow upload holding it is visible as a 429 for the probe.
+    let server =
+        Server::start(&world, &store, &["--body-timeout", "2", "--ingest-concurrency", "1"]);
     let body = slow_body(&world, "slow");
     let restart = || spawn_slow(&server.base, &ana, &body);
     let mut uploads = vec![restart()];
