@@ -72,7 +72,7 @@ fn parse(text: &str) -> Exposition {
             loop {
                 let start = chars.peek().map(|(i, _)| *i).unwrap();
                 let mut key_end = start;
-                while let Some((i, c)) = chars.next() {
+                for (i, c) in chars.by_ref() {
                     if c == '=' {
                         key_end = i;
                         break;
