@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use airlock::review::detect::Engine;
+use airlock::review::limits::{LimitsConfig, Rate};
 use airlock::review::server::{AppState, serve};
 use airlock::review::store::postgres::{self, PgStore};
 use airlock::review::store::sqlite::SqliteStore;
@@ -131,7 +132,15 @@ async fn bench_store(name: &str, store: AnyStore, batches: usize, conns: usize) 
 
     let tok = token::Token::generate().unwrap();
     store.create_token(&format!("bench-{run}"), &user.id, tok.hash()).await.unwrap();
-    let state = Arc::new(AppState::new(store, Engine::builtin().unwrap()));
+    // One token drives every connection here: give it the slots and rate the bench needs (the
+    // per-user share and per-token rate would otherwise answer 429, which the bench refuses).
+    let limits = LimitsConfig {
+        ingest_concurrency: conns + 1,
+        ingest_concurrency_per_user: conns,
+        token_rate: Rate { per_sec: 1e9, burst: u32::MAX },
+        ..LimitsConfig::default()
+    };
+    let state = Arc::new(AppState::with_limits(store, Engine::builtin().unwrap(), limits));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
