@@ -107,6 +107,11 @@ fn slow_uploads_do_not_starve_others(world: &World, store: StoreSel) {
     assert!(retry_after(&refused) >= 1);
     // Ana's eight slow uploads hold all she may hold; another member is still served.
     let r = post_events(&server.base, &bo, &probe(world, "bo-1"), "application/x-ndjson", &[]);
+    let held = metric(&server, "airlock_review_slots_in_use{kind=\"ingest\"}");
+    eprintln!(
+        "measured: 8 slow uploads by one member hold {held:?} ingest slots; another member's ingest: {}",
+        r.status
+    );
     kill_all(&mut uploads);
     assert_eq!(r.status, 200, "another member's ingest while one member uploads slowly: {r:?}");
     assert_eq!(header(&r, "x-airlock-ingest-concurrency"), Some("2"), "{}", r.headers);
@@ -180,6 +185,12 @@ fn the_per_user_ingest_concurrency_is_advertised_and_clamped() {
     assert!(server.log().contains("--ingest-concurrency-per-user 9 used as 3"), "{}", server.log());
 }
 
+/// One series' value from `/metrics` (read from loopback without a token), if served.
+fn metric(server: &Server, series: &str) -> Option<f64> {
+    let r = curl(&["--max-time", "10", &format!("{}/metrics", server.base)]);
+    r.body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
@@ -212,7 +223,15 @@ fn idle_connections_past_the_cap_wait_in_the_queue_and_fds_stay_bounded() {
         "{during} descriptors with {} idle connections (baseline {baseline}, cap {CAP})",
         idle.len()
     );
+    let started = std::time::Instant::now();
     let r = get(&server.base, &ana, "/api/v1/me", &["--max-time", "60"]);
+    eprintln!(
+        "measured: {} idle connections, cap {CAP}: server descriptors {baseline} -> {during}; \
+         an authenticated client was served ({}) after {:.1} s",
+        idle.len(),
+        r.status,
+        started.elapsed().as_secs_f64()
+    );
     assert_eq!(r.status, 200, "{r:?}");
     drop(idle);
 }
@@ -279,6 +298,10 @@ fn an_emfile_burst_is_backed_off_logged_once_and_survived() {
     assert_eq!(r.status, 200, "served after the burst: {r:?}\n{}", server.log());
     let log = server.log();
     let logged = log.matches("accept failed").count();
+    let retries = metric(&server, "airlock_review_accept_errors_total");
+    eprintln!(
+        "measured: EMFILE burst of 3 s: {logged} log line(s), {retries:?} failed accept calls"
+    );
     assert_eq!(logged, 1, "one line for the burst:\n{log}");
     assert!(log.contains("Too many open files") || log.contains("os error 24"), "{log}");
 }
