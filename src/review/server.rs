@@ -939,7 +939,9 @@ pub async fn serve<S: Store>(
             builder.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(header_timeout);
             let result = match tls {
                 Some(acceptor) => {
-                    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                    // The handshake gets 10 s, or the header timeout if that is shorter.
+                    let handshake = header_timeout.min(Duration::from_secs(10));
+                    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => {
                             builder.serve_connection(hyper_util::rt::TokioIo::new(s), svc).await
                         }

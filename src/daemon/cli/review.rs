@@ -87,8 +87,8 @@ pub struct ReviewArgs {
     /// the `X-Airlock-Ingest-Concurrency` response header.
     #[arg(long, default_value_t = limits::INGEST_CONCURRENCY_PER_USER, value_name = "N")]
     pub ingest_concurrency_per_user: usize,
-    /// Seconds for a request's headers (and a TLS handshake) to arrive; also how long a
-    /// keep-alive connection may sit idle between requests.
+    /// Seconds for a request's headers to arrive (a TLS handshake gets 10 s, or this if
+    /// shorter); also how long a keep-alive connection may sit idle between requests.
     #[arg(long, default_value_t = limits::HEADER_TIMEOUT.as_secs(), value_name = "SECS",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout: u64,
