@@ -1,6 +1,8 @@
 //! The review plane's HTTP API (docs/api.md), over plain HTTP (loopback only) or TLS
 //! (rustls). Authentication is by bearer token only, never by peer uid; the server makes no
 //! outbound connections (the store is the only peer, and it is configured by the operator).
+//! It applies the limits of [`super::limits`] (ingest slots, rate limits, the connection cap
+//! and timeouts) and records into [`super::metrics`], which it serves at `GET /metrics`.
 
 // Handlers return the error *response* itself as `Err`; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
@@ -351,7 +353,8 @@ fn peer_is_loopback(peer: IpAddr) -> bool {
     if std::env::var_os(TEST_PEERS_REMOTE_VAR).is_some() {
         return false;
     }
-    limits::peer_key(peer).is_loopback()
+    // Canonical: an IPv4-mapped `::ffff:127.0.0.1` is loopback too.
+    peer.to_canonical().is_loopback()
 }
 
 /// `GET /metrics`: an admin's token, or no token from a loopback peer.
@@ -1029,6 +1032,15 @@ mod tests {
         );
         let body = futures_body(parse_time("until", "yesterday").unwrap_err());
         assert_eq!(body["error"], "`until` must be an RFC 3339 timestamp");
+    }
+
+    #[test]
+    fn loopback_peers_include_ipv4_mapped_loopback() {
+        assert!(peer_is_loopback("127.0.0.1".parse().unwrap()));
+        assert!(peer_is_loopback("::1".parse().unwrap()));
+        assert!(peer_is_loopback("::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!peer_is_loopback("192.0.2.1".parse().unwrap()));
+        assert!(!peer_is_loopback("::ffff:192.0.2.1".parse().unwrap()));
     }
 
     /// The JSON body of an error response.
