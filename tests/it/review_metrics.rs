@@ -301,3 +301,30 @@ fn metrics_from_a_remote_peer_need_an_admin_token() {
     assert_eq!(r.status, 200);
     parse(&r.body);
 }
+
+/// A store that goes away is counted as a store error (the answer is a 503).
+#[test]
+fn metrics_count_store_errors() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let store = StoreSel::Pg(db.runtime_url.clone());
+    let tok = user_with_token(&world, &store, "ana@example.test", "member");
+    let server = Server::start(&world, &store, &[]);
+    assert_eq!(get(&server.base, &tok, "/api/v1/me", &[]).status, 200);
+    let out = std::process::Command::new("psql")
+        .args([PG_ADMIN, "-qAt", "-c", &format!("DROP DATABASE {} WITH (FORCE)", db.name)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let f =
+        write_file(world.tmp.path(), "x.ndjson", &ndjson(&[egress("x1", "example.test", true)]));
+    let r = post_events(&server.base, &tok, &f, "application/x-ndjson", &[]);
+    assert_eq!(r.status, 503, "{r:?}");
+    let m = parse(&scrape(&server.base, &[]).body);
+    let errors = m.get("airlock_review_store_errors_total{kind=\"unavailable\"}")
+        + m.get("airlock_review_store_errors_total{kind=\"other\"}");
+    assert!(errors >= 1.0, "store errors counted: {errors}");
+    assert_eq!(m.get("airlock_review_ingest_requests_total{code=\"503\"}"), 1.0);
+    assert_eq!(m.get("airlock_review_rejections_total{level=\"request\",code=\"503\"}"), 1.0);
+}
