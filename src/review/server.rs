@@ -269,6 +269,9 @@ pub async fn handle<S: Store>(st: Arc<AppState<S>>, req: Request<Incoming>) -> R
         (_, "/api/v1/events" | "/api/v1/me" | "/api/v1/flags") => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
         }
+        (_, p) if p.starts_with("/api/v1/flags/") => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "flags are acted on with POST only")
+        }
         _ => error(StatusCode::NOT_FOUND, format!("no such endpoint {path}")),
     }
 }

@@ -278,3 +278,34 @@ fn reviewer_reads_of_others_flags_are_recorded_postgres() {
     db.migrate(&world);
     flag_reads_suite(&world, &StoreSel::Pg(db.runtime_url.clone()));
 }
+
+/// Migration 3 on a PostgreSQL store left at version 1 by an older server: the flag state it
+/// holds reads back as a plain (not self) action in the flag's history.
+#[test]
+fn migration_3_applies_to_a_version_1_store_postgres() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.owner_sql(
+        "CREATE TABLE schema_migrations (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .unwrap();
+    db.owner_sql(include_str!("../../src/review/migrations/pg_0001.sql")).unwrap();
+    db.owner_sql(
+        "INSERT INTO schema_migrations(version) VALUES (1);
+         INSERT INTO flags(id, rule_id, title, severity, user_id, detail)
+           VALUES ('old-flag', 'r', 'an old flag', 'low', 'someone', 'd');
+         INSERT INTO flag_states(flag_id, state, note, actor, at)
+           VALUES ('old-flag', 'acknowledged', 'before 3', 'old-actor', now());",
+    )
+    .unwrap();
+    db.migrate(&world);
+    assert_eq!(db.owner_sql("SELECT max(version) FROM schema_migrations").unwrap(), "3");
+    let store = StoreSel::Pg(db.runtime_url.clone());
+    let rev = user_with_token(&world, &store, "rev@example.test", "reviewer");
+    let server = Server::start(&world, &store, &[]);
+    let f = listed(&server.base, &rev, "old-flag");
+    assert_eq!(f["state"], "acknowledged", "{f}");
+    assert_eq!(f["actor"], "old-actor", "{f}");
+    assert_eq!(f["self"], false, "{f}");
+    assert_eq!(f["history"][0]["note"], "before 3", "{f}");
+}
