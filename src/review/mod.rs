@@ -10,6 +10,7 @@
 //! backoff) and [`metrics`] what `GET /metrics` reports.
 
 pub mod detect;
+pub mod flag_rules;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;
@@ -320,7 +321,30 @@ impl FromStr for FlagState {
     }
 }
 
-/// A stored flag with its current state.
+/// One appended state of a flag: who set it, when, with what note, and whether the actor
+/// acted on a flag raised on their own history ([`flag_rules`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagStateRecord {
+    pub state: FlagState,
+    pub actor: String,
+    pub at: Micros,
+    pub note: Option<String>,
+    pub self_action: bool,
+}
+
+impl FlagStateRecord {
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "state": self.state,
+            "actor": self.actor,
+            "at": format_micros(self.at),
+            "note": self.note,
+            "self": self.self_action,
+        })
+    }
+}
+
+/// A stored flag with its current state (the latest of `history`, else open).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Flag {
     pub id: String,
@@ -334,10 +358,22 @@ pub struct Flag {
     pub state: FlagState,
     pub note: Option<String>,
     pub event_pks: Vec<i64>,
+    /// Every appended state, oldest first.
+    pub history: Vec<FlagStateRecord>,
 }
 
 impl Flag {
+    /// Sets `history` and the current `state` and `note` from it.
+    pub fn with_history(mut self, history: Vec<FlagStateRecord>) -> Self {
+        let latest = history.last();
+        self.state = latest.map_or(FlagState::Open, |h| h.state);
+        self.note = latest.and_then(|h| h.note.clone());
+        self.history = history;
+        self
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
+        let latest = self.history.last();
         serde_json::json!({
             "id": self.id,
             "rule_id": self.rule_id,
@@ -349,6 +385,9 @@ impl Flag {
             "created_at": format_micros(self.created_at),
             "state": self.state,
             "note": self.note,
+            "actor": latest.map(|h| h.actor.as_str()),
+            "self": latest.is_some_and(|h| h.self_action),
+            "history": self.history.iter().map(FlagStateRecord::to_json).collect::<Vec<_>>(),
             "events": self.event_pks,
         })
     }

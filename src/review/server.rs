@@ -8,6 +8,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::detect::{self, Created, Engine};
+use super::flag_rules;
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::limits::{self, AcceptBackoff, LimitsConfig, RateLimiter, SlotRefusal, Slots};
 use super::metrics::{self, SlotUse};
@@ -417,6 +418,9 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
         (_, "/api/v1/events" | "/api/v1/me" | "/api/v1/flags") => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
         }
+        (_, p) if p.starts_with("/api/v1/flags/") => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "flags are acted on with POST only")
+        }
         _ => error(StatusCode::NOT_FOUND, format!("no such endpoint {path}")),
     }
 }
@@ -641,6 +645,8 @@ async fn resolve_user<S: Store>(st: &AppState<S>, v: &str) -> Result<String, Res
 
 async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
     let mut q = EventQuery { limit: 100, ..EventQuery::default() };
+    // Resolved only after the scope check, so a member's answer never depends on who exists.
+    let mut wanted_user = None;
     let mut with_view = false;
     let params = match query_params(req.uri().query()) {
         Ok(params) => params,
@@ -649,7 +655,7 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
     for (k, v) in params {
         let r: Result<(), Resp> = async {
             match k.as_str() {
-                "user" => q.user_id = Some(resolve_user(st, &v).await?),
+                "user" => wanted_user = Some(v),
                 "view" => with_view = v == "true" || v == "1",
                 "source" => {
                     q.source =
@@ -686,9 +692,10 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
             return resp;
         }
     }
-    if let Err(resp) = scope_member_reads(user, &mut q.user_id, "history") {
-        return resp;
-    }
+    q.user_id = match scoped_user(st, user, wanted_user, "history").await {
+        Ok(u) => u,
+        Err(resp) => return resp,
+    };
     let foreign = q.user_id.as_deref() != Some(user.id.as_str());
     if foreign {
         // Reads of other people's history are themselves recorded (DESIGN §8), before the data
@@ -743,6 +750,7 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
 
 async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
     let mut q = FlagQuery { limit: 100, ..FlagQuery::default() };
+    let mut wanted_user = None;
     let params = match query_params(req.uri().query()) {
         Ok(params) => params,
         Err(resp) => return resp,
@@ -750,7 +758,7 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
     for (k, v) in params {
         let r: Result<(), Resp> = async {
             match k.as_str() {
-                "user" => q.user_id = Some(resolve_user(st, &v).await?),
+                "user" => wanted_user = Some(v),
                 "state" => {
                     q.state =
                         Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
@@ -772,8 +780,19 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
             return resp;
         }
     }
-    if let Err(resp) = scope_member_reads(user, &mut q.user_id, "flags") {
-        return resp;
+    q.user_id = match scoped_user(st, user, wanted_user, "flags").await {
+        Ok(u) => u,
+        Err(resp) => return resp,
+    };
+    if q.user_id.as_deref() != Some(user.id.as_str()) {
+        // Reads of other people's flags are recorded like reads of their events, first.
+        let payload = json!({
+            "reader": user.id, "reader_email": user.email, "what": "flags",
+            "target_user": q.user_id, "state": q.state, "rule": q.rule_id,
+        });
+        if let Err(resp) = record_read(st, user, payload).await {
+            return resp;
+        }
     }
     match st.store.list_flags(&q).await {
         Ok(flags) => {
@@ -794,7 +813,7 @@ async fn post_flag<S: Store>(
     req: Request<Incoming>,
 ) -> Resp {
     if !user.role.can_review() {
-        return error(StatusCode::FORBIDDEN, "only reviewers and admins act on flags");
+        return error(StatusCode::FORBIDDEN, flag_rules::Refusal::NotReviewer.to_string());
     }
     let body = match read_capped(req.into_body(), 64 * 1024).await {
         Ok(b) => b,
@@ -831,7 +850,16 @@ async fn post_flag<S: Store>(
             );
         }
     };
-    match st.store.append_flag_state(id, state, note, &user.id, now_micros()).await {
+    let override_requested = match v.get("override") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return error(StatusCode::BAD_REQUEST, "`override` must be true or false"),
+    };
+    let self_action = match allowed_flag_action(st, user, id, override_requested).await {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    match st.store.append_flag_state(id, state, note, &user.id, self_action, now_micros()).await {
         Ok(false) => error(StatusCode::NOT_FOUND, format!("no flag {id}")),
         Ok(true) => match st.store.get_flag(id).await {
             Ok(Some(f)) => json_resp(StatusCode::OK, &f.to_json()),
@@ -840,6 +868,37 @@ async fn post_flag<S: Store>(
         },
         Err(e) => store_error(e),
     }
+}
+
+/// Applies [`flag_rules::decide`] to `user` acting on flag `id`: `Ok(self_action)`, or the
+/// 404 (unknown flag) or 403 (refused, saying why and what to do) to answer.
+async fn allowed_flag_action<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    id: &str,
+    override_requested: bool,
+) -> Result<bool, Resp> {
+    let flag = match st.store.get_flag(id).await {
+        Ok(Some(f)) => f,
+        Ok(None) => return Err(error(StatusCode::NOT_FOUND, format!("no flag {id}"))),
+        Err(e) => return Err(store_error(e)),
+    };
+    // Counted only when it matters: the user's own flag without an override.
+    let reviewers = if flag.user_id == user.id && !override_requested {
+        match st.store.list_users().await {
+            Ok(users) => users.iter().filter(|u| u.role.can_review()).count(),
+            Err(e) => return Err(store_error(e)),
+        }
+    } else {
+        0
+    };
+    flag_rules::decide(flag_rules::Request {
+        actor: user,
+        flag_owner: &flag.user_id,
+        override_requested,
+        reviewers,
+    })
+    .map_err(|refusal| error(StatusCode::FORBIDDEN, refusal.to_string()))
 }
 
 /// Builds a TLS acceptor from PEM files.
@@ -960,21 +1019,49 @@ pub async fn serve<S: Store>(
     }
 }
 
-/// The one read-scoping rule: a member sees only their own records (asking for another user's
-/// is 403); reviewers and admins may name any user or none.
-fn scope_member_reads(user: &User, wanted: &mut Option<String>, what: &str) -> Result<(), Resp> {
-    if user.role.can_review() {
-        return Ok(());
+/// The one read-scoping rule, applied to the raw `user` parameter (an id or an email): a
+/// member sees only their own records, and naming anyone else is 403 *before* any lookup, so
+/// the answer is the same whether that user exists or not; reviewers and admins may name any
+/// user (resolved, 404 if unknown) or none (`None`: everyone).
+async fn scoped_user<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    wanted: Option<String>,
+    what: &str,
+) -> Result<Option<String>, Resp> {
+    if !user.role.can_review() {
+        return match wanted {
+            Some(w) if w != user.id && w != user.email => {
+                Err(error(StatusCode::FORBIDDEN, format!("members can read only their own {what}")))
+            }
+            _ => Ok(Some(user.id.clone())),
+        };
     }
     match wanted {
-        Some(u) if *u != user.id => {
-            Err(error(StatusCode::FORBIDDEN, format!("members can read only their own {what}")))
-        }
-        _ => {
-            *wanted = Some(user.id.clone());
-            Ok(())
-        }
+        Some(w) => resolve_user(st, &w).await.map(Some),
+        None => Ok(None),
     }
+}
+
+/// Stores an `airlock.review.read` record of `payload` in the reader's history (DESIGN §8);
+/// the caller shows nothing if this fails.
+async fn record_read<S: Store>(
+    st: &AppState<S>,
+    reader: &User,
+    payload: Value,
+) -> Result<(), Resp> {
+    let now = now_micros();
+    let ev = NewEvent {
+        source: Source::External,
+        id: format!("review-read:{}", random_id()),
+        kind: "airlock.review.read".into(),
+        ts: now,
+        session: None,
+        seq: None,
+        boot: None,
+        payload: payload.to_string(),
+    };
+    st.store.insert_events(&reader.id, now, &[ev]).await.map(|_| ()).map_err(store_error)
 }
 
 #[cfg(test)]

@@ -22,9 +22,11 @@ mod review;
 #[cfg(feature = "test-hooks")]
 mod review_atomic;
 mod review_detect;
+mod review_flags;
 mod review_init;
 mod review_limits;
 mod review_metrics;
+mod review_scope;
 mod review_store;
 mod review_support;
 mod review_validate;

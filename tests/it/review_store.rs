@@ -171,12 +171,16 @@ async fn conformance<S: Store>(s: &S) {
         .unwrap();
     assert_eq!(unflagged.len(), 1);
     assert!(
-        s.append_flag_state("f1", FlagState::Acknowledged, Some("seen"), &bob.id, T0)
+        s.append_flag_state("f1", FlagState::Acknowledged, Some("seen"), &bob.id, false, T0)
             .await
             .unwrap()
     );
-    assert!(s.append_flag_state("f1", FlagState::Resolved, None, &bob.id, T0 + 1).await.unwrap());
-    assert!(!s.append_flag_state("nope", FlagState::Resolved, None, &bob.id, T0).await.unwrap());
+    assert!(
+        s.append_flag_state("f1", FlagState::Resolved, None, &bob.id, false, T0 + 1).await.unwrap()
+    );
+    assert!(
+        !s.append_flag_state("nope", FlagState::Resolved, None, &bob.id, false, T0).await.unwrap()
+    );
     let f = s.get_flag("f1").await.unwrap().unwrap();
     assert_eq!(f.state, FlagState::Resolved);
     assert_eq!(f.note, None);

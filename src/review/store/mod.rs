@@ -237,13 +237,16 @@ pub trait Store: Send + Sync + 'static {
         q: &FlagQuery,
     ) -> impl Future<Output = Result<Vec<(i64, Flag)>, StoreError>> + Send;
     fn get_flag(&self, id: &str) -> impl Future<Output = Result<Option<Flag>, StoreError>> + Send;
-    /// Appends a state row; returns false if the flag is unknown.
+    /// Appends a state row; returns false if the flag is unknown. `self_action` marks an
+    /// actor acting on a flag raised on their own history, which the caller has allowed
+    /// ([`crate::review::flag_rules::decide`]).
     fn append_flag_state(
         &self,
         flag_id: &str,
         state: FlagState,
         note: Option<&str>,
         actor: &str,
+        self_action: bool,
         at: Micros,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
@@ -327,9 +330,10 @@ impl Store for AnyStore {
         st: FlagState,
         n: Option<&str>,
         a: &str,
+        me: bool,
         at: Micros,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.append_flag_state(f, st, n, a, at))
+        dispatch!(self, s => s.append_flag_state(f, st, n, a, me, at))
     }
 }
 

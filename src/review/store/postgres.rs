@@ -10,7 +10,8 @@
 
 use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
 use crate::review::{
-    Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
+    Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
+    StoredEvent, User,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +19,10 @@ use std::sync::{Arc, RwLock};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, NoTls, Row};
 
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/pg_0001.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../migrations/pg_0001.sql")),
+    (3, include_str!("../migrations/pg_0003.sql")),
+];
 
 /// Tables the runtime role gets INSERT + SELECT on (docs/review.md lists the grants).
 pub const TABLES: &[&str] = &[
@@ -182,16 +186,23 @@ impl PgStore {
 
     async fn load_flags(&self, c: &Client, rows: Vec<Row>) -> Result<Vec<(i64, Flag)>, StoreError> {
         let ids: Vec<String> = rows.iter().map(|r| r.get::<_, String>(1)).collect();
-        let mut states: HashMap<String, (String, Option<String>)> = HashMap::new();
+        let mut histories: HashMap<String, Vec<FlagStateRecord>> = HashMap::new();
         for r in c
             .query(
-                "SELECT DISTINCT ON (flag_id) flag_id, state, note FROM flag_states
-                 WHERE flag_id = ANY($1) ORDER BY flag_id, n DESC",
+                "SELECT flag_id, state, actor, (extract(epoch from at) * 1000000)::int8, note, self
+                 FROM flag_states WHERE flag_id = ANY($1) ORDER BY flag_id, n",
                 &[&ids],
             )
             .await?
         {
-            states.insert(r.get(0), (r.get(1), r.get(2)));
+            let state: String = r.get(1);
+            histories.entry(r.get(0)).or_default().push(FlagStateRecord {
+                state: state.parse().map_err(StoreError::Other)?,
+                actor: r.get(2),
+                at: r.get(3),
+                note: r.get(4),
+                self_action: r.get(5),
+            });
         }
         let mut links: HashMap<String, Vec<i64>> = HashMap::new();
         for r in c
@@ -206,10 +217,7 @@ impl PgStore {
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let id: String = r.get(1);
-            let (state, note) = match states.remove(&id) {
-                Some((s, n)) => (s.parse().map_err(StoreError::Other)?, n),
-                None => (FlagState::Open, None),
-            };
+            let history = histories.remove(&id).unwrap_or_default();
             let severity: String = r.get(4);
             out.push((
                 r.get(0),
@@ -223,9 +231,11 @@ impl PgStore {
                     session: r.get(6),
                     detail: r.get(7),
                     created_at: r.get(8),
-                    state,
-                    note,
-                },
+                    state: FlagState::Open,
+                    note: None,
+                    history: Vec::new(),
+                }
+                .with_history(history),
             ));
         }
         Ok(out)
@@ -667,14 +677,15 @@ impl Store for PgStore {
         state: FlagState,
         note: Option<&str>,
         actor: &str,
+        self_action: bool,
         at: Micros,
     ) -> Result<bool, StoreError> {
         let c = self.client().await?;
         let n = c
             .execute(
-                "INSERT INTO flag_states(flag_id, state, note, actor, at)
-                 SELECT id, $2, $3, $4, $5::text::timestamptz FROM flags WHERE id = $1",
-                &[&flag_id, &state.as_str(), &note, &actor, &ts_text(at)],
+                "INSERT INTO flag_states(flag_id, state, note, actor, at, self)
+                 SELECT id, $2, $3, $4, $5::text::timestamptz, $6 FROM flags WHERE id = $1",
+                &[&flag_id, &state.as_str(), &note, &actor, &ts_text(at), &self_action],
             )
             .await?;
         Ok(n > 0)

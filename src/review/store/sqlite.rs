@@ -8,15 +8,18 @@
 
 use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
 use crate::review::{
-    Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
-    now_micros,
+    Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
+    StoredEvent, User, now_micros,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params, params_from_iter, types::Value};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite_0001.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/sqlite_0001.sql")),
+    (3, include_str!("../migrations/sqlite_0003.sql")),
+];
 
 /// The embedded store. Cloning shares the connection.
 #[derive(Debug, Clone)]
@@ -511,17 +514,24 @@ fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreEr
     let Some((n, id, rule_id, title, severity, user_id, session, detail, created_at)) = row else {
         return Ok(None);
     };
-    let state: Option<(String, Option<String>)> = conn
-        .query_row(
-            "SELECT state, note FROM flag_states WHERE flag_id = ?1 ORDER BY n DESC LIMIT 1",
-            [&id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()?;
-    let (state, note) = match state {
-        Some((s, n)) => (s.parse().map_err(StoreError::Other)?, n),
-        None => (FlagState::Open, None),
-    };
+    let mut stmt = conn.prepare_cached(
+        "SELECT state, actor, at, note, self FROM flag_states WHERE flag_id = ?1 ORDER BY n",
+    )?;
+    let rows = stmt.query_map([&id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, Option<String>>(3)?,
+            r.get::<_, bool>(4)?,
+        ))
+    })?;
+    let mut history = Vec::new();
+    for row in rows {
+        let (state, actor, at, note, self_action) = row?;
+        let state = state.parse().map_err(StoreError::Other)?;
+        history.push(FlagStateRecord { state, actor, at, note, self_action });
+    }
     let mut stmt = conn
         .prepare_cached("SELECT event_pk FROM flag_events WHERE flag_id = ?1 ORDER BY event_pk")?;
     let event_pks = stmt.query_map([&id], |r| r.get(0))?.collect::<Result<Vec<i64>, _>>()?;
@@ -536,10 +546,12 @@ fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreEr
             session,
             detail,
             created_at,
-            state,
-            note,
+            state: FlagState::Open,
+            note: None,
             event_pks,
-        },
+            history: Vec::new(),
+        }
+        .with_history(history),
     )))
 }
 
@@ -817,14 +829,15 @@ impl Store for SqliteStore {
         state: FlagState,
         note: Option<&str>,
         actor: &str,
+        self_action: bool,
         at: Micros,
     ) -> Result<bool, StoreError> {
         let (flag_id, note, actor) =
             (flag_id.to_string(), note.map(str::to_string), actor.to_string());
         self.with(move |c| {
             let n = c.execute(
-                "INSERT INTO flag_states(flag_id, state, note, actor, at) SELECT id, ?2, ?3, ?4, ?5 FROM flags WHERE id = ?1",
-                params![flag_id, state.as_str(), note, actor, at],
+                "INSERT INTO flag_states(flag_id, state, note, actor, at, self) SELECT id, ?2, ?3, ?4, ?5, ?6 FROM flags WHERE id = ?1",
+                params![flag_id, state.as_str(), note, actor, at, self_action],
             )?;
             Ok(n > 0)
         })
@@ -890,6 +903,35 @@ mod tests {
         let mode: i64 =
             s.conn.lock().unwrap().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, 2, "synchronous must be FULL (2), so answered commits survive power loss");
+    }
+
+    #[test]
+    fn migration_3_marks_existing_flag_states_as_not_self_actions() {
+        // A version-1 store with a flag state, as older servers left it.
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &MIGRATIONS[..1]).unwrap();
+        conn.execute_batch(
+            "INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail, created_at)
+               VALUES ('f1', 'r', 't', 'low', 'u1', NULL, 'd', 1);
+             INSERT INTO flag_states(flag_id, state, note, actor, at)
+               VALUES ('f1', 'acknowledged', 'old', 'u2', 2);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let (_, f) = load_flag(&conn, "f1").unwrap().unwrap();
+        assert_eq!(f.state, FlagState::Acknowledged);
+        assert_eq!(f.history.len(), 1);
+        assert!(!f.history[0].self_action);
+        assert_eq!((f.history[0].actor.as_str(), f.history[0].at), ("u2", 2));
+        let version: i64 =
+            conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+        assert_eq!(version, 3);
+        // The column holds only 0 and 1.
+        let bad = conn.execute(
+            "INSERT INTO flag_states(flag_id, state, actor, at, self) VALUES ('f1', 'open', 'u2', 3, 7)",
+            [],
+        );
+        assert!(bad.is_err());
     }
 
     #[test]
