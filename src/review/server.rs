@@ -191,6 +191,7 @@ fn store_error(e: StoreError) -> Resp {
             )
         }
         StoreError::NotFound(m) => error(StatusCode::NOT_FOUND, m),
+        StoreError::Forbidden(m) => error(StatusCode::FORBIDDEN, m),
         StoreError::Conflict(m) => error(StatusCode::CONFLICT, m),
         StoreError::Other(m) => {
             tracing::error!("review store error: {m}");
@@ -203,17 +204,23 @@ fn store_error(e: StoreError) -> Resp {
     }
 }
 
+/// The bearer token of a request, if its Authorization header has one.
+fn bearer_secret(req: &Request<Incoming>) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?;
+    value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
+}
+
 async fn authenticate<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Result<User, Resp> {
     let unauthorized = |m: &str| {
         with_header(error(StatusCode::UNAUTHORIZED, m), header::WWW_AUTHENTICATE, "Bearer")
     };
-    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+    if !req.headers().contains_key(header::AUTHORIZATION) {
         return Err(unauthorized("missing `Authorization: Bearer <token>`"));
-    };
-    let Some(secret) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+    }
+    let Some(secret) = bearer_secret(req) else {
         return Err(unauthorized("malformed Authorization header; expected `Bearer <token>`"));
     };
-    match st.store.authenticate(token::hash(secret.trim())).await {
+    match st.store.authenticate(token::hash(secret)).await {
         Ok(Some(u)) => Ok(u),
         Ok(None) => Err(unauthorized("invalid or revoked token")),
         Err(e) => Err(store_error(e)),
@@ -624,6 +631,9 @@ async fn post_flag<S: Store>(
     if !user.role.can_review() {
         return error(StatusCode::FORBIDDEN, "only reviewers and admins act on flags");
     }
+    // PostgreSQL re-checks the token inside `airlock_flag_state`; held only for this request,
+    // wiped on drop.
+    let secret = zeroize::Zeroizing::new(bearer_secret(&req).unwrap_or_default().to_string());
     let body = match read_capped(req.into_body(), 64 * 1024).await {
         Ok(b) => b,
         Err(ReadError::TooLarge) => {
@@ -659,7 +669,7 @@ async fn post_flag<S: Store>(
             );
         }
     };
-    match st.store.append_flag_state(id, state, note, &user.id, now_micros()).await {
+    match st.store.append_flag_state(id, state, note, &user.id, &secret, now_micros()).await {
         Ok(false) => error(StatusCode::NOT_FOUND, format!("no flag {id}")),
         Ok(true) => match st.store.get_flag(id).await {
             Ok(Some(f)) => json_resp(StatusCode::OK, &f.to_json()),

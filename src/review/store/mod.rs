@@ -6,6 +6,7 @@
 //! Nothing is ever updated or deleted: token revocations, role changes and flag states are
 //! appended rows, and the "current" value is the latest row.
 
+pub mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 
@@ -25,6 +26,10 @@ pub enum StoreError {
     Conflict(String),
     #[error("{0}")]
     NotFound(String),
+    /// The store itself refused the caller (PostgreSQL's flag-state function: credential or
+    /// role); HTTP 403.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("review store error: {0}")]
     Other(String),
 }
@@ -237,13 +242,16 @@ pub trait Store: Send + Sync + 'static {
         q: &FlagQuery,
     ) -> impl Future<Output = Result<Vec<(i64, Flag)>, StoreError>> + Send;
     fn get_flag(&self, id: &str) -> impl Future<Output = Result<Option<Flag>, StoreError>> + Send;
-    /// Appends a state row; returns false if the flag is unknown.
+    /// Appends a state row; returns false if the flag is unknown. `secret` is the bearer
+    /// token the actor presented: PostgreSQL re-checks it in the database and records its user
+    /// as the actor (`airlock_flag_state`); the embedded store records `actor`.
     fn append_flag_state(
         &self,
         flag_id: &str,
         state: FlagState,
         note: Option<&str>,
         actor: &str,
+        secret: &str,
         at: Micros,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
@@ -327,9 +335,10 @@ impl Store for AnyStore {
         st: FlagState,
         n: Option<&str>,
         a: &str,
+        secret: &str,
         at: Micros,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.append_flag_state(f, st, n, a, at))
+        dispatch!(self, s => s.append_flag_state(f, st, n, a, secret, at))
     }
 }
 
