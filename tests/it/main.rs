@@ -23,6 +23,7 @@ mod review;
 mod review_atomic;
 mod review_detect;
 mod review_init;
+mod review_pg_privilege;
 mod review_store;
 mod review_support;
 mod review_validate;
