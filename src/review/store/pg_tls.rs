@@ -419,6 +419,57 @@ mod tests {
         assert!(PgTarget::new("postgres://u@h/db?sslmode=bogus", &PgOptions::default()).is_err());
     }
 
+    /// The verification the connector does (rustls' WebPKI verifier over the CA's roots):
+    /// a certificate the CA signed for the name passes; another name or another CA fails.
+    #[test]
+    fn verifier_checks_chain_and_name() {
+        use rustls::client::danger::ServerCertVerifier;
+        // Keys are random: a few rounds (300 were run once while writing this).
+        for _ in 0..3 {
+            let mk_ca = |cn: &str| {
+                let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+                p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+                p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+                let k = rcgen::KeyPair::generate().unwrap();
+                let c = p.self_signed(&k).unwrap();
+                (p, k, c)
+            };
+            let (ca_p, ca_k, ca_c) = mk_ca("ca one");
+            let (_, _, other_c) = mk_ca("ca two");
+            let leaf_k = rcgen::KeyPair::generate().unwrap();
+            let leaf = rcgen::CertificateParams::new(vec!["pg.airlock.test".to_string()])
+                .unwrap()
+                .signed_by(&leaf_k, &rcgen::Issuer::from_params(&ca_p, &ca_k))
+                .unwrap();
+            let verify = |root: &rcgen::Certificate, name: &str| {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add(root.der().clone()).unwrap();
+                let v = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    Arc::new(rustls::crypto::ring::default_provider()),
+                )
+                .build()
+                .unwrap();
+                v.verify_server_cert(
+                    leaf.der(),
+                    &[],
+                    &ServerName::try_from(name.to_string()).unwrap(),
+                    &[],
+                    rustls::pki_types::UnixTime::now(),
+                )
+                .map(|_| ())
+            };
+            assert!(
+                verify(&ca_c, "pg.airlock.test").is_ok(),
+                "{:?}",
+                verify(&ca_c, "pg.airlock.test")
+            );
+            assert!(verify(&ca_c, "other.airlock.test").is_err());
+            assert!(verify(&ca_c, "127.0.0.1").is_err());
+            assert!(verify(&other_c, "pg.airlock.test").is_err());
+        }
+    }
+
     #[test]
     fn statement_timeout_is_appended_to_existing_options() {
         let opts =

@@ -115,10 +115,19 @@ impl Drop for Lease {
 }
 
 async fn connect(target: &PgTarget) -> Result<Client, StoreError> {
-    target
-        .connect()
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("cannot connect to PostgreSQL: {e}")))
+    target.connect().await.map_err(|e| {
+        // tokio-postgres puts the TLS verdict (wrong CA, wrong name) in the source chain.
+        let mut msg = format!("cannot connect to PostgreSQL: {e}");
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !msg.ends_with(&text) {
+                msg.push_str(&format!(": {text}"));
+            }
+            cause = c.source();
+        }
+        StoreError::Unavailable(msg)
+    })
 }
 
 /// Reads a connection string (TLS demands, CA) into a target.
