@@ -25,6 +25,7 @@ mod review_detect;
 mod review_init;
 mod review_pg_privilege;
 mod review_pg_tls;
+mod review_pg_two_instances;
 mod review_store;
 mod review_support;
 mod review_validate;
