@@ -405,3 +405,25 @@ fn pg_migrate_refuses_a_superuser_runtime_role() {
     assert_eq!(run.code(), 1, "{}", run.stderr());
     assert!(run.stderr().contains("superuser"), "{}", run.stderr());
 }
+
+/// The server's connections carry `statement_timeout` (default 30 s; the option appends to a
+/// URL's own `options`).
+#[test]
+fn pg_runtime_connections_carry_a_statement_timeout() {
+    use airlock::review::store::pg_tls::{DEFAULT_STATEMENT_TIMEOUT, PgOptions, PgTarget};
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    rt().block_on(async {
+        let opts = PgOptions { statement_timeout: Some(DEFAULT_STATEMENT_TIMEOUT), ca: None };
+        let c = PgTarget::new(&db.runtime_url, &opts).unwrap().connect().await.unwrap();
+        assert_eq!(one(&c, "SHOW statement_timeout").await, "30s");
+        let url = format!("{}?options=-c%20work_mem%3D8MB", db.runtime_url);
+        let opts =
+            PgOptions { statement_timeout: Some(std::time::Duration::from_millis(50)), ca: None };
+        let c = PgTarget::new(&url, &opts).unwrap().connect().await.unwrap();
+        assert_eq!(one(&c, "SHOW statement_timeout").await, "50ms");
+        assert_eq!(one(&c, "SHOW work_mem").await, "8MB");
+        refused(&c, "SELECT pg_sleep(5)", "57014", "statement timeout").await;
+    });
+}
