@@ -98,9 +98,14 @@ BEGIN
 END $$;
 ALTER TABLE events ALTER COLUMN received_at SET DEFAULT now();
 ALTER TABLE event_keys ALTER COLUMN received_at SET DEFAULT now();
-CREATE TRIGGER events_received_now BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION airlock_received_now();
-CREATE TRIGGER event_keys_received_now BEFORE INSERT ON event_keys FOR EACH ROW EXECUTE FUNCTION airlock_received_now();
-CREATE TRIGGER flags_created_now BEFORE INSERT ON flags FOR EACH ROW EXECUTE FUNCTION airlock_created_now();
+-- The WHEN clause is evaluated by the executor, so the (plpgsql) function runs only for a
+-- row it refuses: the common insert pays an expression, not a function call.
+CREATE TRIGGER events_received_now BEFORE INSERT ON events FOR EACH ROW
+  WHEN (NEW.received_at IS DISTINCT FROM now()) EXECUTE FUNCTION airlock_received_now();
+CREATE TRIGGER event_keys_received_now BEFORE INSERT ON event_keys FOR EACH ROW
+  WHEN (NEW.received_at IS DISTINCT FROM now()) EXECUTE FUNCTION airlock_received_now();
+CREATE TRIGGER flags_created_now BEFORE INSERT ON flags FOR EACH ROW
+  WHEN (NEW.created_at IS DISTINCT FROM now()) EXECUTE FUNCTION airlock_created_now();
 
 -- TRUNCATE of a partition names the partition, not `events`, so each one carries its own
 -- statement trigger (`airlockd review maintain` adds it to the partitions it creates).
