@@ -1,6 +1,7 @@
 //! The review store: one insert-only contract ([`Store`]) with two implementations —
 //! [`sqlite::SqliteStore`] (embedded, one file under the data dir) and
-//! [`postgres::PgStore`] (teams; partitioned, runtime role with INSERT + SELECT only).
+//! [`postgres::PgStore`] (teams; partitioned; least-privileged roles per docs/review.md
+//! "Grants", TLS and session settings in [`pg_tls`]).
 //! Both pass the same conformance suite (`tests/it/review_store.rs`).
 //!
 //! Nothing is ever updated or deleted: token revocations, role changes and flag states are
