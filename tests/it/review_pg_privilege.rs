@@ -191,7 +191,8 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
                 "INSERT INTO events (pk, user_id, source, id, type, ts, payload)
                    VALUES (nextval('events_pk_seq'), '{ana_id}', 'egress', 'ok-1', 'connect', 0, '{{}}');
                  INSERT INTO flags (id, rule_id, title, severity, user_id, detail)
-                   VALUES ('f-ana', 'r', 't', 'high', '{ana_id}', 'd'), ('f-adm', 'r', 't', 'high', '{adm_id}', 'd');"
+                   VALUES ('f-ana', 'r', 't', 'high', '{ana_id}', 'd'), ('f-adm', 'r', 't', 'high', '{adm_id}', 'd'),
+                          ('f-rev', 'r', 't', 'high', '{rev_id}', 'd');"
             ))
             .await
             .unwrap();
@@ -234,7 +235,8 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
         refused(&runtime, &flag_call(Some("alk_unknown"), "f-ana", "dismissed", false), "AL401", "invalid or revoked").await;
         refused(&runtime, &flag_call(Some(&rev_old), "f-ana", "dismissed", false), "AL401", "invalid or revoked").await;
         refused(&runtime, &flag_call(Some(&ana2), "f-ana", "dismissed", false), "AL403", "only reviewers and admins").await;
-        refused(&runtime, &flag_call(Some(&rev), "f-ana", "dismissed", true), "AL403", "only admins may override").await;
+        // Override is an admin's: a reviewer's grants nothing on their own history.
+        refused(&runtime, &flag_call(Some(&rev), "f-rev", "dismissed", true), "AL403", "your own history").await;
         // Two reviewers/admins exist: the admin may not act on a flag on their own history…
         refused(&runtime, &flag_call(Some(&adm), "f-adm", "dismissed", false), "AL403", "your own history").await;
         // …except by override, marked self; a reviewer's action records the reviewer.
@@ -384,6 +386,16 @@ fn pg_remigrating_a_version_1_database_revokes_its_grants() {
             .await
             .unwrap();
         runtime.batch_execute(&flag_call(Some("alk_old"), "f1", "resolved", false)).await.unwrap();
+        // The sole reviewer/admin may act on their own history: allowed, marked self.
+        runtime
+            .batch_execute("INSERT INTO flags (id, rule_id, title, severity, user_id, detail) VALUES ('f2', 'r', 't', 'high', 'u1', 'd')")
+            .await
+            .unwrap();
+        runtime.batch_execute(&flag_call(Some("alk_old"), "f2", "dismissed", false)).await.unwrap();
+        assert_eq!(
+            one(&owner, "SELECT string_agg(flag_id || ':' || self, ',' ORDER BY n) FROM flag_states").await,
+            "f1:false,f2:true"
+        );
     });
     // Re-running is idempotent.
     db.migrate(&world);

@@ -13,11 +13,13 @@
 --   * The actor's current role must be reviewer or admin.
 --   * `self` (the flag was raised on the actor's own history) is computed here. A self-action
 --     is allowed only for the sole reviewer/admin of the store, or for an admin passing
---     `override` = true; `override` from anyone but an admin is refused.
+--     `override` = true. `override` from anyone else grants nothing (and is ignored when the
+--     action is not a self-action), so a caller may pass its own "self action allowed"
+--     decision as `override` without widening the rule.
 --   * No row returned: no such flag. One row: the appended state row (`at_us`: microseconds
 --     since the epoch of the database clock).
 --   * Refusals raise SQLSTATE 'AL401' (no, unknown or revoked credential) or 'AL403' (not a
---     reviewer/admin, self-action refused, override by a non-admin); the message says why.
+--     reviewer/admin, or a self-action refused); the message says why.
 
 -- Migration 0003 (self-actions) adds this column too; IF NOT EXISTS keeps either order working.
 ALTER TABLE flag_states ADD COLUMN IF NOT EXISTS self boolean NOT NULL DEFAULT false;
@@ -48,15 +50,12 @@ BEGIN
   IF v_role IS DISTINCT FROM 'reviewer' AND v_role IS DISTINCT FROM 'admin' THEN
     RAISE EXCEPTION 'only reviewers and admins act on flags' USING ERRCODE = 'AL403';
   END IF;
-  IF override AND v_role <> 'admin' THEN
-    RAISE EXCEPTION 'only admins may override the self-action rule' USING ERRCODE = 'AL403';
-  END IF;
   SELECT f.user_id INTO v_owner FROM flags f WHERE f.id = airlock_flag_state.flag_id;
   IF v_owner IS NULL THEN
     RETURN;
   END IF;
   v_self := v_owner = v_user;
-  IF v_self AND NOT coalesce(override, false) THEN
+  IF v_self AND NOT (coalesce(override, false) AND v_role = 'admin') THEN
     SELECT count(*) INTO v_reviewers FROM users u
      WHERE (SELECT r.role FROM user_roles r WHERE r.user_id = u.id ORDER BY r.n DESC LIMIT 1)
            IN ('reviewer', 'admin');
