@@ -103,10 +103,11 @@ async fn drive(port: u16, secret: &str, bodies: Vec<Bytes>, conns: usize) -> Res
     }
 }
 
-async fn bench_store(name: &str, store: AnyStore, batches: usize, conns: usize) {
+/// `admin` writes the user and token (PostgreSQL's runtime role cannot); `store` is measured.
+async fn bench_store(name: &str, admin: AnyStore, store: AnyStore, batches: usize, conns: usize) {
     let run = format!("{}", airlock::review::now_micros());
     // Baseline: direct store inserts (no HTTP, no parsing, no detection).
-    let user = store.add_user(&format!("bench-{run}@example.test"), Role::Member).await.unwrap();
+    let user = admin.add_user(&format!("bench-{run}@example.test"), Role::Member).await.unwrap();
     let direct_batches = batches.min(50);
     let evs: Vec<Vec<NewEvent>> = (0..direct_batches)
         .map(|b| {
@@ -131,7 +132,7 @@ async fn bench_store(name: &str, store: AnyStore, batches: usize, conns: usize) 
     let direct = (direct_batches * BATCH) as f64 / t.elapsed().as_secs_f64();
 
     let tok = token::Token::generate().unwrap();
-    store.create_token(&format!("bench-{run}"), &user.id, tok.hash()).await.unwrap();
+    admin.create_token(&format!("bench-{run}"), &user.id, tok.hash()).await.unwrap();
     // One token drives every connection here: give it the slots and rate the bench needs (the
     // per-user share and per-token rate would otherwise answer 429, which the bench refuses).
     let limits = LimitsConfig {
@@ -189,7 +190,8 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     rt.block_on(async {
         let s = SqliteStore::open(dir.path()).unwrap();
-        bench_store("embedded", AnyStore::Sqlite(s), batches, conns).await;
+        let s = AnyStore::Sqlite(s);
+        bench_store("embedded", s.clone(), s, batches, conns).await;
     });
     let name = format!("airlock_bench_{}", std::process::id());
     let role = format!("airlock_bench_rt_{}", std::process::id());
@@ -201,9 +203,12 @@ fn main() {
     let owner = format!("postgres://postgres@127.0.0.1:5432/{name}");
     let runtime = format!("postgres://{role}@127.0.0.1:5432/{name}");
     rt.block_on(async {
-        postgres::migrate(&owner, Some(&role)).await.unwrap();
+        let opts =
+            postgres::MigrateOptions { runtime_role: Some(role.clone()), ..Default::default() };
+        postgres::migrate(&owner, &opts).await.unwrap();
+        let admin = AnyStore::Pg(PgStore::connect(&owner, 1).await.unwrap());
         let s = PgStore::connect(&runtime, conns).await.unwrap();
-        bench_store("postgres", AnyStore::Pg(s), batches, conns).await;
+        bench_store("postgres", admin, AnyStore::Pg(s), batches, conns).await;
     });
     drop(rt);
     psql(&format!("DROP DATABASE {name} WITH (FORCE)"));

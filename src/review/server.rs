@@ -242,6 +242,7 @@ fn store_error(e: StoreError) -> Resp {
             )
         }
         StoreError::NotFound(m) => error(StatusCode::NOT_FOUND, m),
+        StoreError::Forbidden(m) => error(StatusCode::FORBIDDEN, m),
         StoreError::Conflict(m) => error(StatusCode::CONFLICT, m),
         StoreError::Other(m) => {
             metrics::global().store_error(false);
@@ -263,6 +264,12 @@ fn too_many(limit: &'static str, wait: Duration, message: impl Into<String>) -> 
     r
 }
 
+/// The bearer token of a request, if its Authorization header has one.
+fn bearer_secret(req: &Request<Incoming>) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?;
+    value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
+}
+
 /// The bearer token's user. A peer whose presented tokens failed too often is refused (429)
 /// before its token is even looked up, so guessing is slow; a valid token is then held to its
 /// own rate (429 past it).
@@ -274,9 +281,9 @@ async fn authenticate<S: Store>(
     let unauthorized = |m: &str| {
         with_header(error(StatusCode::UNAUTHORIZED, m), header::WWW_AUTHENTICATE, "Bearer")
     };
-    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+    if !req.headers().contains_key(header::AUTHORIZATION) {
         return Err(unauthorized("missing `Authorization: Bearer <token>`"));
-    };
+    }
     let peer = limits::peer_key(peer);
     if let Err(wait) = st.auth_failures.check(&peer, Instant::now()) {
         return Err(too_many(
@@ -290,10 +297,10 @@ async fn authenticate<S: Store>(
         let _ = st.auth_failures.take(&peer, Instant::now());
         unauthorized(m)
     };
-    let Some(secret) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
+    let Some(secret) = bearer_secret(req) else {
         return Err(failed("malformed Authorization header; expected `Bearer <token>`"));
     };
-    let hash = token::hash(secret.trim());
+    let hash = token::hash(secret);
     match st.store.authenticate(hash).await {
         Ok(Some(u)) => match st.token_rate.take(&hash, Instant::now()) {
             Ok(()) => Ok(u),
@@ -815,6 +822,9 @@ async fn post_flag<S: Store>(
     if !user.role.can_review() {
         return error(StatusCode::FORBIDDEN, flag_rules::Refusal::NotReviewer.to_string());
     }
+    // PostgreSQL re-checks the token inside `airlock_flag_state`; held only for this request,
+    // wiped on drop.
+    let secret = zeroize::Zeroizing::new(bearer_secret(&req).unwrap_or_default().to_string());
     let body = match read_capped(req.into_body(), 64 * 1024).await {
         Ok(b) => b,
         Err(ReadError::TooLarge) => {
@@ -859,7 +869,11 @@ async fn post_flag<S: Store>(
         Ok(s) => s,
         Err(resp) => return resp,
     };
-    match st.store.append_flag_state(id, state, note, &user.id, self_action, now_micros()).await {
+    match st
+        .store
+        .append_flag_state(id, state, note, &user.id, self_action, &secret, now_micros())
+        .await
+    {
         Ok(false) => error(StatusCode::NOT_FOUND, format!("no flag {id}")),
         Ok(true) => match st.store.get_flag(id).await {
             Ok(Some(f)) => json_resp(StatusCode::OK, &f.to_json()),

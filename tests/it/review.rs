@@ -345,7 +345,7 @@ fn attribution_and_read_recording() {
     let run = world
         .airlockd(world.tmp.path())
         .args(["admin", "token", "revoke", "--user", "a@example.test"])
-        .args(store.args())
+        .args(store.admin_args())
         .run()
         .expect_code(0);
     assert!(run.stderr().contains("revoked"));

@@ -6,7 +6,7 @@ use crate::support::World;
 use airlock::review::store::postgres::{self, PgStore};
 use airlock::review::store::sqlite::SqliteStore;
 use airlock::review::store::{EventQuery, FlagQuery, Store, StoreError};
-use airlock::review::{FlagState, Micros, NewEvent, NewFlag, Role, Severity, Source};
+use airlock::review::{FlagState, Micros, NewEvent, NewFlag, Role, Severity, Source, token};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
@@ -29,17 +29,19 @@ fn ev(source: Source, id: &str, session: Option<&str>, seq: Option<i64>) -> NewE
 
 const T0: Micros = 1_772_615_600_000_000; // 2026-03-04
 
-/// The contract every store must meet.
-async fn conformance<S: Store>(s: &S) {
+/// The contract every store must meet. `admin` is the store as `airlockd admin` opens it
+/// (users, roles, tokens; PostgreSQL's admin role), `s` as the server does (the runtime role);
+/// for the embedded store both are the same.
+pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
     // Users and roles (role changes are appended; the latest wins).
-    let ana = s.add_user("ana@example.test", Role::Member).await.unwrap();
-    let bob = s.add_user("bob@example.test", Role::Member).await.unwrap();
+    let ana = admin.add_user("ana@example.test", Role::Member).await.unwrap();
+    let bob = admin.add_user("bob@example.test", Role::Member).await.unwrap();
     assert!(matches!(
-        s.add_user("ana@example.test", Role::Admin).await,
+        admin.add_user("ana@example.test", Role::Admin).await,
         Err(StoreError::Conflict(_))
     ));
-    s.set_role(&bob.id, Role::Reviewer).await.unwrap();
-    s.set_role(&bob.id, Role::Admin).await.unwrap();
+    admin.set_role(&bob.id, Role::Reviewer).await.unwrap();
+    admin.set_role(&bob.id, Role::Admin).await.unwrap();
     assert_eq!(s.user_by_email("bob@example.test").await.unwrap().unwrap().role, Role::Admin);
     assert!(s.user_by_email("nobody@example.test").await.unwrap().is_none());
     let users = s.list_users().await.unwrap();
@@ -47,17 +49,22 @@ async fn conformance<S: Store>(s: &S) {
         users.iter().map(|u| u.email.as_str()).collect::<Vec<_>>(),
         ["ana@example.test", "bob@example.test"]
     );
-    assert!(matches!(s.set_role("no-such-id", Role::Admin).await, Err(StoreError::NotFound(_))));
+    assert!(matches!(
+        admin.set_role("no-such-id", Role::Admin).await,
+        Err(StoreError::NotFound(_))
+    ));
 
-    // Tokens: stored by hash, revocation appended.
-    let h1 = [1u8; 32];
-    let h2 = [2u8; 32];
-    s.create_token("tok1", &ana.id, h1).await.unwrap();
-    s.create_token("tok2", &ana.id, h2).await.unwrap();
+    // Tokens: stored by hash, revocation appended. Real secrets: PostgreSQL's flag-state
+    // function hashes the presented one itself.
+    let (t1, t2, tb) = ("alk_conformance-1", "alk_conformance-2", "alk_conformance-bob");
+    let (h1, h2) = (token::hash(t1), token::hash(t2));
+    admin.create_token("tok1", &ana.id, h1).await.unwrap();
+    admin.create_token("tok2", &ana.id, h2).await.unwrap();
+    admin.create_token("tokb", &bob.id, token::hash(tb)).await.unwrap();
     assert_eq!(s.authenticate(h1).await.unwrap().unwrap().id, ana.id);
     assert!(s.authenticate([9u8; 32]).await.unwrap().is_none());
-    assert!(s.revoke_token("tok1").await.unwrap());
-    assert!(!s.revoke_token("nope").await.unwrap());
+    assert!(admin.revoke_token("tok1").await.unwrap());
+    assert!(!admin.revoke_token("nope").await.unwrap());
     assert!(s.authenticate(h1).await.unwrap().is_none());
     assert!(s.authenticate(h2).await.unwrap().is_some());
     assert_eq!(
@@ -75,15 +82,22 @@ async fn conformance<S: Store>(s: &S) {
     let r = s.insert_events(&ana.id, T0, &batch).await.unwrap();
     assert_eq!(r.iter().map(|x| x.created).collect::<Vec<_>>(), [true, true, true, false]);
     assert_eq!(r[3].pk, r[0].pk);
-    assert!(r.iter().all(|x| x.received_at == T0));
+    // One received_at per batch: the server's clock (embedded) or the database's (PostgreSQL,
+    // which ignores the argument).
+    let t0 = r[0].received_at;
+    assert!(r.iter().all(|x| x.received_at == t0));
     let again = s.insert_events(&ana.id, T0 + 5_000_000, &batch[..3]).await.unwrap();
     assert!(
-        again.iter().all(|x| !x.created && x.received_at == T0),
+        again.iter().all(|x| !x.created && x.received_at == t0),
         "duplicates keep the original received_at"
     );
-    // Same key under another user is a different event.
+    // Same key under another user is a different event (received strictly later: the sleep
+    // only orders the database clock's two readings).
+    std::thread::sleep(std::time::Duration::from_millis(2));
     let other = s.insert_events(&bob.id, T0 + 1, &batch[..1]).await.unwrap();
     assert!(other[0].created);
+    let t1 = other[0].received_at;
+    assert!(t1 > t0, "{t1} > {t0}");
 
     // Reads: stored verbatim, filters, cursor pagination.
     let all = s
@@ -124,13 +138,13 @@ async fn conformance<S: Store>(s: &S) {
     assert_eq!(page1.len() + page2.len(), 3);
     assert!(page2[0].pk > page1[1].pk);
     let later = s
-        .query_events(&EventQuery { since: Some(T0 + 1), limit: 100, ..Default::default() })
+        .query_events(&EventQuery { since: Some(t1), limit: 100, ..Default::default() })
         .await
         .unwrap();
     assert_eq!(later.len(), 1, "time range on received_at");
     assert_eq!(later[0].user_id, bob.id);
     let before = s
-        .query_events(&EventQuery { until: Some(T0 + 1), limit: 100, ..Default::default() })
+        .query_events(&EventQuery { until: Some(t1), limit: 100, ..Default::default() })
         .await
         .unwrap();
     assert_eq!(before.len(), 3);
@@ -171,15 +185,19 @@ async fn conformance<S: Store>(s: &S) {
         .unwrap();
     assert_eq!(unflagged.len(), 1);
     assert!(
-        s.append_flag_state("f1", FlagState::Acknowledged, Some("seen"), &bob.id, false, T0)
+        s.append_flag_state("f1", FlagState::Acknowledged, Some("seen"), &bob.id, false, tb, T0)
             .await
             .unwrap()
     );
     assert!(
-        s.append_flag_state("f1", FlagState::Resolved, None, &bob.id, false, T0 + 1).await.unwrap()
+        s.append_flag_state("f1", FlagState::Resolved, None, &bob.id, false, tb, T0 + 1)
+            .await
+            .unwrap()
     );
     assert!(
-        !s.append_flag_state("nope", FlagState::Resolved, None, &bob.id, false, T0).await.unwrap()
+        !s.append_flag_state("nope", FlagState::Resolved, None, &bob.id, false, tb, T0)
+            .await
+            .unwrap()
     );
     let f = s.get_flag("f1").await.unwrap().unwrap();
     assert_eq!(f.state, FlagState::Resolved);
@@ -214,7 +232,7 @@ async fn conformance<S: Store>(s: &S) {
 fn conformance_embedded() {
     let dir = tempfile::tempdir().unwrap();
     let s = SqliteStore::open(dir.path()).unwrap();
-    rt().block_on(conformance(&s));
+    rt().block_on(conformance(&s, &s));
     // Insert-only: the triggers refuse UPDATE and DELETE on every table.
     for sql in [
         "UPDATE events SET payload = '{}'",
@@ -242,8 +260,9 @@ fn conformance_postgres_as_runtime_role() {
     db.migrate(&world);
     let rt = rt();
     rt.block_on(async {
+        let admin = PgStore::connect(&db.admin_url, 1).await.unwrap();
         let s = PgStore::connect(&db.runtime_url, 2).await.unwrap();
-        conformance(&s).await;
+        conformance(&admin, &s).await;
     });
     // Insert-only, connected as the runtime role: no UPDATE, DELETE or TRUNCATE anywhere.
     for table in postgres::TABLES {
@@ -298,14 +317,25 @@ fn postgres_partitions_by_received_month() {
         let report = postgres::maintain_at(&owner, future, 0).await.unwrap();
         assert_eq!(report.created, vec!["events_2031_07".to_string()]);
         assert_eq!(report.default_rows, 0);
+        let admin = PgStore::connect(&db.admin_url, 1).await.unwrap();
+        let u = admin.add_user("p@example.test", Role::Member).await.unwrap();
+        // received_at is the database clock (a supplied one is refused), so rows for other
+        // months are planted by the superuser with triggers off (session_replication_role).
+        for (id, at) in [("p1", "2031-07-15T12:00:00Z"), ("p2", "2040-01-02T00:00:00Z")] {
+            owner
+                .batch_execute(&format!(
+                    "SET session_replication_role = replica;
+                     INSERT INTO events (pk, user_id, source, id, type, ts, received_at, payload)
+                       VALUES (nextval('events_pk_seq'), '{}', 'egress', '{id}', 'connect', 0, '{at}', '{{}}');
+                     SET session_replication_role = origin;",
+                    u.id
+                ))
+                .await
+                .unwrap();
+        }
+        // The runtime role's rows land in the current month.
         let s = PgStore::connect(&db.runtime_url, 1).await.unwrap();
-        let u = s.add_user("p@example.test", Role::Member).await.unwrap();
-        let at = (future.unix_timestamp_nanos() / 1000) as Micros;
-        s.insert_events(&u.id, at, &[ev(Source::Egress, "p1", None, None)]).await.unwrap();
-        // A month without a partition goes to DEFAULT, and maintain warns.
-        let far =
-            (time::macros::datetime!(2040-01-02 00:00 UTC).unix_timestamp_nanos() / 1000) as Micros;
-        s.insert_events(&u.id, far, &[ev(Source::Egress, "p2", None, None)]).await.unwrap();
+        s.insert_events(&u.id, 0, &[ev(Source::Egress, "p3", None, None)]).await.unwrap();
     });
     assert_eq!(
         db.owner_sql("SELECT tableoid::regclass FROM events WHERE id = 'p1'").unwrap(),
@@ -321,8 +351,15 @@ fn postgres_partitions_by_received_month() {
         .run()
         .expect_code(0);
     assert!(run.stderr().contains("events_default holds 1 rows"), "{}", run.stderr());
-    // The current month's partition exists after migrate.
+    // The current month's partition exists after migrate, and holds the runtime role's row.
     let now = time::OffsetDateTime::now_utc();
     let name = format!("events_{:04}_{:02}", now.year(), u8::from(now.month()));
     assert_eq!(db.owner_sql(&format!("SELECT to_regclass('{name}') IS NOT NULL")).unwrap(), "t");
+    assert_eq!(
+        db.owner_sql("SELECT tableoid::regclass FROM events WHERE id = 'p3'").unwrap(),
+        name
+    );
+    // Every partition maintain made carries its TRUNCATE trigger.
+    let e = db.owner_sql("TRUNCATE events_2031_07").unwrap_err();
+    assert!(e.contains("insert-only"), "{e}");
 }

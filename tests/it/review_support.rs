@@ -29,12 +29,23 @@ fn psql(url: &str, sql: &str) -> Result<String, String> {
     }
 }
 
-/// A fresh database `airlock_test_<random>` with a runtime role, migrated; dropped on drop.
+/// A fresh database `airlock_test_<random>` with a runtime role and an admin role, migrated;
+/// dropped on drop.
 pub struct PgDb {
     pub name: String,
     pub role: String,
     pub owner_url: String,
     pub runtime_url: String,
+    /// The role `airlockd admin` connects as (users, roles, tokens; see [`admin_url_for`]).
+    pub admin_role: String,
+    pub admin_url: String,
+}
+
+/// The admin-role URL of a [`PgDb`] runtime URL (`airlock_rt_X` → `airlock_adm_X`); any other
+/// URL (the owner's, a test's own) is returned as it is. `airlockd admin` needs it because
+/// the runtime role cannot write users or tokens.
+pub fn admin_url_for(url: &str) -> String {
+    url.replacen("://airlock_rt_", "://airlock_adm_", 1)
 }
 
 impl PgDb {
@@ -48,18 +59,22 @@ impl PgDb {
         let suffix = rand_hex(6);
         let name = format!("airlock_test_{suffix}");
         let role = format!("airlock_rt_{suffix}");
+        let admin_role = format!("airlock_adm_{suffix}");
         psql(PG_ADMIN, &format!("CREATE DATABASE {name}")).unwrap();
         psql(PG_ADMIN, &format!("CREATE ROLE {role} LOGIN")).unwrap();
+        psql(PG_ADMIN, &format!("CREATE ROLE {admin_role} LOGIN")).unwrap();
         let db = Self {
             owner_url: format!("postgres://postgres@127.0.0.1:5432/{name}"),
             runtime_url: format!("postgres://{role}@127.0.0.1:5432/{name}"),
+            admin_url: format!("postgres://{admin_role}@127.0.0.1:5432/{name}"),
             name,
             role,
+            admin_role,
         };
         Some(db)
     }
 
-    /// Runs `airlockd review migrate` as the owner, granting the runtime role.
+    /// Runs `airlockd review migrate` as the owner, granting the runtime and admin roles.
     pub fn migrate(&self, world: &World) {
         world
             .airlockd(world.tmp.path())
@@ -70,9 +85,15 @@ impl PgDb {
                 &self.owner_url,
                 "--runtime-role",
                 &self.role,
+                "--admin-role",
+                &self.admin_role,
             ])
             .run()
             .expect_code(0);
+    }
+
+    pub fn admin_sql(&self, sql: &str) -> Result<String, String> {
+        psql(&self.admin_url, sql)
     }
 
     pub fn owner_sql(&self, sql: &str) -> Result<String, String> {
@@ -88,6 +109,7 @@ impl Drop for PgDb {
     fn drop(&mut self) {
         let _ = psql(PG_ADMIN, &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
         let _ = psql(PG_ADMIN, &format!("DROP ROLE IF EXISTS {}", self.role));
+        let _ = psql(PG_ADMIN, &format!("DROP ROLE IF EXISTS {}", self.admin_role));
     }
 }
 
@@ -103,6 +125,14 @@ impl StoreSel {
         match self {
             StoreSel::Embedded(d) => vec!["--data-dir".into(), d.display().to_string()],
             StoreSel::Pg(url) => vec!["--database".into(), url.clone()],
+        }
+    }
+
+    /// [`Self::args`] for `airlockd admin`: a [`PgDb`] runtime URL becomes its admin URL.
+    pub fn admin_args(&self) -> Vec<String> {
+        match self {
+            StoreSel::Pg(url) => vec!["--database".into(), admin_url_for(url)],
+            other => other.args(),
         }
     }
 }
@@ -140,7 +170,7 @@ pub fn user_with_token(world: &World, store: &StoreSel, email: &str, role: &str)
     world
         .airlockd(world.tmp.path())
         .args(["admin", "user", "add", "--email", email, "--role", role])
-        .args(store.args())
+        .args(store.admin_args())
         .run()
         .expect_code(0);
     token_for(world, store, email)
@@ -150,7 +180,7 @@ pub fn token_for(world: &World, store: &StoreSel, email: &str) -> String {
     let run = world
         .airlockd(world.tmp.path())
         .args(["admin", "token", "create", "--user", email])
-        .args(store.args())
+        .args(store.admin_args())
         .run()
         .expect_code(0);
     let t = run.stdout().trim().to_string();

@@ -7,6 +7,7 @@
 use crate::review::detect::Engine;
 use crate::review::limits::{self, LimitsConfig, Rate};
 use crate::review::server::{AppState, serve, settle_loop, tls_acceptor};
+use crate::review::store::pg_tls::PgOptions;
 use crate::review::store::postgres::{self, PgStore};
 use crate::review::store::sqlite::SqliteStore;
 use crate::review::store::{AnyStore, Store, StoreError, random_id};
@@ -26,6 +27,13 @@ pub struct StoreArgs {
     /// when no --database is given.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// CA certificate (PEM) that a TLS connection to PostgreSQL must chain to, when the URL
+    /// names none with `sslrootcert=`; TLS itself is asked for by `sslmode=verify-full`.
+    #[arg(long, env = "AIRLOCK_REVIEW_DATABASE_CA", value_name = "FILE")]
+    pub database_ca: Option<PathBuf>,
+    /// `statement_timeout` of every PostgreSQL statement on these connections (`0`: none).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub statement_timeout: std::time::Duration,
 }
 
 /// The embedded store's directory when no `--data-dir` is given.
@@ -41,7 +49,13 @@ impl StoreArgs {
     /// Opens the selected store; an embedded one must already exist (`airlockd review init`).
     pub async fn open(&self, pool: usize) -> Result<AnyStore, StoreError> {
         match &self.database {
-            Some(url) => Ok(AnyStore::Pg(PgStore::connect(url, pool).await?)),
+            Some(url) => {
+                let opts = PgOptions {
+                    ca: self.database_ca.clone(),
+                    statement_timeout: Some(self.statement_timeout).filter(|t| !t.is_zero()),
+                };
+                Ok(AnyStore::Pg(PgStore::connect_with(url, pool, &opts).await?))
+            }
             None => {
                 let dir = self.data_dir();
                 Ok(AnyStore::Sqlite(
@@ -169,9 +183,14 @@ pub struct InitTlsArgs {
 pub struct MigrateArgs {
     #[command(flatten)]
     pub store: StoreArgs,
-    /// PostgreSQL role the server runs as; granted INSERT and SELECT on every table.
+    /// PostgreSQL role the server runs as; its grants are set to exactly the runtime column
+    /// of the grants table (docs/review.md), revoking anything older versions granted.
     #[arg(long, value_name = "ROLE")]
     pub runtime_role: Option<String>,
+    /// PostgreSQL role `airlockd admin` may connect as: writes users, roles, tokens and
+    /// revocations only (the admin column of the grants table).
+    #[arg(long, value_name = "ROLE")]
+    pub admin_role: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -374,7 +393,16 @@ fn migrate(a: &MigrateArgs) -> i32 {
     };
     rt.block_on(async {
         match &a.store.database {
-            Some(url) => match postgres::migrate(url, a.runtime_role.as_deref()).await {
+            Some(url) => match postgres::migrate(
+                url,
+                &postgres::MigrateOptions {
+                    runtime_role: a.runtime_role.clone(),
+                    admin_role: a.admin_role.clone(),
+                    ca: a.store.database_ca.clone(),
+                },
+            )
+            .await
+            {
                 Ok(report) => {
                     report_maintenance(&report);
                     eprintln!("migrations applied");
@@ -412,7 +440,7 @@ fn maintain(a: &MaintainArgs) -> i32 {
         Err(e) => return fail(e),
     };
     rt.block_on(async {
-        match postgres::maintain(url, a.months_ahead).await {
+        match postgres::maintain(url, a.months_ahead, a.store.database_ca.as_deref()).await {
             Ok(r) => {
                 report_maintenance(&r);
                 0

@@ -1,11 +1,13 @@
 //! The review store: one insert-only contract ([`Store`]) with two implementations —
 //! [`sqlite::SqliteStore`] (embedded, one file under the data dir) and
-//! [`postgres::PgStore`] (teams; partitioned, runtime role with INSERT + SELECT only).
+//! [`postgres::PgStore`] (teams; partitioned; least-privileged roles per docs/review.md
+//! "Grants", TLS and session settings in [`pg_tls`]).
 //! Both pass the same conformance suite (`tests/it/review_store.rs`).
 //!
 //! Nothing is ever updated or deleted: token revocations, role changes and flag states are
 //! appended rows, and the "current" value is the latest row.
 
+pub mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 
@@ -25,6 +27,10 @@ pub enum StoreError {
     Conflict(String),
     #[error("{0}")]
     NotFound(String),
+    /// The store itself refused the caller (PostgreSQL's flag-state function: credential or
+    /// role); HTTP 403.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("review store error: {0}")]
     Other(String),
 }
@@ -239,7 +245,10 @@ pub trait Store: Send + Sync + 'static {
     fn get_flag(&self, id: &str) -> impl Future<Output = Result<Option<Flag>, StoreError>> + Send;
     /// Appends a state row; returns false if the flag is unknown. `self_action` marks an
     /// actor acting on a flag raised on their own history, which the caller has allowed
-    /// ([`crate::review::flag_rules::decide`]).
+    /// ([`crate::review::flag_rules::decide`]). `secret` is the bearer token the actor
+    /// presented: PostgreSQL re-checks it in the database, records its user as the actor and
+    /// applies the self-action rule again (`airlock_flag_state`, with `self_action` as its
+    /// `override`); the embedded store records `actor`.
     fn append_flag_state(
         &self,
         flag_id: &str,
@@ -247,6 +256,7 @@ pub trait Store: Send + Sync + 'static {
         note: Option<&str>,
         actor: &str,
         self_action: bool,
+        secret: &str,
         at: Micros,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
@@ -331,9 +341,10 @@ impl Store for AnyStore {
         n: Option<&str>,
         a: &str,
         me: bool,
+        secret: &str,
         at: Micros,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.append_flag_state(f, st, n, a, me, at))
+        dispatch!(self, s => s.append_flag_state(f, st, n, a, me, secret, at))
     }
 }
 

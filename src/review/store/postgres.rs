@@ -5,9 +5,16 @@
 //! item is never half-written; an ingest's events, keys and flags commit in one transaction on
 //! a connection of its own (the shared connections are pipelined).
 //!
-//! Connections are plain TCP or a Unix socket (`NoTls`): point `--database` at a local
-//! PostgreSQL or a socket; TLS to a remote database is not supported yet.
+//! Connections are made by [`super::pg_tls`]: plain TCP or a Unix socket, or TLS verified like
+//! `sslmode=verify-full`; the server's connections carry a `statement_timeout`.
+//!
+//! Least privilege (migration 0004, [`GRANTS`], docs/review.md "Grants"): the runtime role
+//! inserts only events, keys and flags; flag states go through the `SECURITY DEFINER`
+//! function `airlock_flag_state`, which takes the caller's bearer token and records its user
+//! as the actor; users, roles and tokens are written by the owner or the admin role.
+//! `received_at` comes from the database clock (a supplied value is refused by trigger).
 
+use super::pg_tls::{PgOptions, PgTarget};
 use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
@@ -17,14 +24,15 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, GenericClient, NoTls, Row};
+use tokio_postgres::{Client, GenericClient, Row};
 
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../migrations/pg_0001.sql")),
     (3, include_str!("../migrations/pg_0003.sql")),
+    (4, include_str!("../migrations/pg_0004.sql")),
 ];
 
-/// Tables the runtime role gets INSERT + SELECT on (docs/review.md lists the grants).
+/// Every table of the store (each has a row in [`GRANTS`]).
 pub const TABLES: &[&str] = &[
     "schema_migrations",
     "users",
@@ -38,13 +46,42 @@ pub const TABLES: &[&str] = &[
     "flag_states",
 ];
 
+/// The grants contract, as `migrate` applies it and docs/review.md tabulates it:
+/// (table, runtime role, admin role). Table-level, so a later migration's new columns need no
+/// new grant; a later table adds its row here. UPDATE, DELETE and TRUNCATE are never granted.
+pub const GRANTS: &[(&str, &str, &str)] = &[
+    ("schema_migrations", "SELECT", ""),
+    ("users", "SELECT", "SELECT, INSERT"),
+    ("user_roles", "SELECT", "SELECT, INSERT"),
+    ("tokens", "SELECT", "SELECT, INSERT"),
+    ("token_revocations", "SELECT", "SELECT, INSERT"),
+    ("events", "SELECT, INSERT", ""),
+    ("event_keys", "SELECT, INSERT", ""),
+    ("flags", "SELECT, INSERT", ""),
+    ("flag_events", "SELECT, INSERT", ""),
+    // Written only through `airlock_flag_state` (EXECUTE below).
+    ("flag_states", "SELECT", ""),
+];
+
+/// Sequences each role draws ids from (USAGE): (sequence, runtime, admin).
+pub const SEQUENCE_GRANTS: &[(&str, bool, bool)] = &[
+    ("events_pk_seq", true, false),
+    ("flags_n_seq", true, false),
+    ("user_roles_n_seq", false, true),
+    ("token_revocations_n_seq", false, true),
+    ("flag_states_n_seq", false, false),
+];
+
+/// Functions the runtime role may EXECUTE (EXECUTE is revoked from PUBLIC on each).
+pub const RUNTIME_FUNCTIONS: &[&str] = &["airlock_flag_state(text, text, text, text, boolean)"];
+
 /// A small fixed pool of pipelined connections; a closed one is replaced on next use.
 /// Each call takes the connection with the fewest calls in flight: plain round-robin put two
 /// 1,000-event batches on one backend (they run one after the other) while another backend
 /// sat idle, which was most of the p99 batch latency.
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    url: Arc<str>,
+    target: Arc<PgTarget>,
     slots: Arc<Vec<Slot>>,
     next: Arc<AtomicUsize>,
     /// Connections for ingest transactions, each held by one transaction at a time: on a
@@ -79,16 +116,25 @@ impl Drop for Lease {
     }
 }
 
-async fn connect(url: &str) -> Result<Client, StoreError> {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("cannot connect to PostgreSQL: {e}")))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::warn!("review store connection ended: {e}");
+async fn connect(target: &PgTarget) -> Result<Client, StoreError> {
+    target.connect().await.map_err(|e| {
+        // tokio-postgres puts the TLS verdict (wrong CA, wrong name) in the source chain.
+        let mut msg = format!("cannot connect to PostgreSQL: {e}");
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !msg.ends_with(&text) {
+                msg.push_str(&format!(": {text}"));
+            }
+            cause = c.source();
         }
-    });
-    Ok(client)
+        StoreError::Unavailable(msg)
+    })
+}
+
+/// Reads a connection string (TLS demands, CA) into a target.
+fn target(url: &str, opts: &PgOptions) -> Result<PgTarget, StoreError> {
+    PgTarget::new(url, opts).map_err(|e| StoreError::Other(e.to_string()))
 }
 
 /// RFC 3339 with microseconds, for `::timestamptz` casts.
@@ -99,18 +145,33 @@ fn ts_text(us: Micros) -> String {
 const RECEIVED_US: &str = "(extract(epoch from received_at) * 1000000)::int8";
 
 impl PgStore {
-    /// Connects `size` connections to `url` (the runtime role).
+    /// Connects `size` connections to `url` (the runtime role) with the default
+    /// `statement_timeout` and no CA beyond the string's.
     pub async fn connect(url: &str, size: usize) -> Result<Self, StoreError> {
+        let opts = PgOptions {
+            statement_timeout: Some(super::pg_tls::DEFAULT_STATEMENT_TIMEOUT),
+            ..Default::default()
+        };
+        Self::connect_with(url, size, &opts).await
+    }
+
+    /// Connects `size` connections to `url` with `opts` (CA file, statement timeout).
+    pub async fn connect_with(
+        url: &str,
+        size: usize,
+        opts: &PgOptions,
+    ) -> Result<Self, StoreError> {
+        let target = Arc::new(target(url, opts)?);
         let mut slots = Vec::new();
         for _ in 0..size.max(1) {
             slots.push(Slot {
-                client: RwLock::new(Arc::new(connect(url).await?)),
+                client: RwLock::new(Arc::new(connect(&target).await?)),
                 in_flight: Arc::new(AtomicUsize::new(0)),
             });
         }
         let tx_slots = (0..size.max(1)).map(|_| tokio::sync::Mutex::new(None)).collect();
         Ok(Self {
-            url: url.into(),
+            target,
             slots: Arc::new(slots),
             next: Arc::new(AtomicUsize::new(0)),
             tx_slots: Arc::new(tx_slots),
@@ -127,7 +188,7 @@ impl PgStore {
             None => self.tx_slots[start % n].lock().await,
         };
         if guard.as_ref().is_none_or(|c| c.is_closed()) {
-            *guard = Some(connect(&self.url).await?);
+            *guard = Some(connect(&self.target).await?);
         }
         Ok(guard)
     }
@@ -159,7 +220,7 @@ impl PgStore {
             return Ok(current);
         }
         // On an error below, dropping `current` releases the in-flight count.
-        let fresh = Arc::new(connect(&self.url).await?);
+        let fresh = Arc::new(connect(&self.target).await?);
         *slot.client.write().map_err(|_| StoreError::Unavailable("pool lock poisoned".into()))? =
             fresh.clone();
         current.client = fresh;
@@ -271,7 +332,7 @@ const EVENT_COLS: &str = "pk, user_id, source, id, type, ts, session, seq, boot,
 async fn insert_event_rows(
     c: &impl GenericClient,
     user_id: &str,
-    received_at: Micros,
+    _received_at: Micros,
     events: &[NewEvent],
 ) -> Result<Vec<Inserted>, StoreError> {
     if events.is_empty() {
@@ -297,38 +358,38 @@ async fn insert_event_rows(
     let boots: Vec<Option<&str>> = unique.iter().map(|e| e.boot.as_deref()).collect();
     let payloads: Vec<&str> = unique.iter().map(|e| e.payload.as_str()).collect();
     let ords: Vec<i32> = (0..unique.len() as i32).collect();
-    let received = ts_text(received_at);
+    // `received_at` is the database's now() (column DEFAULT; a supplied value is refused by
+    // trigger, migration 0004), the same for key and row; RETURNING reports it.
     // One statement: each key and its row are inserted together or not at all.
     let rows = c
         .query(
-            "WITH input AS (
+            &format!(
+                "WITH input AS (
                SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
                                     $7::int8[], $8::text[], $9::text[], $10::int4[])
                  AS t(source, id, type, ts, session, seq, boot, payload, ord)
              ), keys AS (
-               INSERT INTO event_keys (user_id, source, id, pk, received_at)
-               SELECT $1, source, id, nextval('events_pk_seq'), $11::text::timestamptz
+               INSERT INTO event_keys (user_id, source, id, pk)
+               SELECT $1, source, id, nextval('events_pk_seq')
                FROM input ORDER BY ord
                ON CONFLICT DO NOTHING
-               RETURNING source, id, pk
+               RETURNING source, id, pk, {RECEIVED_US} AS received_us
              ), ev AS (
-               INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, received_at, payload)
-               SELECT k.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot,
-                      $11::text::timestamptz, i.payload
+               INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, payload)
+               SELECT k.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload
                FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id
                RETURNING pk
              )
-             SELECT i.ord, k.pk FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id",
-            &[
-                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
-                &ords, &received,
-            ],
+             SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id"
+            ),
+            &[&user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads, &ords],
         )
         .await?;
     let mut results: Vec<Option<Inserted>> = vec![None; unique.len()];
     for r in rows {
         let ord: i32 = r.get(0);
-        results[ord as usize] = Some(Inserted { created: true, pk: r.get(1), received_at });
+        results[ord as usize] =
+            Some(Inserted { created: true, pk: r.get(1), received_at: r.get(2) });
     }
     let missing: Vec<usize> = (0..unique.len()).filter(|i| results[*i].is_none()).collect();
     if !missing.is_empty() {
@@ -406,6 +467,17 @@ async fn insert_flag_rows(c: &impl GenericClient, flags: &[NewFlag]) -> Result<(
     )
     .await?;
     Ok(())
+}
+
+/// A refusal of `airlock_flag_state` (SQLSTATE `AL401`/`AL403`) is the caller's, not the
+/// store's: it maps to [`StoreError::Forbidden`].
+fn flag_state_error(e: tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        Some(db) if matches!(db.code().code(), "AL401" | "AL403") => {
+            StoreError::Forbidden(db.message().to_string())
+        }
+        _ => e.into(),
+    }
 }
 
 /// Every event of one user's session, in `pk` order.
@@ -678,34 +750,60 @@ impl Store for PgStore {
         note: Option<&str>,
         actor: &str,
         self_action: bool,
+        secret: &str,
         at: Micros,
     ) -> Result<bool, StoreError> {
+        // The function derives the actor from `secret` and stamps the database clock; the
+        // caller's `actor` and `at` are not trusted here (the runtime role cannot write
+        // flag_states itself).
+        let _ = (actor, at);
         let c = self.client().await?;
-        let n = c
-            .execute(
-                "INSERT INTO flag_states(flag_id, state, note, actor, at, self)
-                 SELECT id, $2, $3, $4, $5::text::timestamptz, $6 FROM flags WHERE id = $1",
-                &[&flag_id, &state.as_str(), &note, &actor, &ts_text(at), &self_action],
+        // `self_action` (the server allowed a self-action: sole reviewer, or an admin's
+        // override) is the function's `override`; it re-derives `self` on its own.
+        let rows = c
+            .query(
+                "SELECT n FROM airlock_flag_state($1, $2, $3, $4, $5)",
+                &[&secret, &flag_id, &state.as_str(), &note, &self_action],
             )
-            .await?;
-        Ok(n > 0)
+            .await
+            .map_err(flag_state_error)?;
+        Ok(!rows.is_empty())
     }
 }
 
-/// Applies pending migrations as the owner role, grants the runtime role (if named) INSERT
-/// and SELECT on every table, and creates partitions ahead ([`maintain`]).
-pub async fn migrate(url: &str, runtime_role: Option<&str>) -> Result<MaintainReport, StoreError> {
-    let c = connect(url).await?;
+/// What `migrate` is asked to do beyond applying migrations.
+#[derive(Debug, Clone, Default)]
+pub struct MigrateOptions {
+    /// The role `airlockd review` connects as: granted exactly its column of [`GRANTS`].
+    pub runtime_role: Option<String>,
+    /// The role `airlockd admin` may connect as (users, roles, tokens, revocations).
+    pub admin_role: Option<String>,
+    /// CA for a TLS connection (when the URL names none).
+    pub ca: Option<std::path::PathBuf>,
+}
+
+/// Applies pending migrations as the owner role, (re)writes the grants of the runtime and
+/// admin roles (if named) to exactly [`GRANTS`] — revoking whatever older versions granted —
+/// and creates partitions ahead ([`maintain`]).
+pub async fn migrate(url: &str, opts: &MigrateOptions) -> Result<MaintainReport, StoreError> {
+    let c =
+        connect(&target(url, &PgOptions { ca: opts.ca.clone(), ..Default::default() })?).await?;
     c.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
     )
     .await?;
     // Serialize concurrent migrators.
     c.batch_execute("SELECT pg_advisory_lock(7247001)").await?;
-    let current: i32 =
-        c.query_one("SELECT coalesce(max(version), 0) FROM schema_migrations", &[]).await?.get(0);
+    // Each version not yet recorded is applied, in order (not only those above the maximum:
+    // versions developed in parallel may land in either order).
+    let applied: Vec<i32> = c
+        .query("SELECT version FROM schema_migrations", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     for (version, sql) in MIGRATIONS {
-        if *version > current {
+        if !applied.contains(version) {
             c.batch_execute(&format!(
                 "BEGIN; {sql}; INSERT INTO schema_migrations(version) VALUES ({version}); COMMIT;"
             ))
@@ -718,10 +816,23 @@ pub async fn migrate(url: &str, runtime_role: Option<&str>) -> Result<MaintainRe
            FOR EACH ROW EXECUTE FUNCTION airlock_insert_only();",
     )
     .await?;
-    if let Some(role) = runtime_role {
-        grant_runtime(&c, role).await?;
+    let mut warnings = Vec::new();
+    if opts.runtime_role.is_some() && opts.runtime_role == opts.admin_role {
+        return Err(StoreError::Other(
+            "--runtime-role and --admin-role must be different roles".into(),
+        ));
     }
-    let report = maintain_with(&c, 3).await;
+    for (role, kind) in
+        [(&opts.runtime_role, RoleKind::Runtime), (&opts.admin_role, RoleKind::Admin)]
+    {
+        if let Some(role) = role {
+            warnings.extend(grant_role(&c, role, kind).await?);
+        }
+    }
+    let mut report = maintain_with(&c, 3).await;
+    if let Ok(r) = &mut report {
+        r.warnings.extend(warnings);
+    }
     c.batch_execute("SELECT pg_advisory_unlock(7247001)").await?;
     report
 }
@@ -730,16 +841,75 @@ fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
-async fn grant_runtime(c: &Client, role: &str) -> Result<(), StoreError> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RoleKind {
+    Runtime,
+    Admin,
+}
+
+/// Rewrites `role`'s privileges to its column of the contract, in one transaction: everything
+/// on the store's tables, sequences and functions is revoked first (so grants of an older
+/// version, e.g. v1's INSERT on every table, are gone), then exactly the contract is granted.
+/// Refuses a superuser or a member of the owner role (privileges would not bind it); returns
+/// warnings for what the owner cannot fix here.
+async fn grant_role(c: &Client, role: &str, kind: RoleKind) -> Result<Vec<String>, StoreError> {
+    let row = c
+        .query_opt(
+            "SELECT rolsuper, pg_has_role(rolname, current_user, 'USAGE'),
+                    has_schema_privilege(rolname, current_schema(), 'CREATE'), current_schema()
+             FROM pg_roles WHERE rolname = $1",
+            &[&role],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(StoreError::NotFound(format!(
+            "no PostgreSQL role {role:?}; create it first (CREATE ROLE {role} LOGIN)"
+        )));
+    };
+    let (superuser, member_of_owner, can_create): (bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    let schema: String = row.get(3);
+    if superuser || member_of_owner {
+        return Err(StoreError::Other(format!(
+            "role {role:?} is a superuser or a member of the owner role: grants cannot limit it; \
+             use a plain LOGIN role"
+        )));
+    }
     let r = quote_ident(role);
-    let tables = TABLES.join(", ");
-    c.batch_execute(&format!(
-        "REVOKE ALL ON {tables} FROM {r};
-         GRANT SELECT, INSERT ON {tables} TO {r};
-         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {r};"
-    ))
-    .await?;
-    Ok(())
+    let s = quote_ident(&schema);
+    let mut sql = format!(
+        "BEGIN;
+         REVOKE ALL ON ALL TABLES IN SCHEMA {s} FROM {r};
+         REVOKE ALL ON ALL SEQUENCES IN SCHEMA {s} FROM {r};
+         REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {s} FROM {r};
+         GRANT USAGE ON SCHEMA {s} TO {r};\n"
+    );
+    for (table, runtime, admin) in GRANTS {
+        let privs = if kind == RoleKind::Runtime { runtime } else { admin };
+        if !privs.is_empty() {
+            sql.push_str(&format!("GRANT {privs} ON {table} TO {r};\n"));
+        }
+    }
+    for (seq, runtime, admin) in SEQUENCE_GRANTS {
+        if (kind == RoleKind::Runtime && *runtime) || (kind == RoleKind::Admin && *admin) {
+            sql.push_str(&format!("GRANT USAGE ON SEQUENCE {seq} TO {r};\n"));
+        }
+    }
+    if kind == RoleKind::Runtime {
+        for f in RUNTIME_FUNCTIONS {
+            sql.push_str(&format!("GRANT EXECUTE ON FUNCTION {f} TO {r};\n"));
+        }
+    }
+    sql.push_str("COMMIT;");
+    c.batch_execute(&sql).await?;
+    let mut warnings = Vec::new();
+    if can_create {
+        warnings.push(format!(
+            "role {role:?} may CREATE in schema {schema} (PostgreSQL before 15 grants it to PUBLIC): \
+             run REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC as the schema's owner"
+        ));
+    }
+    Ok(warnings)
 }
 
 /// What `maintain` did.
@@ -752,8 +922,13 @@ pub struct MaintainReport {
 }
 
 /// Creates monthly partitions from the current month through `ahead` months later (owner role).
-pub async fn maintain(url: &str, ahead: u32) -> Result<MaintainReport, StoreError> {
-    let c = connect(url).await?;
+pub async fn maintain(
+    url: &str,
+    ahead: u32,
+    ca: Option<&std::path::Path>,
+) -> Result<MaintainReport, StoreError> {
+    let opts = PgOptions { ca: ca.map(std::path::Path::to_path_buf), ..Default::default() };
+    let c = connect(&target(url, &opts)?).await?;
     maintain_with(&c, ahead).await
 }
 
@@ -785,9 +960,13 @@ pub async fn maintain_at(
         }
         let from = format!("{y:04}-{m:02}-01T00:00:00Z");
         let to = format!("{ny:04}-{nm:02}-01T00:00:00Z");
+        // One implicit transaction (one simple query): the partition exists only with its
+        // TRUNCATE trigger.
         match c
             .batch_execute(&format!(
-                "CREATE TABLE {name} PARTITION OF events FOR VALUES FROM ('{from}') TO ('{to}')"
+                "CREATE TABLE {name} PARTITION OF events FOR VALUES FROM ('{from}') TO ('{to}');
+                 {}",
+                no_truncate_sql(&name)
             ))
             .await
         {
@@ -795,6 +974,22 @@ pub async fn maintain_at(
             Err(e) => report.warnings.push(format!(
                 "could not create partition {name}: {e} (rows for that month are in events_default)"
             )),
+        }
+    }
+    // Partitions made some other way (or before migration 0004) get the trigger too.
+    for r in c
+        .query(
+            "SELECT i.inhrelid::regclass::text FROM pg_inherits i
+             WHERE i.inhparent = 'events'::regclass
+               AND NOT EXISTS (SELECT 1 FROM pg_trigger t
+                               WHERE t.tgrelid = i.inhrelid AND t.tgname = 'no_truncate')",
+            &[],
+        )
+        .await?
+    {
+        let name: String = r.get(0);
+        if let Err(e) = c.batch_execute(&no_truncate_sql(&name)).await {
+            report.warnings.push(format!("could not add the TRUNCATE trigger to {name}: {e}"));
         }
     }
     report.default_rows = c.query_one("SELECT count(*) FROM events_default", &[]).await?.get(0);
@@ -807,7 +1002,16 @@ pub async fn maintain_at(
     Ok(report)
 }
 
+/// The statement giving partition `name` (a regclass text, quoted if it needs to be) its
+/// BEFORE TRUNCATE trigger: TRUNCATE of a partition does not fire the parent's.
+fn no_truncate_sql(name: &str) -> String {
+    format!(
+        "CREATE TRIGGER no_truncate BEFORE TRUNCATE ON {name} \
+         FOR EACH STATEMENT EXECUTE FUNCTION airlock_insert_only()"
+    )
+}
+
 /// Connects as the owner for maintenance helpers and tests.
 pub async fn owner_client(url: &str) -> Result<Client, StoreError> {
-    connect(url).await
+    connect(&target(url, &PgOptions::default())?).await
 }
