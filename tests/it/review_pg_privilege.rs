@@ -362,7 +362,9 @@ fn pg_remigrating_a_version_1_database_revokes_its_grants() {
     rt().block_on(async {
         let owner = pg(&db.owner_url).await;
         let runtime = pg(&db.runtime_url).await;
-        assert_eq!(one(&owner, "SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations").await, "1,4");
+        // Every later migration, 4 (the grants) among them, applied on top of version 1.
+        let applied = one(&owner, "SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations").await;
+        assert!(applied.starts_with("1,") && applied.split(',').any(|v| v == "4"), "applied: {applied}");
         grants_match_the_docs(&owner, &db.role, &db.admin_role).await;
         denied(&runtime, "INSERT INTO users (id, email) VALUES ('u2', 'evil@example.test')").await;
         denied(&runtime, "INSERT INTO tokens (id, user_id, hash) VALUES ('t2', 'u1', sha256('alk_evil'))").await;
