@@ -9,6 +9,7 @@
 
 pub mod detect;
 pub mod ingest;
+pub mod reads;
 pub mod server;
 pub mod store;
 pub mod token;

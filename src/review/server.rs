@@ -7,14 +7,15 @@
 
 use super::detect::{self, Created, Engine};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
-use super::store::{EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
+use super::reads::{Busy, Cursor, PAGE_CAP, PageWriter, ReadPermit, ReadSlots, export};
+use super::store::{EventOrder, EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
 use super::{
     FlagState, Inserted, Micros, NewEvent, NewFlag, Source, StoredEvent, User, format_micros,
     now_micros, parse_rfc3339, token,
 };
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -36,6 +37,8 @@ pub struct AppState<S> {
     pub store: S,
     pub engine: Arc<Engine>,
     ingest: Semaphore,
+    /// Read slots for events, flags and export (reads.rs).
+    reads: ReadSlots,
     /// Sessions that received events, with when they last did: the settle sweep re-checks a
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
     /// instance (lost on restart; the end-record check does not depend on it).
@@ -53,8 +56,15 @@ impl<S: Store> AppState<S> {
             store,
             engine: Arc::new(engine),
             ingest: Semaphore::new(n.max(1)),
+            reads: ReadSlots::default(),
             touched: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Sets the read slots: `per_user` concurrent reads per user, `total` overall.
+    pub fn with_read_slots(mut self, per_user: usize, total: usize) -> Self {
+        self.reads = ReadSlots::new(per_user, total);
+        self
     }
 
     fn touch(&self, user: &str, session: &str, at: Micros) {
@@ -467,106 +477,209 @@ async fn resolve_user<S: Store>(st: &AppState<S>, v: &str) -> Result<String, Res
     }
 }
 
-async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
+/// The filters of `GET /api/v1/events` (and of the export, which takes no `limit`), scoped
+/// to the caller (members: their own history only).
+async fn event_query<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    req: &Request<Incoming>,
+    export: bool,
+) -> Result<(EventQuery, bool), Resp> {
     let mut q = EventQuery { limit: 100, ..EventQuery::default() };
     let mut with_view = false;
-    let params = match query_params(req.uri().query()) {
-        Ok(params) => params,
+    let mut cursor = None;
+    for (k, v) in query_params(req.uri().query())? {
+        match k.as_str() {
+            "user" => q.user_id = Some(resolve_user(st, &v).await?),
+            "view" => with_view = v == "true" || v == "1",
+            "source" => {
+                q.source = Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
+            }
+            "session" => q.session = Some(v),
+            "since" => q.since = Some(parse_time("since", &v)?),
+            "until" => q.until = Some(parse_time("until", &v)?),
+            "ts_since" => q.ts_since = Some(parse_time("ts_since", &v)?),
+            "ts_until" => q.ts_until = Some(parse_time("ts_until", &v)?),
+            "order" => {
+                q.order = match v.as_str() {
+                    "received_at" => EventOrder::Received,
+                    "ts" => EventOrder::Ts,
+                    _ => {
+                        return Err(error(
+                            StatusCode::BAD_REQUEST,
+                            "`order` must be ts or received_at",
+                        ));
+                    }
+                }
+            }
+            "flagged" => {
+                q.flagged = Some(match v.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => {
+                        return Err(error(
+                            StatusCode::BAD_REQUEST,
+                            "`flagged` must be true or false",
+                        ));
+                    }
+                })
+            }
+            "cursor" => cursor = Some(v),
+            "limit" if !export => q.limit = parse_limit(&v)?,
+            other => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {other:?}"),
+                ));
+            }
+        }
+    }
+    // Parsed last: what a cursor holds depends on `order`, which may come after it.
+    if let Some(v) = cursor {
+        let c = Cursor::parse(&v, q.order).ok_or_else(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "`cursor` is not a cursor returned by this API for this `order`",
+            )
+        })?;
+        q.after = Some(c.pk);
+        q.after_ts = c.ts;
+    }
+    scope_member_reads(user, &mut q.user_id, "history")?;
+    Ok((q, with_view))
+}
+
+/// Takes a read slot for `user`, or the 429 to answer.
+fn read_slot<S: Store>(st: &AppState<S>, user: &User) -> Result<ReadPermit, Resp> {
+    st.reads.try_acquire(&user.id).map_err(|busy| {
+        let msg = match busy {
+            Busy::User => "too many concurrent reads for this user; retry after the delay",
+            Busy::Server => "too many concurrent reads; retry after the delay",
+        };
+        with_header(error(StatusCode::TOO_MANY_REQUESTS, msg), header::RETRY_AFTER, "1")
+    })
+}
+
+/// Records a read in the reader's own history (an event of a reserved type the server
+/// writes), before any data is returned: if recording fails, nothing is shown.
+async fn record_read<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    kind: &str,
+    q: &EventQuery,
+    now: Micros,
+) -> Result<(), Resp> {
+    let payload = json!({
+        "reader": user.id, "reader_email": user.email, "target_user": q.user_id,
+        "source": q.source, "session": q.session, "flagged": q.flagged,
+        "since": q.since.map(format_micros), "until": q.until.map(format_micros),
+        "ts_since": q.ts_since.map(format_micros), "ts_until": q.ts_until.map(format_micros),
+    });
+    let ev = NewEvent {
+        source: Source::External,
+        id: format!("review-read:{}", random_id()),
+        kind: kind.into(),
+        ts: now,
+        session: None,
+        seq: None,
+        boot: None,
+        payload: payload.to_string(),
+    };
+    st.store.insert_events(&user.id, now, &[ev]).await.map(|_| ()).map_err(store_error)
+}
+
+async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
+    let (mut q, with_view) = match event_query(st, user, req, false).await {
+        Ok(q) => q,
         Err(resp) => return resp,
     };
-    for (k, v) in params {
-        let r: Result<(), Resp> = async {
-            match k.as_str() {
-                "user" => q.user_id = Some(resolve_user(st, &v).await?),
-                "view" => with_view = v == "true" || v == "1",
-                "source" => {
-                    q.source =
-                        Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
-                }
-                "session" => q.session = Some(v),
-                "since" => q.since = Some(parse_time("since", &v)?),
-                "until" => q.until = Some(parse_time("until", &v)?),
-                "flagged" => {
-                    q.flagged = Some(match v.as_str() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => {
-                            return Err(error(
-                                StatusCode::BAD_REQUEST,
-                                "`flagged` must be true or false",
-                            ));
-                        }
-                    })
-                }
-                "cursor" => q.after = Some(parse_cursor(&v)?),
-                "limit" => q.limit = parse_limit(&v)?,
-                other => {
-                    return Err(error(
-                        StatusCode::BAD_REQUEST,
-                        format!("unknown query parameter {other:?}"),
-                    ));
-                }
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(resp) = r {
-            return resp;
-        }
-    }
-    if let Err(resp) = scope_member_reads(user, &mut q.user_id, "history") {
+    let _slot = match read_slot(st, user) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    if q.user_id.as_deref() != Some(user.id.as_str())
+        && let Err(resp) = record_read(st, user, "airlock.review.read", &q, now_micros()).await
+    {
         return resp;
     }
-    let foreign = q.user_id.as_deref() != Some(user.id.as_str());
-    if foreign {
-        // Reads of other people's history are themselves recorded (DESIGN §8), before the data
-        // is returned: if recording fails, nothing is shown.
-        let payload = json!({
-            "reader": user.id, "reader_email": user.email, "target_user": q.user_id,
-            "source": q.source, "session": q.session, "flagged": q.flagged,
+    // The store stops reading rows at the budget; the writer enforces the exact cap.
+    q.max_bytes = Some(PAGE_CAP as u64);
+    let page = match st.store.query_event_page(&q).await {
+        Ok(p) => p,
+        Err(e) => return store_error(e),
+    };
+    let more = page.truncated || page.events.len() == q.limit as usize;
+    // Each payload goes out as its stored text rather than through a parsed tree (which
+    // would reorder keys and cannot hold a lone surrogate), one event serialized at a time.
+    let mut w = PageWriter::new(PAGE_CAP);
+    for e in &page.events {
+        match w.push(e, with_view, q.order) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                tracing::error!("cannot serialize an events page: {e}");
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "cannot serialize the events page",
+                );
+            }
+        }
+    }
+    bytes_resp(StatusCode::OK, w.finish(more))
+}
+
+/// `GET /api/v1/export`: authenticated and routed apart from [`handle`] because its body
+/// streams ([`export`]).
+async fn get_export<S: Store>(
+    st: Arc<AppState<S>>,
+    req: Request<Incoming>,
+) -> Result<Response<export::ExportBody>, Resp> {
+    let user = authenticate(&st, &req).await?;
+    if req.method() != Method::GET {
+        return Err(error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint"));
+    }
+    let (q, with_view) = event_query(&st, &user, &req, true).await?;
+    let slot = read_slot(&st, &user)?;
+    // Every export is recorded, one's own included: it is a bulk copy of the evidence.
+    let now = now_micros();
+    record_read(&st, &user, "airlock.review.export", &q, now).await?;
+    let mut header = serde_json::to_vec(&json!({"export": {
+        "query": {
+            "user": q.user_id, "source": q.source, "session": q.session, "flagged": q.flagged,
             "since": q.since.map(format_micros), "until": q.until.map(format_micros),
-        });
-        let now = now_micros();
-        let ev = NewEvent {
-            source: Source::External,
-            id: format!("review-read:{}", random_id()),
-            kind: "airlock.review.read".into(),
-            ts: now,
-            session: None,
-            seq: None,
-            boot: None,
-            payload: payload.to_string(),
+            "ts_since": q.ts_since.map(format_micros), "ts_until": q.ts_until.map(format_micros),
+            "order": match q.order { EventOrder::Received => "received_at", EventOrder::Ts => "ts" },
+            "cursor": q.after.map(|pk| Cursor { ts: q.after_ts, pk }.encode()),
+            "view": with_view,
+        },
+        "exported_at": format_micros(now),
+        "by": user.id,
+        "format": 1,
+    }}))
+    .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    header.push(b'\n');
+    let body =
+        export::start(Arc::clone(&st), |s: &AppState<S>| &s.store, q, with_view, header, slot);
+    let mut r = Response::new(body);
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    Ok(r)
+}
+
+/// The body of any response: a buffered one, or an export's stream.
+pub type ReviewBody = Either<Full<Bytes>, export::ExportBody>;
+
+/// Routes one request, the streaming export included.
+pub async fn respond<S: Store>(
+    st: Arc<AppState<S>>,
+    req: Request<Incoming>,
+) -> Response<ReviewBody> {
+    if req.uri().path() == "/api/v1/export" {
+        return match get_export(st, req).await {
+            Ok(r) => r.map(Either::Right),
+            Err(r) => r.map(Either::Left),
         };
-        if let Err(e) = st.store.insert_events(&user.id, now, &[ev]).await {
-            return store_error(e);
-        }
     }
-    match st.store.query_events(&q).await {
-        Ok(evs) => {
-            let next = (evs.len() == q.limit as usize)
-                .then(|| evs.last().map(|e| e.pk.to_string()))
-                .flatten();
-            // Serialized directly, so each payload goes out as its stored text rather than
-            // through a parsed tree (which would reorder keys and cannot hold a lone surrogate).
-            #[derive(serde::Serialize)]
-            struct Page<'a> {
-                events: Vec<super::ApiEvent<'a>>,
-                next_cursor: Option<String>,
-            }
-            let page = Page {
-                events: evs.iter().map(|e| e.api_json(with_view)).collect(),
-                next_cursor: next,
-            };
-            match serde_json::to_vec(&page) {
-                Ok(body) => bytes_resp(StatusCode::OK, body),
-                Err(e) => {
-                    tracing::error!("cannot serialize an events page: {e}");
-                    error(StatusCode::INTERNAL_SERVER_ERROR, "cannot serialize the events page")
-                }
-            }
-        }
-        Err(e) => store_error(e),
-    }
+    handle(st, req).await.map(Either::Left)
 }
 
 async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
@@ -603,13 +716,34 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
     if let Err(resp) = scope_member_reads(user, &mut q.user_id, "flags") {
         return resp;
     }
+    let _slot = match read_slot(st, user) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
     match st.store.list_flags(&q).await {
         Ok(flags) => {
-            let next = (flags.len() == q.limit as usize)
-                .then(|| flags.last().map(|f| f.0.to_string()))
-                .flatten();
-            let list: Vec<Value> = flags.iter().map(|(_, f)| f.to_json()).collect();
-            json_resp(StatusCode::OK, &json!({"flags": list, "next_cursor": next}))
+            // Written one flag at a time and cut at the page cap (a flag carries its event
+            // list and note); the first flag always goes out.
+            let mut body = b"{\"flags\":[".to_vec();
+            let mut last = None;
+            let mut cut = false;
+            for (n, f) in &flags {
+                let item = f.to_json().to_string();
+                if last.is_some() && body.len() + item.len() + 64 > PAGE_CAP {
+                    cut = true;
+                    break;
+                }
+                if last.is_some() {
+                    body.push(b',');
+                }
+                body.extend_from_slice(item.as_bytes());
+                last = Some(*n);
+            }
+            let next = last.filter(|_| cut || flags.len() == q.limit as usize);
+            body.extend_from_slice(b"],\"next_cursor\":");
+            body.extend_from_slice(json!(next.map(|n| n.to_string())).to_string().as_bytes());
+            body.push(b'}');
+            bytes_resp(StatusCode::OK, body)
         }
         Err(e) => store_error(e),
     }

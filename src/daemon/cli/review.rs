@@ -81,6 +81,13 @@ pub struct ReviewArgs {
     /// Ingest requests handled at once; more are answered 429 with Retry-After.
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub ingest_concurrency: usize,
+    /// Reads (events, flags, export) one user may have in progress at once; more are answered
+    /// 429 with Retry-After.
+    #[arg(long, default_value_t = crate::review::reads::READS_PER_USER, value_name = "N")]
+    pub read_concurrency_per_user: usize,
+    /// Reads in progress at once over all users; more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = crate::review::reads::READS_TOTAL, value_name = "N")]
+    pub read_concurrency: usize,
     /// PostgreSQL connections to keep (plus up to as many for ingest transactions).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
@@ -464,7 +471,10 @@ fn run_server(args: ReviewArgs) -> i32 {
             engine.rules().len()
         );
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-        let state = Arc::new(AppState::with_concurrency(store, engine, args.ingest_concurrency));
+        let state = Arc::new(
+            AppState::with_concurrency(store, engine, args.ingest_concurrency)
+                .with_read_slots(args.read_concurrency_per_user, args.read_concurrency),
+        );
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
             std::time::Duration::from_secs(args.settle_secs.max(1)),

@@ -8,7 +8,9 @@
 //! Connections are plain TCP or a Unix socket (`NoTls`): point `--database` at a local
 //! PostgreSQL or a socket; TLS to a remote database is not supported yet.
 
-use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
+use super::{
+    EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
+};
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -250,6 +252,14 @@ fn event_from_row(r: &Row) -> StoredEvent {
         boot: r.get(8),
         received_at: r.get(9),
         payload: r.get(10),
+    }
+}
+
+fn pg_arg(a: super::FlagArg) -> Box<dyn ToSql + Sync + Send> {
+    match a {
+        super::FlagArg::Text(t) => Box::new(t),
+        super::FlagArg::Int(i) => Box::new(i),
+        super::FlagArg::Time(t) => Box::new(ts_text(t)),
     }
 }
 
@@ -577,49 +587,33 @@ impl Store for PgStore {
         Ok(inserted)
     }
 
-    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+    async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
         let c = self.client().await?;
-        let mut sql = format!("SELECT {EVENT_COLS} FROM events e WHERE true");
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        if let Some(u) = &q.user_id {
-            args.push(Box::new(u.clone()));
-            sql.push_str(&format!(" AND e.user_id = ${}", args.len()));
-        }
-        if let Some(s) = q.source {
-            args.push(Box::new(s.as_str().to_string()));
-            sql.push_str(&format!(" AND e.source = ${}", args.len()));
-        }
-        if let Some(s) = &q.session {
-            args.push(Box::new(s.clone()));
-            sql.push_str(&format!(" AND e.session = ${}", args.len()));
-        }
-        if let Some(t) = q.since {
-            args.push(Box::new(ts_text(t)));
-            sql.push_str(&format!(" AND e.received_at >= ${}::text::timestamptz", args.len()));
-        }
-        if let Some(t) = q.until {
-            args.push(Box::new(ts_text(t)));
-            sql.push_str(&format!(" AND e.received_at < ${}::text::timestamptz", args.len()));
-        }
-        if let Some(a) = q.after {
-            args.push(Box::new(a));
-            sql.push_str(&format!(" AND e.pk > ${}", args.len()));
-        }
-        match q.flagged {
-            Some(true) => {
-                sql.push_str(" AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)")
-            }
-            Some(false) => sql.push_str(
-                " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
-            ),
-            None => {}
-        }
-        args.push(Box::new(i64::from(q.limit)));
-        sql.push_str(&format!(" ORDER BY e.pk LIMIT ${}", args.len()));
+        // Phase one reads no payload: `octet_length` of a TOASTed value reads its header only.
+        let (tail, args) = q.sql_tail(
+            |n| format!("${n}"),
+            |op, p| format!("e.received_at {op} {p}::text::timestamptz"),
+        );
+        let sql = format!("SELECT e.pk, octet_length(e.payload)::int8 FROM events e{tail}");
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = args.into_iter().map(pg_arg).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
-        let rows = c.query(&sql, &refs).await?;
-        Ok(rows.iter().map(event_from_row).collect())
+        let heads: Vec<(i64, i64)> = c
+            .query(&sql, &refs)
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, Option<i64>>(1).unwrap_or(0)))
+            .collect();
+        let (keep, truncated) = q.within_budget(heads.iter().map(|h| h.1));
+        let pks: Vec<i64> = heads.iter().take(keep).map(|h| h.0).collect();
+        if pks.is_empty() {
+            return Ok(EventPage { events: Vec::new(), truncated });
+        }
+        let rows = c
+            .query(&format!("SELECT {EVENT_COLS} FROM events WHERE pk = ANY($1)"), &[&pks])
+            .await?;
+        let events = rows.iter().map(event_from_row).collect();
+        Ok(EventPage { events: super::in_phase_order(&pks, events), truncated })
     }
 
     async fn session_events(
@@ -640,15 +634,7 @@ impl Store for PgStore {
         let c = self.client().await?;
         let (tail, flag_args) = q.sql_tail(|n| format!("${n}"));
         let sql = format!("SELECT {FLAG_COLS} FROM flags f{tail}");
-        let args: Vec<Box<dyn ToSql + Sync + Send>> = flag_args
-            .into_iter()
-            .map(|a| -> Box<dyn ToSql + Sync + Send> {
-                match a {
-                    super::FlagArg::Text(t) => Box::new(t),
-                    super::FlagArg::Int(i) => Box::new(i),
-                }
-            })
-            .collect();
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = flag_args.into_iter().map(pg_arg).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
         let rows = c.query(&sql, &refs).await?;

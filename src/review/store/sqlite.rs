@@ -6,7 +6,9 @@
 //! makes the data dir 0700 and the database 0600, and [`SqliteStore::open_existing`] (every
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
-use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
+use super::{
+    EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
+};
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
     now_micros,
@@ -468,6 +470,13 @@ fn user_row(conn: &Connection, id: String, email: String) -> Result<User, StoreE
     Ok(User { id, email, role })
 }
 
+fn sql_value(a: super::FlagArg) -> Value {
+    match a {
+        super::FlagArg::Text(t) => Value::Text(t),
+        super::FlagArg::Int(i) | super::FlagArg::Time(i) => Value::Integer(i),
+    }
+}
+
 const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload";
 
 fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
@@ -710,51 +719,35 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+    async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
         let q = q.clone();
         self.with(move |c| {
-            let mut sql = format!("SELECT {EVENT_COLS} FROM events e WHERE 1=1");
-            let mut args: Vec<Value> = Vec::new();
-            if let Some(u) = q.user_id {
-                args.push(Value::Text(u));
-                sql.push_str(&format!(" AND e.user_id = ?{}", args.len()));
+            // Phase one reads no payload: `octet_length` comes from the record header.
+            let (tail, args) =
+                q.sql_tail(|n| format!("?{n}"), |op, p| format!("e.received_at {op} {p}"));
+            let sql = format!("SELECT e.pk, octet_length(e.payload) FROM events e{tail}");
+            let heads: Vec<(i64, i64)> = {
+                let mut stmt = c.prepare_cached(&sql)?;
+                stmt.query_map(params_from_iter(args.into_iter().map(sql_value)), |r| {
+                    Ok((r.get(0)?, r.get::<_, Option<i64>>(1)?.unwrap_or(0)))
+                })?
+                .collect::<Result<_, _>>()?
+            };
+            let (keep, truncated) = q.within_budget(heads.iter().map(|h| h.1));
+            let pks: Vec<i64> = heads.iter().take(keep).map(|h| h.0).collect();
+            let mut events = Vec::with_capacity(pks.len());
+            // Phase two in chunks (SQLite bounds the number of parameters of a statement).
+            for chunk in pks.chunks(500) {
+                let marks = vec!["?"; chunk.len()].join(",");
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT {EVENT_COLS} FROM events e WHERE e.pk IN ({marks})"
+                ))?;
+                let rows: Vec<StoredEvent> = stmt
+                    .query_map(params_from_iter(chunk.iter()), event_from_row)?
+                    .collect::<Result<_, _>>()?;
+                events.extend(rows);
             }
-            if let Some(s) = q.source {
-                args.push(Value::Text(s.as_str().into()));
-                sql.push_str(&format!(" AND e.source = ?{}", args.len()));
-            }
-            if let Some(s) = q.session {
-                args.push(Value::Text(s));
-                sql.push_str(&format!(" AND e.session = ?{}", args.len()));
-            }
-            if let Some(t) = q.since {
-                args.push(Value::Integer(t));
-                sql.push_str(&format!(" AND e.received_at >= ?{}", args.len()));
-            }
-            if let Some(t) = q.until {
-                args.push(Value::Integer(t));
-                sql.push_str(&format!(" AND e.received_at < ?{}", args.len()));
-            }
-            if let Some(a) = q.after {
-                args.push(Value::Integer(a));
-                sql.push_str(&format!(" AND e.pk > ?{}", args.len()));
-            }
-            match q.flagged {
-                Some(true) => sql.push_str(
-                    " AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
-                ),
-                Some(false) => sql.push_str(
-                    " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
-                ),
-                None => {}
-            }
-            args.push(Value::Integer(i64::from(q.limit)));
-            sql.push_str(&format!(" ORDER BY e.pk LIMIT ?{}", args.len()));
-            let mut stmt = c.prepare(&sql)?;
-            let rows = stmt
-                .query_map(params_from_iter(args), event_from_row)?
-                .collect::<Result<_, _>>()?;
-            Ok(rows)
+            Ok(EventPage { events: super::in_phase_order(&pks, events), truncated })
         })
         .await
     }
@@ -784,13 +777,7 @@ impl Store for SqliteStore {
         self.with(move |c| {
             let (tail, flag_args) = q.sql_tail(|n| format!("?{n}"));
             let sql = format!("SELECT id FROM flags f{tail}");
-            let args: Vec<Value> = flag_args
-                .into_iter()
-                .map(|a| match a {
-                    super::FlagArg::Text(t) => Value::Text(t),
-                    super::FlagArg::Int(i) => Value::Integer(i),
-                })
-                .collect();
+            let args: Vec<Value> = flag_args.into_iter().map(sql_value).collect();
             let ids: Vec<String> = {
                 let mut stmt = c.prepare(&sql)?;
                 stmt.query_map(params_from_iter(args), |r| r.get(0))?.collect::<Result<_, _>>()?
