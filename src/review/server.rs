@@ -856,7 +856,7 @@ pub async fn serve<S: Store>(
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let st = Arc::clone(&st);
-                async move { Ok::<_, Infallible>(handle(st, req).await) }
+                async move { Ok::<_, Infallible>(respond(st, req).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             // A client that dribbles its headers loses the connection.

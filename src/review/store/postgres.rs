@@ -20,7 +20,10 @@ use std::sync::{Arc, RwLock};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, GenericClient, NoTls, Row};
 
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/pg_0001.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../migrations/pg_0001.sql")),
+    (5, include_str!("../migrations/pg_0005.sql")),
+];
 
 /// Tables the runtime role gets INSERT + SELECT on (docs/review.md lists the grants).
 pub const TABLES: &[&str] = &[
@@ -677,10 +680,16 @@ pub async fn migrate(url: &str, runtime_role: Option<&str>) -> Result<MaintainRe
     .await?;
     // Serialize concurrent migrators.
     c.batch_execute("SELECT pg_advisory_lock(7247001)").await?;
-    let current: i32 =
-        c.query_one("SELECT coalesce(max(version), 0) FROM schema_migrations", &[]).await?.get(0);
+    // Every migration not yet recorded is applied, not only those above the highest: numbers
+    // are handed out to parallel branches, so a store may hold 5 before 2 arrives.
+    let applied: std::collections::HashSet<i32> = c
+        .query("SELECT version FROM schema_migrations", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     for (version, sql) in MIGRATIONS {
-        if *version > current {
+        if !applied.contains(version) {
             c.batch_execute(&format!(
                 "BEGIN; {sql}; INSERT INTO schema_migrations(version) VALUES ({version}); COMMIT;"
             ))

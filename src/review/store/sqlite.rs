@@ -18,7 +18,10 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../migrations/sqlite_0001.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../migrations/sqlite_0001.sql")),
+    (5, include_str!("../migrations/sqlite_0005.sql")),
+];
 
 /// The embedded store. Cloning shares the connection.
 #[derive(Debug, Clone)]
@@ -342,13 +345,16 @@ fn migrate_with(conn: &mut Connection, migrations: &[(i64, &str)]) -> Result<(),
             |r| r.get(0),
         )
         .map_err(StoreError::from)?;
-    let current: i64 = if have == 0 {
-        0
+    // Every migration not yet recorded is applied, not only those above the highest: numbers
+    // are handed out to parallel branches, so a store may hold 5 before 2 arrives.
+    let applied: std::collections::HashSet<i64> = if have == 0 {
+        Default::default()
     } else {
-        conn.query_row("SELECT coalesce(max(version),0) FROM schema_migrations", [], |r| r.get(0))?
+        let mut stmt = conn.prepare("SELECT version FROM schema_migrations")?;
+        stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
     };
     for (version, sql) in migrations {
-        if *version > current {
+        if !applied.contains(version) {
             let tx = conn.transaction()?;
             tx.execute_batch(sql).map_err(|e| {
                 StoreError::Other(format!(
