@@ -5,13 +5,14 @@
 // Handlers return the error *response* itself as `Err`; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+use super::detect::session::SessionScan;
 use super::detect::{self, Created, Engine};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::reads::{Busy, Cursor, PAGE_CAP, PageWriter, ReadPermit, ReadSlots, export};
 use super::store::{EventOrder, EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
 use super::{
-    FlagState, Inserted, Micros, NewEvent, NewFlag, Source, StoredEvent, User, format_micros,
-    now_micros, parse_rfc3339, token,
+    FlagState, Inserted, Micros, NewEvent, NewFlag, Source, User, format_micros, now_micros,
+    parse_rfc3339, token,
 };
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -42,7 +43,27 @@ pub struct AppState<S> {
     /// Sessions that received events, with when they last did: the settle sweep re-checks a
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
     /// instance (lost on restart; the end-record check does not depend on it).
-    touched: std::sync::Mutex<HashMap<(String, String), Micros>>,
+    touched: Arc<Touched>,
+}
+
+/// Sessions tracked for the settle sweep at most; a session arriving when the map is full is
+/// not tracked and gets a `detect.incomplete` flag in its batch's transaction instead (its
+/// end record still triggers the checks).
+pub const MAX_SETTLE_SESSIONS: usize = 100_000;
+
+/// The settle map: (user, session) → when it last received events.
+type Touched = std::sync::Mutex<HashMap<(String, String), Micros>>;
+
+/// Records that `session` received events at `at`; false if the map is full and the
+/// session is not in it.
+fn touch_map(t: &Touched, user: &str, session: &str, at: Micros) -> bool {
+    let Ok(mut t) = t.lock() else { return false };
+    let key = (user.to_string(), session.to_string());
+    if t.len() >= MAX_SETTLE_SESSIONS && !t.contains_key(&key) {
+        return false;
+    }
+    t.insert(key, at);
+    true
 }
 
 impl<S: Store> AppState<S> {
@@ -57,7 +78,7 @@ impl<S: Store> AppState<S> {
             engine: Arc::new(engine),
             ingest: Semaphore::new(n.max(1)),
             reads: ReadSlots::default(),
-            touched: std::sync::Mutex::new(HashMap::new()),
+            touched: Arc::new(std::sync::Mutex::new(HashMap::new())),
         }
     }
 
@@ -68,9 +89,7 @@ impl<S: Store> AppState<S> {
     }
 
     fn touch(&self, user: &str, session: &str, at: Micros) {
-        if let Ok(mut t) = self.touched.lock() {
-            t.insert((user.to_string(), session.to_string()), at);
-        }
+        touch_map(&self.touched, user, session, at);
     }
 
     /// Runs the session checks for every session quiet for `settle`; returns how many ran.
@@ -88,9 +107,9 @@ impl<S: Store> AppState<S> {
             Err(_) => Vec::new(),
         };
         for (user, session) in &due {
-            match self.store.session_events(user, session).await {
-                Ok(evs) => {
-                    let mut flags = detect::session_checks(user, session, &evs);
+            match self.store.scan_session(SessionScan::new(user, session)).await {
+                Ok(scan) => {
+                    let mut flags = scan.finish();
                     ingest::storable_flags(&mut flags);
                     if let Err(e) = self.store.insert_flags(&flags).await {
                         tracing::error!("settle checks for {session}: storing flags failed: {e}");
@@ -113,6 +132,9 @@ struct BatchScan {
     user_id: String,
     /// The request's valid items, in the order their events go to the store.
     items: Vec<ParsedItem>,
+    /// The settle map, touched inside the transaction so a session it has no room for gets
+    /// its `detect.incomplete` flag atomically with the events.
+    touched: Arc<Touched>,
 }
 
 impl BatchScan {
@@ -134,7 +156,24 @@ impl BatchScan {
 
 impl IngestScan for BatchScan {
     fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag> {
-        let mut flags = self.engine.detect_batch(&self.user_id, &self.created(inserted));
+        let created = self.created(inserted);
+        let mut flags = self.engine.detect_batch(&self.user_id, &created);
+        let sessions: BTreeSet<(&str, Micros)> = created
+            .iter()
+            .filter_map(|c| c.event.session.as_deref().map(|s| (s, c.received_at)))
+            .collect();
+        for (session, at) in sessions {
+            if !touch_map(&self.touched, &self.user_id, session, at) {
+                flags.push(detect::session::incomplete(
+                    &self.user_id,
+                    session,
+                    &format!(
+                        "more than {MAX_SETTLE_SESSIONS} sessions awaited their settle check; \
+                         this one is checked only when its end record arrives"
+                    ),
+                ));
+            }
+        }
         // A NUL quoted from a payload would fail the flag insert on PostgreSQL, and with it the
         // whole batch.
         ingest::storable_flags(&mut flags);
@@ -151,8 +190,8 @@ impl IngestScan for BatchScan {
         ended.into_iter().map(str::to_string).collect()
     }
 
-    fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
-        let mut flags = detect::session_checks(&self.user_id, session, events);
+    fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag> {
+        let mut flags = scan.finish();
         ingest::storable_flags(&mut flags);
         flags
     }
@@ -366,6 +405,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         engine: Arc::clone(&st.engine),
         user_id: user.id.clone(),
         items: valid,
+        touched: Arc::clone(&st.touched),
     });
     let inserted = if events.is_empty() {
         Vec::new()
@@ -378,13 +418,6 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         }
     };
     super::store::crash_point("after-commit");
-    for (p, ins) in scan.items.iter().zip(&inserted) {
-        if let Some(session) = p.event.session.as_deref()
-            && ins.created
-        {
-            st.touch(&user.id, session, received_at);
-        }
-    }
     let mut results = Vec::with_capacity(outcomes.len());
     let mut all_ok = true;
     let mut it = inserted.iter();

@@ -9,6 +9,7 @@
 pub mod postgres;
 pub mod sqlite;
 
+use super::detect::session::{SessionRow, SessionScan};
 use super::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -111,6 +112,21 @@ pub enum EventOrder {
     Received,
     /// The event's own `ts`, ties by `pk`.
     Ts,
+}
+
+/// Rows per page when a store reads a session in pages.
+pub const SESSION_PAGE: i64 = 10_000;
+
+/// A session row from its columns (`source` as stored text).
+pub(crate) fn session_row(
+    pk: i64,
+    source: &str,
+    ts: Micros,
+    seq: Option<i64>,
+    boot: Option<String>,
+) -> SessionRow {
+    // Only valid sources are ever inserted; External is an inert fallback.
+    SessionRow { pk, source: source.parse().unwrap_or(Source::External), ts, seq, boot }
 }
 
 /// Bytes counted per row on top of its payload against [`EventQuery::max_bytes`]: the
@@ -275,9 +291,10 @@ pub trait IngestScan: Send + Sync + 'static {
     fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag>;
     /// Sessions this batch ended, whose span and gap checks run in the same transaction.
     fn ended_sessions(&self, inserted: &[Inserted]) -> Vec<String>;
-    /// Flags over one ended session's events (read inside the transaction, so the batch's
-    /// own rows are included).
-    fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag>;
+    /// Flags over one ended session, from the scan the store fed with the session's events
+    /// ([`Store::scan_session`]'s reading, inside the transaction, so the batch's own rows
+    /// are included).
+    fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag>;
 }
 
 /// The store contract. Methods return `Send` futures so the server can run them on any
@@ -353,7 +370,15 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send {
         async move { self.query_event_page(q).await.map(|p| p.events) }
     }
-    /// Every event of one user's session, in `pk` order (for span and gap checks).
+    /// Feeds `scan` its session's span (the `ts` of its start and end records) and then the
+    /// session's events in `pk` order, envelope only, until it stops; memory stays bounded
+    /// however large the session.
+    fn scan_session(
+        &self,
+        scan: SessionScan,
+    ) -> impl Future<Output = Result<SessionScan, StoreError>> + Send;
+    /// Every event of one user's session, in `pk` order, payloads included: unbounded, for
+    /// tests and tools only (the checks use [`Store::scan_session`]).
     fn session_events(
         &self,
         user_id: &str,
@@ -440,6 +465,9 @@ impl Store for AnyStore {
     }
     async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
         dispatch!(self, s => s.query_event_page(q))
+    }
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        dispatch!(self, s => s.scan_session(scan))
     }
     async fn session_events(&self, u: &str, sn: &str) -> Result<Vec<StoredEvent>, StoreError> {
         dispatch!(self, s => s.session_events(u, sn))

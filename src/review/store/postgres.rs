@@ -11,6 +11,7 @@
 use super::{
     EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
 };
+use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -411,6 +412,44 @@ async fn insert_flag_rows(c: &impl GenericClient, flags: &[NewFlag]) -> Result<(
     Ok(())
 }
 
+/// Feeds `scan` its session's span, then its events' envelopes in `pk` order a page of
+/// [`super::SESSION_PAGE`] rows at a time (payloads are never read).
+async fn feed_session(c: &impl GenericClient, scan: &mut SessionScan) -> Result<(), StoreError> {
+    let (user, session) = (scan.user_id().to_string(), scan.session().to_string());
+    let span = c
+        .query(
+            "SELECT id, ts FROM events WHERE user_id = $1 AND session = $2 AND source = 'session' \
+             AND id = ANY($3)",
+            &[&user, &session, &vec![scan.start_id(), scan.end_id()]],
+        )
+        .await?;
+    let ts_of =
+        |id: String| span.iter().find(|r| r.get::<_, &str>(0) == id).map(|r| r.get::<_, i64>(1));
+    let (start, end) = (ts_of(scan.start_id()), ts_of(scan.end_id()));
+    scan.set_span(start, end);
+    let mut after = i64::MIN;
+    loop {
+        let rows = c
+            .query(
+                "SELECT pk, source, ts, seq, boot FROM events WHERE user_id = $1 AND session = $2 \
+                 AND pk > $3 ORDER BY pk LIMIT $4",
+                &[&user, &session, &after, &super::SESSION_PAGE],
+            )
+            .await?;
+        let n = rows.len();
+        for r in rows {
+            after = r.get(0);
+            let source: &str = r.get(1);
+            if !scan.feed(super::session_row(after, source, r.get(2), r.get(3), r.get(4))) {
+                return Ok(());
+            }
+        }
+        if (n as i64) < super::SESSION_PAGE {
+            return Ok(());
+        }
+    }
+}
+
 /// Every event of one user's session, in `pk` order.
 async fn session_rows(
     c: &impl GenericClient,
@@ -581,8 +620,9 @@ impl Store for PgStore {
         crash_point("after-events");
         let mut flags = scan.batch_flags(&inserted);
         for session in scan.ended_sessions(&inserted) {
-            let evs = session_rows(&tx, user_id, &session).await?;
-            flags.extend(scan.session_flags(&session, &evs));
+            let mut sc = SessionScan::new(user_id, &session);
+            feed_session(&tx, &mut sc).await?;
+            flags.extend(scan.session_flags(sc));
         }
         insert_flag_rows(&tx, &flags).await?;
         crash_point("after-flags");
@@ -617,6 +657,13 @@ impl Store for PgStore {
             .await?;
         let events = rows.iter().map(event_from_row).collect();
         Ok(EventPage { events: super::in_phase_order(&pks, events), truncated })
+    }
+
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        let c = self.client().await?;
+        let mut scan = scan;
+        feed_session(&*c, &mut scan).await?;
+        Ok(scan)
     }
 
     async fn session_events(

@@ -9,6 +9,7 @@
 use super::{
     EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
 };
+use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
     now_micros,
@@ -449,6 +450,35 @@ fn insert_flag_rows(tx: &Connection, flags: &[NewFlag]) -> Result<(), StoreError
     Ok(())
 }
 
+/// Feeds `scan` its session's span, then its events' envelopes row by row in `pk` order
+/// (one row in memory at a time; payloads are never read).
+fn feed_session(conn: &Connection, scan: &mut SessionScan) -> Result<(), StoreError> {
+    let (user, session) = (scan.user_id().to_string(), scan.session().to_string());
+    let span_ts = |id: String| -> Result<Option<i64>, StoreError> {
+        Ok(conn
+            .prepare_cached(
+                "SELECT ts FROM events WHERE user_id = ?1 AND session = ?2 AND source = 'session' \
+                 AND id = ?3",
+            )?
+            .query_row(params![user, session, id], |r| r.get(0))
+            .optional()?)
+    };
+    let (start, end) = (span_ts(scan.start_id())?, span_ts(scan.end_id())?);
+    scan.set_span(start, end);
+    let mut stmt = conn.prepare_cached(
+        "SELECT pk, source, ts, seq, boot FROM events WHERE user_id = ?1 AND session = ?2 \
+         ORDER BY pk",
+    )?;
+    let mut rows = stmt.query(params![user, session])?;
+    while let Some(r) = rows.next()? {
+        let source: String = r.get(1)?;
+        if !scan.feed(super::session_row(r.get(0)?, &source, r.get(2)?, r.get(3)?, r.get(4)?)) {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Every event of one user's session, in `pk` order.
 fn session_rows(
     conn: &Connection,
@@ -713,8 +743,9 @@ impl Store for SqliteStore {
             crash_point("after-events");
             let mut flags = scan.batch_flags(&inserted);
             for session in scan.ended_sessions(&inserted) {
-                let evs = session_rows(&tx, &user_id, &session)?;
-                flags.extend(scan.session_flags(&session, &evs));
+                let mut sc = SessionScan::new(&user_id, &session);
+                feed_session(&tx, &mut sc)?;
+                flags.extend(scan.session_flags(sc));
             }
             insert_flag_rows(&tx, &flags)?;
             crash_point("after-flags");
@@ -754,6 +785,15 @@ impl Store for SqliteStore {
                 events.extend(rows);
             }
             Ok(EventPage { events: super::in_phase_order(&pks, events), truncated })
+        })
+        .await
+    }
+
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        self.with(move |c| {
+            let mut scan = scan;
+            feed_session(c, &mut scan)?;
+            Ok(scan)
         })
         .await
     }
@@ -871,7 +911,7 @@ mod tests {
         fn ended_sessions(&self, _: &[Inserted]) -> Vec<String> {
             Vec::new()
         }
-        fn session_flags(&self, _: &str, _: &[StoredEvent]) -> Vec<NewFlag> {
+        fn session_flags(&self, _: SessionScan) -> Vec<NewFlag> {
             Vec::new()
         }
     }
