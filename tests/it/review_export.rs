@@ -77,8 +77,10 @@ fn export_suite(world: &World, store: &StoreSel) {
     let r = get(&server.base, &bob, "/api/v1/export", &[]);
     assert_eq!(r.status, 200);
     let out = lines(&r.body);
-    assert_eq!(out.len(), 2, "header and bob's one event");
+    // The header, bob's event, and the record of this export (written before it starts).
+    assert_eq!(out.len(), 3, "{out:?}");
     assert_eq!(out[1]["id"], "b0");
+    assert_eq!(out[2]["type"], "airlock.review.export");
     let r = get(&server.base, &bob, "/api/v1/export?user=ana%40example.test", &[]);
     assert_eq!(r.status, 403, "{}", r.body);
     // An export takes no `limit` and rejects bad values like the listing does.
@@ -88,7 +90,7 @@ fn export_suite(world: &World, store: &StoreSel) {
     assert_eq!(get(&server.base, "alk_nope", "/api/v1/export", &[]).status, 401);
 
     // Each export is recorded in the exporter's history, naming what was exported.
-    let mine = all_events(&server.base, &rev, "");
+    let mine = all_events(&server.base, &rev, "&user=rev%40example.test");
     let recs: Vec<&Value> = mine.iter().filter(|e| e["type"] == "airlock.review.export").collect();
     assert_eq!(recs.len(), 2, "two successful reviewer exports: {mine:?}");
     assert_eq!(recs[0]["payload"]["target_user"], ana_id.as_str());
