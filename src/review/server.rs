@@ -51,6 +51,18 @@ pub struct AppState<S> {
 /// end record still triggers the checks).
 pub const MAX_SETTLE_SESSIONS: usize = 100_000;
 
+/// Test hook (feature `test-hooks`): overrides [`MAX_SETTLE_SESSIONS`], so a test can fill
+/// the settle map with a few sessions.
+pub const TEST_SETTLE_CAP_VAR: &str = "AIRLOCK_TEST_REVIEW_SETTLE_CAP";
+
+fn settle_cap() -> usize {
+    #[cfg(feature = "test-hooks")]
+    if let Some(n) = std::env::var(TEST_SETTLE_CAP_VAR).ok().and_then(|v| v.parse().ok()) {
+        return n;
+    }
+    MAX_SETTLE_SESSIONS
+}
+
 /// The settle map: (user, session) → when it last received events.
 type Touched = std::sync::Mutex<HashMap<(String, String), Micros>>;
 
@@ -59,7 +71,7 @@ type Touched = std::sync::Mutex<HashMap<(String, String), Micros>>;
 fn touch_map(t: &Touched, user: &str, session: &str, at: Micros) -> bool {
     let Ok(mut t) = t.lock() else { return false };
     let key = (user.to_string(), session.to_string());
-    if t.len() >= MAX_SETTLE_SESSIONS && !t.contains_key(&key) {
+    if t.len() >= settle_cap() && !t.contains_key(&key) {
         return false;
     }
     t.insert(key, at);
@@ -168,8 +180,9 @@ impl IngestScan for BatchScan {
                     &self.user_id,
                     session,
                     &format!(
-                        "more than {MAX_SETTLE_SESSIONS} sessions awaited their settle check; \
-                         this one is checked only when its end record arrives"
+                        "more than {} sessions awaited their settle check; \
+                         this one is checked only when its end record arrives",
+                        settle_cap()
                     ),
                 ));
             }

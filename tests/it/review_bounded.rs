@@ -300,3 +300,59 @@ fn rss_of_an_events_page_over_adversarial_items() {
         rss_harness(&world, &StoreSel::Pg(db.runtime_url.clone()), "postgres");
     }
 }
+
+#[cfg(feature = "test-hooks")]
+fn settle_cap_suite(world: &World, store: &StoreSel) {
+    let tok = user_with_token(world, store, "ana@example.test", "member");
+    // A settle map of two sessions (test hook), and a long settle delay so none is swept.
+    let server = Server::start_with_env(
+        world,
+        store,
+        &["--settle-secs", "3600"],
+        "http",
+        &[("AIRLOCK_TEST_REVIEW_SETTLE_CAP", "2")],
+    );
+    let ev = |id: &str, session: &str| {
+        json!({"id": id, "source": "external", "type": "x", "ts": "2026-03-04T09:00:00Z",
+               "session": session, "payload": {}})
+    };
+    for (i, batch) in [
+        vec![ev("e1", "s1"), ev("e2", "s2")],
+        vec![ev("e3", "s1")],
+        vec![ev("e4", "s3"), ev("e5", "s3")],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f = write_file(
+            world.tmp.path(),
+            &format!("b{i}.json"),
+            json!(batch).to_string().as_bytes(),
+        );
+        let r = post_events(&server.base, &tok, &f, "application/json", &[]);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    // s1 and s2 are tracked; s3 found the map full and is flagged, once, in its batch.
+    let r = get(&server.base, &tok, "/api/v1/flags?rule=detect.incomplete", &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let flags = r.json()["flags"].as_array().unwrap().clone();
+    assert_eq!(flags.len(), 1, "{flags:?}");
+    assert_eq!(flags[0]["session"], "s3");
+    assert!(flags[0]["detail"].as_str().unwrap().contains("more than 2 sessions"), "{flags:?}");
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_full_settle_map_raises_detect_incomplete_embedded() {
+    let world = World::new();
+    settle_cap_suite(&world, &StoreSel::Embedded(world.tmp.path().join("d")));
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_full_settle_map_raises_detect_incomplete_postgres() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    settle_cap_suite(&world, &StoreSel::Pg(db.runtime_url.clone()));
+}
