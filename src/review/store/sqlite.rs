@@ -950,6 +950,31 @@ mod tests {
     }
 
     #[test]
+    fn migration_5_applies_to_a_version_1_store_and_a_lower_number_still_applies_after_it() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &MIGRATIONS[..1]).unwrap();
+        migrate_with(&mut conn, MIGRATIONS).unwrap();
+        let versions = |c: &Connection| -> Vec<i64> {
+            let mut st =
+                c.prepare("SELECT version FROM schema_migrations ORDER BY version").unwrap();
+            st.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+        };
+        assert_eq!(versions(&conn), vec![1, 5]);
+        let idx: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'events_user_ts'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(idx, 1);
+        // A branch's migration 2 merged later is applied although 5 is already recorded.
+        let later = [MIGRATIONS[0], (2, "CREATE TABLE extra(a INTEGER);"), MIGRATIONS[1]];
+        migrate_with(&mut conn, &later).unwrap();
+        assert_eq!(versions(&conn), vec![1, 2, 5]);
+    }
+
+    #[test]
     fn ingest_commits_events_and_flags_together_or_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let s = SqliteStore::open(dir.path()).unwrap();
