@@ -15,6 +15,7 @@
 //! `tests/fixtures/detect/cases.jsonl` (precision and recall per rule).
 
 pub mod normalize;
+pub mod session;
 pub mod shell;
 
 use super::transcript::{self, FIELDS, View};
@@ -662,74 +663,10 @@ fn denial_bursts(user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
     flags
 }
 
-/// Span and gap checks for one finished session (run when its end record arrives).
+/// Span and gap checks for one finished session held in memory (the stores stream a
+/// session through [`session::SessionScan`] instead; this is the same checks over a slice).
 pub fn session_checks(user_id: &str, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
-    let mut flags = Vec::new();
-    let start =
-        events.iter().find(|e| e.source == Source::Session && e.id == format!("{session}:start"));
-    let end =
-        events.iter().find(|e| e.source == Source::Session && e.id == format!("{session}:end"));
-    if let (Some(start), Some(end)) = (start, end) {
-        let outside: Vec<&StoredEvent> = events
-            .iter()
-            .filter(|e| e.source != Source::Session && (e.ts < start.ts || e.ts > end.ts))
-            .collect();
-        if !outside.is_empty() {
-            flags.push(NewFlag {
-                id: flag_id(&["timing.outside-session", user_id, session]),
-                rule_id: "timing.outside-session".into(),
-                title: "Events timestamped outside their session".into(),
-                severity: Severity::Medium,
-                user_id: user_id.to_string(),
-                session: Some(session.to_string()),
-                detail: format!(
-                    "{} events have ts outside the session span {} – {}",
-                    outside.len(),
-                    format_micros(start.ts),
-                    format_micros(end.ts)
-                ),
-                event_pks: outside.iter().map(|e| e.pk).collect(),
-            });
-        }
-    }
-    // Gaps per (session, boot): seq starts at 1 and increases by one per attempt.
-    let mut by_boot: BTreeMap<&str, Vec<(i64, i64)>> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.source == Source::Egress) {
-        if let Some(seq) = e.seq {
-            by_boot.entry(e.boot.as_deref().unwrap_or("")).or_default().push((seq, e.pk));
-        }
-    }
-    for (boot, mut seqs) in by_boot {
-        seqs.sort_unstable();
-        seqs.dedup_by_key(|s| s.0);
-        let mut missing: Vec<String> = Vec::new();
-        let mut expect = 1;
-        let mut around = Vec::new();
-        for &(seq, pk) in &seqs {
-            if seq > expect {
-                missing.push(if seq - 1 == expect {
-                    expect.to_string()
-                } else {
-                    format!("{expect}-{}", seq - 1)
-                });
-                around.push(pk);
-            }
-            expect = seq + 1;
-        }
-        if !missing.is_empty() {
-            flags.push(NewFlag {
-                id: flag_id(&["session.seq-gap", user_id, session, boot]),
-                rule_id: "session.seq-gap".into(),
-                title: "Gap in a session's egress sequence".into(),
-                severity: Severity::High,
-                user_id: user_id.to_string(),
-                session: Some(session.to_string()),
-                detail: format!("boot {boot:?}: missing seq {}", missing.join(", ")),
-                event_pks: around,
-            });
-        }
-    }
-    flags
+    session::check_all(user_id, session, events)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod flag_rules;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;
+pub mod reads;
 pub mod server;
 pub mod store;
 pub mod token;

@@ -7,19 +7,21 @@
 // Handlers return the error *response* itself as `Err`; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+use super::detect::session::SessionScan;
 use super::detect::{self, Created, Engine};
 use super::flag_rules;
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::limits::{self, AcceptBackoff, LimitsConfig, RateLimiter, SlotRefusal, Slots};
 use super::metrics::{self, SlotUse};
-use super::store::{EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
+use super::reads::{Busy, Cursor, PAGE_CAP, PageWriter, ReadPermit, ReadSlots, export};
+use super::store::{EventOrder, EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
 use super::{
-    FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User, format_micros,
-    now_micros, parse_rfc3339, token,
+    FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, User, format_micros, now_micros,
+    parse_rfc3339, token,
 };
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
@@ -53,10 +55,44 @@ pub struct AppState<S> {
     token_rate: RateLimiter<[u8; 32]>,
     /// Failed authentications per peer ([`limits::peer_key`]).
     auth_failures: RateLimiter<IpAddr>,
+    /// Read slots for events, flags and export (reads.rs).
+    reads: ReadSlots,
     /// Sessions that received events, with when they last did: the settle sweep re-checks a
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
     /// instance (lost on restart; the end-record check does not depend on it).
-    touched: std::sync::Mutex<HashMap<(String, String), Micros>>,
+    touched: Arc<Touched>,
+}
+
+/// Sessions tracked for the settle sweep at most; a session arriving when the map is full is
+/// not tracked and gets a `detect.incomplete` flag in its batch's transaction instead (its
+/// end record still triggers the checks).
+pub const MAX_SETTLE_SESSIONS: usize = 100_000;
+
+/// Test hook (feature `test-hooks`): overrides [`MAX_SETTLE_SESSIONS`], so a test can fill
+/// the settle map with a few sessions.
+pub const TEST_SETTLE_CAP_VAR: &str = "AIRLOCK_TEST_REVIEW_SETTLE_CAP";
+
+fn settle_cap() -> usize {
+    #[cfg(feature = "test-hooks")]
+    if let Some(n) = std::env::var(TEST_SETTLE_CAP_VAR).ok().and_then(|v| v.parse().ok()) {
+        return n;
+    }
+    MAX_SETTLE_SESSIONS
+}
+
+/// The settle map: (user, session) → when it last received events.
+type Touched = std::sync::Mutex<HashMap<(String, String), Micros>>;
+
+/// Records that `session` received events at `at`; false if the map is full and the
+/// session is not in it.
+fn touch_map(t: &Touched, user: &str, session: &str, at: Micros) -> bool {
+    let Ok(mut t) = t.lock() else { return false };
+    let key = (user.to_string(), session.to_string());
+    if t.len() >= settle_cap() && !t.contains_key(&key) {
+        return false;
+    }
+    t.insert(key, at);
+    true
 }
 
 impl<S: Store> AppState<S> {
@@ -82,8 +118,15 @@ impl<S: Store> AppState<S> {
             token_rate: RateLimiter::new(limits.token_rate),
             auth_failures: RateLimiter::new(limits.auth_failure_rate),
             limits,
-            touched: std::sync::Mutex::new(HashMap::new()),
+            reads: ReadSlots::default(),
+            touched: Arc::new(std::sync::Mutex::new(HashMap::new())),
         }
+    }
+
+    /// Sets the read slots: `per_user` concurrent reads per user, `total` overall.
+    pub fn with_read_slots(mut self, per_user: usize, total: usize) -> Self {
+        self.reads = ReadSlots::new(per_user, total);
+        self
     }
 
     /// Ingest slots one user may hold at once (after the clamp of [`limits::per_user_share`]);
@@ -93,9 +136,7 @@ impl<S: Store> AppState<S> {
     }
 
     fn touch(&self, user: &str, session: &str, at: Micros) {
-        if let Ok(mut t) = self.touched.lock() {
-            t.insert((user.to_string(), session.to_string()), at);
-        }
+        touch_map(&self.touched, user, session, at);
     }
 
     /// Runs the session checks for every session quiet for `settle`; returns how many ran.
@@ -113,9 +154,9 @@ impl<S: Store> AppState<S> {
             Err(_) => Vec::new(),
         };
         for (user, session) in &due {
-            match self.store.session_events(user, session).await {
-                Ok(evs) => {
-                    let mut flags = detect::session_checks(user, session, &evs);
+            match self.store.scan_session(SessionScan::new(user, session)).await {
+                Ok(scan) => {
+                    let mut flags = scan.finish();
                     ingest::storable_flags(&mut flags);
                     match self.store.insert_flags(&flags).await {
                         Ok(_) => {
@@ -147,6 +188,9 @@ struct BatchScan {
     items: Vec<ParsedItem>,
     /// Rule ids of the flags the last scan raised (counted in the metrics once committed).
     raised: Mutex<Vec<String>>,
+    /// The settle map, touched inside the transaction so a session it has no room for gets
+    /// its `detect.incomplete` flag atomically with the events.
+    touched: Arc<Touched>,
 }
 
 impl BatchScan {
@@ -168,7 +212,25 @@ impl BatchScan {
 
 impl IngestScan for BatchScan {
     fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag> {
-        let mut flags = self.engine.detect_batch(&self.user_id, &self.created(inserted));
+        let created = self.created(inserted);
+        let mut flags = self.engine.detect_batch(&self.user_id, &created);
+        let sessions: BTreeSet<(&str, Micros)> = created
+            .iter()
+            .filter_map(|c| c.event.session.as_deref().map(|s| (s, c.received_at)))
+            .collect();
+        for (session, at) in sessions {
+            if !touch_map(&self.touched, &self.user_id, session, at) {
+                flags.push(detect::session::incomplete(
+                    &self.user_id,
+                    session,
+                    &format!(
+                        "more than {} sessions awaited their settle check; \
+                         this one is checked only when its end record arrives",
+                        settle_cap()
+                    ),
+                ));
+            }
+        }
         // A NUL quoted from a payload would fail the flag insert on PostgreSQL, and with it the
         // whole batch.
         ingest::storable_flags(&mut flags);
@@ -188,8 +250,8 @@ impl IngestScan for BatchScan {
         ended.into_iter().map(str::to_string).collect()
     }
 
-    fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag> {
-        let mut flags = detect::session_checks(&self.user_id, session, events);
+    fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag> {
+        let mut flags = scan.finish();
         ingest::storable_flags(&mut flags);
         if let Ok(mut r) = self.raised.lock() {
             r.extend(flags.iter().map(|f| f.rule_id.clone()));
@@ -392,6 +454,8 @@ async fn get_metrics<S: Store>(st: &AppState<S>, peer: IpAddr, req: &Request<Inc
             per_user_limit: st.ingest.per_user_limit(),
         },
     );
+    let (in_use, limit, per_user_limit) = st.reads.usage();
+    m.slots("read", SlotUse { in_use, limit, per_user_limit });
     let mut r = Response::new(Full::new(Bytes::from(m.render())));
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE));
     r
@@ -532,6 +596,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         user_id: user.id.clone(),
         items: valid,
         raised: Mutex::new(Vec::new()),
+        touched: Arc::clone(&st.touched),
     });
     let inserted = if events.is_empty() {
         Vec::new()
@@ -546,13 +611,6 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     super::store::crash_point("after-commit");
     if let Ok(raised) = scan.raised.lock() {
         raised.iter().for_each(|rule| metrics::global().flag_raised(rule));
-    }
-    for (p, ins) in scan.items.iter().zip(&inserted) {
-        if let Some(session) = p.event.session.as_deref()
-            && ins.created
-        {
-            st.touch(&user.id, session, received_at);
-        }
     }
     let mut results = Vec::with_capacity(outcomes.len());
     let mut all_ok = true;
@@ -650,109 +708,209 @@ async fn resolve_user<S: Store>(st: &AppState<S>, v: &str) -> Result<String, Res
     }
 }
 
-async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
+/// The filters of `GET /api/v1/events` (and of the export, which takes no `limit`), scoped
+/// to the caller (members: their own history only).
+async fn event_query<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    req: &Request<Incoming>,
+    export: bool,
+) -> Result<(EventQuery, bool), Resp> {
     let mut q = EventQuery { limit: 100, ..EventQuery::default() };
     // Resolved only after the scope check, so a member's answer never depends on who exists.
     let mut wanted_user = None;
     let mut with_view = false;
-    let params = match query_params(req.uri().query()) {
-        Ok(params) => params,
-        Err(resp) => return resp,
-    };
-    for (k, v) in params {
-        let r: Result<(), Resp> = async {
-            match k.as_str() {
-                "user" => wanted_user = Some(v),
-                "view" => with_view = v == "true" || v == "1",
-                "source" => {
-                    q.source =
-                        Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
-                }
-                "session" => q.session = Some(v),
-                "since" => q.since = Some(parse_time("since", &v)?),
-                "until" => q.until = Some(parse_time("until", &v)?),
-                "flagged" => {
-                    q.flagged = Some(match v.as_str() {
-                        "true" | "1" => true,
-                        "false" | "0" => false,
-                        _ => {
-                            return Err(error(
-                                StatusCode::BAD_REQUEST,
-                                "`flagged` must be true or false",
-                            ));
-                        }
-                    })
-                }
-                "cursor" => q.after = Some(parse_cursor(&v)?),
-                "limit" => q.limit = parse_limit(&v)?,
-                other => {
-                    return Err(error(
-                        StatusCode::BAD_REQUEST,
-                        format!("unknown query parameter {other:?}"),
-                    ));
+    let mut cursor = None;
+    for (k, v) in query_params(req.uri().query())? {
+        match k.as_str() {
+            "user" => wanted_user = Some(v),
+            "view" => with_view = v == "true" || v == "1",
+            "source" => {
+                q.source = Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
+            }
+            "session" => q.session = Some(v),
+            "since" => q.since = Some(parse_time("since", &v)?),
+            "until" => q.until = Some(parse_time("until", &v)?),
+            "ts_since" => q.ts_since = Some(parse_time("ts_since", &v)?),
+            "ts_until" => q.ts_until = Some(parse_time("ts_until", &v)?),
+            "order" => {
+                q.order = match v.as_str() {
+                    "received_at" => EventOrder::Received,
+                    "ts" => EventOrder::Ts,
+                    _ => {
+                        return Err(error(
+                            StatusCode::BAD_REQUEST,
+                            "`order` must be ts or received_at",
+                        ));
+                    }
                 }
             }
-            Ok(())
-        }
-        .await;
-        if let Err(resp) = r {
-            return resp;
+            "flagged" => {
+                q.flagged = Some(match v.as_str() {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => {
+                        return Err(error(
+                            StatusCode::BAD_REQUEST,
+                            "`flagged` must be true or false",
+                        ));
+                    }
+                })
+            }
+            "cursor" => cursor = Some(v),
+            "limit" if !export => q.limit = parse_limit(&v)?,
+            other => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {other:?}"),
+                ));
+            }
         }
     }
-    q.user_id = match scoped_user(st, user, wanted_user, "history").await {
-        Ok(u) => u,
-        Err(resp) => return resp,
-    };
-    let foreign = q.user_id.as_deref() != Some(user.id.as_str());
-    if foreign {
-        // Reads of other people's history are themselves recorded (DESIGN §8), before the data
-        // is returned: if recording fails, nothing is shown.
-        let payload = json!({
-            "reader": user.id, "reader_email": user.email, "target_user": q.user_id,
-            "source": q.source, "session": q.session, "flagged": q.flagged,
-            "since": q.since.map(format_micros), "until": q.until.map(format_micros),
-        });
-        let now = now_micros();
-        let ev = NewEvent {
-            source: Source::External,
-            id: format!("review-read:{}", random_id()),
-            kind: "airlock.review.read".into(),
-            ts: now,
-            session: None,
-            seq: None,
-            boot: None,
-            payload: payload.to_string(),
+    // Parsed last: what a cursor holds depends on `order`, which may come after it.
+    if let Some(v) = cursor {
+        let c = Cursor::parse(&v, q.order).ok_or_else(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "`cursor` is not a cursor returned by this API for this `order`",
+            )
+        })?;
+        q.after = Some(c.pk);
+        q.after_ts = c.ts;
+    }
+    q.user_id = scoped_user(st, user, wanted_user, "history").await?;
+    Ok((q, with_view))
+}
+
+/// Takes a read slot for `user`, or the 429 to answer.
+fn read_slot<S: Store>(st: &AppState<S>, user: &User) -> Result<ReadPermit, Resp> {
+    st.reads.try_acquire(&user.id).map_err(|busy| {
+        let msg = match busy {
+            Busy::User => "too many concurrent reads for this user; retry after the delay",
+            Busy::Server => "too many concurrent reads; retry after the delay",
         };
-        if let Err(e) = st.store.insert_events(&user.id, now, &[ev]).await {
-            return store_error(e);
+        metrics::global().rate_limited(match busy {
+            Busy::User => "read_per_user",
+            Busy::Server => "read_global",
+        });
+        with_header(error(StatusCode::TOO_MANY_REQUESTS, msg), header::RETRY_AFTER, "1")
+    })
+}
+
+/// Records a read in the reader's own history (an event of a reserved type the server
+/// writes), before any data is returned: if recording fails, nothing is shown.
+async fn record_query_read<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    kind: &str,
+    q: &EventQuery,
+    now: Micros,
+) -> Result<(), Resp> {
+    let what = if kind == "airlock.review.export" { "export" } else { "events" };
+    let payload = json!({
+        "reader": user.id, "reader_email": user.email, "what": what, "target_user": q.user_id,
+        "source": q.source, "session": q.session, "flagged": q.flagged,
+        "since": q.since.map(format_micros), "until": q.until.map(format_micros),
+        "ts_since": q.ts_since.map(format_micros), "ts_until": q.ts_until.map(format_micros),
+    });
+    record_event(st, user, kind, payload, now).await
+}
+
+async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
+    let (mut q, with_view) = match event_query(st, user, req, false).await {
+        Ok(q) => q,
+        Err(resp) => return resp,
+    };
+    let _slot = match read_slot(st, user) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    if q.user_id.as_deref() != Some(user.id.as_str())
+        && let Err(resp) =
+            record_query_read(st, user, "airlock.review.read", &q, now_micros()).await
+    {
+        return resp;
+    }
+    // The store stops reading rows at the budget; the writer enforces the exact cap.
+    q.max_bytes = Some(PAGE_CAP as u64);
+    let page = match st.store.query_event_page(&q).await {
+        Ok(p) => p,
+        Err(e) => return store_error(e),
+    };
+    let more = page.truncated || page.events.len() == q.limit as usize;
+    // Each payload goes out as its stored text rather than through a parsed tree (which
+    // would reorder keys and cannot hold a lone surrogate), one event serialized at a time.
+    let mut w = PageWriter::new(PAGE_CAP);
+    for e in &page.events {
+        match w.push(e, with_view, q.order) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                tracing::error!("cannot serialize an events page: {e}");
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "cannot serialize the events page",
+                );
+            }
         }
     }
-    match st.store.query_events(&q).await {
-        Ok(evs) => {
-            let next = (evs.len() == q.limit as usize)
-                .then(|| evs.last().map(|e| e.pk.to_string()))
-                .flatten();
-            // Serialized directly, so each payload goes out as its stored text rather than
-            // through a parsed tree (which would reorder keys and cannot hold a lone surrogate).
-            #[derive(serde::Serialize)]
-            struct Page<'a> {
-                events: Vec<super::ApiEvent<'a>>,
-                next_cursor: Option<String>,
-            }
-            let page = Page {
-                events: evs.iter().map(|e| e.api_json(with_view)).collect(),
-                next_cursor: next,
-            };
-            match serde_json::to_vec(&page) {
-                Ok(body) => bytes_resp(StatusCode::OK, body),
-                Err(e) => {
-                    tracing::error!("cannot serialize an events page: {e}");
-                    error(StatusCode::INTERNAL_SERVER_ERROR, "cannot serialize the events page")
-                }
-            }
-        }
-        Err(e) => store_error(e),
+    bytes_resp(StatusCode::OK, w.finish(more))
+}
+
+/// `GET /api/v1/export`: authenticated and routed apart from [`handle`] because its body
+/// streams ([`export`]).
+async fn get_export<S: Store>(
+    st: Arc<AppState<S>>,
+    peer: IpAddr,
+    req: Request<Incoming>,
+) -> Result<Response<export::ExportBody>, Resp> {
+    let user = authenticate(&st, peer, &req).await?;
+    if req.method() != Method::GET {
+        return Err(error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint"));
     }
+    let (q, with_view) = event_query(&st, &user, &req, true).await?;
+    let slot = read_slot(&st, &user)?;
+    // Every export is recorded, one's own included: it is a bulk copy of the evidence.
+    let now = now_micros();
+    record_query_read(&st, &user, "airlock.review.export", &q, now).await?;
+    let mut header = serde_json::to_vec(&json!({"export": {
+        "query": {
+            "user": q.user_id, "source": q.source, "session": q.session, "flagged": q.flagged,
+            "since": q.since.map(format_micros), "until": q.until.map(format_micros),
+            "ts_since": q.ts_since.map(format_micros), "ts_until": q.ts_until.map(format_micros),
+            "order": match q.order { EventOrder::Received => "received_at", EventOrder::Ts => "ts" },
+            "cursor": q.after.map(|pk| Cursor { ts: q.after_ts, pk }.encode()),
+            "view": with_view,
+        },
+        "exported_at": format_micros(now),
+        "by": user.id,
+        "format": 1,
+    }}))
+    .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    header.push(b'\n');
+    let body =
+        export::start(Arc::clone(&st), |s: &AppState<S>| &s.store, q, with_view, header, slot);
+    let mut r = Response::new(body);
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    Ok(r)
+}
+
+/// The body of any response: a buffered one, or an export's stream.
+pub type ReviewBody = Either<Full<Bytes>, export::ExportBody>;
+
+/// Routes one request, the streaming export included.
+pub async fn respond<S: Store>(
+    st: Arc<AppState<S>>,
+    peer: IpAddr,
+    req: Request<Incoming>,
+) -> Response<ReviewBody> {
+    if req.uri().path() == "/api/v1/export" {
+        return match get_export(st, peer, req).await {
+            Ok(r) => r.map(Either::Right),
+            Err(r) => r.map(Either::Left),
+        };
+    }
+    handle(st, peer, req).await.map(Either::Left)
 }
 
 async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
@@ -801,13 +959,34 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
             return resp;
         }
     }
+    let _slot = match read_slot(st, user) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
     match st.store.list_flags(&q).await {
         Ok(flags) => {
-            let next = (flags.len() == q.limit as usize)
-                .then(|| flags.last().map(|f| f.0.to_string()))
-                .flatten();
-            let list: Vec<Value> = flags.iter().map(|(_, f)| f.to_json()).collect();
-            json_resp(StatusCode::OK, &json!({"flags": list, "next_cursor": next}))
+            // Written one flag at a time and cut at the page cap (a flag carries its event
+            // list and note); the first flag always goes out.
+            let mut body = b"{\"flags\":[".to_vec();
+            let mut last = None;
+            let mut cut = false;
+            for (n, f) in &flags {
+                let item = f.to_json().to_string();
+                if last.is_some() && body.len() + item.len() + 64 > PAGE_CAP {
+                    cut = true;
+                    break;
+                }
+                if last.is_some() {
+                    body.push(b',');
+                }
+                body.extend_from_slice(item.as_bytes());
+                last = Some(*n);
+            }
+            let next = last.filter(|_| cut || flags.len() == q.limit as usize);
+            body.extend_from_slice(b"],\"next_cursor\":");
+            body.extend_from_slice(json!(next.map(|n| n.to_string())).to_string().as_bytes());
+            body.push(b'}');
+            bytes_resp(StatusCode::OK, body)
         }
         Err(e) => store_error(e),
     }
@@ -1006,7 +1185,7 @@ pub async fn serve<S: Store>(
             let peer = peer.ip();
             let svc = hyper::service::service_fn(move |req| {
                 let st = Arc::clone(&st);
-                async move { Ok::<_, Infallible>(handle(st, peer, req).await) }
+                async move { Ok::<_, Infallible>(respond(st, peer, req).await) }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
             // A client that dribbles its headers loses the connection, and so does a
@@ -1064,11 +1243,21 @@ async fn record_read<S: Store>(
     reader: &User,
     payload: Value,
 ) -> Result<(), Resp> {
-    let now = now_micros();
+    record_event(st, reader, "airlock.review.read", payload, now_micros()).await
+}
+
+/// Stores a server-written event of the reserved type `kind` in `reader`'s history.
+async fn record_event<S: Store>(
+    st: &AppState<S>,
+    reader: &User,
+    kind: &str,
+    payload: Value,
+    now: Micros,
+) -> Result<(), Resp> {
     let ev = NewEvent {
         source: Source::External,
         id: format!("review-read:{}", random_id()),
-        kind: "airlock.review.read".into(),
+        kind: kind.into(),
         ts: now,
         session: None,
         seq: None,

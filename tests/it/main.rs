@@ -21,7 +21,9 @@ mod proxy_support;
 mod review;
 #[cfg(feature = "test-hooks")]
 mod review_atomic;
+mod review_bounded;
 mod review_detect;
+mod review_export;
 mod review_flags;
 mod review_init;
 mod review_limits;

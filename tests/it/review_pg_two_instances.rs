@@ -7,8 +7,9 @@
 use crate::review_store::conformance;
 use crate::review_support::*;
 use crate::support::World;
+use airlock::review::detect::session::SessionScan;
 use airlock::review::store::postgres::PgStore;
-use airlock::review::store::{EventQuery, FlagQuery, IngestScan, Store, StoreError};
+use airlock::review::store::{EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError};
 use airlock::review::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, StoredEvent, User,
 };
@@ -74,6 +75,12 @@ impl Store for Alternating {
     }
     async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
         self.pick().query_events(q).await
+    }
+    async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
+        self.pick().query_event_page(q).await
+    }
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        self.pick().scan_session(scan).await
     }
     async fn session_events(&self, u: &str, s: &str) -> Result<Vec<StoredEvent>, StoreError> {
         self.pick().session_events(u, s).await

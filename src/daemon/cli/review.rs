@@ -134,6 +134,13 @@ pub struct ReviewArgs {
     #[arg(long, default_value_t = limits::AUTH_FAILURE_RATE.burst, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub auth_failure_burst: u32,
+    /// Reads (events, flags, export) one user may have in progress at once; more are answered
+    /// 429 with Retry-After.
+    #[arg(long, default_value_t = crate::review::reads::READS_PER_USER, value_name = "N")]
+    pub read_concurrency_per_user: usize,
+    /// Reads in progress at once over all users; more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = crate::review::reads::READS_TOTAL, value_name = "N")]
+    pub read_concurrency: usize,
     /// PostgreSQL connections to keep (plus up to as many for ingest transactions).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
@@ -591,7 +598,10 @@ fn run_server(args: ReviewArgs) -> i32 {
             engine.rules().len()
         );
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-        let state = Arc::new(AppState::with_limits(store, engine, limits));
+        let state = Arc::new(
+            AppState::with_limits(store, engine, limits)
+                .with_read_slots(args.read_concurrency_per_user, args.read_concurrency),
+        );
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
             std::time::Duration::from_secs(args.settle_secs.max(1)),

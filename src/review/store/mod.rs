@@ -11,6 +11,7 @@ pub mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 
+use super::detect::session::{SessionRow, SessionScan};
 use super::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -83,7 +84,8 @@ pub(crate) fn crash_point(step: &str) {
     let _ = step;
 }
 
-/// Filters for reading events; `after` is the cursor (a `pk`); results are in `pk` order.
+/// Filters for reading events; `after` is the cursor (a `pk`, with `after_ts` under
+/// [`EventOrder::Ts`]); results are in the order `order` names.
 #[derive(Debug, Clone, Default)]
 pub struct EventQuery {
     pub user_id: Option<String>,
@@ -93,10 +95,144 @@ pub struct EventQuery {
     pub since: Option<Micros>,
     /// Exclusive upper bound on `received_at`.
     pub until: Option<Micros>,
+    /// Inclusive lower bound on the event's own `ts`.
+    pub ts_since: Option<Micros>,
+    /// Exclusive upper bound on the event's own `ts`.
+    pub ts_until: Option<Micros>,
     /// `Some(true)`: only events linked to a flag; `Some(false)`: only unflagged.
     pub flagged: Option<bool>,
+    pub order: EventOrder,
     pub after: Option<i64>,
+    /// Under [`EventOrder::Ts`], the cursor's `ts`: rows strictly after `(after_ts, after)`.
+    pub after_ts: Option<Micros>,
     pub limit: u32,
+    /// Byte budget for the page's payloads (see [`Store::query_event_page`]); `None`: none.
+    pub max_bytes: Option<u64>,
+}
+
+/// The order of an event listing; the keyset cursor follows it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EventOrder {
+    /// Store order (`pk`, assigned at receipt): the default.
+    #[default]
+    Received,
+    /// The event's own `ts`, ties by `pk`.
+    Ts,
+}
+
+/// Rows per page when a store reads a session in pages.
+pub const SESSION_PAGE: i64 = 10_000;
+
+/// A session row from its columns (`source` as stored text).
+pub(crate) fn session_row(
+    pk: i64,
+    source: &str,
+    ts: Micros,
+    seq: Option<i64>,
+    boot: Option<String>,
+) -> SessionRow {
+    // Only valid sources are ever inserted; External is an inert fallback.
+    SessionRow { pk, source: source.parse().unwrap_or(Source::External), ts, seq, boot }
+}
+
+/// Bytes counted per row on top of its payload against [`EventQuery::max_bytes`]: the
+/// envelope's fields (ids and session are at most 256 bytes each, docs/api.md).
+pub const ROW_OVERHEAD: u64 = 1024;
+
+/// One page of events and whether the byte budget ended it before `limit` rows.
+#[derive(Debug, Clone, Default)]
+pub struct EventPage {
+    pub events: Vec<StoredEvent>,
+    /// The budget stopped the page with more matching rows within `limit`.
+    pub truncated: bool,
+}
+
+impl EventQuery {
+    /// The `WHERE`…`LIMIT` tail of phase one of a page read (`pk`, `ts` and payload length
+    /// only, over `events e`) and its arguments; `received(op, ph)` writes a comparison of
+    /// `received_at` (the stores keep it in different types).
+    pub(crate) fn sql_tail(
+        &self,
+        placeholder: fn(usize) -> String,
+        received: fn(&str, &str) -> String,
+    ) -> (String, Vec<FlagArg>) {
+        let mut sql = String::from(" WHERE 1=1");
+        let mut args = Vec::new();
+        let mut bind = |sql: &mut String, clause: &dyn Fn(&str) -> String, arg: FlagArg| {
+            args.push(arg);
+            sql.push_str(&clause(&placeholder(args.len())));
+        };
+        if let Some(u) = &self.user_id {
+            bind(&mut sql, &|p| format!(" AND e.user_id = {p}"), FlagArg::Text(u.clone()));
+        }
+        if let Some(s) = self.source {
+            bind(&mut sql, &|p| format!(" AND e.source = {p}"), FlagArg::Text(s.as_str().into()));
+        }
+        if let Some(s) = &self.session {
+            bind(&mut sql, &|p| format!(" AND e.session = {p}"), FlagArg::Text(s.clone()));
+        }
+        if let Some(t) = self.since {
+            bind(&mut sql, &|p| format!(" AND {}", received(">=", p)), FlagArg::Time(t));
+        }
+        if let Some(t) = self.until {
+            bind(&mut sql, &|p| format!(" AND {}", received("<", p)), FlagArg::Time(t));
+        }
+        if let Some(t) = self.ts_since {
+            bind(&mut sql, &|p| format!(" AND e.ts >= {p}"), FlagArg::Int(t));
+        }
+        if let Some(t) = self.ts_until {
+            bind(&mut sql, &|p| format!(" AND e.ts < {p}"), FlagArg::Int(t));
+        }
+        match (self.order, self.after, self.after_ts) {
+            (EventOrder::Ts, Some(pk), Some(ts)) => {
+                bind(&mut sql, &|p| format!(" AND (e.ts > {p}"), FlagArg::Int(ts));
+                bind(&mut sql, &|p| format!(" OR (e.ts = {p}"), FlagArg::Int(ts));
+                bind(&mut sql, &|p| format!(" AND e.pk > {p}))"), FlagArg::Int(pk));
+            }
+            (_, Some(pk), _) => bind(&mut sql, &|p| format!(" AND e.pk > {p}"), FlagArg::Int(pk)),
+            _ => {}
+        }
+        match self.flagged {
+            Some(true) => {
+                sql.push_str(" AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)")
+            }
+            Some(false) => sql.push_str(
+                " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
+            ),
+            None => {}
+        }
+        let order = match self.order {
+            EventOrder::Received => " ORDER BY e.pk",
+            EventOrder::Ts => " ORDER BY e.ts, e.pk",
+        };
+        sql.push_str(order);
+        bind(&mut sql, &|p| format!(" LIMIT {p}"), FlagArg::Int(i64::from(self.limit)));
+        (sql, args)
+    }
+
+    /// How many of phase one's rows (payload lengths in order) fit the budget: at least one,
+    /// so a page always makes progress, and with it whether the budget cut the page short.
+    pub(crate) fn within_budget(&self, lengths: impl IntoIterator<Item = i64>) -> (usize, bool) {
+        let Some(budget) = self.max_bytes else {
+            return (usize::MAX, false);
+        };
+        let mut used = 0u64;
+        for (k, len) in lengths.into_iter().enumerate() {
+            used = used.saturating_add(len.max(0) as u64 + ROW_OVERHEAD);
+            if k > 0 && used > budget {
+                return (k, true);
+            }
+        }
+        (usize::MAX, false)
+    }
+}
+
+/// Phase two of a page read: the rows fetched by `pk` (in any order) put back in phase one's
+/// order; a row that is missing (it cannot be: events are never deleted) is skipped.
+pub(crate) fn in_phase_order(pks: &[i64], rows: Vec<StoredEvent>) -> Vec<StoredEvent> {
+    let mut by_pk: std::collections::HashMap<i64, StoredEvent> =
+        rows.into_iter().map(|e| (e.pk, e)).collect();
+    pks.iter().filter_map(|pk| by_pk.remove(pk)).collect()
 }
 
 /// Filters for reading flags.
@@ -115,6 +251,8 @@ pub struct FlagQuery {
 pub(crate) enum FlagArg {
     Text(String),
     Int(i64),
+    /// A `received_at` bound (SQLite: integer micros; PostgreSQL: RFC 3339 text).
+    Time(Micros),
 }
 
 impl FlagQuery {
@@ -159,9 +297,10 @@ pub trait IngestScan: Send + Sync + 'static {
     fn batch_flags(&self, inserted: &[Inserted]) -> Vec<NewFlag>;
     /// Sessions this batch ended, whose span and gap checks run in the same transaction.
     fn ended_sessions(&self, inserted: &[Inserted]) -> Vec<String>;
-    /// Flags over one ended session's events (read inside the transaction, so the batch's
-    /// own rows are included).
-    fn session_flags(&self, session: &str, events: &[StoredEvent]) -> Vec<NewFlag>;
+    /// Flags over one ended session, from the scan the store fed with the session's events
+    /// ([`Store::scan_session`]'s reading, inside the transaction, so the batch's own rows
+    /// are included).
+    fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag>;
 }
 
 /// The store contract. Methods return `Send` futures so the server can run them on any
@@ -223,11 +362,29 @@ pub trait Store: Send + Sync + 'static {
         events: &[NewEvent],
         scan: Arc<dyn IngestScan>,
     ) -> impl Future<Output = Result<Vec<Inserted>, StoreError>> + Send;
+    /// One page of events: up to `limit` rows in `order`, and with `max_bytes` set, read in
+    /// two steps so memory stays bounded: first `pk` and payload length only, then only the
+    /// rows whose payloads (plus [`ROW_OVERHEAD`] each) fit the budget — at least one.
+    fn query_event_page(
+        &self,
+        q: &EventQuery,
+    ) -> impl Future<Output = Result<EventPage, StoreError>> + Send;
+    /// [`Store::query_event_page`]'s rows.
     fn query_events(
         &self,
         q: &EventQuery,
-    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send;
-    /// Every event of one user's session, in `pk` order (for span and gap checks).
+    ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send {
+        async move { self.query_event_page(q).await.map(|p| p.events) }
+    }
+    /// Feeds `scan` its session's span (the `ts` of its start and end records) and then the
+    /// session's events in `pk` order, envelope only, until it stops; memory stays bounded
+    /// however large the session.
+    fn scan_session(
+        &self,
+        scan: SessionScan,
+    ) -> impl Future<Output = Result<SessionScan, StoreError>> + Send;
+    /// Every event of one user's session, in `pk` order, payloads included: unbounded, for
+    /// tests and tools only (the checks use [`Store::scan_session`]).
     fn session_events(
         &self,
         user_id: &str,
@@ -319,8 +476,11 @@ impl Store for AnyStore {
     ) -> Result<Vec<Inserted>, StoreError> {
         dispatch!(self, s => s.ingest(u, r, e, scan))
     }
-    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
-        dispatch!(self, s => s.query_events(q))
+    async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
+        dispatch!(self, s => s.query_event_page(q))
+    }
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        dispatch!(self, s => s.scan_session(scan))
     }
     async fn session_events(&self, u: &str, sn: &str) -> Result<Vec<StoredEvent>, StoreError> {
         dispatch!(self, s => s.session_events(u, sn))

@@ -15,7 +15,10 @@
 //! `received_at` comes from the database clock (a supplied value is refused by trigger).
 
 use super::pg_tls::{PgOptions, PgTarget};
-use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
+use super::{
+    EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
+};
+use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
     StoredEvent, User,
@@ -30,6 +33,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../migrations/pg_0001.sql")),
     (3, include_str!("../migrations/pg_0003.sql")),
     (4, include_str!("../migrations/pg_0004.sql")),
+    (5, include_str!("../migrations/pg_0005.sql")),
 ];
 
 /// Every table of the store (each has a row in [`GRANTS`]).
@@ -324,6 +328,14 @@ fn event_from_row(r: &Row) -> StoredEvent {
     }
 }
 
+fn pg_arg(a: super::FlagArg) -> Box<dyn ToSql + Sync + Send> {
+    match a {
+        super::FlagArg::Text(t) => Box::new(t),
+        super::FlagArg::Int(i) => Box::new(i),
+        super::FlagArg::Time(t) => Box::new(ts_text(t)),
+    }
+}
+
 const EVENT_COLS: &str = "pk, user_id, source, id, type, ts, session, seq, boot, \
      (extract(epoch from received_at) * 1000000)::int8, payload";
 
@@ -477,6 +489,44 @@ fn flag_state_error(e: tokio_postgres::Error) -> StoreError {
             StoreError::Forbidden(db.message().to_string())
         }
         _ => e.into(),
+    }
+}
+
+/// Feeds `scan` its session's span, then its events' envelopes in `pk` order a page of
+/// [`super::SESSION_PAGE`] rows at a time (payloads are never read).
+async fn feed_session(c: &impl GenericClient, scan: &mut SessionScan) -> Result<(), StoreError> {
+    let (user, session) = (scan.user_id().to_string(), scan.session().to_string());
+    let span = c
+        .query(
+            "SELECT id, ts FROM events WHERE user_id = $1 AND session = $2 AND source = 'session' \
+             AND id = ANY($3)",
+            &[&user, &session, &vec![scan.start_id(), scan.end_id()]],
+        )
+        .await?;
+    let ts_of =
+        |id: String| span.iter().find(|r| r.get::<_, &str>(0) == id).map(|r| r.get::<_, i64>(1));
+    let (start, end) = (ts_of(scan.start_id()), ts_of(scan.end_id()));
+    scan.set_span(start, end);
+    let mut after = i64::MIN;
+    loop {
+        let rows = c
+            .query(
+                "SELECT pk, source, ts, seq, boot FROM events WHERE user_id = $1 AND session = $2 \
+                 AND pk > $3 ORDER BY pk LIMIT $4",
+                &[&user, &session, &after, &super::SESSION_PAGE],
+            )
+            .await?;
+        let n = rows.len();
+        for r in rows {
+            after = r.get(0);
+            let source: &str = r.get(1);
+            if !scan.feed(super::session_row(after, source, r.get(2), r.get(3), r.get(4))) {
+                return Ok(());
+            }
+        }
+        if (n as i64) < super::SESSION_PAGE {
+            return Ok(());
+        }
     }
 }
 
@@ -650,8 +700,9 @@ impl Store for PgStore {
         crash_point("after-events");
         let mut flags = scan.batch_flags(&inserted);
         for session in scan.ended_sessions(&inserted) {
-            let evs = session_rows(&tx, user_id, &session).await?;
-            flags.extend(scan.session_flags(&session, &evs));
+            let mut sc = SessionScan::new(user_id, &session);
+            feed_session(&tx, &mut sc).await?;
+            flags.extend(scan.session_flags(sc));
         }
         insert_flag_rows(&tx, &flags).await?;
         crash_point("after-flags");
@@ -659,49 +710,40 @@ impl Store for PgStore {
         Ok(inserted)
     }
 
-    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+    async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
         let c = self.client().await?;
-        let mut sql = format!("SELECT {EVENT_COLS} FROM events e WHERE true");
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        if let Some(u) = &q.user_id {
-            args.push(Box::new(u.clone()));
-            sql.push_str(&format!(" AND e.user_id = ${}", args.len()));
-        }
-        if let Some(s) = q.source {
-            args.push(Box::new(s.as_str().to_string()));
-            sql.push_str(&format!(" AND e.source = ${}", args.len()));
-        }
-        if let Some(s) = &q.session {
-            args.push(Box::new(s.clone()));
-            sql.push_str(&format!(" AND e.session = ${}", args.len()));
-        }
-        if let Some(t) = q.since {
-            args.push(Box::new(ts_text(t)));
-            sql.push_str(&format!(" AND e.received_at >= ${}::text::timestamptz", args.len()));
-        }
-        if let Some(t) = q.until {
-            args.push(Box::new(ts_text(t)));
-            sql.push_str(&format!(" AND e.received_at < ${}::text::timestamptz", args.len()));
-        }
-        if let Some(a) = q.after {
-            args.push(Box::new(a));
-            sql.push_str(&format!(" AND e.pk > ${}", args.len()));
-        }
-        match q.flagged {
-            Some(true) => {
-                sql.push_str(" AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)")
-            }
-            Some(false) => sql.push_str(
-                " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
-            ),
-            None => {}
-        }
-        args.push(Box::new(i64::from(q.limit)));
-        sql.push_str(&format!(" ORDER BY e.pk LIMIT ${}", args.len()));
+        // Phase one reads no payload: `octet_length` of a TOASTed value reads its header only.
+        let (tail, args) = q.sql_tail(
+            |n| format!("${n}"),
+            |op, p| format!("e.received_at {op} {p}::text::timestamptz"),
+        );
+        let sql = format!("SELECT e.pk, octet_length(e.payload)::int8 FROM events e{tail}");
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = args.into_iter().map(pg_arg).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
-        let rows = c.query(&sql, &refs).await?;
-        Ok(rows.iter().map(event_from_row).collect())
+        let heads: Vec<(i64, i64)> = c
+            .query(&sql, &refs)
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, Option<i64>>(1).unwrap_or(0)))
+            .collect();
+        let (keep, truncated) = q.within_budget(heads.iter().map(|h| h.1));
+        let pks: Vec<i64> = heads.iter().take(keep).map(|h| h.0).collect();
+        if pks.is_empty() {
+            return Ok(EventPage { events: Vec::new(), truncated });
+        }
+        let rows = c
+            .query(&format!("SELECT {EVENT_COLS} FROM events WHERE pk = ANY($1)"), &[&pks])
+            .await?;
+        let events = rows.iter().map(event_from_row).collect();
+        Ok(EventPage { events: super::in_phase_order(&pks, events), truncated })
+    }
+
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        let c = self.client().await?;
+        let mut scan = scan;
+        feed_session(&*c, &mut scan).await?;
+        Ok(scan)
     }
 
     async fn session_events(
@@ -722,15 +764,7 @@ impl Store for PgStore {
         let c = self.client().await?;
         let (tail, flag_args) = q.sql_tail(|n| format!("${n}"));
         let sql = format!("SELECT {FLAG_COLS} FROM flags f{tail}");
-        let args: Vec<Box<dyn ToSql + Sync + Send>> = flag_args
-            .into_iter()
-            .map(|a| -> Box<dyn ToSql + Sync + Send> {
-                match a {
-                    super::FlagArg::Text(t) => Box::new(t),
-                    super::FlagArg::Int(i) => Box::new(i),
-                }
-            })
-            .collect();
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = flag_args.into_iter().map(pg_arg).collect();
         let refs: Vec<&(dyn ToSql + Sync)> =
             args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
         let rows = c.query(&sql, &refs).await?;
@@ -794,9 +828,9 @@ pub async fn migrate(url: &str, opts: &MigrateOptions) -> Result<MaintainReport,
     .await?;
     // Serialize concurrent migrators.
     c.batch_execute("SELECT pg_advisory_lock(7247001)").await?;
-    // Each version not yet recorded is applied, in order (not only those above the maximum:
-    // versions developed in parallel may land in either order).
-    let applied: Vec<i32> = c
+    // Every migration not yet recorded is applied, not only those above the highest: numbers
+    // are handed out to parallel branches, so a store may hold 5 before 2 arrives.
+    let applied: std::collections::HashSet<i32> = c
         .query("SELECT version FROM schema_migrations", &[])
         .await?
         .iter()

@@ -6,7 +6,10 @@
 //! makes the data dir 0700 and the database 0600, and [`SqliteStore::open_existing`] (every
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
-use super::{EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id};
+use super::{
+    EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
+};
+use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
     StoredEvent, User, now_micros,
@@ -19,6 +22,7 @@ use std::sync::{Arc, Mutex};
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite_0001.sql")),
     (3, include_str!("../migrations/sqlite_0003.sql")),
+    (5, include_str!("../migrations/sqlite_0005.sql")),
 ];
 
 /// The embedded store. Cloning shares the connection.
@@ -343,13 +347,16 @@ fn migrate_with(conn: &mut Connection, migrations: &[(i64, &str)]) -> Result<(),
             |r| r.get(0),
         )
         .map_err(StoreError::from)?;
-    let current: i64 = if have == 0 {
-        0
+    // Every migration not yet recorded is applied, not only those above the highest: numbers
+    // are handed out to parallel branches, so a store may hold 5 before 2 arrives.
+    let applied: std::collections::HashSet<i64> = if have == 0 {
+        Default::default()
     } else {
-        conn.query_row("SELECT coalesce(max(version),0) FROM schema_migrations", [], |r| r.get(0))?
+        let mut stmt = conn.prepare("SELECT version FROM schema_migrations")?;
+        stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?
     };
     for (version, sql) in migrations {
-        if *version > current {
+        if !applied.contains(version) {
             let tx = conn.transaction()?;
             tx.execute_batch(sql).map_err(|e| {
                 StoreError::Other(format!(
@@ -444,6 +451,35 @@ fn insert_flag_rows(tx: &Connection, flags: &[NewFlag]) -> Result<(), StoreError
     Ok(())
 }
 
+/// Feeds `scan` its session's span, then its events' envelopes row by row in `pk` order
+/// (one row in memory at a time; payloads are never read).
+fn feed_session(conn: &Connection, scan: &mut SessionScan) -> Result<(), StoreError> {
+    let (user, session) = (scan.user_id().to_string(), scan.session().to_string());
+    let span_ts = |id: String| -> Result<Option<i64>, StoreError> {
+        Ok(conn
+            .prepare_cached(
+                "SELECT ts FROM events WHERE user_id = ?1 AND session = ?2 AND source = 'session' \
+                 AND id = ?3",
+            )?
+            .query_row(params![user, session, id], |r| r.get(0))
+            .optional()?)
+    };
+    let (start, end) = (span_ts(scan.start_id())?, span_ts(scan.end_id())?);
+    scan.set_span(start, end);
+    let mut stmt = conn.prepare_cached(
+        "SELECT pk, source, ts, seq, boot FROM events WHERE user_id = ?1 AND session = ?2 \
+         ORDER BY pk",
+    )?;
+    let mut rows = stmt.query(params![user, session])?;
+    while let Some(r) = rows.next()? {
+        let source: String = r.get(1)?;
+        if !scan.feed(super::session_row(r.get(0)?, &source, r.get(2)?, r.get(3)?, r.get(4)?)) {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Every event of one user's session, in `pk` order.
 fn session_rows(
     conn: &Connection,
@@ -469,6 +505,13 @@ fn current_role(conn: &Connection, user_id: &str) -> Result<Role, StoreError> {
 fn user_row(conn: &Connection, id: String, email: String) -> Result<User, StoreError> {
     let role = current_role(conn, &id)?;
     Ok(User { id, email, role })
+}
+
+fn sql_value(a: super::FlagArg) -> Value {
+    match a {
+        super::FlagArg::Text(t) => Value::Text(t),
+        super::FlagArg::Int(i) | super::FlagArg::Time(i) => Value::Integer(i),
+    }
 }
 
 const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload";
@@ -710,8 +753,9 @@ impl Store for SqliteStore {
             crash_point("after-events");
             let mut flags = scan.batch_flags(&inserted);
             for session in scan.ended_sessions(&inserted) {
-                let evs = session_rows(&tx, &user_id, &session)?;
-                flags.extend(scan.session_flags(&session, &evs));
+                let mut sc = SessionScan::new(&user_id, &session);
+                feed_session(&tx, &mut sc)?;
+                flags.extend(scan.session_flags(sc));
             }
             insert_flag_rows(&tx, &flags)?;
             crash_point("after-flags");
@@ -722,51 +766,44 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn query_events(&self, q: &EventQuery) -> Result<Vec<StoredEvent>, StoreError> {
+    async fn query_event_page(&self, q: &EventQuery) -> Result<EventPage, StoreError> {
         let q = q.clone();
         self.with(move |c| {
-            let mut sql = format!("SELECT {EVENT_COLS} FROM events e WHERE 1=1");
-            let mut args: Vec<Value> = Vec::new();
-            if let Some(u) = q.user_id {
-                args.push(Value::Text(u));
-                sql.push_str(&format!(" AND e.user_id = ?{}", args.len()));
+            // Phase one reads no payload: `octet_length` comes from the record header.
+            let (tail, args) =
+                q.sql_tail(|n| format!("?{n}"), |op, p| format!("e.received_at {op} {p}"));
+            let sql = format!("SELECT e.pk, octet_length(e.payload) FROM events e{tail}");
+            let heads: Vec<(i64, i64)> = {
+                let mut stmt = c.prepare_cached(&sql)?;
+                stmt.query_map(params_from_iter(args.into_iter().map(sql_value)), |r| {
+                    Ok((r.get(0)?, r.get::<_, Option<i64>>(1)?.unwrap_or(0)))
+                })?
+                .collect::<Result<_, _>>()?
+            };
+            let (keep, truncated) = q.within_budget(heads.iter().map(|h| h.1));
+            let pks: Vec<i64> = heads.iter().take(keep).map(|h| h.0).collect();
+            let mut events = Vec::with_capacity(pks.len());
+            // Phase two in chunks (SQLite bounds the number of parameters of a statement).
+            for chunk in pks.chunks(500) {
+                let marks = vec!["?"; chunk.len()].join(",");
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT {EVENT_COLS} FROM events e WHERE e.pk IN ({marks})"
+                ))?;
+                let rows: Vec<StoredEvent> = stmt
+                    .query_map(params_from_iter(chunk.iter()), event_from_row)?
+                    .collect::<Result<_, _>>()?;
+                events.extend(rows);
             }
-            if let Some(s) = q.source {
-                args.push(Value::Text(s.as_str().into()));
-                sql.push_str(&format!(" AND e.source = ?{}", args.len()));
-            }
-            if let Some(s) = q.session {
-                args.push(Value::Text(s));
-                sql.push_str(&format!(" AND e.session = ?{}", args.len()));
-            }
-            if let Some(t) = q.since {
-                args.push(Value::Integer(t));
-                sql.push_str(&format!(" AND e.received_at >= ?{}", args.len()));
-            }
-            if let Some(t) = q.until {
-                args.push(Value::Integer(t));
-                sql.push_str(&format!(" AND e.received_at < ?{}", args.len()));
-            }
-            if let Some(a) = q.after {
-                args.push(Value::Integer(a));
-                sql.push_str(&format!(" AND e.pk > ?{}", args.len()));
-            }
-            match q.flagged {
-                Some(true) => sql.push_str(
-                    " AND EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
-                ),
-                Some(false) => sql.push_str(
-                    " AND NOT EXISTS (SELECT 1 FROM flag_events fe WHERE fe.event_pk = e.pk)",
-                ),
-                None => {}
-            }
-            args.push(Value::Integer(i64::from(q.limit)));
-            sql.push_str(&format!(" ORDER BY e.pk LIMIT ?{}", args.len()));
-            let mut stmt = c.prepare(&sql)?;
-            let rows = stmt
-                .query_map(params_from_iter(args), event_from_row)?
-                .collect::<Result<_, _>>()?;
-            Ok(rows)
+            Ok(EventPage { events: super::in_phase_order(&pks, events), truncated })
+        })
+        .await
+    }
+
+    async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
+        self.with(move |c| {
+            let mut scan = scan;
+            feed_session(c, &mut scan)?;
+            Ok(scan)
         })
         .await
     }
@@ -796,13 +833,7 @@ impl Store for SqliteStore {
         self.with(move |c| {
             let (tail, flag_args) = q.sql_tail(|n| format!("?{n}"));
             let sql = format!("SELECT id FROM flags f{tail}");
-            let args: Vec<Value> = flag_args
-                .into_iter()
-                .map(|a| match a {
-                    super::FlagArg::Text(t) => Value::Text(t),
-                    super::FlagArg::Int(i) => Value::Integer(i),
-                })
-                .collect();
+            let args: Vec<Value> = flag_args.into_iter().map(sql_value).collect();
             let ids: Vec<String> = {
                 let mut stmt = c.prepare(&sql)?;
                 stmt.query_map(params_from_iter(args), |r| r.get(0))?.collect::<Result<_, _>>()?
@@ -893,7 +924,7 @@ mod tests {
         fn ended_sessions(&self, _: &[Inserted]) -> Vec<String> {
             Vec::new()
         }
-        fn session_flags(&self, _: &str, _: &[StoredEvent]) -> Vec<NewFlag> {
+        fn session_flags(&self, _: SessionScan) -> Vec<NewFlag> {
             Vec::new()
         }
     }
@@ -958,6 +989,31 @@ mod tests {
         let version: i64 =
             conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
         assert_eq!(version, 2);
+    }
+
+    #[test]
+    fn migration_5_applies_to_a_version_1_store_and_a_lower_number_still_applies_after_it() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_with(&mut conn, &MIGRATIONS[..1]).unwrap();
+        migrate_with(&mut conn, MIGRATIONS).unwrap();
+        let versions = |c: &Connection| -> Vec<i64> {
+            let mut st =
+                c.prepare("SELECT version FROM schema_migrations ORDER BY version").unwrap();
+            st.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+        };
+        assert_eq!(versions(&conn), vec![1, 5]);
+        let idx: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'events_user_ts'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(idx, 1);
+        // A branch's migration 2 merged later is applied although 5 is already recorded.
+        let later = [MIGRATIONS[0], (2, "CREATE TABLE extra(a INTEGER);"), MIGRATIONS[1]];
+        migrate_with(&mut conn, &later).unwrap();
+        assert_eq!(versions(&conn), vec![1, 2, 5]);
     }
 
     #[test]

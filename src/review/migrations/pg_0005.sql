@@ -1,0 +1,5 @@
+-- PostgreSQL review store, migration 5: indexes for listing and exporting events by their own
+-- `ts` (`order=ts`, `ts_since`/`ts_until`; keyset pagination on (ts, pk)). On the partitioned
+-- parent, so every partition (present and future) gets them.
+CREATE INDEX events_ts ON events(ts, pk);
+CREATE INDEX events_user_ts ON events(user_id, ts, pk)
