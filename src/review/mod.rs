@@ -7,6 +7,7 @@
 //! validates a batch, the store inserts it (dedup on `(user, source, id)`), and [`detect`]
 //! runs the rules over the newly created events ([`transcript`] gives them a typed view).
 
+pub mod dedup;
 pub mod detect;
 pub mod ingest;
 pub mod server;
@@ -170,6 +171,9 @@ pub struct StoredEvent {
     pub boot: Option<String>,
     pub received_at: Micros,
     pub payload: String,
+    /// For a conflict (a different content resent under a stored `(source, id)`,
+    /// [`dedup`]): the `pk` of the original event.
+    pub conflict_of: Option<i64>,
 }
 
 impl StoredEvent {
@@ -196,6 +200,7 @@ impl StoredEvent {
             boot: self.boot.as_deref(),
             received_at: format_micros(self.received_at),
             payload,
+            conflict_of: self.conflict_of,
             view,
         }
     }
@@ -216,6 +221,8 @@ pub struct ApiEvent<'a> {
     pub boot: Option<&'a str>,
     pub received_at: String,
     pub payload: Option<&'a serde_json::value::RawValue>,
+    /// The original's `pk` when this event is a dedup conflict, else `null`.
+    pub conflict_of: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view: Option<transcript::View>,
 }
@@ -223,11 +230,15 @@ pub struct ApiEvent<'a> {
 /// Outcome of inserting one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Inserted {
-    /// `true` when this call created the event; `false` for a duplicate of `(user, source, id)`.
+    /// `true` when this call created the event (a conflict included); `false` for a duplicate
+    /// of stored content ([`dedup`]).
     pub created: bool,
     pub pk: i64,
-    /// The original `received_at` (for duplicates, that of the first copy).
+    /// The original `received_at` (for duplicates, that of the stored copy).
     pub received_at: Micros,
+    /// Set when the created event is a conflict: a different content under a stored
+    /// `(user, source, id)`.
+    pub conflict: Option<dedup::Conflict>,
 }
 
 /// Flag severity.

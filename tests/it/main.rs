@@ -21,6 +21,7 @@ mod proxy_support;
 mod review;
 #[cfg(feature = "test-hooks")]
 mod review_atomic;
+mod review_conflict;
 mod review_detect;
 mod review_init;
 mod review_store;
