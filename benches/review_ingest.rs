@@ -33,7 +33,7 @@ fn egress_line(run: &str, b: usize, i: usize) -> String {
     };
     let allowed = !i.is_multiple_of(10);
     format!(
-        r#"{{"id":"{run}-{b}-{i}","source":"egress","type":"connect","ts":"2026-03-04T09:12:05.118Z","session":"sess-{b}","seq":{seq},"payload":{{"id":"{run}-{b}-{i}","ts":"2026-03-04T09:12:05.118Z","user_id":"41f0c2","repo":"payments","host":"{host}","method":"CONNECT","allowed":{allowed},"port":443,"boot":"boot-1","session":"sess-{b}","seq":{seq},"bytes_sent":18204,"bytes_recv":91544,"duration_ms":2311,"sni":"{host}","tls":"1.3","alpn":"http/1.1","pid":48213,"exe":"/usr/local/bin/claude","ua":"claude-cli/2.1.40 (external, cli)","policy":"team-default@4","rule":"allow api hosts"}}}}"#,
+        r#"{{"id":"{run}-{b}-{i}","source":"egress","type":"connect","ts":"2026-03-04T09:12:05.118Z","session":"sess-{b}","seq":{seq},"payload":{{"id":"{run}-{b}-{i}","ts":"2026-03-04T09:12:05.118Z","user_id":"41f0c2","repo":"payments","host":"{host}","method":"CONNECT","allowed":{allowed},"port":443,"boot":"boot-1","session":"sess-{b}","seq":{seq},"bytes_sent":18204,"bytes_recv":91544,"duration_ms":2311,"sni":"{host}","tls":"1.3","alpn":"http/1.1","pid":48213,"exe":"/usr/local/bin/claude","ua":"claude-cli/2.1.40 (external, cli)","policy":"team-default@4","rule":"allow api hosts","cwd":"/home/ana/src/payments","proc":"node"}}}}"#,
         seq = i + 1
     )
 }
