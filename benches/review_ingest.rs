@@ -1,10 +1,15 @@
-//! Sustained ingest of egress events over HTTP into the review plane, batches of 1,000,
-//! dedup on: embedded SQLite and PostgreSQL (127.0.0.1:5432, a throwaway database).
-//! The load generator runs in the same process on the same machine (loopback only).
-//! Baseline in the same run: the store's `insert_events` called directly, without HTTP,
-//! parsing or detection.
+//! Sustained ingest of egress events over HTTP into the review plane, batches of 1,000
+//! (~650-byte NDJSON lines), dedup on, by 4 clients with one user and token each: embedded
+//! SQLite and PostgreSQL (127.0.0.1:5432, a throwaway database). The load generator runs in
+//! the same process on the same machine (loopback only). Baselines in the same run:
+//! - the store's `insert_events` called directly, without HTTP, parsing or detection;
+//! - the schema's ceiling without airlock: for SQLite a raw `rusqlite` insert of the same rows
+//!   (events + dedup keys, one transaction per 1,000, WAL, `synchronous=FULL`); for PostgreSQL
+//!   `pgbench` with a custom script inserting 1,000 such rows per transaction into the same
+//!   tables with the production statement's shape, 4 clients.
 //!
-//! `cargo bench --bench review_ingest` (env: BENCH_BATCHES, default 200; BENCH_CONNS, 4).
+//! `cargo bench --bench review_ingest` (env: BENCH_BATCHES, default 200; BENCH_CONNS, 4;
+//! BENCH_PGBENCH_SECS, 15).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use airlock::review::detect::Engine;
@@ -29,13 +34,13 @@ fn egress_line(run: &str, b: usize, i: usize) -> String {
     };
     let allowed = !i.is_multiple_of(10);
     format!(
-        r#"{{"id":"{run}-{b}-{i}","source":"egress","type":"connect","ts":"2026-03-04T09:12:05.118Z","session":"sess-{b}","seq":{seq},"payload":{{"id":"{run}-{b}-{i}","ts":"2026-03-04T09:12:05.118Z","user_id":"41f0c2","repo":"payments","host":"{host}","method":"CONNECT","allowed":{allowed},"port":443,"boot":"boot-1","session":"sess-{b}","seq":{seq},"bytes_sent":18204,"bytes_recv":91544,"duration_ms":2311}}}}"#,
+        r#"{{"id":"{run}-{b}-{i}","source":"egress","type":"connect","ts":"2026-03-04T09:12:05.118Z","session":"sess-{b}","seq":{seq},"payload":{{"id":"{run}-{b}-{i}","ts":"2026-03-04T09:12:05.118Z","user_id":"41f0c2","repo":"payments","host":"{host}","method":"CONNECT","allowed":{allowed},"port":443,"boot":"boot-1","session":"sess-{b}","seq":{seq},"bytes_sent":18204,"bytes_recv":91544,"duration_ms":2311,"sni":"{host}","tls":"1.3","alpn":"http/1.1","pid":48213,"exe":"/usr/local/bin/claude","ua":"claude-cli/2.1.40 (external, cli)","policy":"team-default@4","rule":"allow api hosts","cwd":"/home/ana/src/payments","proc":"node"}}}}"#,
         seq = i + 1
     )
 }
 
 fn batch_body(run: &str, b: usize) -> Bytes {
-    let mut s = String::with_capacity(BATCH * 420);
+    let mut s = String::with_capacity(BATCH * 700);
     for i in 0..BATCH {
         s.push_str(&egress_line(run, b, i));
         s.push('\n');
@@ -50,15 +55,16 @@ struct Result_ {
     max: Duration,
 }
 
-async fn drive(port: u16, secret: &str, bodies: Vec<Bytes>, conns: usize) -> Result_ {
+async fn drive(port: u16, secrets: &[String], bodies: Vec<Bytes>, conns: usize) -> Result_ {
     let bodies = Arc::new(bodies);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..conns {
+    for k in 0..conns {
         let bodies = Arc::clone(&bodies);
         let next = Arc::clone(&next);
-        let auth = format!("Bearer {secret}");
+        // One user and token per client connection.
+        let auth = format!("Bearer {}", secrets[k % secrets.len()]);
         tasks.push(tokio::spawn(async move {
             let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             stream.set_nodelay(true).unwrap();
@@ -103,8 +109,21 @@ async fn drive(port: u16, secret: &str, bodies: Vec<Bytes>, conns: usize) -> Res
     }
 }
 
-/// `admin` writes the user and token (PostgreSQL's runtime role cannot); `store` is measured.
-async fn bench_store(name: &str, admin: AnyStore, store: AnyStore, batches: usize, conns: usize) {
+/// What the same rows cost without airlock, in events/s (see the module doc).
+enum Ceiling {
+    RawSqlite(std::path::PathBuf),
+    Pgbench { owner_url: String, secs: u64, clients: usize },
+}
+
+/// `admin` writes the users and tokens (PostgreSQL's runtime role cannot); `store` is measured.
+async fn bench_store(
+    name: &str,
+    admin: AnyStore,
+    store: AnyStore,
+    batches: usize,
+    conns: usize,
+    ceiling: Ceiling,
+) {
     let run = format!("{}", airlock::review::now_micros());
     // Baseline: direct store inserts (no HTTP, no parsing, no detection).
     let user = admin.add_user(&format!("bench-{run}@example.test"), Role::Member).await.unwrap();
@@ -131,13 +150,18 @@ async fn bench_store(name: &str, admin: AnyStore, store: AnyStore, batches: usiz
     }
     let direct = (direct_batches * BATCH) as f64 / t.elapsed().as_secs_f64();
 
-    let tok = token::Token::generate().unwrap();
-    admin.create_token(&format!("bench-{run}"), &user.id, tok.hash()).await.unwrap();
-    // One token drives every connection here: give it the slots and rate the bench needs (the
-    // per-user share and per-token rate would otherwise answer 429, which the bench refuses).
+    let mut secrets = Vec::new();
+    for k in 0..conns {
+        let u =
+            admin.add_user(&format!("bench-{run}-{k}@example.test"), Role::Member).await.unwrap();
+        let tok = token::Token::generate().unwrap();
+        admin.create_token(&format!("bench-{run}-{k}"), &u.id, tok.hash()).await.unwrap();
+        secrets.push(tok.expose().to_string());
+    }
+    // Each connection is its own user and token, as in production; the global slots and the
+    // token rate are raised so the bench measures the store, never a 429.
     let limits = LimitsConfig {
         ingest_concurrency: conns + 1,
-        ingest_concurrency_per_user: conns,
         token_rate: Rate { per_sec: 1e9, burst: u32::MAX },
         ..LimitsConfig::default()
     };
@@ -149,22 +173,123 @@ async fn bench_store(name: &str, admin: AnyStore, store: AnyStore, batches: usiz
         let _ = stop_rx.await;
     }));
     let mut bodies: Vec<Bytes> = (0..batches).map(|b| batch_body(&run, b)).collect();
-    // One batch in ten is a resend: exercises the duplicate path.
+    let line_bytes = bodies[0].len() as f64 / BATCH as f64;
+    // One batch in ten is a resend: exercises the duplicate path. (Batch `b` goes to the
+    // connection that takes it, so a resend may come from another user: then it is new.)
     for b in (0..batches).step_by(10) {
         bodies.push(bodies[b].clone());
     }
-    let r = drive(port, tok.expose(), bodies, conns).await;
+    let r = drive(port, &secrets, bodies, conns).await;
     let _ = stop_tx.send(());
     let _ = server.await;
+    let ceiling = match ceiling {
+        Ceiling::RawSqlite(dir) => {
+            ("raw rusqlite insert", raw_sqlite(&dir, &run, batches.min(100)))
+        }
+        Ceiling::Pgbench { owner_url, secs, clients } => {
+            ("pgbench, same tables", pgbench(&owner_url, &egress_line(&run, 0, 0), secs, clients))
+        }
+    };
     println!(
-        "{name:<10} HTTP ingest: {:>8.0} events/s  p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms  | direct store baseline {:>8.0} events/s (HTTP+parse+detect at {:.0}% of it)",
+        "{name:<10} HTTP ingest: {:>8.0} events/s  p50 {:>6.1} ms  p99 {:>6.1} ms  max {:>6.1} ms  ({line_bytes:.0} B lines, {conns} users)\n\
+         {:<10} direct store {:>8.0} events/s (HTTP at {:.2}x)  | {} {:>8.0} events/s (HTTP at {:.2}x)",
         r.events_per_s,
         r.p50.as_secs_f64() * 1e3,
         r.p99.as_secs_f64() * 1e3,
         r.max.as_secs_f64() * 1e3,
+        "",
         direct,
-        100.0 * r.events_per_s / direct
+        r.events_per_s / direct,
+        ceiling.0,
+        ceiling.1,
+        r.events_per_s / ceiling.1,
     );
+}
+
+/// The same rows inserted with plain `rusqlite` into a fresh store's tables (schema made by
+/// `SqliteStore::open`, then a connection of its own with the store's pragmas): events and
+/// their dedup keys, 1,000 per transaction. Returns events/s.
+fn raw_sqlite(dir: &std::path::Path, run: &str, batches: usize) -> f64 {
+    drop(SqliteStore::open(dir).unwrap());
+    let mut c = rusqlite::Connection::open(dir.join("review.db")).unwrap();
+    c.pragma_update(None, "journal_mode", "WAL").unwrap();
+    c.pragma_update(None, "synchronous", "FULL").unwrap();
+    let lines: Vec<Vec<String>> =
+        (0..batches).map(|b| (0..BATCH).map(|i| egress_line(run, b, i)).collect()).collect();
+    let t = Instant::now();
+    for (b, batch) in lines.iter().enumerate() {
+        let tx = c.transaction().unwrap();
+        {
+            let mut ev = tx
+                .prepare_cached(
+                    "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload)
+                     VALUES ('raw', 'egress', ?1, 'connect', 1772615525118000, ?2, ?3, 'boot-1', ?4, ?5)",
+                )
+                .unwrap();
+            let mut key = tx
+                .prepare_cached(
+                    "INSERT INTO event_keys(user_id, source, id, pk, received_at, sha256)
+                     VALUES ('raw', 'egress', ?1, ?2, ?3, ?4)",
+                )
+                .unwrap();
+            let now = airlock::review::now_micros();
+            for (i, line) in batch.iter().enumerate() {
+                let id = format!("raw-{b}-{i}");
+                ev.execute(rusqlite::params![id, format!("sess-{b}"), i as i64 + 1, now, line])
+                    .unwrap();
+                let pk = tx.last_insert_rowid();
+                key.execute(rusqlite::params![id, pk, now, [0u8; 32].as_slice()]).unwrap();
+            }
+        }
+        tx.commit().unwrap();
+    }
+    (batches * BATCH) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// `pgbench` (as the owner, `clients` connections, `secs` seconds) with a script inserting
+/// 1,000 rows of `payload` per transaction into `event_keys` and `events` with the shape of
+/// the production statement (keys `ON CONFLICT DO NOTHING RETURNING`, joined into the events
+/// insert). Returns events/s (tps × 1,000).
+fn pgbench(owner_url: &str, payload: &str, secs: u64, clients: usize) -> f64 {
+    let script = format!(
+        "\\set r random(1, 1000000000000)
+WITH input AS (SELECT 'egress'::text AS source, 'pgb-' || :client_id || '-' || :r || '-' || g AS id, g AS ord
+               FROM generate_series(1, {BATCH}) g),
+keys AS (INSERT INTO event_keys (user_id, source, id, pk, received_at, sha256)
+         SELECT 'pgbench-user', source, id, nextval('events_pk_seq'), now(), '\\x{hash}'::bytea
+         FROM input ORDER BY ord ON CONFLICT DO NOTHING RETURNING source, id, pk),
+ev AS (INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, received_at, payload)
+       SELECT k.pk, 'pgbench-user', k.source, k.id, 'connect', 1772615525118000, 'sess-1', 1, 'boot-1', now(), '{payload}'
+       FROM keys k RETURNING pk)
+SELECT count(*) FROM ev;
+",
+        hash = "ab".repeat(32),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("ingest.sql");
+    std::fs::write(&f, script).unwrap();
+    let out = std::process::Command::new("pgbench")
+        .args(["-n", "-f"])
+        .arg(&f)
+        .args(["-c", &clients.to_string(), "-j", "2", "-T", &secs.to_string(), owner_url])
+        .output();
+    let Ok(out) = out else {
+        println!("pgbench not found: no ceiling measured");
+        return f64::NAN;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok());
+    match tps {
+        Some(tps) => tps * BATCH as f64,
+        None => {
+            println!("pgbench failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+            f64::NAN
+        }
+    }
 }
 
 fn psql(sql: &str) -> bool {
@@ -185,14 +310,20 @@ fn main() {
     let conns: usize = std::env::var("BENCH_CONNS").ok().and_then(|v| v.parse().ok()).unwrap_or(4);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     println!(
-        "review ingest: {batches} batches of {BATCH} egress events (+10% resent), {conns} client connections, same machine"
+        "review ingest: {batches} batches of {BATCH} egress events (+10% resent), {conns} client connections (one user each), same machine"
     );
     let dir = tempfile::tempdir().unwrap();
+    let raw_dir = tempfile::tempdir().unwrap();
     rt.block_on(async {
         let s = SqliteStore::open(dir.path()).unwrap();
+        let ceiling = Ceiling::RawSqlite(raw_dir.path().to_path_buf());
         let s = AnyStore::Sqlite(s);
-        bench_store("embedded", s.clone(), s, batches, conns).await;
+        bench_store("embedded", s.clone(), s, batches, conns, ceiling).await;
     });
+    let pgbench_secs: u64 = std::env::var("BENCH_PGBENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 2 } else { 15 });
     let name = format!("airlock_bench_{}", std::process::id());
     let role = format!("airlock_bench_rt_{}", std::process::id());
     if !psql(&format!("CREATE DATABASE {name}")) {
@@ -208,7 +339,9 @@ fn main() {
         postgres::migrate(&owner, &opts).await.unwrap();
         let admin = AnyStore::Pg(PgStore::connect(&owner, 1).await.unwrap());
         let s = PgStore::connect(&runtime, conns).await.unwrap();
-        bench_store("postgres", admin, AnyStore::Pg(s), batches, conns).await;
+        let ceiling =
+            Ceiling::Pgbench { owner_url: owner.clone(), secs: pgbench_secs, clients: conns };
+        bench_store("postgres", admin, AnyStore::Pg(s), batches, conns, ceiling).await;
     });
     drop(rt);
     psql(&format!("DROP DATABASE {name} WITH (FORCE)"));

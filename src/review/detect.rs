@@ -863,6 +863,7 @@ mod tests {
             boot: Some(boot.into()),
             received_at: ts,
             payload: "{}".into(),
+            conflict_of: None,
         }
     }
 

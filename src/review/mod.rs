@@ -9,6 +9,7 @@
 //! [`limits`] holds the fairness rules the server applies (slots, rate limits, accept
 //! backoff) and [`metrics`] what `GET /metrics` reports.
 
+pub mod dedup;
 pub mod detect;
 pub mod flag_rules;
 pub mod ingest;
@@ -176,6 +177,9 @@ pub struct StoredEvent {
     pub boot: Option<String>,
     pub received_at: Micros,
     pub payload: String,
+    /// For a conflict (a different content resent under a stored `(source, id)`,
+    /// [`dedup`]): the `pk` of the original event.
+    pub conflict_of: Option<i64>,
 }
 
 impl StoredEvent {
@@ -202,6 +206,7 @@ impl StoredEvent {
             boot: self.boot.as_deref(),
             received_at: format_micros(self.received_at),
             payload,
+            conflict_of: self.conflict_of,
             view,
         }
     }
@@ -222,6 +227,8 @@ pub struct ApiEvent<'a> {
     pub boot: Option<&'a str>,
     pub received_at: String,
     pub payload: Option<&'a serde_json::value::RawValue>,
+    /// The original's `pk` when this event is a dedup conflict, else `null`.
+    pub conflict_of: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view: Option<transcript::View>,
 }
@@ -229,11 +236,15 @@ pub struct ApiEvent<'a> {
 /// Outcome of inserting one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Inserted {
-    /// `true` when this call created the event; `false` for a duplicate of `(user, source, id)`.
+    /// `true` when this call created the event (a conflict included); `false` for a duplicate
+    /// of stored content ([`dedup`]).
     pub created: bool,
     pub pk: i64,
-    /// The original `received_at` (for duplicates, that of the first copy).
+    /// The original `received_at` (for duplicates, that of the stored copy).
     pub received_at: Micros,
+    /// Set when the created event is a conflict: a different content under a stored
+    /// `(user, source, id)`.
+    pub conflict: Option<dedup::Conflict>,
 }
 
 /// Flag severity.

@@ -219,6 +219,7 @@ mod tests {
             boot: None,
             received_at: 5,
             payload: payload.into(),
+            conflict_of: None,
         }
     }
 

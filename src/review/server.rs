@@ -7,6 +7,7 @@
 // Handlers return the error *response* itself as `Err`; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+use super::dedup;
 use super::detect::session::SessionScan;
 use super::detect::{self, Created, Engine};
 use super::flag_rules;
@@ -228,6 +229,20 @@ impl IngestScan for BatchScan {
                          this one is checked only when its end record arrives",
                         settle_cap()
                     ),
+                ));
+            }
+        }
+        // A conflict is evidence in itself, beside whatever detection finds in its content.
+        for (p, ins) in self.items.iter().zip(inserted) {
+            if let Some(c) = &ins.conflict {
+                let e = &p.event;
+                flags.push(dedup::conflict_flag(
+                    &self.user_id,
+                    e.source,
+                    &e.id,
+                    e.session.as_deref(),
+                    ins.pk,
+                    c,
                 ));
             }
         }
@@ -615,7 +630,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let mut results = Vec::with_capacity(outcomes.len());
     let mut all_ok = true;
     let mut it = inserted.iter();
-    let (mut n_created, mut n_dup, mut n_rej) = (0, 0, 0);
+    let (mut n_created, mut n_dup, mut n_conflict, mut n_rej) = (0, 0, 0, 0);
     for (index, p) in outcomes.iter().enumerate() {
         match p {
             Ok(id) => {
@@ -625,15 +640,36 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
                         "store returned fewer results than items",
                     );
                 };
-                let (status, code) = if ins.created {
-                    n_created += 1;
-                    ("created", 201)
-                } else {
-                    n_dup += 1;
-                    ("duplicate", 200)
+                let (status, code) = match (ins.created, ins.conflict) {
+                    (true, None) => {
+                        n_created += 1;
+                        ("created", 201)
+                    }
+                    (true, Some(_)) => {
+                        all_ok = false;
+                        n_conflict += 1;
+                        ("conflict", 409)
+                    }
+                    (false, _) => {
+                        n_dup += 1;
+                        ("duplicate", 200)
+                    }
                 };
-                results.push(json!({"index": index, "id": id, "status": status, "code": code,
-                    "error": null, "received_at": format_micros(ins.received_at)}));
+                let mut item = json!({"index": index, "id": id, "status": status, "code": code,
+                    "error": null, "received_at": format_micros(ins.received_at)});
+                if let Some(c) = ins.conflict {
+                    // The conflict is stored (as event `pk`); the 409 says it is not the original.
+                    item["pk"] = json!(ins.pk);
+                    item["conflict_of"] = json!(c.original_pk);
+                    item["error"] = json!(format!(
+                        "a different payload is stored under this id (event {}); this one is \
+                         stored as event {} and flagged {}",
+                        c.original_pk,
+                        ins.pk,
+                        dedup::CONFLICT_RULE
+                    ));
+                }
+                results.push(item);
             }
             Err(e) => {
                 all_ok = false;
@@ -651,7 +687,8 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let status = if all_ok { StatusCode::OK } else { StatusCode::MULTI_STATUS };
     json_resp(
         status,
-        &json!({"results": results, "created": n_created, "duplicate": n_dup, "rejected": n_rej}),
+        &json!({"results": results, "created": n_created, "duplicate": n_dup,
+            "conflict": n_conflict, "rejected": n_rej}),
     )
 }
 

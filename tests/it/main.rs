@@ -22,6 +22,7 @@ mod review;
 #[cfg(feature = "test-hooks")]
 mod review_atomic;
 mod review_bounded;
+mod review_conflict;
 mod review_detect;
 mod review_export;
 mod review_flags;

@@ -95,10 +95,16 @@ pub fn fold(s: &str) -> Option<String> {
 /// a `\` continuation before them, and JSON's escaped `\n`/`\r` (raw payloads are scanned
 /// as serialized JSON). A key wrapped at 64 columns becomes one token again.
 pub fn join_lines(s: &str) -> Option<String> {
+    join_lines_at(s).map(|(j, _)| j)
+}
+
+/// [`join_lines`], with the offsets in the joined text where a break was removed.
+fn join_lines_at(s: &str) -> Option<(String, Vec<usize>)> {
     if !s.contains('\n') && !s.contains("\\n") {
         return None;
     }
     let b = s.as_bytes();
+    let mut joins = Vec::new();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
     let mut last = 0;
@@ -118,6 +124,7 @@ pub fn join_lines(s: &str) -> Option<String> {
             end -= 1;
         }
         out.push_str(&s[last..end]);
+        joins.push(out.len());
         i += len;
         loop {
             match b.get(i) {
@@ -129,18 +136,39 @@ pub fn join_lines(s: &str) -> Option<String> {
         last = i;
     }
     out.push_str(&s[last..]);
-    Some(out)
+    Some((out, joins))
 }
 
-fn b64_value(c: u8) -> Option<u8> {
-    match c {
-        b'A'..=b'Z' => Some(c - b'A'),
-        b'a'..=b'z' => Some(c - b'a' + 26),
-        b'0'..=b'9' => Some(c - b'0' + 52),
-        b'+' | b'-' => Some(62), // standard and URL-safe alphabets (RFC 4648 §4, §5)
-        b'/' | b'_' => Some(63),
-        _ => None,
+/// Base64 digit values by byte, both the standard and the URL-safe alphabet (RFC 4648 §4,
+/// §5); [`NOT_B64`] elsewhere. A table: the run scan reads every byte of every field.
+const B64: [u8; 256] = {
+    let mut t = [NOT_B64; 256];
+    let mut i = 0;
+    while i < 26 {
+        t[b'A' as usize + i] = i as u8;
+        t[b'a' as usize + i] = 26 + i as u8;
+        i += 1;
     }
+    let mut d = 0;
+    while d < 10 {
+        t[b'0' as usize + d] = 52 + d as u8;
+        d += 1;
+    }
+    t[b'+' as usize] = 62;
+    t[b'-' as usize] = 62;
+    t[b'/' as usize] = 63;
+    t[b'_' as usize] = 63;
+    t
+};
+const NOT_B64: u8 = 0xFF;
+
+fn b64_value(c: u8) -> Option<u8> {
+    let v = B64[c as usize];
+    (v != NOT_B64).then_some(v)
+}
+
+fn is_b64(c: u8) -> bool {
+    B64[c as usize] != NOT_B64
 }
 
 /// Decodes base64 digits (no padding) starting `skip` digits in; trailing partial bits
@@ -188,44 +216,93 @@ fn decode_runs(s: &str, depth: usize, budget: &mut usize, out: &mut Vec<(Pass, S
     let b = s.as_bytes();
     let mut i = 0;
     while i < b.len() && *budget > 0 {
-        if b64_value(b[i]).is_none() {
+        if !is_b64(b[i]) {
             i += 1;
             continue;
         }
-        let j = i + b[i..].iter().take_while(|c| b64_value(**c).is_some()).count();
-        let run = &b[i..j];
+        let j = i + b[i..].iter().take_while(|c| is_b64(**c)).count();
+        decode_run(&b[i..j], budget, out);
         i = j;
-        if run.len() >= MIN_HEX_RUN && run.iter().all(u8::is_ascii_hexdigit) {
-            let even = &run[..run.len() & !1];
-            let probe = &even[..even.len().min(PROBE)];
-            if hex::decode(probe).ok().and_then(|b| as_text(&b)).is_some()
-                && let Ok(bytes) = hex::decode(even)
-                && let Some(t) = as_text(&bytes)
-            {
-                *budget = budget.saturating_sub(t.len());
-                out.push((Pass::Hex, t));
-                continue;
-            }
-        }
-        if run.len() < MIN_BASE64_RUN {
+    }
+    decode_url(s, budget, out);
+    decode_deeper(start, depth, budget, out);
+}
+
+/// As [`decode_runs`] over joined text, for only the runs that a removed line break (at the
+/// offsets `joins`) split: every other run of the joined text is a run of the unjoined text
+/// too, which the caller decodes. Finds them around each join instead of scanning the text.
+fn decode_joined_runs(
+    s: &str,
+    joins: &[usize],
+    depth: usize,
+    budget: &mut usize,
+    out: &mut Vec<(Pass, String)>,
+) {
+    if depth == 0 || *budget == 0 {
+        return;
+    }
+    let start = out.len();
+    let b = s.as_bytes();
+    let mut done_to = 0;
+    for &at in joins {
+        // A run split at `at` has digits on both sides of it.
+        if at < done_to || at == 0 || at >= b.len() || !is_b64(b[at - 1]) || !is_b64(b[at]) {
             continue;
         }
-        // A run glued to a word ("tokenQUtJQ…") is misaligned: try each of the 4 offsets,
-        // judging a short prefix first so a megabyte of binary is rejected after 64 digits.
-        let probe = &run[..run.len().min(PROBE)];
-        let decoded = (0..4)
-            .find(|skip| as_text(&b64_decode(probe, *skip)).is_some())
-            .and_then(|skip| as_text(&b64_decode(run, skip)));
-        if let Some(t) = decoded {
+        if *budget == 0 {
+            break;
+        }
+        let from = at - b[..at].iter().rev().take_while(|c| is_b64(**c)).count();
+        let to = at + b[at..].iter().take_while(|c| is_b64(**c)).count();
+        decode_run(&b[from..to], budget, out);
+        done_to = to;
+    }
+    decode_url(s, budget, out);
+    decode_deeper(start, depth, budget, out);
+}
+
+/// Decodes one run of base64-alphabet bytes as hex or base64 when it is long enough and
+/// decodes to text.
+fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
+    if run.len() >= MIN_HEX_RUN && run.iter().all(u8::is_ascii_hexdigit) {
+        let even = &run[..run.len() & !1];
+        let probe = &even[..even.len().min(PROBE)];
+        if hex::decode(probe).ok().and_then(|b| as_text(&b)).is_some()
+            && let Ok(bytes) = hex::decode(even)
+            && let Some(t) = as_text(&bytes)
+        {
             *budget = budget.saturating_sub(t.len());
-            out.push((Pass::Base64, t));
+            out.push((Pass::Hex, t));
+            return;
         }
     }
+    if run.len() < MIN_BASE64_RUN {
+        return;
+    }
+    // A run glued to a word ("tokenQUtJQ…") is misaligned: try each of the 4 offsets,
+    // judging a short prefix first so a megabyte of binary is rejected after 64 digits.
+    let probe = &run[..run.len().min(PROBE)];
+    let decoded = (0..4)
+        .find(|skip| as_text(&b64_decode(probe, *skip)).is_some())
+        .and_then(|skip| as_text(&b64_decode(run, skip)));
+    if let Some(t) = decoded {
+        *budget = budget.saturating_sub(t.len());
+        out.push((Pass::Base64, t));
+    }
+}
+
+/// The URL-decoding of `s` when it has enough `%XX` escapes and fits the budget.
+fn decode_url(s: &str, budget: &mut usize, out: &mut Vec<(Pass, String)>) {
+    let b = s.as_bytes();
     if s.len() <= *budget && url_escapes(b) >= MIN_URL_ESCAPES {
         let t = percent_decode(b);
         *budget = budget.saturating_sub(t.len());
         out.push((Pass::Url, t));
     }
+}
+
+/// Decodes what the decodings from `out[start..]` hold, one level deeper.
+fn decode_deeper(start: usize, depth: usize, budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     let end = out.len();
     for k in start..end {
         let inner = out[k].1.clone();
@@ -233,9 +310,19 @@ fn decode_runs(s: &str, depth: usize, budget: &mut usize, out: &mut Vec<(Pass, S
     }
 }
 
+/// `%XX` escapes in `b`, counted up to [`MIN_URL_ESCAPES`] (all that is asked); the search
+/// jumps from `%` to `%` (memchr) instead of judging every 3-byte window.
 fn url_escapes(b: &[u8]) -> usize {
-    b.windows(3)
-        .filter(|w| w[0] == b'%' && w[1].is_ascii_hexdigit() && w[2].is_ascii_hexdigit())
+    let s = match std::str::from_utf8(b) {
+        Ok(s) => s,
+        Err(_) => return 0,
+    };
+    s.match_indices('%')
+        .filter(|(i, _)| {
+            b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+        })
+        .take(MIN_URL_ESCAPES)
         .count()
 }
 
@@ -272,14 +359,19 @@ pub fn passes(s: &str) -> Vec<(Pass, String)> {
     let base = folded.as_deref().unwrap_or(s);
     let unnumbered = crate::review::transcript::strip_line_numbers(base);
     let base2 = unnumbered.as_deref().unwrap_or(base);
-    let joined = join_lines(base2);
+    let joined = join_lines_at(base2);
     let mut budget = DECODE_BUDGET;
     let mut decoded = Vec::new();
-    decode_runs(joined.as_deref().unwrap_or(base2), DECODE_DEPTH, &mut budget, &mut decoded);
-    if joined.is_some() {
-        // Runs that end at a line break are still whole in the unjoined text.
-        decode_runs(base2, DECODE_DEPTH, &mut budget, &mut decoded);
+    match &joined {
+        // Runs a line break split are decoded from the joined text; every other run (and
+        // those that end at a break) from the unjoined one.
+        Some((j, joins)) => {
+            decode_joined_runs(j, joins, DECODE_DEPTH, &mut budget, &mut decoded);
+            decode_runs(base2, DECODE_DEPTH, &mut budget, &mut decoded);
+        }
+        None => decode_runs(base2, DECODE_DEPTH, &mut budget, &mut decoded),
     }
+    let joined = joined.map(|(j, _)| j);
     if let Some(f) = folded {
         out.push((Pass::Normalized, f));
     }

@@ -21,7 +21,7 @@ use super::{
 use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
-    StoredEvent, User,
+    StoredEvent, User, dedup,
 };
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,9 +31,11 @@ use tokio_postgres::{Client, GenericClient, Row};
 
 const MIGRATIONS: &[(i32, &str)] = &[
     (1, include_str!("../migrations/pg_0001.sql")),
+    (2, include_str!("../migrations/pg_0002.sql")),
     (3, include_str!("../migrations/pg_0003.sql")),
     (4, include_str!("../migrations/pg_0004.sql")),
     (5, include_str!("../migrations/pg_0005.sql")),
+    (6, include_str!("../migrations/pg_0006.sql")),
 ];
 
 /// Every table of the store (each has a row in [`GRANTS`]).
@@ -45,6 +47,7 @@ pub const TABLES: &[&str] = &[
     "token_revocations",
     "events",
     "event_keys",
+    "event_conflicts",
     "flags",
     "flag_events",
     "flag_states",
@@ -61,6 +64,7 @@ pub const GRANTS: &[(&str, &str, &str)] = &[
     ("token_revocations", "SELECT", "SELECT, INSERT"),
     ("events", "SELECT, INSERT", ""),
     ("event_keys", "SELECT, INSERT", ""),
+    ("event_conflicts", "SELECT, INSERT", ""),
     ("flags", "SELECT, INSERT", ""),
     ("flag_events", "SELECT, INSERT", ""),
     // Written only through `airlock_flag_state` (EXECUTE below).
@@ -147,6 +151,10 @@ fn ts_text(us: Micros) -> String {
 }
 
 const RECEIVED_US: &str = "(extract(epoch from received_at) * 1000000)::int8";
+/// The transaction's `now()` in microseconds: what the column defaults store.
+const NOW_US: &str = "(extract(epoch from now()) * 1000000)::int8";
+/// [`RECEIVED_US`] of an `event_conflicts x` row.
+const RECEIVED_X: &str = "(extract(epoch from x.received_at) * 1000000)::int8";
 
 impl PgStore {
     /// Connects `size` connections to `url` (the runtime role) with the default
@@ -325,6 +333,7 @@ fn event_from_row(r: &Row) -> StoredEvent {
         boot: r.get(8),
         received_at: r.get(9),
         payload: r.get(10),
+        conflict_of: r.get(11),
     }
 }
 
@@ -337,10 +346,15 @@ fn pg_arg(a: super::FlagArg) -> Box<dyn ToSql + Sync + Send> {
 }
 
 const EVENT_COLS: &str = "pk, user_id, source, id, type, ts, session, seq, boot, \
-     (extract(epoch from received_at) * 1000000)::int8, payload";
+     (extract(epoch from received_at) * 1000000)::int8, payload, conflict_of";
 
-/// Inserts a batch's events and keys on `c` (a pooled client, or a transaction the caller
-/// commits). Within the batch a repeated key reports the first copy.
+/// Inserts a batch's events and keys on `c`, a transaction the caller commits. The first
+/// item of each new key becomes its original (one statement: each key and its row together);
+/// every other item (a key already stored, or a later item of the batch under the same key)
+/// is decided by [`dedup::decide`] against the key's stored contents, under a per-user
+/// transaction lock so two batches never decide the same key at once: a duplicate reports
+/// the matching content, a conflict is inserted as its own event with `conflict_of` and an
+/// `event_conflicts` row.
 async fn insert_event_rows(
     c: &impl GenericClient,
     user_id: &str,
@@ -350,26 +364,28 @@ async fn insert_event_rows(
     if events.is_empty() {
         return Ok(Vec::new());
     }
-    // Collapse repeats within the batch: later copies report the first.
+    let shas: Vec<dedup::Hash> = events.iter().map(|e| dedup::payload_sha256(&e.payload)).collect();
+    // The first item of each key in the batch; the rest are decided below.
     let mut first: HashMap<(Source, &str), usize> = HashMap::new();
-    let mut unique: Vec<&NewEvent> = Vec::new();
-    let mut slot_of = Vec::with_capacity(events.len());
-    for e in events {
-        let slot = *first.entry((e.source, e.id.as_str())).or_insert_with(|| {
-            unique.push(e);
-            unique.len() - 1
+    let mut unique: Vec<usize> = Vec::new();
+    for (n, e) in events.iter().enumerate() {
+        first.entry((e.source, e.id.as_str())).or_insert_with(|| {
+            unique.push(n);
+            n
         });
-        slot_of.push(slot);
     }
-    let sources: Vec<&str> = unique.iter().map(|e| e.source.as_str()).collect();
-    let ids: Vec<&str> = unique.iter().map(|e| e.id.as_str()).collect();
-    let kinds: Vec<&str> = unique.iter().map(|e| e.kind.as_str()).collect();
-    let tss: Vec<i64> = unique.iter().map(|e| e.ts).collect();
-    let sessions: Vec<Option<&str>> = unique.iter().map(|e| e.session.as_deref()).collect();
-    let seqs: Vec<Option<i64>> = unique.iter().map(|e| e.seq).collect();
-    let boots: Vec<Option<&str>> = unique.iter().map(|e| e.boot.as_deref()).collect();
-    let payloads: Vec<&str> = unique.iter().map(|e| e.payload.as_str()).collect();
-    let ords: Vec<i32> = (0..unique.len() as i32).collect();
+    let pick = |rows: &[usize]| -> Vec<&NewEvent> { rows.iter().map(|n| &events[*n]).collect() };
+    let u = pick(&unique);
+    let sources: Vec<&str> = u.iter().map(|e| e.source.as_str()).collect();
+    let ids: Vec<&str> = u.iter().map(|e| e.id.as_str()).collect();
+    let kinds: Vec<&str> = u.iter().map(|e| e.kind.as_str()).collect();
+    let tss: Vec<i64> = u.iter().map(|e| e.ts).collect();
+    let sessions: Vec<Option<&str>> = u.iter().map(|e| e.session.as_deref()).collect();
+    let seqs: Vec<Option<i64>> = u.iter().map(|e| e.seq).collect();
+    let boots: Vec<Option<&str>> = u.iter().map(|e| e.boot.as_deref()).collect();
+    let payloads: Vec<&str> = u.iter().map(|e| e.payload.as_str()).collect();
+    let hashes: Vec<&[u8]> = unique.iter().map(|n| shas[*n].as_slice()).collect();
+    let ords: Vec<i32> = unique.iter().map(|n| *n as i32).collect();
     // `received_at` is the database's now() (column DEFAULT; a supplied value is refused by
     // trigger, migration 0004), the same for key and row; RETURNING reports it.
     // One statement: each key and its row are inserted together or not at all.
@@ -378,11 +394,11 @@ async fn insert_event_rows(
             &format!(
                 "WITH input AS (
                SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
-                                    $7::int8[], $8::text[], $9::text[], $10::int4[])
-                 AS t(source, id, type, ts, session, seq, boot, payload, ord)
+                                    $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[])
+                 AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256)
              ), keys AS (
-               INSERT INTO event_keys (user_id, source, id, pk)
-               SELECT $1, source, id, nextval('events_pk_seq')
+               INSERT INTO event_keys (user_id, source, id, pk, sha256)
+               SELECT $1, source, id, nextval('events_pk_seq'), sha256
                FROM input ORDER BY ord
                ON CONFLICT DO NOTHING
                RETURNING source, id, pk, {RECEIVED_US} AS received_us
@@ -394,53 +410,191 @@ async fn insert_event_rows(
              )
              SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id"
             ),
-            &[&user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads, &ords],
+            &[
+                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
+                &ords, &hashes,
+            ],
         )
         .await?;
-    let mut results: Vec<Option<Inserted>> = vec![None; unique.len()];
+    let mut results: Vec<Option<Inserted>> = vec![None; events.len()];
     for r in rows {
         let ord: i32 = r.get(0);
         results[ord as usize] =
-            Some(Inserted { created: true, pk: r.get(1), received_at: r.get(2) });
+            Some(Inserted { created: true, pk: r.get(1), received_at: r.get(2), conflict: None });
     }
-    let missing: Vec<usize> = (0..unique.len()).filter(|i| results[*i].is_none()).collect();
-    if !missing.is_empty() {
-        // Runs in a new snapshot (READ COMMITTED, inside a transaction too), so it sees keys
-        // committed concurrently by other batches.
-        let ms: Vec<&str> = missing.iter().map(|i| sources[*i]).collect();
-        let mi: Vec<&str> = missing.iter().map(|i| ids[*i]).collect();
-        let mo: Vec<i32> = missing.iter().map(|i| *i as i32).collect();
-        let rows = c
-            .query(
-                &format!(
-                    "SELECT m.ord, k.pk, {RECEIVED_US} FROM unnest($2::text[], $3::text[], $4::int4[]) AS m(source, id, ord)
-                     JOIN event_keys k ON k.user_id = $1 AND k.source = m.source AND k.id = m.id"
-                ),
-                &[&user_id, &ms, &mi, &mo],
-            )
-            .await?;
-        for r in rows {
-            let ord: i32 = r.get(0);
-            results[ord as usize] =
-                Some(Inserted { created: false, pk: r.get(1), received_at: r.get(2) });
-        }
+    let rest: Vec<usize> = (0..events.len()).filter(|n| results[*n].is_none()).collect();
+    if !rest.is_empty() {
+        decide_rest(c, user_id, events, &shas, &rest, &mut results).await?;
     }
-    let unique_results: Vec<Inserted> = results
+    results
         .into_iter()
         .map(|r| r.ok_or_else(|| StoreError::Other("event key vanished during insert".into())))
-        .collect::<Result<_, _>>()?;
-    let mut seen = vec![false; unique_results.len()];
-    Ok(slot_of
-        .into_iter()
-        .map(|slot| {
-            let mut r = unique_results[slot];
-            if seen[slot] {
-                r.created = false;
+        .collect()
+}
+
+/// Decides the items `rest` of a batch (input order) whose key is stored, inserting the
+/// conflicts; fills their `results`.
+async fn decide_rest(
+    c: &impl GenericClient,
+    user_id: &str,
+    events: &[NewEvent],
+    shas: &[dedup::Hash],
+    rest: &[usize],
+    results: &mut [Option<Inserted>],
+) -> Result<(), StoreError> {
+    // Held to the end of the transaction: the reads below see every content of this user's
+    // keys committed before, and no other batch of the user inserts a conflict meanwhile.
+    // (The keys themselves are settled: the insert above waited for any concurrent insert
+    // of the same key to commit.)
+    c.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 7247002))", &[&user_id]).await?;
+    // A conflict's `received_at` is the database clock too (the transaction's now(), as for
+    // every row of this batch).
+    let received_at: Micros = c.query_one(&format!("SELECT {NOW_US}"), &[]).await?.get(0);
+    let ms: Vec<&str> = rest.iter().map(|n| events[*n].source.as_str()).collect();
+    let mi: Vec<&str> = rest.iter().map(|n| events[*n].id.as_str()).collect();
+    let rows = c
+        .query(
+            &format!(
+                "WITH m AS (SELECT DISTINCT source, id FROM unnest($2::text[], $3::text[]) AS m(source, id))
+                 SELECT m.source, m.id, k.pk, {RECEIVED_US}, k.sha256, 0 AS kind,
+                        CASE WHEN k.sha256 IS NULL THEN (SELECT e.payload FROM events e
+                             WHERE e.pk = k.pk AND e.received_at = k.received_at) END
+                 FROM m JOIN event_keys k ON k.user_id = $1 AND k.source = m.source AND k.id = m.id
+                 UNION ALL
+                 SELECT m.source, m.id, x.pk, {RECEIVED_X}, x.sha256, 1, NULL
+                 FROM m JOIN event_conflicts x ON x.user_id = $1 AND x.source = m.source AND x.id = m.id
+                 ORDER BY 6, 3"
+            ),
+            &[&user_id, &ms, &mi],
+        )
+        .await?;
+    // Per key: the original first, then its conflicts in pk order.
+    let mut stored: HashMap<(String, String), Vec<dedup::StoredRow>> = HashMap::new();
+    for r in rows {
+        stored.entry((r.get(0), r.get(1))).or_default().push(dedup::StoredRow {
+            pk: r.get(2),
+            received_at: r.get(3),
+            sha256: dedup::hash_from(r.get(4)),
+            payload: r.get(6),
+        });
+    }
+    // Claude lines no stored hash matches are compared by message: read those payloads.
+    let mut want: Vec<i64> = Vec::new();
+    for n in rest {
+        let e = &events[*n];
+        if let Some(rows) = stored.get(&(e.source.as_str().to_string(), e.id.clone()))
+            && dedup::needs_payloads(e.source, &shas[*n], &dedup::view(rows))
+        {
+            want.extend(rows.iter().filter(|s| s.payload.is_none()).map(|s| s.pk));
+        }
+    }
+    if !want.is_empty() {
+        let mut found: HashMap<i64, String> = HashMap::new();
+        for r in c.query("SELECT pk, payload FROM events WHERE pk = ANY($1)", &[&want]).await? {
+            found.insert(r.get(0), r.get(1));
+        }
+        for s in stored.values_mut().flatten() {
+            if s.payload.is_none() {
+                s.payload = found.remove(&s.pk);
             }
-            seen[slot] = true;
-            r
-        })
-        .collect())
+        }
+    }
+    // Decided in input order; a conflict decided here joins its key's contents (under a
+    // placeholder pk, -1 - its index) so a later identical item of the batch is its duplicate.
+    let mut conflicts: Vec<(usize, dedup::Conflict)> = Vec::new();
+    for n in rest {
+        let e = &events[*n];
+        let Some(rows) = stored.get_mut(&(e.source.as_str().to_string(), e.id.clone())) else {
+            return Err(StoreError::Other("event key vanished during insert".into()));
+        };
+        let value = if e.source == Source::Claude && rows.iter().any(|s| s.payload.is_some()) {
+            crate::review::ingest::payload_value(&e.payload).unwrap_or(serde_json::Value::Null)
+        } else {
+            serde_json::Value::Null
+        };
+        match dedup::decide(e.source, &shas[*n], &value, &dedup::view(rows)) {
+            dedup::Decision::Duplicate { pk, received_at } => {
+                results[*n] = Some(Inserted { created: false, pk, received_at, conflict: None });
+            }
+            // Unreachable: every key in `rest` has its original stored.
+            dedup::Decision::Create => {
+                return Err(StoreError::Other("event key vanished during insert".into()));
+            }
+            dedup::Decision::Conflict(cf) => {
+                rows.push(dedup::StoredRow {
+                    pk: -1 - *n as i64,
+                    received_at,
+                    sha256: Some(shas[*n]),
+                    payload: (e.source == Source::Claude).then(|| e.payload.clone()),
+                });
+                conflicts.push((*n, cf));
+            }
+        }
+    }
+    if conflicts.is_empty() {
+        return Ok(());
+    }
+    let cs: Vec<&NewEvent> = conflicts.iter().map(|(n, _)| &events[*n]).collect();
+    let sources: Vec<&str> = cs.iter().map(|e| e.source.as_str()).collect();
+    let ids: Vec<&str> = cs.iter().map(|e| e.id.as_str()).collect();
+    let kinds: Vec<&str> = cs.iter().map(|e| e.kind.as_str()).collect();
+    let tss: Vec<i64> = cs.iter().map(|e| e.ts).collect();
+    let sessions: Vec<Option<&str>> = cs.iter().map(|e| e.session.as_deref()).collect();
+    let seqs: Vec<Option<i64>> = cs.iter().map(|e| e.seq).collect();
+    let boots: Vec<Option<&str>> = cs.iter().map(|e| e.boot.as_deref()).collect();
+    let payloads: Vec<&str> = cs.iter().map(|e| e.payload.as_str()).collect();
+    let hashes: Vec<&[u8]> = conflicts.iter().map(|(n, _)| shas[*n].as_slice()).collect();
+    let originals: Vec<i64> = conflicts.iter().map(|(_, cf)| cf.original_pk).collect();
+    let ords: Vec<i32> = conflicts.iter().map(|(n, _)| *n as i32).collect();
+    let rows = c
+        .query(
+            "WITH input AS (
+               SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
+                                    $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[],
+                                    $12::int8[])
+                 AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256, original)
+             ), x AS (
+               INSERT INTO event_conflicts (user_id, source, id, sha256, pk, received_at, original_pk)
+               SELECT $1, source, id, sha256, nextval('events_pk_seq'), now(), original
+               FROM input ORDER BY ord
+               RETURNING source, id, sha256, pk
+             ), ev AS (
+               INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, payload,
+                                   conflict_of)
+               SELECT x.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload,
+                      i.original
+               FROM x JOIN input i ON i.source = x.source AND i.id = x.id AND i.sha256 = x.sha256
+               RETURNING pk
+             )
+             SELECT i.ord, x.pk FROM x JOIN input i
+               ON i.source = x.source AND i.id = x.id AND i.sha256 = x.sha256",
+            &[
+                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
+                &ords, &hashes, &originals,
+            ],
+        )
+        .await?;
+    let mut pk_of: HashMap<usize, i64> = HashMap::new();
+    for r in rows {
+        let ord: i32 = r.get(0);
+        pk_of.insert(ord as usize, r.get(1));
+    }
+    for (n, cf) in conflicts {
+        let pk = *pk_of
+            .get(&n)
+            .ok_or_else(|| StoreError::Other("a conflict event was not inserted".into()))?;
+        results[n] = Some(Inserted { created: true, pk, received_at, conflict: Some(cf) });
+    }
+    // Later items of the batch that duplicate a conflict inserted here.
+    for r in results.iter_mut().flatten() {
+        if r.pk < 0 {
+            let n = (-1 - r.pk) as usize;
+            r.pk = *pk_of
+                .get(&n)
+                .ok_or_else(|| StoreError::Other("a conflict event was not inserted".into()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Inserts flags and their event links on `c`; an existing flag id is left as it is.
@@ -675,8 +829,15 @@ impl Store for PgStore {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let c = self.client().await?;
-        insert_event_rows(&*c, user_id, received_at, events).await
+        // In a transaction of its own: deciding a stored key takes a transaction lock.
+        let mut guard = self.tx_client().await?;
+        let Some(client) = guard.as_mut() else {
+            return Err(StoreError::Unavailable("no connection for the insert".into()));
+        };
+        let tx = client.transaction().await?;
+        let inserted = insert_event_rows(&tx, user_id, received_at, events).await?;
+        tx.commit().await?;
+        Ok(inserted)
     }
 
     async fn ingest(

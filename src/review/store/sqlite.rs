@@ -12,7 +12,7 @@ use super::{
 use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
-    StoredEvent, User, now_micros,
+    StoredEvent, User, dedup, now_micros,
 };
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params, params_from_iter, types::Value};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite_0001.sql")),
+    (2, include_str!("../migrations/sqlite_0002.sql")),
     (3, include_str!("../migrations/sqlite_0003.sql")),
     (5, include_str!("../migrations/sqlite_0005.sql")),
 ];
@@ -161,6 +162,7 @@ impl SqliteStore {
         // synced at commit); an answered ingest must survive one (sqlite.org/pragma.html#pragma_synchronous).
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        register_functions(&conn)?;
         migrate(&mut conn)?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
     }
@@ -332,6 +334,22 @@ fn prepare_new_store_dir(dir: &Path) -> Result<PathBuf, StoreError> {
     Ok(staging)
 }
 
+/// SQL functions the migrations use: `airlock_sha256(text)` (migration 2's backfill of the
+/// dedup keys' payload hashes, [`dedup::payload_sha256`]).
+fn register_functions(conn: &Connection) -> Result<(), StoreError> {
+    use rusqlite::functions::FunctionFlags;
+    conn.create_scalar_function(
+        "airlock_sha256",
+        1,
+        FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DETERMINISTIC,
+        |ctx| {
+            let text: String = ctx.get(0)?;
+            Ok(dedup::payload_sha256(&text).to_vec())
+        },
+    )?;
+    Ok(())
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     migrate_with(conn, MIGRATIONS)
 }
@@ -373,8 +391,10 @@ fn migrate_with(conn: &mut Connection, migrations: &[(i64, &str)]) -> Result<(),
     Ok(())
 }
 
-/// Inserts a batch's events and dedup keys on `tx` (the caller commits); within the batch a
-/// repeated key reports the first copy.
+/// Inserts a batch's events and dedup keys on `tx` (the caller commits). An item whose key
+/// is stored is decided by [`dedup::decide`] against every stored content of the key (the
+/// batch's own earlier items included): a duplicate reports the matching content, a conflict
+/// is inserted as its own event with `conflict_of` and an `event_conflicts` row.
 fn insert_event_rows(
     tx: &Connection,
     user_id: &str,
@@ -383,23 +403,45 @@ fn insert_event_rows(
 ) -> Result<Vec<Inserted>, StoreError> {
     let mut out = Vec::with_capacity(events.len());
     let mut find = tx.prepare_cached(
-        "SELECT pk, received_at FROM event_keys WHERE user_id = ?1 AND source = ?2 AND id = ?3",
+        "SELECT k.pk, k.received_at, k.sha256,
+                CASE WHEN k.sha256 IS NULL THEN (SELECT payload FROM events e WHERE e.pk = k.pk) END
+         FROM event_keys k WHERE k.user_id = ?1 AND k.source = ?2 AND k.id = ?3",
     )?;
     let mut ins = tx.prepare_cached(
-        "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload, conflict_of)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?;
     let mut key = tx.prepare_cached(
-        "INSERT INTO event_keys(user_id, source, id, pk, received_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO event_keys(user_id, source, id, pk, received_at, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     for e in events {
-        let found: Option<(i64, i64)> = find
-            .query_row(params![user_id, e.source.as_str(), e.id], |r| Ok((r.get(0)?, r.get(1)?)))
+        let sha = dedup::payload_sha256(&e.payload);
+        let found: Option<dedup::StoredRow> = find
+            .query_row(params![user_id, e.source.as_str(), e.id], |r| {
+                Ok(dedup::StoredRow {
+                    pk: r.get(0)?,
+                    received_at: r.get(1)?,
+                    sha256: dedup::hash_from(r.get(2)?),
+                    payload: r.get(3)?,
+                })
+            })
             .optional()?;
-        if let Some((pk, received_at)) = found {
-            out.push(Inserted { created: false, pk, received_at });
-            continue;
-        }
+        let decision = match found {
+            None => dedup::Decision::Create,
+            Some(original) => {
+                let mut stored = vec![original];
+                stored.extend(conflict_rows(tx, user_id, e)?);
+                decide_stored(tx, e, &sha, &mut stored)?
+            }
+        };
+        let conflict = match decision {
+            dedup::Decision::Duplicate { pk, received_at } => {
+                out.push(Inserted { created: false, pk, received_at, conflict: None });
+                continue;
+            }
+            dedup::Decision::Create => None,
+            dedup::Decision::Conflict(c) => Some(c),
+        };
         ins.execute(params![
             user_id,
             e.source.as_str(),
@@ -410,13 +452,86 @@ fn insert_event_rows(
             e.seq,
             e.boot,
             received_at,
-            e.payload
+            e.payload,
+            conflict.map(|c| c.original_pk),
         ])?;
         let pk = tx.last_insert_rowid();
-        key.execute(params![user_id, e.source.as_str(), e.id, pk, received_at])?;
-        out.push(Inserted { created: true, pk, received_at });
+        match conflict {
+            None => {
+                key.execute(params![
+                    user_id,
+                    e.source.as_str(),
+                    e.id,
+                    pk,
+                    received_at,
+                    sha.as_slice()
+                ])?;
+            }
+            Some(c) => {
+                tx.prepare_cached(
+                    "INSERT INTO event_conflicts(user_id, source, id, sha256, pk, received_at, original_pk)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )?
+                .execute(params![
+                    user_id,
+                    e.source.as_str(),
+                    e.id,
+                    sha.as_slice(),
+                    pk,
+                    received_at,
+                    c.original_pk
+                ])?;
+            }
+        }
+        out.push(Inserted { created: true, pk, received_at, conflict });
     }
     Ok(out)
+}
+
+/// The conflicts stored for `e`'s key, in `pk` order.
+fn conflict_rows(
+    tx: &Connection,
+    user_id: &str,
+    e: &NewEvent,
+) -> Result<Vec<dedup::StoredRow>, StoreError> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT pk, received_at, sha256 FROM event_conflicts
+         WHERE user_id = ?1 AND source = ?2 AND id = ?3 ORDER BY pk",
+    )?;
+    let rows = stmt
+        .query_map(params![user_id, e.source.as_str(), e.id], |r| {
+            Ok(dedup::StoredRow {
+                pk: r.get(0)?,
+                received_at: r.get(1)?,
+                sha256: dedup::hash_from(r.get(2)?),
+                payload: None,
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// Decides `e` against its key's stored contents, reading their payloads first when the
+/// decision needs them (a `claude` line no stored hash matches).
+fn decide_stored(
+    tx: &Connection,
+    e: &NewEvent,
+    sha: &dedup::Hash,
+    stored: &mut [dedup::StoredRow],
+) -> Result<dedup::Decision, StoreError> {
+    if dedup::needs_payloads(e.source, sha, &dedup::view(stored)) {
+        let mut p = tx.prepare_cached("SELECT payload FROM events WHERE pk = ?1")?;
+        for s in stored.iter_mut().filter(|s| s.payload.is_none()) {
+            s.payload = p.query_row([s.pk], |r| r.get(0)).optional()?;
+        }
+    }
+    // Parsed only when the Claude rule may apply; a payload is valid JSON (checked at ingest).
+    let value = if e.source == Source::Claude && stored.iter().any(|s| s.payload.is_some()) {
+        crate::review::ingest::payload_value(&e.payload).unwrap_or(serde_json::Value::Null)
+    } else {
+        serde_json::Value::Null
+    };
+    Ok(dedup::decide(e.source, sha, &value, &dedup::view(stored)))
 }
 
 /// Inserts flags and their event links on `tx` (the caller commits); an existing flag id is
@@ -514,7 +629,7 @@ fn sql_value(a: super::FlagArg) -> Value {
     }
 }
 
-const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload";
+const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload, e.conflict_of";
 
 fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     let source: String = r.get(2)?;
@@ -531,6 +646,7 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
         boot: r.get(8)?,
         received_at: r.get(9)?,
         payload: r.get(10)?,
+        conflict_of: r.get(11)?,
     })
 }
 
