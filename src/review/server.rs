@@ -15,7 +15,9 @@ use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::limits::{self, AcceptBackoff, LimitsConfig, RateLimiter, SlotRefusal, Slots};
 use super::metrics::{self, SlotUse};
 use super::reads::{Busy, Cursor, PAGE_CAP, PageWriter, ReadPermit, ReadSlots, export};
-use super::store::{EventOrder, EventQuery, FlagQuery, IngestScan, Store, StoreError, random_id};
+use super::store::{
+    EventOrder, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, random_id,
+};
 use super::{
     FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, User, format_micros, now_micros,
     parse_rfc3339, token,
@@ -1085,11 +1087,16 @@ async fn post_flag<S: Store>(
         Ok(s) => s,
         Err(resp) => return resp,
     };
-    match st
-        .store
-        .append_flag_state(id, state, note, &user.id, self_action, &secret, now_micros())
-        .await
-    {
+    let action = FlagAction {
+        flag_id: id,
+        state,
+        note,
+        actor: &user.id,
+        self_action,
+        secret: &secret,
+        at: now_micros(),
+    };
+    match st.store.append_flag_state(&action).await {
         Ok(false) => error(StatusCode::NOT_FOUND, format!("no flag {id}")),
         Ok(true) => match st.store.get_flag(id).await {
             Ok(Some(f)) => json_resp(StatusCode::OK, &f.to_json()),

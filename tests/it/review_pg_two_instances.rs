@@ -9,10 +9,10 @@ use crate::review_support::*;
 use crate::support::World;
 use airlock::review::detect::session::SessionScan;
 use airlock::review::store::postgres::PgStore;
-use airlock::review::store::{EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError};
-use airlock::review::{
-    Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, StoredEvent, User,
+use airlock::review::store::{
+    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError,
 };
+use airlock::review::{Flag, Inserted, Micros, NewEvent, NewFlag, Role, StoredEvent, User};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -94,17 +94,8 @@ impl Store for Alternating {
     async fn get_flag(&self, id: &str) -> Result<Option<Flag>, StoreError> {
         self.pick().get_flag(id).await
     }
-    async fn append_flag_state(
-        &self,
-        f: &str,
-        st: FlagState,
-        n: Option<&str>,
-        a: &str,
-        me: bool,
-        secret: &str,
-        at: Micros,
-    ) -> Result<bool, StoreError> {
-        self.pick().append_flag_state(f, st, n, a, me, secret, at).await
+    async fn append_flag_state(&self, a: &FlagAction<'_>) -> Result<bool, StoreError> {
+        self.pick().append_flag_state(a).await
     }
 }
 

@@ -5,7 +5,7 @@ use crate::review_support::PgDb;
 use crate::support::World;
 use airlock::review::store::postgres::{self, PgStore};
 use airlock::review::store::sqlite::SqliteStore;
-use airlock::review::store::{EventQuery, FlagQuery, Store, StoreError};
+use airlock::review::store::{EventQuery, FlagAction, FlagQuery, Store, StoreError};
 use airlock::review::{FlagState, Micros, NewEvent, NewFlag, Role, Severity, Source, token};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -185,19 +185,43 @@ pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
         .unwrap();
     assert_eq!(unflagged.len(), 1);
     assert!(
-        s.append_flag_state("f1", FlagState::Acknowledged, Some("seen"), &bob.id, false, tb, T0)
-            .await
-            .unwrap()
+        s.append_flag_state(&FlagAction {
+            flag_id: "f1",
+            state: FlagState::Acknowledged,
+            note: Some("seen"),
+            actor: &bob.id,
+            self_action: false,
+            secret: tb,
+            at: T0
+        })
+        .await
+        .unwrap()
     );
     assert!(
-        s.append_flag_state("f1", FlagState::Resolved, None, &bob.id, false, tb, T0 + 1)
-            .await
-            .unwrap()
+        s.append_flag_state(&FlagAction {
+            flag_id: "f1",
+            state: FlagState::Resolved,
+            note: None,
+            actor: &bob.id,
+            self_action: false,
+            secret: tb,
+            at: T0 + 1
+        })
+        .await
+        .unwrap()
     );
     assert!(
-        !s.append_flag_state("nope", FlagState::Resolved, None, &bob.id, false, tb, T0)
-            .await
-            .unwrap()
+        !s.append_flag_state(&FlagAction {
+            flag_id: "nope",
+            state: FlagState::Resolved,
+            note: None,
+            actor: &bob.id,
+            self_action: false,
+            secret: tb,
+            at: T0
+        })
+        .await
+        .unwrap()
     );
     let f = s.get_flag("f1").await.unwrap().unwrap();
     assert_eq!(f.state, FlagState::Resolved);

@@ -303,6 +303,24 @@ pub trait IngestScan: Send + Sync + 'static {
     fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag>;
 }
 
+/// One flag-state append, as the server decided it.
+#[derive(Debug, Clone, Copy)]
+pub struct FlagAction<'a> {
+    pub flag_id: &'a str,
+    pub state: FlagState,
+    pub note: Option<&'a str>,
+    /// The authenticated user acting.
+    pub actor: &'a str,
+    /// The actor acts on a flag raised on their own history and the caller allowed it
+    /// ([`crate::review::flag_rules::decide`]: sole reviewer/admin, or an admin's override).
+    pub self_action: bool,
+    /// The bearer token the actor presented: PostgreSQL re-checks it in the database, records
+    /// its user as the actor and applies the self-action rule again (`airlock_flag_state`,
+    /// with `self_action` as its `override`); the embedded store records `actor`.
+    pub secret: &'a str,
+    pub at: Micros,
+}
+
 /// The store contract. Methods return `Send` futures so the server can run them on any
 /// runtime thread; implementations never update or delete a row.
 pub trait Store: Send + Sync + 'static {
@@ -400,21 +418,10 @@ pub trait Store: Send + Sync + 'static {
         q: &FlagQuery,
     ) -> impl Future<Output = Result<Vec<(i64, Flag)>, StoreError>> + Send;
     fn get_flag(&self, id: &str) -> impl Future<Output = Result<Option<Flag>, StoreError>> + Send;
-    /// Appends a state row; returns false if the flag is unknown. `self_action` marks an
-    /// actor acting on a flag raised on their own history, which the caller has allowed
-    /// ([`crate::review::flag_rules::decide`]). `secret` is the bearer token the actor
-    /// presented: PostgreSQL re-checks it in the database, records its user as the actor and
-    /// applies the self-action rule again (`airlock_flag_state`, with `self_action` as its
-    /// `override`); the embedded store records `actor`.
+    /// Appends a state row ([`FlagAction`]); returns false if the flag is unknown.
     fn append_flag_state(
         &self,
-        flag_id: &str,
-        state: FlagState,
-        note: Option<&str>,
-        actor: &str,
-        self_action: bool,
-        secret: &str,
-        at: Micros,
+        action: &FlagAction<'_>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
@@ -494,17 +501,8 @@ impl Store for AnyStore {
     async fn get_flag(&self, id: &str) -> Result<Option<Flag>, StoreError> {
         dispatch!(self, s => s.get_flag(id))
     }
-    async fn append_flag_state(
-        &self,
-        f: &str,
-        st: FlagState,
-        n: Option<&str>,
-        a: &str,
-        me: bool,
-        secret: &str,
-        at: Micros,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.append_flag_state(f, st, n, a, me, secret, at))
+    async fn append_flag_state(&self, action: &FlagAction<'_>) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.append_flag_state(action))
     }
 }
 

@@ -16,7 +16,8 @@
 
 use super::pg_tls::{PgOptions, PgTarget};
 use super::{
-    EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
+    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, crash_point,
+    random_id,
 };
 use crate::review::detect::session::SessionScan;
 use crate::review::{
@@ -938,27 +939,17 @@ impl Store for PgStore {
         Ok(self.load_flags(&c, rows).await?.into_iter().next().map(|(_, f)| f))
     }
 
-    async fn append_flag_state(
-        &self,
-        flag_id: &str,
-        state: FlagState,
-        note: Option<&str>,
-        actor: &str,
-        self_action: bool,
-        secret: &str,
-        at: Micros,
-    ) -> Result<bool, StoreError> {
-        // The function derives the actor from `secret` and stamps the database clock; the
+    async fn append_flag_state(&self, a: &FlagAction<'_>) -> Result<bool, StoreError> {
+        // The function derives the actor from `a.secret` and stamps the database clock; the
         // caller's `actor` and `at` are not trusted here (the runtime role cannot write
         // flag_states itself).
-        let _ = (actor, at);
         let c = self.client().await?;
         // `self_action` (the server allowed a self-action: sole reviewer, or an admin's
         // override) is the function's `override`; it re-derives `self` on its own.
         let rows = c
             .query(
                 "SELECT n FROM airlock_flag_state($1, $2, $3, $4, $5)",
-                &[&secret, &flag_id, &state.as_str(), &note, &self_action],
+                &[&a.secret, &a.flag_id, &a.state.as_str(), &a.note, &a.self_action],
             )
             .await
             .map_err(flag_state_error)?;

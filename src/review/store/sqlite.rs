@@ -7,7 +7,8 @@
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
 use super::{
-    EventPage, EventQuery, FlagQuery, IngestScan, Store, StoreError, crash_point, random_id,
+    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, crash_point,
+    random_id,
 };
 use crate::review::detect::session::SessionScan;
 use crate::review::{
@@ -970,19 +971,12 @@ impl Store for SqliteStore {
         self.with(move |c| Ok(load_flag(c, &id)?.map(|(_, f)| f))).await
     }
 
-    async fn append_flag_state(
-        &self,
-        flag_id: &str,
-        state: FlagState,
-        note: Option<&str>,
-        actor: &str,
-        self_action: bool,
-        // One process owns the file: the server's authentication is the only check needed.
-        _secret: &str,
-        at: Micros,
-    ) -> Result<bool, StoreError> {
+    async fn append_flag_state(&self, a: &FlagAction<'_>) -> Result<bool, StoreError> {
+        // One process owns the file: the server's authentication is the only check needed,
+        // so `a.secret` is not used here.
         let (flag_id, note, actor) =
-            (flag_id.to_string(), note.map(str::to_string), actor.to_string());
+            (a.flag_id.to_string(), a.note.map(str::to_string), a.actor.to_string());
+        let (state, at, self_action) = (a.state, a.at, a.self_action);
         self.with(move |c| {
             let n = c.execute(
                 "INSERT INTO flag_states(flag_id, state, note, actor, at, self) SELECT id, ?2, ?3, ?4, ?5, ?6 FROM flags WHERE id = ?1",
