@@ -406,6 +406,8 @@ pub trait Store: Send + Sync + 'static {
     /// presented: PostgreSQL re-checks it in the database, records its user as the actor and
     /// applies the self-action rule again (`airlock_flag_state`, with `self_action` as its
     /// `override`); the embedded store records `actor`.
+    // Each argument is one column or check of the state row; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     fn append_flag_state(
         &self,
         flag_id: &str,
