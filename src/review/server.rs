@@ -487,7 +487,12 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
             Ok(u) => u,
             Err(r) => return r,
         },
-        "/healthz" => return json_resp(StatusCode::OK, &json!({"ok": true})),
+        "/healthz" if method == Method::GET => {
+            return json_resp(StatusCode::OK, &json!({"ok": true}));
+        }
+        "/healthz" => {
+            return error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint");
+        }
         "/metrics" => return get_metrics(&st, peer, &req).await,
         _ => return error(StatusCode::NOT_FOUND, format!("no such endpoint {path}")),
     };
@@ -937,19 +942,38 @@ async fn get_export<S: Store>(
 /// The body of any response: a buffered one, or an export's stream.
 pub type ReviewBody = Either<Full<Bytes>, export::ExportBody>;
 
+/// The methods `path` serves, for the `Allow` header every 405 must carry (RFC 9110
+/// §15.5.6); `None` for a path that is not an endpoint.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    match path {
+        "/api/v1/events" => Some("GET, POST"),
+        "/api/v1/me" | "/api/v1/flags" | "/api/v1/export" | "/metrics" | "/healthz" => Some("GET"),
+        p if p.starts_with("/api/v1/flags/") => Some("POST"),
+        _ => None,
+    }
+}
+
 /// Routes one request, the streaming export included.
 pub async fn respond<S: Store>(
     st: Arc<AppState<S>>,
     peer: IpAddr,
     req: Request<Incoming>,
 ) -> Response<ReviewBody> {
-    if req.uri().path() == "/api/v1/export" {
-        return match get_export(st, peer, req).await {
+    let allow = allowed_methods(req.uri().path());
+    let mut resp = if req.uri().path() == "/api/v1/export" {
+        match get_export(st, peer, req).await {
             Ok(r) => r.map(Either::Right),
             Err(r) => r.map(Either::Left),
-        };
+        }
+    } else {
+        handle(st, peer, req).await.map(Either::Left)
+    };
+    if resp.status() == StatusCode::METHOD_NOT_ALLOWED
+        && let Some(allow) = allow
+    {
+        resp.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
     }
-    handle(st, peer, req).await.map(Either::Left)
+    resp
 }
 
 async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {

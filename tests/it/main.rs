@@ -23,6 +23,7 @@ mod review;
 mod review_atomic;
 mod review_bounded;
 mod review_conflict;
+mod review_contract;
 mod review_detect;
 mod review_export;
 mod review_flags;
