@@ -294,7 +294,7 @@ fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
 /// The URL-decoding of `s` when it has enough `%XX` escapes and fits the budget.
 fn decode_url(s: &str, budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     let b = s.as_bytes();
-    if s.len() <= *budget && url_escapes(b) >= MIN_URL_ESCAPES {
+    if s.len() <= *budget && url_escapes(s) >= MIN_URL_ESCAPES {
         let t = percent_decode(b);
         *budget = budget.saturating_sub(t.len());
         out.push((Pass::Url, t));
@@ -311,12 +311,10 @@ fn decode_deeper(start: usize, depth: usize, budget: &mut usize, out: &mut Vec<(
 }
 
 /// `%XX` escapes in `b`, counted up to [`MIN_URL_ESCAPES`] (all that is asked); the search
-/// jumps from `%` to `%` (memchr) instead of judging every 3-byte window.
-fn url_escapes(b: &[u8]) -> usize {
-    let s = match std::str::from_utf8(b) {
-        Ok(s) => s,
-        Err(_) => return 0,
-    };
+/// jumps from `%` to `%` (memchr) instead of judging every 3-byte window. Takes `&str` so
+/// no UTF-8 validation pass is repeated per field (no `%` at all costs one memchr).
+fn url_escapes(s: &str) -> usize {
+    let b = s.as_bytes();
     s.match_indices('%')
         .filter(|(i, _)| {
             b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
@@ -354,6 +352,14 @@ fn hex_digit(c: u8) -> Option<u8> {
 
 /// Every rewrite of `s` worth scanning besides `s` itself.
 pub fn passes(s: &str) -> Vec<(Pass, String)> {
+    passes_with_joins(s).0
+}
+
+/// [`passes`], and the offsets in the [`Pass::Joined`] text where a line break was removed
+/// (empty when there is no joined pass). Every stretch of the joined text between two such
+/// offsets is a substring of the text it was joined from (the folded/unnumbered base), so
+/// a caller can tell which keywords the joined text can hold without scanning it.
+pub fn passes_with_joins(s: &str) -> (Vec<(Pass, String)>, Vec<usize>) {
     let mut out = Vec::new();
     let folded = fold(s);
     let base = folded.as_deref().unwrap_or(s);
@@ -371,7 +377,7 @@ pub fn passes(s: &str) -> Vec<(Pass, String)> {
         }
         None => decode_runs(base2, DECODE_DEPTH, &mut budget, &mut decoded),
     }
-    let joined = joined.map(|(j, _)| j);
+    let (joined, join_at) = joined.map_or((None, Vec::new()), |(j, at)| (Some(j), at));
     if let Some(f) = folded {
         out.push((Pass::Normalized, f));
     }
@@ -386,7 +392,7 @@ pub fn passes(s: &str) -> Vec<(Pass, String)> {
             out.push(d);
         }
     }
-    out
+    (out, join_at)
 }
 
 #[cfg(test)]
