@@ -192,18 +192,29 @@ fn b64_decode(run: &[u8], skip: usize) -> Vec<u8> {
 /// Decoded bytes worth scanning as text: valid-looking UTF-8, at most 1 in 20 characters a
 /// control or replacement character. Binary (a compressed image, a random nonce) is not.
 fn as_text(bytes: &[u8]) -> Option<String> {
+    is_text(bytes).then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// [`as_text`]'s judgement without building the string (probes are judged and dropped): an
+/// invalid sequence counts as the one U+FFFD `from_utf8_lossy` would put there.
+fn is_text(bytes: &[u8]) -> bool {
     if bytes.len() < 12 {
-        return None;
+        return false;
     }
-    let s = String::from_utf8_lossy(bytes);
     let (mut n, mut bad) = (0usize, 0usize);
-    for c in s.chars() {
-        n += 1;
-        if c == '\u{FFFD}' || (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            n += 1;
+            if c == '\u{FFFD}' || (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
+                bad += 1;
+            }
+        }
+        if !chunk.invalid().is_empty() {
+            n += 1;
             bad += 1;
         }
     }
-    (bad * 20 <= n).then(|| s.into_owned())
+    bad * 20 <= n
 }
 
 /// Appends the decoded text of every long base64 or hex run in `s`, and the URL-decoding of
@@ -267,7 +278,7 @@ fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     if run.len() >= MIN_HEX_RUN && run.iter().all(u8::is_ascii_hexdigit) {
         let even = &run[..run.len() & !1];
         let probe = &even[..even.len().min(PROBE)];
-        if hex::decode(probe).ok().and_then(|b| as_text(&b)).is_some()
+        if hex::decode(probe).is_ok_and(|b| is_text(&b))
             && let Ok(bytes) = hex::decode(even)
             && let Some(t) = as_text(&bytes)
         {
@@ -283,7 +294,7 @@ fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     // judging a short prefix first so a megabyte of binary is rejected after 64 digits.
     let probe = &run[..run.len().min(PROBE)];
     let decoded = (0..4)
-        .find(|skip| as_text(&b64_decode(probe, *skip)).is_some())
+        .find(|skip| is_text(&b64_decode(probe, *skip)))
         .and_then(|skip| as_text(&b64_decode(run, skip)));
     if let Some(t) = decoded {
         *budget = budget.saturating_sub(t.len());
@@ -399,6 +410,28 @@ pub fn passes_with_joins(s: &str) -> (Vec<(Pass, String)>, Vec<usize>) {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The in-place judgement equals judging the lossy string, as before.
+        #[test]
+        fn is_text_judges_like_the_lossy_string(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            t in "[a-z\u{e9}\u{fffd}\n\u{1}]{0,30}",
+        ) {
+            let lossy = |b: &[u8]| {
+                let s = String::from_utf8_lossy(b);
+                let n = s.chars().count();
+                let bad = s.chars().filter(|c| *c == '\u{FFFD}'
+                    || (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))).count();
+                b.len() >= 12 && bad * 20 <= n
+            };
+            let mut mixed = t.into_bytes();
+            mixed.extend_from_slice(&b[..b.len().min(3)]);
+            for x in [&b[..], &mixed[..]] {
+                proptest::prop_assert_eq!(is_text(x), lossy(x), "{:?}", x);
+            }
+        }
+    }
 
     #[test]
     fn folding_removes_invisibles_and_applies_nfkc() {
