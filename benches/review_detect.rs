@@ -3,7 +3,8 @@
 //! it measures throughput over transcript text with every built-in rule (aho-corasick
 //! prefilter + regex confirmation, on the text and on each normalized/decoded rewrite of it),
 //! per core (single-threaded). Baseline in the same run: a byte-sum pass over the same text
-//! (memory bandwidth reference) and the prefilter alone.
+//! (memory bandwidth reference), the prefilter alone, and `Engine::scan_every_pass` (the
+//! same rules with no rewrite skipped: the reference `scan` is proven equal to).
 //!
 //! `cargo bench --bench review_detect`
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -112,6 +113,17 @@ fn bench(c: &mut Criterion) {
             let mut hits = 0;
             for v in &views {
                 hits += engine.scan(Source::Claude, v, &payload).len();
+            }
+            black_box(hits)
+        })
+    });
+    // The same rules without the selection (every rewrite searched with one prefilter over
+    // all keywords): what `scan`'s selection buys, in the same run.
+    g.bench_function("all_builtin_rules_every_pass", |b| {
+        b.iter(|| {
+            let mut hits = 0;
+            for v in &views {
+                hits += engine.scan_every_pass(Source::Claude, v, &payload).len();
             }
             black_box(hits)
         })

@@ -151,6 +151,93 @@ pub struct Engine {
     ac: Option<AhoCorasick>,
     /// Keyword pattern index → rules using it.
     pattern_rules: Vec<Vec<usize>>,
+    /// Per entry of [`FIELDS`]: the prefilter over only the keywords of rules scanning that
+    /// field (`None` when no rule does), which [`Engine::scan`] uses.
+    fields: Vec<Option<FieldScan>>,
+}
+
+/// One field's keyword prefilter. Only the keywords of the rules that scan the field are in
+/// it, so a `text` scan never stops on command keywords (`rm `, `.env`, `curl`) that prose
+/// is full of, and aho-corasick's start-byte prefilter can skip further.
+#[derive(Debug, Clone)]
+struct FieldScan {
+    ac: AhoCorasick,
+    /// Pattern index → rules using it (all of them scan this field).
+    pattern_rules: Vec<Vec<usize>>,
+    /// The rules with keywords that scan this field.
+    rules: Vec<usize>,
+    /// Bit `a * 256 + b` is set when bytes `a`, `b` (ASCII-lowercased) are adjacent in one
+    /// of the keywords: a keyword can straddle a join in the joined pass only there.
+    pairs: Vec<u64>,
+    /// A keyword holds a line break, so it could straddle a stripped line-number prefix.
+    newline_keyword: bool,
+}
+
+impl FieldScan {
+    fn build(
+        keywords: &[Vec<String>],
+        rules: &[Rule],
+        field: &str,
+    ) -> Result<Option<Self>, RuleError> {
+        let mut patterns: Vec<String> = Vec::new();
+        let mut pattern_rules: Vec<Vec<usize>> = Vec::new();
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        let mut field_rules = Vec::new();
+        let mut pairs = vec![0u64; 65536 / 64];
+        let mut newline_keyword = false;
+        for (ri, kws) in keywords.iter().enumerate() {
+            let r = &rules[ri];
+            if kws.is_empty() || !r.fields.iter().any(|f| f == field) {
+                continue;
+            }
+            field_rules.push(ri);
+            for k in kws {
+                let key = k.to_ascii_lowercase();
+                for w in key.as_bytes().windows(2) {
+                    let bit = usize::from(w[0]) * 256 + usize::from(w[1]);
+                    pairs[bit / 64] |= 1 << (bit % 64);
+                }
+                newline_keyword |= key.contains('\n');
+                let pi = *index.entry(key).or_insert_with(|| {
+                    patterns.push(k.clone());
+                    pattern_rules.push(Vec::new());
+                    patterns.len() - 1
+                });
+                if !pattern_rules[pi].contains(&ri) {
+                    pattern_rules[pi].push(ri);
+                }
+            }
+        }
+        if patterns.is_empty() {
+            return Ok(None);
+        }
+        let ac = keyword_automaton(&patterns)?;
+        Ok(Some(Self { ac, pattern_rules, rules: field_rules, pairs, newline_keyword }))
+    }
+
+    /// Whether a keyword can straddle offset `at` of `text` (the bytes either side of it are
+    /// adjacent in some keyword).
+    fn may_straddle(&self, text: &[u8], at: usize) -> bool {
+        if at == 0 || at >= text.len() {
+            return false;
+        }
+        let bit = usize::from(text[at - 1].to_ascii_lowercase()) * 256
+            + usize::from(text[at].to_ascii_lowercase());
+        self.pairs[bit / 64] & (1 << (bit % 64)) != 0
+    }
+}
+
+/// The keyword automaton: ASCII case-insensitive, every (overlapping) occurrence reported.
+fn keyword_automaton(patterns: &[String]) -> Result<AhoCorasick, RuleError> {
+    AhoCorasick::builder()
+        .ascii_case_insensitive(true)
+        .match_kind(MatchKind::Standard)
+        .kind(Some(AhoCorasickKind::DFA))
+        .build(patterns)
+        .map_err(|e| RuleError::Invalid {
+            location: "rules".into(),
+            message: format!("keyword set: {e}"),
+        })
 }
 
 /// A rule that matched one event.
@@ -337,22 +424,12 @@ impl Engine {
                 }
             }
         }
-        let ac = if patterns.is_empty() {
-            None
-        } else {
-            Some(
-                AhoCorasick::builder()
-                    .ascii_case_insensitive(true)
-                    .match_kind(MatchKind::Standard)
-                    .kind(Some(AhoCorasickKind::DFA))
-                    .build(&patterns)
-                    .map_err(|e| RuleError::Invalid {
-                        location: "rules".into(),
-                        message: format!("keyword set: {e}"),
-                    })?,
-            )
-        };
-        Ok(Self { rules, ac, pattern_rules })
+        let ac = if patterns.is_empty() { None } else { Some(keyword_automaton(&patterns)?) };
+        let fields = FIELDS
+            .iter()
+            .map(|f| FieldScan::build(&keywords, &rules, f))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { rules, ac, pattern_rules, fields })
     }
 
     pub fn rules(&self) -> &[Rule] {
@@ -362,7 +439,115 @@ impl Engine {
     /// Runs every per-event rule over one event's view and payload: each field string as
     /// written and in every rewrite of it ([`normalize::passes`], and for commands
     /// [`shell::simple_commands`]); a rule hits at most once per event.
+    ///
+    /// Gives exactly the hits of [`Engine::scan_every_pass`] (a property test holds it to
+    /// that), faster: each field is searched only for its own rules' keywords, and the
+    /// line-number-stripped and wrapped-lines-joined rewrites — which only delete bytes — are
+    /// not searched when no keyword can occur in them: every keyword they can hold is one
+    /// the text they came from holds, unless it straddles a deletion (for the joined text,
+    /// a join whose two neighbouring bytes are adjacent in some keyword; for the stripped
+    /// text, only a keyword with a line break), and every rule such keywords name is done.
     pub fn scan(&self, source: Source, view: &View, payload: &Value) -> Vec<Hit> {
+        let mut hits: Vec<Hit> = Vec::new();
+        let mut done = vec![false; self.rules.len()];
+        for (fi, field) in FIELDS.iter().enumerate() {
+            let Some(fs) = self.fields.get(fi).and_then(Option::as_ref) else { continue };
+            for s in view.field(field) {
+                if !fs.rules.iter().any(|&ri| !done[ri] && self.rules[ri].applies_to(source)) {
+                    break;
+                }
+                let mut st = ScanState { source, field, payload, done: &mut done, hits: &mut hits };
+                self.scan_string(fs, &mut st, s);
+            }
+        }
+        self.predicates_only(source, payload, &done, &mut hits);
+        hits
+    }
+
+    /// One field string and its rewrites, in [`Engine::scan_every_pass`]'s order.
+    fn scan_string(&self, fs: &FieldScan, st: &mut ScanState<'_>, s: &str) {
+        let found = self.keyword_rules(fs, st.source, s);
+        self.confirm(st, Pass::Raw, s, &found);
+        let (mut extra, joins) = normalize::passes_with_joins(s);
+        if st.field == "command" {
+            let base =
+                extra.iter().find(|(p, _)| *p == Pass::Normalized).map_or(s, |(_, t)| t.as_str());
+            extra.extend(shell::simple_commands(base).into_iter().map(|c| (Pass::Shell, c)));
+        }
+        // Rules named by a keyword of the text the next deleting rewrite is made from (a
+        // superset when that text was itself skipped).
+        let mut base_found = found;
+        for (pass, text) in &extra {
+            let all_done = |f: &[usize]| f.iter().all(|&ri| st.done[ri]);
+            let skip = match pass {
+                Pass::Unnumbered => !fs.newline_keyword && all_done(&base_found),
+                Pass::Joined => {
+                    all_done(&base_found)
+                        && !joins.iter().any(|&at| fs.may_straddle(text.as_bytes(), at))
+                }
+                _ => false,
+            };
+            if skip {
+                continue;
+            }
+            let found = self.keyword_rules(fs, st.source, text);
+            self.confirm(st, *pass, text, &found);
+            if matches!(pass, Pass::Normalized | Pass::Unnumbered) {
+                base_found = found;
+            }
+        }
+    }
+
+    /// The rules (for this source) with a keyword in `text`, in order of first occurrence.
+    fn keyword_rules(&self, fs: &FieldScan, source: Source, text: &str) -> Vec<usize> {
+        let mut found: Vec<usize> = Vec::new();
+        for m in fs.ac.find_overlapping_iter(text) {
+            for &ri in &fs.pattern_rules[m.pattern().as_usize()] {
+                if !found.contains(&ri) && self.rules[ri].applies_to(source) {
+                    found.push(ri);
+                }
+            }
+        }
+        found
+    }
+
+    /// Runs the regex (and predicate) of each not-yet-done rule in `found` over `text`.
+    fn confirm(&self, st: &mut ScanState<'_>, pass: Pass, text: &str, found: &[usize]) {
+        for &ri in found {
+            if st.done[ri] {
+                continue;
+            }
+            let r = &self.rules[ri];
+            let field = st.field;
+            let hit = match &r.regex {
+                None => Some(format!("keyword in `{field}`{}", pass.label())),
+                Some(re) => find(re, r.allow.as_ref(), text)
+                    .map(|m| format!("match in `{field}`{}: {m}", pass.label())),
+            };
+            let pred_ok = r.predicate.as_ref().is_none_or(|p| p.eval(st.payload).is_some());
+            if let Some(d) = hit.filter(|_| pred_ok) {
+                st.done[ri] = true;
+                st.hits.push(Hit { rule: ri, detail: d });
+            }
+        }
+    }
+
+    /// Rules without keywords: their predicate alone decides.
+    fn predicates_only(&self, source: Source, payload: &Value, done: &[bool], hits: &mut Vec<Hit>) {
+        for (ri, r) in self.rules.iter().enumerate() {
+            if done[ri] || r.has_keywords || !r.applies_to(source) {
+                continue;
+            }
+            if let Some(d) = r.predicate.as_ref().and_then(|p| p.eval(payload)) {
+                hits.push(Hit { rule: ri, detail: d });
+            }
+        }
+    }
+
+    /// The reference scan [`Engine::scan`] must equal: one prefilter over every rule's
+    /// keywords, run over the raw text and every rewrite, no selection. Kept for the
+    /// property test and the bench (what the selection buys, same run).
+    pub fn scan_every_pass(&self, source: Source, view: &View, payload: &Value) -> Vec<Hit> {
         let mut hits: Vec<Hit> = Vec::new();
         let mut done = vec![false; self.rules.len()];
         if let Some(ac) = &self.ac {
@@ -414,16 +599,18 @@ impl Engine {
                 }
             }
         }
-        for (ri, r) in self.rules.iter().enumerate() {
-            if done[ri] || r.has_keywords || !r.applies_to(source) {
-                continue;
-            }
-            if let Some(d) = r.predicate.as_ref().and_then(|p| p.eval(payload)) {
-                hits.push(Hit { rule: ri, detail: d });
-            }
-        }
+        self.predicates_only(source, payload, &done, &mut hits);
         hits
     }
+}
+
+/// What one [`Engine::scan`] carries from string to string.
+struct ScanState<'a> {
+    source: Source,
+    field: &'a str,
+    payload: &'a Value,
+    done: &'a mut Vec<bool>,
+    hits: &'a mut Vec<Hit>,
 }
 
 /// Matches tried per string before giving up on finding one outside the allowed spans.
@@ -748,6 +935,123 @@ mod tests {
         let p = serde_json::json!({"type":"assistant","message":{"content":[{"type":"tool_use",
             "name":"Bash","input":{"command":"cat .env.example"}}]}});
         assert!(hits(&engine, Source::Claude, &p).is_empty());
+    }
+
+    /// Pieces the random field strings are made of: keywords and their halves (so a line
+    /// break or a stripped `N→` prefix can fall inside one), secrets, encodings of them,
+    /// line breaks of every kind the join removes, invisible and fullwidth characters, shell
+    /// syntax, and filler.
+    const PIECES: &[&str] = &[
+        "sk_li",
+        "ve_",
+        "sk_live_",
+        "abcdefghijklmnop0000",
+        "AK",
+        "IA",
+        "AKIA",
+        "Z7Q3FAKE4TEST9XY",
+        "IOSFODNN7EXAMPLE",
+        "gh",
+        "p_",
+        "0123456789abcdefghijklmnopqrstuvwxyz",
+        "xoxb-",
+        "1234567890-abc",
+        "PRIVATE",
+        " KEY-----",
+        "-----BEGIN RSA",
+        "\n",
+        "\n  ",
+        " \\\n",
+        "\\n",
+        "\\r\\n",
+        "\r\n",
+        "    ",
+        "\t",
+        "     3\u{2192}",
+        "12\u{2192}",
+        "\u{2192}",
+        "\u{200B}",
+        "\u{202E}",
+        "\u{FF21}\u{FF2B}",
+        "\u{E0041}",
+        "caf\u{E9}",
+        "%41%4B",
+        "%3D",
+        "%",
+        "+",
+        "=",
+        "a2V5IHNrX2xpdmVfYWJjZGVmZ2hpamtsbW5vcDAwMDA=",
+        "QUtJQVo3UTNGQUtFNFRFU1Q5WFk=",
+        "414b49415a37513346414b453454455354395859",
+        "cd ~/.ssh && cat id_rsa",
+        "cat ",
+        ".en",
+        "v",
+        ".env",
+        ".env.example",
+        " | ",
+        "; ",
+        "$(cat f)",
+        "`",
+        "curl -d @",
+        "rm -rf /",
+        "git push --force",
+        "ab",
+        "cd",
+        " ",
+        "x",
+        "aws_secret_access_key = ",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzzzzzzzzzz",
+        // A line break and a Read line-number prefix inside a keyword or a secret.
+        "ab\n",
+        "  7\u{2192}cd",
+        "sk_live_abc\n",
+        "2\u{2192}defghijklmnop0000",
+    ];
+
+    fn engine_with_odd_keywords() -> Engine {
+        // An admin rule whose keyword holds a line break, and one with a non-ASCII keyword:
+        // the cases where a stripped prefix or a join can split a keyword differently.
+        let odd = "[[rule]]\nid = \"t.nl\"\ntitle = \"t\"\nseverity = \"low\"\nfields = [\"text\", \"command\"]\nkeywords = [\"ab\\ncd\", \"x\u{2192}\"]\n";
+        Engine::from_sources(&[
+            ("builtin.toml".into(), BUILTIN_RULES.into()),
+            ("odd.toml".into(), odd.into()),
+        ])
+        .unwrap()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+        /// The selection in `scan` (per-field keywords, skipped rewrites) is safe: on random
+        /// field strings it gives exactly the hits, details included, of the full scan.
+        #[test]
+        fn the_fast_scan_equals_the_full_scan(
+            text in proptest::collection::vec(proptest::collection::vec(0..PIECES.len(), 0..12), 0..3),
+            command in proptest::collection::vec(proptest::collection::vec(0..PIECES.len(), 0..10), 0..3),
+            file_read in proptest::collection::vec(proptest::collection::vec(0..PIECES.len(), 0..4), 0..2),
+            src in 0..3usize,
+        ) {
+            let join = |v: &Vec<Vec<usize>>| -> Vec<String> {
+                v.iter().map(|ps| ps.iter().map(|&i| PIECES[i]).collect()).collect()
+            };
+            let view = View {
+                kind: "assistant".into(),
+                text: join(&text),
+                command: join(&command),
+                file_read: join(&file_read),
+                ..View::default()
+            };
+            let source = [Source::Claude, Source::External, Source::Codex][src];
+            let payload = serde_json::json!({});
+            static ENGINES: std::sync::OnceLock<[Engine; 2]> = std::sync::OnceLock::new();
+            let engines =
+                ENGINES.get_or_init(|| [Engine::builtin().unwrap(), engine_with_odd_keywords()]);
+            for engine in engines {
+                let fast = engine.scan(source, &view, &payload);
+                let full = engine.scan_every_pass(source, &view, &payload);
+                proptest::prop_assert_eq!(fast, full, "view {:?}", view);
+            }
+        }
     }
 
     #[test]

@@ -192,18 +192,29 @@ fn b64_decode(run: &[u8], skip: usize) -> Vec<u8> {
 /// Decoded bytes worth scanning as text: valid-looking UTF-8, at most 1 in 20 characters a
 /// control or replacement character. Binary (a compressed image, a random nonce) is not.
 fn as_text(bytes: &[u8]) -> Option<String> {
+    is_text(bytes).then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// [`as_text`]'s judgement without building the string (probes are judged and dropped): an
+/// invalid sequence counts as the one U+FFFD `from_utf8_lossy` would put there.
+fn is_text(bytes: &[u8]) -> bool {
     if bytes.len() < 12 {
-        return None;
+        return false;
     }
-    let s = String::from_utf8_lossy(bytes);
     let (mut n, mut bad) = (0usize, 0usize);
-    for c in s.chars() {
-        n += 1;
-        if c == '\u{FFFD}' || (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            n += 1;
+            if c == '\u{FFFD}' || (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) {
+                bad += 1;
+            }
+        }
+        if !chunk.invalid().is_empty() {
+            n += 1;
             bad += 1;
         }
     }
-    (bad * 20 <= n).then(|| s.into_owned())
+    bad * 20 <= n
 }
 
 /// Appends the decoded text of every long base64 or hex run in `s`, and the URL-decoding of
@@ -267,7 +278,7 @@ fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     if run.len() >= MIN_HEX_RUN && run.iter().all(u8::is_ascii_hexdigit) {
         let even = &run[..run.len() & !1];
         let probe = &even[..even.len().min(PROBE)];
-        if hex::decode(probe).ok().and_then(|b| as_text(&b)).is_some()
+        if hex::decode(probe).is_ok_and(|b| is_text(&b))
             && let Ok(bytes) = hex::decode(even)
             && let Some(t) = as_text(&bytes)
         {
@@ -283,7 +294,7 @@ fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     // judging a short prefix first so a megabyte of binary is rejected after 64 digits.
     let probe = &run[..run.len().min(PROBE)];
     let decoded = (0..4)
-        .find(|skip| as_text(&b64_decode(probe, *skip)).is_some())
+        .find(|skip| is_text(&b64_decode(probe, *skip)))
         .and_then(|skip| as_text(&b64_decode(run, skip)));
     if let Some(t) = decoded {
         *budget = budget.saturating_sub(t.len());
@@ -294,7 +305,7 @@ fn decode_run(run: &[u8], budget: &mut usize, out: &mut Vec<(Pass, String)>) {
 /// The URL-decoding of `s` when it has enough `%XX` escapes and fits the budget.
 fn decode_url(s: &str, budget: &mut usize, out: &mut Vec<(Pass, String)>) {
     let b = s.as_bytes();
-    if s.len() <= *budget && url_escapes(b) >= MIN_URL_ESCAPES {
+    if s.len() <= *budget && url_escapes(s) >= MIN_URL_ESCAPES {
         let t = percent_decode(b);
         *budget = budget.saturating_sub(t.len());
         out.push((Pass::Url, t));
@@ -311,12 +322,10 @@ fn decode_deeper(start: usize, depth: usize, budget: &mut usize, out: &mut Vec<(
 }
 
 /// `%XX` escapes in `b`, counted up to [`MIN_URL_ESCAPES`] (all that is asked); the search
-/// jumps from `%` to `%` (memchr) instead of judging every 3-byte window.
-fn url_escapes(b: &[u8]) -> usize {
-    let s = match std::str::from_utf8(b) {
-        Ok(s) => s,
-        Err(_) => return 0,
-    };
+/// jumps from `%` to `%` (memchr) instead of judging every 3-byte window. Takes `&str` so
+/// no UTF-8 validation pass is repeated per field (no `%` at all costs one memchr).
+fn url_escapes(s: &str) -> usize {
+    let b = s.as_bytes();
     s.match_indices('%')
         .filter(|(i, _)| {
             b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
@@ -354,6 +363,14 @@ fn hex_digit(c: u8) -> Option<u8> {
 
 /// Every rewrite of `s` worth scanning besides `s` itself.
 pub fn passes(s: &str) -> Vec<(Pass, String)> {
+    passes_with_joins(s).0
+}
+
+/// [`passes`], and the offsets in the [`Pass::Joined`] text where a line break was removed
+/// (empty when there is no joined pass). Every stretch of the joined text between two such
+/// offsets is a substring of the text it was joined from (the folded/unnumbered base), so
+/// a caller can tell which keywords the joined text can hold without scanning it.
+pub fn passes_with_joins(s: &str) -> (Vec<(Pass, String)>, Vec<usize>) {
     let mut out = Vec::new();
     let folded = fold(s);
     let base = folded.as_deref().unwrap_or(s);
@@ -371,7 +388,7 @@ pub fn passes(s: &str) -> Vec<(Pass, String)> {
         }
         None => decode_runs(base2, DECODE_DEPTH, &mut budget, &mut decoded),
     }
-    let joined = joined.map(|(j, _)| j);
+    let (joined, join_at) = joined.map_or((None, Vec::new()), |(j, at)| (Some(j), at));
     if let Some(f) = folded {
         out.push((Pass::Normalized, f));
     }
@@ -386,13 +403,35 @@ pub fn passes(s: &str) -> Vec<(Pass, String)> {
             out.push(d);
         }
     }
-    out
+    (out, join_at)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The in-place judgement equals judging the lossy string, as before.
+        #[test]
+        fn is_text_judges_like_the_lossy_string(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            t in "[a-z\u{e9}\u{fffd}\n\u{1}]{0,30}",
+        ) {
+            let lossy = |b: &[u8]| {
+                let s = String::from_utf8_lossy(b);
+                let n = s.chars().count();
+                let bad = s.chars().filter(|c| *c == '\u{FFFD}'
+                    || (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))).count();
+                b.len() >= 12 && bad * 20 <= n
+            };
+            let mut mixed = t.into_bytes();
+            mixed.extend_from_slice(&b[..b.len().min(3)]);
+            for x in [&b[..], &mixed[..]] {
+                proptest::prop_assert_eq!(is_text(x), lossy(x), "{:?}", x);
+            }
+        }
+    }
 
     #[test]
     fn folding_removes_invisibles_and_applies_nfkc() {
