@@ -9,15 +9,6 @@ use std::io::Write;
 use std::path::Path;
 use std::process::Command;
 
-fn ndjson(items: &[Value]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for i in items {
-        out.extend_from_slice(i.to_string().as_bytes());
-        out.push(b'\n');
-    }
-    out
-}
-
 fn fixture(name: &str) -> String {
     std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts").join(name),

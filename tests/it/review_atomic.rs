@@ -41,10 +41,6 @@ fn secret_line(id: &str) -> Value {
     })
 }
 
-fn ndjson(items: &[Value]) -> Vec<u8> {
-    items.iter().flat_map(|i| format!("{i}\n").into_bytes()).collect()
-}
-
 /// Stored events of this member that no flag links, among those with `prefix` ids.
 fn unflagged(base: &str, token: &str, prefix: &str) -> Vec<String> {
     all_events(base, token, "&flagged=false")

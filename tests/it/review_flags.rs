@@ -8,15 +8,6 @@ use crate::review_support::*;
 use crate::support::World;
 use serde_json::{Value, json};
 
-fn ndjson(items: &[Value]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for i in items {
-        out.extend_from_slice(i.to_string().as_bytes());
-        out.push(b'\n');
-    }
-    out
-}
-
 /// Posts a denied connection to pastebin.com as `token`'s user (it raises a flag on them) and
 /// returns that flag's id, as a reviewer sees it.
 fn raise_flag(world: &World, base: &str, token: &str, reviewer: &str, id: &str) -> String {

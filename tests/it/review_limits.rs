@@ -15,10 +15,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-fn ndjson(items: &[Value]) -> Vec<u8> {
-    items.iter().flat_map(|i| format!("{i}\n").into_bytes()).collect()
-}
-
 /// A batch of about 80 KB: at 2 KB/s it takes some 40 s to upload.
 fn slow_body(world: &World, name: &str) -> PathBuf {
     let items: Vec<Value> =

@@ -149,10 +149,6 @@ fn parse(text: &str) -> Exposition {
     Exposition { samples, types }
 }
 
-fn ndjson(items: &[Value]) -> Vec<u8> {
-    items.iter().flat_map(|i| format!("{i}\n").into_bytes()).collect()
-}
-
 const SESSION: &str = "metrics-private-session-name";
 
 fn secret_line(id: &str) -> Value {

@@ -124,15 +124,6 @@ fn pg_two_instances_pass_the_conformance_suite_alternating() {
     });
 }
 
-fn ndjson(items: &[Value]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for i in items {
-        out.extend_from_slice(i.to_string().as_bytes());
-        out.push(b'\n');
-    }
-    out
-}
-
 /// The fixture transcript line whose tool result carries a (test) Stripe key.
 fn secret_line() -> Value {
     let text = std::fs::read_to_string(

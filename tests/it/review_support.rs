@@ -367,3 +367,8 @@ pub fn all_events(base: &str, token: &str, query: &str) -> Vec<serde_json::Value
     }
     out
 }
+
+/// `items` as an NDJSON body (one JSON value per line), as clients post batches.
+pub fn ndjson(items: &[serde_json::Value]) -> Vec<u8> {
+    items.iter().flat_map(|i| format!("{i}\n").into_bytes()).collect()
+}
