@@ -1181,7 +1181,7 @@ pub async fn maintain_at(
     report.default_rows = c.query_one("SELECT count(*) FROM events_default", &[]).await?.get(0);
     if report.default_rows > 0 {
         report.warnings.push(format!(
-            "events_default holds {} rows: a month had no partition; create it and move the rows as the owner",
+            "events_default holds {} rows: a month had no partition when they arrived (they are still served); run maintain with a larger --months-ahead",
             report.default_rows
         ));
     }
