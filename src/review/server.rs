@@ -641,11 +641,12 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     for (index, p) in outcomes.iter().enumerate() {
         match p {
             Ok(id) => {
+                // A store defect, answered like any store error (503 + Retry-After, logged,
+                // counted in /metrics) rather than a bare 503 the contract does not describe.
                 let Some(ins) = it.next() else {
-                    return error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "store returned fewer results than items",
-                    );
+                    return store_error(StoreError::Other(
+                        "store returned fewer results than items".into(),
+                    ));
                 };
                 let (status, code) = match (ins.created, ins.conflict) {
                     (true, None) => {
