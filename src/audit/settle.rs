@@ -252,7 +252,20 @@ mod tests {
         log.simulate_crash();
         drop(sink);
         drop(log); // lock released, record still open: the file stays
-        assert!(dir.join(format!("journal-{boot}.jsonl")).exists());
+        let journal = dir.join(format!("journal-{boot}.jsonl"));
+        assert!(journal.exists());
+        // Released with the descriptor. Another test thread's process spawn can hold a copy of
+        // it until that child execs, and settle would then rightly see a live writer: wait
+        // (bounded) for the release, as a real settle after a crash would find it.
+        let probe = std::fs::File::open(&journal).unwrap();
+        let released = (0..500).any(|_| {
+            probe.try_lock().is_ok() || {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                false
+            }
+        });
+        assert!(released, "the crashed writer's journal lock outlived it");
+        drop(probe);
         (done, open)
     }
 
