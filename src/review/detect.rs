@@ -173,15 +173,36 @@ struct FieldScan {
     newline_keyword: bool,
 }
 
+/// Keywords deduplicated case-insensitively, each with the rules (by index) that list it:
+/// pattern `i` of the automaton built from `patterns` belongs to `pattern_rules[i]`.
+#[derive(Default)]
+struct KeywordIndex {
+    patterns: Vec<String>,
+    pattern_rules: Vec<Vec<usize>>,
+    index: BTreeMap<String, usize>,
+}
+
+impl KeywordIndex {
+    /// Adds `keyword` (lowercased as `key`) for rule `rule`.
+    fn add(&mut self, key: String, keyword: &str, rule: usize) {
+        let pi = *self.index.entry(key).or_insert_with(|| {
+            self.patterns.push(keyword.to_string());
+            self.pattern_rules.push(Vec::new());
+            self.patterns.len() - 1
+        });
+        if !self.pattern_rules[pi].contains(&rule) {
+            self.pattern_rules[pi].push(rule);
+        }
+    }
+}
+
 impl FieldScan {
     fn build(
         keywords: &[Vec<String>],
         rules: &[Rule],
         field: &str,
     ) -> Result<Option<Self>, RuleError> {
-        let mut patterns: Vec<String> = Vec::new();
-        let mut pattern_rules: Vec<Vec<usize>> = Vec::new();
-        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        let mut keyword_index = KeywordIndex::default();
         let mut field_rules = Vec::new();
         let mut pairs = vec![0u64; 65536 / 64];
         let mut newline_keyword = false;
@@ -198,16 +219,10 @@ impl FieldScan {
                     pairs[bit / 64] |= 1 << (bit % 64);
                 }
                 newline_keyword |= key.contains('\n');
-                let pi = *index.entry(key).or_insert_with(|| {
-                    patterns.push(k.clone());
-                    pattern_rules.push(Vec::new());
-                    patterns.len() - 1
-                });
-                if !pattern_rules[pi].contains(&ri) {
-                    pattern_rules[pi].push(ri);
-                }
+                keyword_index.add(key, k, ri);
             }
         }
+        let KeywordIndex { patterns, pattern_rules, .. } = keyword_index;
         if patterns.is_empty() {
             return Ok(None);
         }
@@ -408,22 +423,14 @@ impl Engine {
                 keywords.push(k);
             }
         }
-        let mut patterns: Vec<String> = Vec::new();
-        let mut pattern_rules: Vec<Vec<usize>> = Vec::new();
-        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        let mut keyword_index = KeywordIndex::default();
         for (ri, kws) in keywords.iter().enumerate() {
             for k in kws {
                 let key = k.to_ascii_lowercase();
-                let pi = *index.entry(key).or_insert_with(|| {
-                    patterns.push(k.clone());
-                    pattern_rules.push(Vec::new());
-                    patterns.len() - 1
-                });
-                if !pattern_rules[pi].contains(&ri) {
-                    pattern_rules[pi].push(ri);
-                }
+                keyword_index.add(key, k, ri);
             }
         }
+        let KeywordIndex { patterns, pattern_rules, .. } = keyword_index;
         let ac = if patterns.is_empty() { None } else { Some(keyword_automaton(&patterns)?) };
         let fields = FIELDS
             .iter()
