@@ -9,6 +9,7 @@
 //!   tables with the production statement's shape, 4 clients.
 //!
 //! `cargo bench --bench review_ingest` (env: BENCH_BATCHES, default 200; BENCH_CONNS, 4;
+//! BENCH_FLAGGED_PER_1000, 100;
 //! BENCH_PGBENCH_SECS, 15).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,13 +27,26 @@ use std::time::{Duration, Instant};
 
 const BATCH: usize = 1000;
 
+/// Items per 1,000 that go to a paste site (refused, and each raises a flag with its link):
+/// `BENCH_FLAGGED_PER_1000`, default 100 (a flag-heavy mix; a working day's egress raises a
+/// handful per session).
+fn flagged_per_1000() -> usize {
+    static V: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("BENCH_FLAGGED_PER_1000").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
+    })
+}
+
 fn egress_line(run: &str, b: usize, i: usize) -> String {
-    let host = match i % 10 {
-        0 => "pastebin.com",
-        1 | 2 => "registry.npmjs.org",
+    // Spread evenly: item i is flagged when it crosses a multiple of 1000 / flagged.
+    let f = flagged_per_1000();
+    let flagged = f > 0 && (i % BATCH) * f / BATCH != ((i % BATCH) + 1) * f / BATCH;
+    let host = match (flagged, i % 10) {
+        (true, _) => "pastebin.com",
+        (false, 1 | 2) => "registry.npmjs.org",
         _ => "api.anthropic.com",
     };
-    let allowed = !i.is_multiple_of(10);
+    let allowed = !flagged;
     format!(
         r#"{{"id":"{run}-{b}-{i}","source":"egress","type":"connect","ts":"2026-03-04T09:12:05.118Z","session":"sess-{b}","seq":{seq},"payload":{{"id":"{run}-{b}-{i}","ts":"2026-03-04T09:12:05.118Z","user_id":"41f0c2","repo":"payments","host":"{host}","method":"CONNECT","allowed":{allowed},"port":443,"boot":"boot-1","session":"sess-{b}","seq":{seq},"bytes_sent":18204,"bytes_recv":91544,"duration_ms":2311,"sni":"{host}","tls":"1.3","alpn":"http/1.1","pid":48213,"exe":"/usr/local/bin/claude","ua":"claude-cli/2.1.40 (external, cli)","policy":"team-default@4","rule":"allow api hosts","cwd":"/home/ana/src/payments","proc":"node"}}}}"#,
         seq = i + 1
