@@ -441,3 +441,27 @@ fn pg_runtime_connections_carry_a_statement_timeout() {
         refused(&c, "SELECT pg_sleep(5)", "57014", "statement timeout").await;
     });
 }
+
+/// Regression (issue 13, small gaps): `airlockd admin` connected as the runtime role printed
+/// PostgreSQL's bare `42501` and nothing about which role to use.
+#[test]
+fn admin_as_the_runtime_role_says_which_role_to_use() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let run = world
+        .airlockd(world.tmp.path())
+        .args(["admin", "user", "add", "--email", "eve@example.test", "--role", "admin"])
+        .args(["--database", &db.runtime_url])
+        .run();
+    assert_eq!(run.code(), 1, "{}", run.stderr());
+    assert!(run.stderr().contains("42501"), "{}", run.stderr());
+    assert!(run.stderr().contains("--admin-role"), "{}", run.stderr());
+    assert!(run.stderr().contains("runtime role"), "{}", run.stderr());
+    // Nothing was written.
+    let listed = world
+        .airlockd(world.tmp.path())
+        .args(["admin", "user", "list", "--database", &db.admin_url])
+        .run();
+    assert!(!listed.stdout().contains("eve@example.test"), "{}", listed.stdout());
+}

@@ -293,8 +293,23 @@ fn runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {
+    let msg = msg.to_string();
     eprintln!("airlockd: {msg}");
+    if let Some(hint) = privilege_hint(&msg) {
+        eprintln!("{hint}");
+    }
     1
+}
+
+/// What to do about PostgreSQL's `42501 insufficient_privilege` (a store error renders as
+/// `CODE: message`): usually `airlockd admin` run with the server's runtime role.
+fn privilege_hint(msg: &str) -> Option<&'static str> {
+    msg.contains("42501:").then_some(
+        "hint: this database role may not do that. `airlockd admin` and `airlockd review migrate` \
+         need the database owner or the admin role named by `airlockd review migrate \
+         --admin-role`; the server's runtime role only writes events and flags (docs/review.md, \
+         \"Grants (the contract)\")",
+    )
 }
 
 /// Entry point of `airlockd review`. Returns the exit code.
