@@ -253,11 +253,13 @@ pub(crate) mod tests {
             policy: Some(".airlock.toml".into()),
             interrupted: None,
             truncated: None,
+            seqs: None,
+            count: None,
         }
     }
 
     /// A line with every optional field present and every free-text field at its worst.
-    fn worst(s: &str) -> AuditLine {
+    pub(crate) fn worst(s: &str) -> AuditLine {
         AuditLine {
             ts: s.into(),
             user_id: Some(s.into()),
@@ -282,6 +284,9 @@ pub(crate) mod tests {
             policy: Some(s.into()),
             interrupted: Some(true),
             truncated: Some(true),
+            // A `suppressed` line's worst case is `audit::volume`'s test (it has no url).
+            seqs: None,
+            count: None,
         }
     }
 

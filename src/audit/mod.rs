@@ -14,6 +14,7 @@ mod format;
 mod journal;
 mod reader;
 mod settle;
+pub mod volume;
 mod writer;
 
 pub use files::{Clock, JsonlAppender, MAX_RECORD, SystemClock, append_record, audit_files};
@@ -80,6 +81,13 @@ pub struct AuditLine {
     /// Set when a hostile or oversized field was cut to fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<bool>,
+    /// A `suppressed` line ([`volume`]): the exact `seq` values of the identical refusals it
+    /// stands for, as inclusive `[from, to]` ranges in increasing order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seqs: Option<Vec<[u64; 2]>>,
+    /// A `suppressed` line: how many attempts `seqs` holds (the sum of the ranges' sizes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
 }
 
 impl AuditLine {
@@ -111,6 +119,8 @@ impl AuditLine {
             policy: None,
             interrupted: None,
             truncated: None,
+            seqs: None,
+            count: None,
         }
     }
 }
@@ -131,6 +141,16 @@ pub trait AuditSink: Send + Sync {
     fn journal_open(&self, line: &AuditLine) -> Result<(), AuditError>;
     /// Writes the attempt's final line and retires its journal record.
     fn journal_close(&self, line: &AuditLine) -> Result<(), AuditError>;
+    /// Writes the `suppressed` summaries whose interval has ended ([`volume`]); the proxy
+    /// calls it about once a second. Sinks without rate limiting have nothing to do.
+    fn tick(&self) -> Result<(), AuditError> {
+        Ok(())
+    }
+    /// Writes every pending `suppressed` summary now (session end, shutdown drain), so no
+    /// count is lost.
+    fn flush(&self) -> Result<(), AuditError> {
+        Ok(())
+    }
 }
 
 /// Identifiers for one attempt, assigned when it starts.
@@ -246,10 +266,12 @@ mod tests {
         line.status = Some(200);
         line.interrupted = Some(true);
         line.truncated = Some(true);
+        line.seqs = Some(vec![[1, 2]]);
+        line.count = Some(2);
         let value = serde_json::to_value(&line).unwrap_or_default();
         let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let fields = fields.unwrap_or_default();
-        assert_eq!(fields.len(), 23);
+        assert_eq!(fields.len(), 25);
         for field in fields {
             assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
         }

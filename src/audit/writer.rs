@@ -13,6 +13,7 @@ use super::files::{Clock, JsonlAppender, SystemClock};
 use super::format::encode_line;
 use super::journal::Journal;
 use super::settle::{SettleReport, settle_journals, settle_locked};
+use super::volume::{Limiter, Verdict, Volume};
 use super::{AuditError, AuditLine, AuditSink, Stamp, new_id, rfc3339_ms};
 
 /// One writer instance's logs in one repo directory: the dated audit files and the writer's
@@ -299,7 +300,16 @@ impl LogRegistry {
 
     /// A sink for a new session of `info.repo`. Blocking, like [`LogRegistry::repo_log`].
     pub fn session_sink(&self, info: SessionInfo) -> Result<FileAuditSink, AuditError> {
-        Ok(FileAuditSink::new(self.repo_log(&info.repo)?, info))
+        self.session_sink_with(info, Volume::default())
+    }
+
+    /// Like [`LogRegistry::session_sink`] with the session's `[audit]` volume settings.
+    pub fn session_sink_with(
+        &self,
+        info: SessionInfo,
+        volume: Volume,
+    ) -> Result<FileAuditSink, AuditError> {
+        Ok(FileAuditSink::with_volume(self.repo_log(&info.repo)?, info, volume))
     }
 }
 
@@ -325,11 +335,53 @@ pub struct FileAuditSink {
     /// Random per sink: `id` = `<prefix>-<seq>`, unique without a syscall per line.
     id_prefix: String,
     seq: AtomicU64,
+    /// Rate limiting of identical refusals ([`super::volume`]).
+    limiter: Mutex<Limiter>,
+}
+
+impl Drop for FileAuditSink {
+    fn drop(&mut self) {
+        // Session end: no pending count is lost (the proxy also flushes on drain).
+        if let Err(e) = self.flush() {
+            tracing::error!(error = %e, "cannot write the session's suppressed-refusal summaries");
+        }
+    }
 }
 
 impl FileAuditSink {
     pub fn new(log: Arc<RepoLog>, info: SessionInfo) -> Self {
-        Self { log, info, id_prefix: new_id(), seq: AtomicU64::new(0) }
+        Self::with_volume(log, info, Volume::default())
+    }
+
+    /// A sink with the session's `[audit]` volume settings.
+    pub fn with_volume(log: Arc<RepoLog>, info: SessionInfo, volume: Volume) -> Self {
+        Self {
+            log,
+            info,
+            id_prefix: new_id(),
+            seq: AtomicU64::new(0),
+            limiter: Mutex::new(Limiter::new(volume)),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        let since = self.log.now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Writes summaries in order; what cannot be written goes back to the limiter (a later
+    /// tick or the final flush retries it) and the first error is returned.
+    fn write_summaries(&self, lines: Vec<AuditLine>) -> Result<(), AuditError> {
+        let mut lines = lines.into_iter();
+        while let Some(line) = lines.next() {
+            if let Err(e) = self.log.append(&line) {
+                let mut back = vec![line];
+                back.extend(lines);
+                lock(&self.limiter).restore(back, self.now_ms());
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// The standalone proxy's one-liner: [`RepoLog::open`] then a sink on it.
@@ -373,7 +425,27 @@ impl AuditSink for FileAuditSink {
     }
 
     fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
-        self.log.append(line)
+        if !Limiter::applies(line) {
+            return self.log.append(line);
+        }
+        let verdict = lock(&self.limiter).admit(line, self.now_ms());
+        match verdict {
+            Verdict::Write(before) => {
+                self.write_summaries(before)?;
+                self.log.append(line)
+            }
+            Verdict::Suppressed(full) => self.write_summaries(full),
+        }
+    }
+
+    fn tick(&self) -> Result<(), AuditError> {
+        let due = lock(&self.limiter).due(self.now_ms());
+        self.write_summaries(due)
+    }
+
+    fn flush(&self) -> Result<(), AuditError> {
+        let all = lock(&self.limiter).drain();
+        self.write_summaries(all)
     }
 
     fn journal_open(&self, line: &AuditLine) -> Result<(), AuditError> {
@@ -456,6 +528,52 @@ pub(crate) mod tests {
         assert_eq!(mode(&today), 0o600);
         assert_eq!(mode(&dir.join("journal-boot1.jsonl")), 0o600);
         assert_eq!(lines(&today), vec![line]);
+    }
+
+    /// A refusal flood from 8 threads: bounded lines, and written lines + suppressed counts
+    /// = attempts with every seq held exactly once; the last summaries are written on drop.
+    #[test]
+    fn a_refusal_flood_is_bounded_and_loses_no_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let clock = TestClock::at(BEFORE_MIDNIGHT - 5_000);
+        let log = RepoLog::open_with_clock(tmp.path(), "b", clock.clone()).unwrap();
+        let sink =
+            Arc::new(FileAuditSink::with_volume(Arc::clone(&log), info(), Volume { burst: 5 }));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let sink = Arc::clone(&sink);
+                std::thread::spawn(move || {
+                    for _ in 0..500 {
+                        let mut line = sink.line("flood.test", Some(443), "CONNECT");
+                        line.reason = Some(crate::policy::Reason::NotAllowed);
+                        sink.append(&line).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // Still the same second: nothing is due yet; dropping the sink (session end) writes
+        // what is pending.
+        sink.tick().unwrap();
+        drop(sink);
+        let got = lines(&tmp.path().join("audit-2026-07-24.jsonl"));
+        assert!(got.len() < 200, "{} lines for 4000 attempts", got.len());
+        let mut seen = vec![0u8; 4001];
+        for l in &got {
+            match &l.seqs {
+                None => seen[l.seq as usize] += 1,
+                Some(r) => {
+                    let n: u64 = r.iter().map(|[a, b]| b - a + 1).sum();
+                    assert_eq!(l.count, Some(n));
+                    for [a, b] in r {
+                        (*a..=*b).for_each(|q| seen[q as usize] += 1);
+                    }
+                }
+            }
+        }
+        assert!(seen[1..].iter().all(|&n| n == 1), "every seq exactly once");
     }
 
     #[test]

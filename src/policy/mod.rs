@@ -121,6 +121,14 @@ pub enum Reason {
     AuditUnavailable,
     /// The tunnel was open when its writer died; settled by a later writer.
     Interrupted,
+    /// The session's or the daemon's connection cap was reached (HTTP 503).
+    ConnectionLimit,
+    /// Too many name resolutions in flight at once (HTTP 503).
+    DnsLimit,
+    /// The session wrote its `[audit] session_budget` of audit bytes and was stopped.
+    AuditBudget,
+    /// The audit directory's file system fell below `[audit] min_free`: no space, no traffic.
+    LowSpace,
 }
 
 impl Reason {
@@ -142,6 +150,10 @@ impl Reason {
             Self::ConnectFailed => "connect_failed",
             Self::AuditUnavailable => "audit_unavailable",
             Self::Interrupted => "interrupted",
+            Self::ConnectionLimit => "connection_limit",
+            Self::DnsLimit => "dns_limit",
+            Self::AuditBudget => "audit_budget",
+            Self::LowSpace => "low_space",
         }
     }
 
@@ -163,6 +175,10 @@ impl Reason {
         Self::ConnectFailed,
         Self::AuditUnavailable,
         Self::Interrupted,
+        Self::ConnectionLimit,
+        Self::DnsLimit,
+        Self::AuditBudget,
+        Self::LowSpace,
     ];
 }
 

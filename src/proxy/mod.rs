@@ -278,11 +278,16 @@ pub async fn serve_session(
     mut shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let mut tasks: JoinSet<()> = JoinSet::new();
+    // Once a second: write the suppressed-refusal summaries whose interval is over
+    // (`audit::volume`), so a flood that stops is summarised within about a second.
+    let mut tick = tokio::time::interval(Duration::from_millis(crate::audit::volume::INTERVAL_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
             () = stopped(&mut shutdown) => break,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = tick.tick() => flush_audit(&session, false).await,
             accepted = listener.accept() => match accepted {
                 Ok((sock, _peer)) => {
                     let s = Arc::clone(&session);
@@ -303,12 +308,30 @@ pub async fn serve_session(
     loop {
         tokio::select! {
             () = &mut grace => break,
-            joined = tasks.join_next() => if joined.is_none() { return Ok(()) },
+            _ = tick.tick() => flush_audit(&session, false).await,
+            joined = tasks.join_next() => if joined.is_none() {
+                flush_audit(&session, true).await;
+                return Ok(());
+            },
         }
     }
     let _ = session.kill.send(true);
     while tasks.join_next().await.is_some() {}
+    // Graceful drain: every pending summary is written, so no count is lost.
+    flush_audit(&session, true).await;
     Ok(())
+}
+
+/// Writes the due (or, with `all`, every) suppressed-refusal summary off the async workers
+/// (it is file I/O); a failure is logged and the summaries stay pending for the next try.
+async fn flush_audit(session: &Arc<SessionProxy>, all: bool) {
+    let audit = Arc::clone(&session.audit);
+    let done = tokio::task::spawn_blocking(move || if all { audit.flush() } else { audit.tick() });
+    match done.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "cannot write suppressed-refusal summaries"),
+        Err(e) => tracing::error!(error = %e, "suppressed-refusal flush task failed"),
+    }
 }
 
 /// Resolves when the flag turns true or its sender is gone (the watch `Ref` is dropped at

@@ -811,35 +811,46 @@ impl Engine {
     }
 }
 
+/// Denied egress attempts per session within [`DENIAL_WINDOW_US`]: a `suppressed` line counts
+/// as the exact number of attempts its `seqs` name (docs/audit-format.md), every other
+/// denial as one.
 fn denial_bursts(user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
-    let mut by_session: BTreeMap<&str, Vec<(Micros, i64)>> = BTreeMap::new();
+    // (ts, pk, attempts)
+    let mut by_session: BTreeMap<&str, Vec<(Micros, i64, u64)>> = BTreeMap::new();
     for c in created {
         if c.event.source == Source::Egress
             && c.payload.get("allowed").and_then(Value::as_bool) == Some(false)
         {
+            let attempts = session::suppressed_seqs(c.payload)
+                .map_or(1, |r| session::suppressed_count(&r).max(1));
             by_session
                 .entry(c.event.session.as_deref().unwrap_or(""))
                 .or_default()
-                .push((c.event.ts, c.pk));
+                .push((c.event.ts, c.pk, attempts));
         }
     }
     let mut flags = Vec::new();
     for (session, mut ds) in by_session {
-        if ds.len() < DENIAL_BURST {
+        let total: u64 = ds.iter().map(|d| d.2).sum();
+        if total < DENIAL_BURST as u64 {
             continue;
         }
         ds.sort_unstable();
         let mut start = 0;
-        let mut best: Option<(usize, usize)> = None;
+        let mut in_window = 0u64;
+        // (start, end, attempts) of the window with the most attempts.
+        let mut best: Option<(usize, usize, u64)> = None;
         for end in 0..ds.len() {
+            in_window += ds[end].2;
             while ds[end].0 - ds[start].0 > DENIAL_WINDOW_US {
+                in_window -= ds[start].2;
                 start += 1;
             }
-            if end + 1 - start >= DENIAL_BURST && best.is_none_or(|(s, e)| end - start > e - s) {
-                best = Some((start, end));
+            if in_window >= DENIAL_BURST as u64 && best.is_none_or(|(_, _, n)| in_window > n) {
+                best = Some((start, end, in_window));
             }
         }
-        if let Some((s, e)) = best {
+        if let Some((s, e, attempts)) = best {
             let pks: Vec<i64> = ds[s..=e].iter().map(|d| d.1).collect();
             let first = pks[0].to_string();
             flags.push(NewFlag {
@@ -849,7 +860,7 @@ fn denial_bursts(user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
                 severity: Severity::Medium,
                 user_id: user_id.to_string(),
                 session: (!session.is_empty()).then(|| session.to_string()),
-                detail: format!("{} denials within 60 s", pks.len()),
+                detail: format!("{attempts} denials within 60 s"),
                 event_pks: pks,
             });
         }
@@ -1152,6 +1163,38 @@ mod tests {
         assert!(
             !engine.detect_batch("u", &created).iter().any(|f| f.rule_id == "egress.denial-burst")
         );
+    }
+
+    /// A `suppressed` line counts as the attempts its `seqs` name, exactly.
+    #[test]
+    fn denial_burst_counts_suppressed_attempts_exactly() {
+        let engine = Engine::builtin().unwrap();
+        let one = serde_json::json!({"host":"x.test","allowed":false,"reason":"not_allowed"});
+        let nine = serde_json::json!({"host":"x.test","allowed":false,"seq":2,
+            "seqs":[[2,8],[10,11]],"count":9});
+        let big = serde_json::json!({"host":"x.test","allowed":false,"seq":2,
+            "seqs":[[2,9874]],"count":9873});
+        let evs: Vec<NewEvent> =
+            (0..2).map(|i| ev(Source::Egress, &format!("d{i}"), 1_000_000_000 + i, "{}")).collect();
+        let batch = |second: &Value| -> Vec<NewFlag> {
+            let created = [
+                Created { pk: 1, event: &evs[0], payload: &one, received_at: evs[0].ts },
+                Created { pk: 2, event: &evs[1], payload: second, received_at: evs[1].ts },
+            ];
+            engine
+                .detect_batch("u", &created)
+                .into_iter()
+                .filter(|f| f.rule_id == "egress.denial-burst")
+                .collect()
+        };
+        let flags = batch(&nine);
+        assert_eq!(flags.len(), 1, "1 + 9 attempts is a burst");
+        assert_eq!(flags[0].detail, "10 denials within 60 s");
+        assert_eq!(flags[0].event_pks, vec![1, 2]);
+        assert_eq!(batch(&big)[0].detail, "9874 denials within 60 s");
+        // Without valid seqs the line is one denial: 2 < 10.
+        let bogus = serde_json::json!({"host":"x.test","allowed":false,"seqs":[[9,2]]});
+        assert!(batch(&bogus).is_empty());
     }
 
     fn stored(

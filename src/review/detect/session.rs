@@ -3,9 +3,14 @@
 //! span, a count and up to [`MAX_LINKED`] pks of events outside it, and each boot's `seq`
 //! values as merged ranges. Past [`MAX_EVENTS`] events or [`MAX_RANGES`] ranges it stops
 //! growing and raises `detect.incomplete` instead (docs/review.md, "Bounded session checks").
+//!
+//! A `suppressed` egress line (docs/audit-format.md, "Suppressed lines") stands for the
+//! identical refusals its `seqs` ranges name: [`suppressed_seqs`] reads them, and the gap check
+//! treats every one of those `seq` values as present.
 
 use super::flag_id;
 use crate::review::{Micros, NewFlag, Severity, Source, StoredEvent, format_micros};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// Events of one session the checks read; past it the rest is not read and the session
@@ -24,6 +29,47 @@ pub struct SessionRow {
     pub ts: Micros,
     pub seq: Option<i64>,
     pub boot: Option<String>,
+    /// A `suppressed` line's `seqs` ([`suppressed_seqs`]): also present in its boot.
+    pub covers: Vec<(i64, i64)>,
+}
+
+/// Ranges one `suppressed` line may name (the writer puts at most 32 in a line).
+pub const MAX_SUPPRESSED_RANGES: usize = 64;
+
+/// The `seqs` of a `suppressed` egress line's payload as inclusive `(from, to)` ranges, or
+/// `None` when the payload has no valid `seqs` (not an array of at most
+/// [`MAX_SUPPRESSED_RANGES`] `[from, to]` pairs with `1 <= from <= to`): such a line counts as
+/// one ordinary event.
+pub fn suppressed_seqs(payload: &Value) -> Option<Vec<(i64, i64)>> {
+    let seqs = payload.get("seqs")?.as_array()?;
+    if seqs.is_empty() || seqs.len() > MAX_SUPPRESSED_RANGES {
+        return None;
+    }
+    seqs.iter()
+        .map(|r| match r.as_array().map(Vec::as_slice) {
+            Some([a, b]) => {
+                let (a, b) = (a.as_i64()?, b.as_i64()?);
+                (1 <= a && a <= b).then_some((a, b))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// How many attempts a `suppressed` line's ranges hold (each `seq` once: overlapping ranges
+/// are not double-counted).
+pub fn suppressed_count(ranges: &[(i64, i64)]) -> u64 {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_unstable();
+    let (mut total, mut next) = (0u64, i64::MIN);
+    for (a, b) in sorted {
+        let a = a.max(next);
+        if a <= b {
+            total = total.saturating_add(b.abs_diff(a) + 1);
+            next = b.saturating_add(1);
+        }
+    }
+    total
 }
 
 /// The running state of one session's checks (see the module header).
@@ -107,7 +153,10 @@ impl SessionScan {
         {
             let boot = row.boot.unwrap_or_default();
             let ranges = self.boots.entry(boot).or_default();
-            self.ranges = self.ranges + add_seq(ranges, seq, row.pk) - 1;
+            for (from, to) in std::iter::once((seq, seq)).chain(row.covers) {
+                let (added, removed) = add_range(ranges, from, to, row.pk);
+                self.ranges = (self.ranges + added).saturating_sub(removed);
+            }
             if self.ranges > MAX_RANGES {
                 self.incomplete.push(format!(
                     "the session's egress seq values form more than {MAX_RANGES} separate runs; \
@@ -201,36 +250,56 @@ pub fn incomplete(user_id: &str, session: &str, why: &str) -> NewFlag {
     }
 }
 
-/// Adds `seq` to a boot's merged ranges; returns how many ranges there are now minus before,
-/// plus one (0: two ranges merged, 1: extended or already held, 2: a new range).
-fn add_seq(ranges: &mut BTreeMap<i64, (i64, i64)>, seq: i64, pk: i64) -> usize {
-    let below = ranges.range(..=seq).next_back().map(|(&a, &(b, p))| (a, b, p));
-    if let Some((_, b, _)) = below
-        && b >= seq
+/// Adds `[from, to]` to a boot's merged ranges (merging every range it overlaps or touches);
+/// returns (ranges added, ranges removed): `(0, 0)` when already held.
+fn add_range(
+    ranges: &mut BTreeMap<i64, (i64, i64)>,
+    from: i64,
+    to: i64,
+    pk: i64,
+) -> (usize, usize) {
+    let (mut lo, mut hi, mut keep) = (from, to, pk);
+    let mut removed = 0;
+    if let Some((&a, &(b, p))) = ranges.range(..from).next_back()
+        && b >= from.saturating_sub(1)
     {
-        return 1;
+        if b >= to {
+            return (0, 0);
+        }
+        (lo, hi, keep) = (a, b.max(to), p);
+        ranges.remove(&a);
+        removed += 1;
     }
-    let above = seq.checked_add(1).and_then(|n| ranges.get(&n).copied());
-    match (below.filter(|&(_, b, _)| b.checked_add(1) == Some(seq)), above) {
-        (Some((a, _, p)), Some((end, _))) => {
-            ranges.remove(&(seq + 1));
-            ranges.insert(a, (end, p));
-            0
-        }
-        (Some((a, _, p)), None) => {
-            ranges.insert(a, (seq, p));
-            1
-        }
-        (None, Some((end, _))) => {
-            ranges.remove(&(seq + 1));
-            ranges.insert(seq, (end, pk));
-            1
-        }
-        (None, None) => {
-            ranges.insert(seq, (seq, pk));
-            2
-        }
+    if removed == 0
+        && let Some(&(b, _)) = ranges.get(&from)
+        && b >= to
+    {
+        return (0, 0);
     }
+    // Every range starting inside or just after `[lo, hi]` joins it.
+    while let Some((a, b, p)) =
+        ranges.range(from..=hi.saturating_add(1)).next().map(|(&a, &(b, p))| (a, b, p))
+    {
+        ranges.remove(&a);
+        removed += 1;
+        if a == lo {
+            keep = p;
+        }
+        hi = hi.max(b);
+    }
+    ranges.insert(lo, (hi, keep));
+    (1, removed)
+}
+
+/// A stored egress event's `suppressed` ranges (empty for every other event).
+pub fn covers_of(source: Source, payload: &str) -> Vec<(i64, i64)> {
+    if source != Source::Egress || !payload.contains("\"seqs\"") {
+        return Vec::new();
+    }
+    serde_json::from_str::<Value>(payload)
+        .ok()
+        .and_then(|v| suppressed_seqs(&v))
+        .unwrap_or_default()
 }
 
 /// The checks over a session already in memory (tests; the stores stream instead).
@@ -246,6 +315,7 @@ pub fn check_all(user_id: &str, session: &str, events: &[StoredEvent]) -> Vec<Ne
             ts: e.ts,
             seq: e.seq,
             boot: e.boot.clone(),
+            covers: covers_of(e.source, &e.payload),
         }) {
             break;
         }
@@ -259,7 +329,69 @@ mod tests {
     use super::*;
 
     fn egress(pk: i64, seq: i64) -> SessionRow {
-        SessionRow { pk, source: Source::Egress, ts: 5, seq: Some(seq), boot: Some("b".into()) }
+        SessionRow {
+            pk,
+            source: Source::Egress,
+            ts: 5,
+            seq: Some(seq),
+            boot: Some("b".into()),
+            covers: vec![],
+        }
+    }
+
+    #[test]
+    fn a_suppressed_lines_seqs_are_present_and_a_missing_one_still_shows() {
+        let mut s = SessionScan::new("u", "s");
+        s.feed(egress(1, 1));
+        s.feed(SessionRow { covers: vec![(3, 500), (502, 502)], ..egress(2, 3) });
+        s.feed(egress(3, 2));
+        s.feed(egress(4, 503));
+        assert_eq!(s.ranges, 2, "{:?}", s.boots);
+        let flags = s.finish();
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert!(flags[0].detail.ends_with("missing seq 501"), "{}", flags[0].detail);
+
+        let mut s = SessionScan::new("u", "s");
+        for (pk, seq) in [(1, 1), (2, 2), (3, 501)] {
+            s.feed(egress(pk, seq));
+        }
+        s.feed(SessionRow { covers: vec![(3, 500)], ..egress(4, 3) });
+        assert_eq!(s.ranges, 1, "{:?}", s.boots);
+        assert!(s.finish().is_empty());
+    }
+
+    #[test]
+    fn add_range_merges_everything_it_touches() {
+        let mut r = BTreeMap::new();
+        for (a, b) in [(1, 1), (5, 6), (9, 9), (20, 30)] {
+            assert_eq!(add_range(&mut r, a, b, a), (1, 0));
+        }
+        assert_eq!(add_range(&mut r, 21, 25, 99), (0, 0));
+        assert_eq!(add_range(&mut r, 2, 8, 2), (1, 3));
+        assert_eq!(r.iter().map(|(&a, &(b, _))| (a, b)).collect::<Vec<_>>(), [(1, 9), (20, 30)]);
+        assert_eq!(add_range(&mut r, 10, 19, 10), (1, 2));
+        assert_eq!(r.iter().map(|(&a, &(b, p))| (a, b, p)).collect::<Vec<_>>(), [(1, 30, 1)]);
+    }
+
+    #[test]
+    fn suppressed_seqs_are_validated_and_counted_once() {
+        let v = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        assert_eq!(suppressed_seqs(&v(r#"{"seqs":[[3,5],[9,9]]}"#)), Some(vec![(3, 5), (9, 9)]));
+        for bad in [
+            r#"{"seqs":[[5,3]]}"#,
+            r#"{"seqs":[[0,3]]}"#,
+            r#"{"seqs":[]}"#,
+            r#"{"seqs":[[1]]}"#,
+            r#"{"seqs":"x"}"#,
+            "{}",
+        ] {
+            assert_eq!(suppressed_seqs(&v(bad)), None, "{bad}");
+        }
+        let many =
+            format!(r#"{{"seqs":[{}]}}"#, vec!["[1,1]"; MAX_SUPPRESSED_RANGES + 1].join(","));
+        assert_eq!(suppressed_seqs(&v(&many)), None);
+        assert_eq!(suppressed_count(&[(3, 5), (9, 9)]), 4);
+        assert_eq!(suppressed_count(&[(3, 5), (4, 9)]), 7);
     }
 
     #[test]
@@ -294,7 +426,14 @@ mod tests {
         let mut s = SessionScan::new("u", "s");
         s.set_span(Some(100), Some(200));
         for pk in 0..(MAX_LINKED as i64 + 10) {
-            s.feed(SessionRow { pk, source: Source::Claude, ts: 50, seq: None, boot: None });
+            s.feed(SessionRow {
+                pk,
+                source: Source::Claude,
+                ts: 50,
+                seq: None,
+                boot: None,
+                covers: vec![],
+            });
         }
         let flags = s.finish();
         assert_eq!(flags[0].event_pks.len(), MAX_LINKED);

@@ -11,7 +11,7 @@ pub mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 
-use super::detect::session::{SessionRow, SessionScan};
+use super::detect::session::{SessionRow, SessionScan, covers_of};
 use super::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -130,10 +130,19 @@ pub(crate) fn session_row(
     ts: Micros,
     seq: Option<i64>,
     boot: Option<String>,
+    suppressed: Option<&str>,
 ) -> SessionRow {
     // Only valid sources are ever inserted; External is an inert fallback.
-    SessionRow { pk, source: source.parse().unwrap_or(Source::External), ts, seq, boot }
+    let source = source.parse().unwrap_or(Source::External);
+    let covers = suppressed.map(|p| covers_of(source, p)).unwrap_or_default();
+    SessionRow { pk, source, ts, seq, boot, covers }
 }
+
+/// The payload column as the session scan reads it: only an egress payload that may be a
+/// `suppressed` line (audit lines are at most 8 KiB), `NULL` for every other row, so the scan
+/// still reads envelopes only.
+pub(crate) const SUPPRESSED_PAYLOAD_SQL: &str =
+    "CASE WHEN source = 'egress' AND strpos(payload, '\"seqs\"') > 0 THEN payload END";
 
 /// Bytes counted per row on top of its payload against [`EventQuery::max_bytes`]: the
 /// envelope's fields (ids and session are at most 256 bytes each, docs/api.md).

@@ -666,8 +666,11 @@ async fn feed_session(c: &impl GenericClient, scan: &mut SessionScan) -> Result<
     loop {
         let rows = c
             .query(
-                "SELECT pk, source, ts, seq, boot FROM events WHERE user_id = $1 AND session = $2 \
-                 AND pk > $3 ORDER BY pk LIMIT $4",
+                &format!(
+                    "SELECT pk, source, ts, seq, boot, {} FROM events \
+                     WHERE user_id = $1 AND session = $2 AND pk > $3 ORDER BY pk LIMIT $4",
+                    super::SUPPRESSED_PAYLOAD_SQL
+                ),
                 &[&user, &session, &after, &super::SESSION_PAGE],
             )
             .await?;
@@ -675,7 +678,9 @@ async fn feed_session(c: &impl GenericClient, scan: &mut SessionScan) -> Result<
         for r in rows {
             after = r.get(0);
             let source: &str = r.get(1);
-            if !scan.feed(super::session_row(after, source, r.get(2), r.get(3), r.get(4))) {
+            let payload: Option<&str> = r.get(5);
+            let row = super::session_row(after, source, r.get(2), r.get(3), r.get(4), payload);
+            if !scan.feed(row) {
                 return Ok(());
             }
         }

@@ -585,14 +585,25 @@ fn feed_session(conn: &Connection, scan: &mut SessionScan) -> Result<(), StoreEr
     };
     let (start, end) = (span_ts(scan.start_id())?, span_ts(scan.end_id())?);
     scan.set_span(start, end);
-    let mut stmt = conn.prepare_cached(
-        "SELECT pk, source, ts, seq, boot FROM events WHERE user_id = ?1 AND session = ?2 \
-         ORDER BY pk",
-    )?;
+    // SQLite spells strpos instr.
+    let suppressed = super::SUPPRESSED_PAYLOAD_SQL.replace("strpos", "instr");
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT pk, source, ts, seq, boot, {suppressed} FROM events \
+         WHERE user_id = ?1 AND session = ?2 ORDER BY pk",
+    ))?;
     let mut rows = stmt.query(params![user, session])?;
     while let Some(r) = rows.next()? {
         let source: String = r.get(1)?;
-        if !scan.feed(super::session_row(r.get(0)?, &source, r.get(2)?, r.get(3)?, r.get(4)?)) {
+        let payload: Option<String> = r.get(5)?;
+        let row = super::session_row(
+            r.get(0)?,
+            &source,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            payload.as_deref(),
+        );
+        if !scan.feed(row) {
             break;
         }
     }
