@@ -253,6 +253,7 @@ pub(crate) mod tests {
             policy: Some(".airlock.toml".into()),
             interrupted: None,
             truncated: None,
+            capture: None,
         }
     }
 
@@ -282,6 +283,7 @@ pub(crate) mod tests {
             policy: Some(s.into()),
             interrupted: Some(true),
             truncated: Some(true),
+            capture: Some(crate::audit::Capture::Transparent),
         }
     }
 

@@ -80,6 +80,19 @@ pub struct AuditLine {
     /// Set when a hostile or oversized field was cut to fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<bool>,
+    /// How a connection that did not ask the proxy reached it (`"transparent"`: redirected
+    /// inside the sandbox, its destination recovered from conntrack). Unset for the explicit
+    /// proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Capture>,
+}
+
+/// The `capture` field of an audit line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capture {
+    /// A TCP connection to a non-loopback address, redirected to the capture listener.
+    Transparent,
 }
 
 impl AuditLine {
@@ -111,6 +124,7 @@ impl AuditLine {
             policy: None,
             interrupted: None,
             truncated: None,
+            capture: None,
         }
     }
 }

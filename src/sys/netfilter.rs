@@ -420,6 +420,41 @@ pub fn original_dst(sock: &impl AsFd, v6: bool) -> io::Result<Option<SocketAddr>
     }
 }
 
+/// Test support: runs the ignored test `name` of this test binary again inside `unshare -Urn`
+/// (a fresh user and network namespace, where the capture can be installed without touching
+/// the host) with `AIRLOCK_NETFILTER_INNER` set, and fails unless it passed there.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) fn run_in_fresh_netns(name: &str) {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new("unshare")
+        .arg("-Urn")
+        .arg(exe)
+        .args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"])
+        .env(INNER_VAR, "1")
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+}
+
+/// Set in the inner run of [`run_in_fresh_netns`]; the inner test does nothing without it.
+#[cfg(test)]
+pub(crate) const INNER_VAR: &str = "AIRLOCK_NETFILTER_INNER";
+
+/// Inner-run setup: `lo` up (a fresh netns has it down).
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(crate) fn inner_setup() -> bool {
+    if std::env::var_os(INNER_VAR).is_none() {
+        return false;
+    }
+    crate::sys::namespaces::loopback_up().unwrap();
+    true
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -467,19 +502,14 @@ mod tests {
         assert!(m.buf.windows(4).any(|w| w == (-100i32).to_be_bytes()));
     }
 
-    /// Set when this test binary runs itself again inside `unshare -Urn` (a fresh user and
-    /// network namespace, where the capture may be installed without touching the host).
-    const INNER: &str = "AIRLOCK_NETFILTER_INNER";
-
     /// Inner half of `capture_redirects_and_recovers_the_destination`.
     #[test]
     #[ignore = "run by capture_redirects_and_recovers_the_destination inside unshare -Urn"]
     fn inner_capture_in_a_fresh_netns() {
-        if std::env::var_os(INNER).is_none() {
+        if !inner_setup() {
             return;
         }
         use std::net::{TcpListener, TcpStream};
-        std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status().unwrap();
         let port = 8889;
         install_capture(port).unwrap();
         let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
@@ -499,22 +529,7 @@ mod tests {
 
     #[test]
     fn capture_redirects_and_recovers_the_destination() {
-        let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new("unshare")
-            .arg("-Urn")
-            .arg(exe)
-            .args(["--exact", "sys::netfilter::tests::inner_capture_in_a_fresh_netns"])
-            .args(["--ignored", "--nocapture", "--test-threads=1"])
-            .env(INNER, "1")
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{text}");
-        assert!(text.contains("1 passed"), "{text}");
+        run_in_fresh_netns("sys::netfilter::tests::inner_capture_in_a_fresh_netns");
     }
 
     #[test]
