@@ -20,7 +20,9 @@
 //! field of a `hello`); a receiver ignores fields it does not know.
 //!
 //! The listener fd of `session_start`/`session_reregister` travels as `SCM_RIGHTS` ancillary data
-//! on the first byte of that request's frame.
+//! on the first byte of that request's frame. Under the [`SESSION_SOCKETS`] capability several
+//! fds travel there, in the order [`SessionSpec::sockets`] names them; without it, one (the
+//! proxy listener) and no `sockets` field.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -84,9 +86,9 @@ impl std::fmt::Display for VersionRange {
 pub struct Capabilities(BTreeSet<String>);
 
 impl Capabilities {
-    /// What this build offers. None is defined yet (the digest exchange will be the first).
+    /// What this build offers.
     pub fn current() -> Self {
-        Self::default()
+        [SESSION_SOCKETS].into_iter().collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -114,6 +116,12 @@ impl<S: Into<String>> FromIterator<S> for Capabilities {
         Self(iter.into_iter().map(Into::into).collect())
     }
 }
+
+/// Capability `session_sockets`: `session_start`/`session_reregister` may carry several sockets,
+/// named in order by [`SessionSpec::sockets`] (`proxy`, `dns_udp`, `dns_tcp`, `capture_tcp`).
+/// Without it exactly one fd travels, the proxy listener: a daemon that predates it would take
+/// any other fd for the proxy.
+pub const SESSION_SOCKETS: &str = "session_sockets";
 
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
@@ -251,6 +259,10 @@ pub struct SessionSpec {
     /// The supervisor's pid, shown by `airlock status`.
     #[serde(default)]
     pub supervisor_pid: u32,
+    /// Under [`SESSION_SOCKETS`] only: the kinds of the attached fds, in order (`proxy` first,
+    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`). Empty = the proxy listener alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sockets: Vec<String>,
 }
 
 /// `session_start`'s policy layers: what the client read and trusts, as documents (DESIGN §4).
@@ -636,6 +648,7 @@ mod tests {
             command: vec!["claude".into()],
             layers: vec!["seccomp".into()],
             supervisor_pid: 42,
+            sockets: vec![],
         }
     }
 

@@ -27,16 +27,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// Sends one request (with an fd attached, if any) and reads its reply.
+    /// Sends one request (with its fds attached to the first byte, if any) and reads its reply.
     pub fn call(
         &mut self,
         req: &Request,
-        fd: Option<std::os::fd::BorrowedFd<'_>>,
+        fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<Response, FrameError> {
         let bytes = protocol::encode(req)?;
         let mut sent = 0;
-        if let Some(fd) = fd {
-            sent = fdpass::send_with_fds(self.stream.as_fd(), &bytes, &[fd])?;
+        if !fds.is_empty() {
+            sent = fdpass::send_with_fds(self.stream.as_fd(), &bytes, fds)?;
         }
         self.stream.write_all(&bytes[sent..])?;
         self.read_reply()
@@ -58,7 +58,7 @@ impl Client {
 
     /// `status`.
     pub fn status(&mut self) -> Result<StatusReply, ClientError> {
-        match self.call(&Request::Status, None)? {
+        match self.call(&Request::Status, &[])? {
             Response::Status(s) => Ok(*s),
             Response::Error { code, message } => Err(ClientError::Refused { code, message }),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
@@ -67,7 +67,7 @@ impl Client {
 
     /// `quit_if_idle`: `(quitting, sessions)`. When quitting, waits until the daemon closes.
     pub(super) fn quit_if_idle(mut self) -> Result<(bool, usize), ClientError> {
-        match self.call(&Request::QuitIfIdle, None)? {
+        match self.call(&Request::QuitIfIdle, &[])? {
             Response::QuitIfIdle { quitting, sessions } => {
                 if quitting {
                     // The daemon drains and closes us; wait for that so the retry meets the

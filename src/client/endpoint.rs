@@ -172,7 +172,7 @@ impl Endpoint {
             client_version: env!("CARGO_PKG_VERSION").into(),
             capabilities: offered.clone(),
         };
-        match client.call(&hello, None) {
+        match client.call(&hello, &[]) {
             Ok(Response::Hello {
                 version,
                 protocol,

@@ -2,7 +2,7 @@
 //! thread, and re-registration with the next daemon instance (SECURITY §4).
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -12,6 +12,7 @@ use super::{CONNECT_TIMEOUT, Client, ClientError, Endpoint, REQUEST_TIMEOUT};
 use crate::protocol::{
     self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec,
 };
+use crate::sys::fdpass::Handover;
 
 /// How a session ended, for `session_end`.
 #[derive(Debug, Clone, Default)]
@@ -52,16 +53,28 @@ impl std::fmt::Debug for SessionHandle {
 fn register(
     endpoint: &Endpoint,
     spec: &SessionSpec,
-    listener: &OwnedFd,
+    sockets: &Handover,
     reregister: bool,
 ) -> Result<(Client, String, String), ClientError> {
     let mut client = endpoint.connect()?;
-    let req = if reregister {
-        Request::SessionReregister(Box::new(spec.clone()))
+    let mut spec = spec.clone();
+    // Several sockets only to a daemon that agreed to `session_sockets`: an older one would
+    // take the last fd for the proxy listener. Without it the sandbox has no resolver (its
+    // sockets are closed with the supervisor's copies) and the explicit proxy works as before.
+    let fds: Vec<_> = if client.capabilities.contains(protocol::SESSION_SOCKETS) {
+        let all = sockets.borrowed();
+        spec.sockets = all.iter().map(|(k, _)| k.name().to_string()).collect();
+        all.into_iter().map(|(_, fd)| fd).collect()
     } else {
-        Request::SessionStart(Box::new(spec.clone()))
+        spec.sockets.clear();
+        vec![sockets.proxy.as_fd()]
     };
-    match client.call(&req, Some(listener.as_fd()))? {
+    let req = if reregister {
+        Request::SessionReregister(Box::new(spec))
+    } else {
+        Request::SessionStart(Box::new(spec))
+    };
+    match client.call(&req, &fds)? {
         Response::SessionStarted { session, boot, .. } => Ok((client, session, boot)),
         Response::Error { code, message } => Err(ClientError::Refused { code, message }),
         other => Err(ClientError::Unexpected(format!("{other:?}"))),
@@ -69,14 +82,16 @@ fn register(
 }
 
 impl SessionHandle {
-    /// Registers a session: sends `spec` and the sandbox's proxy listener (created inside the
-    /// sandbox's network namespace) to the daemon, which validates it, applies its own managed
-    /// layer, writes the start record and serves the proxy on it.
+    /// Registers a session: sends `spec` and the sandbox's sockets (created inside the
+    /// sandbox's network namespace: the proxy listener, and the resolver and capture sockets
+    /// where the daemon takes them) to the daemon, which validates them, applies its own
+    /// managed layer, writes the start record and serves the proxy and resolver on them.
     pub fn start(
         endpoint: Endpoint,
         mut spec: SessionSpec,
-        listener: OwnedFd,
+        sockets: impl Into<Handover>,
     ) -> Result<Self, ClientError> {
+        let listener: Handover = sockets.into();
         if spec.airlock_version.is_empty() {
             spec.airlock_version = env!("CARGO_PKG_VERSION").into();
         }
@@ -151,7 +166,7 @@ impl Drop for SessionHandle {
 fn watch(
     endpoint: Endpoint,
     spec: SessionSpec,
-    listener: OwnedFd,
+    listener: Handover,
     mut reader: UnixStream,
     shared: Arc<Mutex<Shared>>,
     boots: Arc<Mutex<Vec<String>>>,

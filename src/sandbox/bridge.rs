@@ -3,8 +3,9 @@
 //! implementation registers the session with `airlockd` (which validates the fd, serves the
 //! proxy on it and writes the audit and session records); tests use the bridges below.
 
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+
+use crate::sys::fdpass::Handover;
 
 /// What the daemon needs to know about a session.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -39,10 +40,12 @@ pub struct SessionEnd {
 #[error("{0}")]
 pub struct BridgeError(pub String);
 
-/// Hands the proxy listener to whoever serves it.
+/// Hands the sandbox's sockets to whoever serves them.
 pub trait ProxyBridge {
-    /// Takes ownership of the listener (127.0.0.1:8888 inside the sandbox's netns).
-    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError>;
+    /// Takes ownership of the sockets made inside the sandbox's netns: the proxy listener
+    /// (127.0.0.1:8888), the resolver's (127.0.0.53:53 UDP and TCP) and the capture listener
+    /// (127.0.0.1:8889).
+    fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError>;
     /// The session is over.
     fn end(&mut self, end: &SessionEnd);
 }
@@ -63,7 +66,7 @@ pub mod test {
     #[derive(Debug)]
     pub struct TestBridge {
         respond: bool,
-        held: Option<OwnedFd>,
+        held: Option<Handover>,
         record: Option<PathBuf>,
         session: String,
     }
@@ -81,13 +84,13 @@ pub mod test {
     }
 
     impl ProxyBridge for TestBridge {
-        fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+        fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError> {
             self.session = info.session.clone();
             if !self.respond {
-                self.held = Some(listener);
+                self.held = Some(sockets);
                 return Ok(());
             }
-            let listener = TcpListener::from(listener);
+            let listener = TcpListener::from(sockets.proxy);
             let session = info.session.clone();
             std::thread::spawn(move || {
                 for mut conn in listener.incoming().flatten() {

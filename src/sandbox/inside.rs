@@ -8,7 +8,6 @@
 
 use std::ffi::CString;
 use std::io::{self, Write};
-use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
@@ -23,13 +22,14 @@ use seccompiler::BpfProgram;
 
 use super::mounts::{self, Op};
 use crate::sys::exec as sysx;
+use crate::sys::fdpass::SocketKind;
 use crate::sys::namespaces::{self, Forked};
 
 /// Port of the proxy listener inside the sandbox.
-pub const PROXY_PORT: u16 = 8888;
+pub const PROXY_PORT: u16 = crate::sys::fdpass::PROXY_PORT;
 /// Port of the transparent-capture listener inside the sandbox (127.0.0.1): every TCP
 /// connection to a non-loopback address is redirected there (`sys::netfilter`).
-pub const CAPTURE_PORT: u16 = 8889;
+pub const CAPTURE_PORT: u16 = crate::sys::fdpass::CAPTURE_PORT;
 /// The command's limit on processes (RLIMIT_NPROC).
 pub const NPROC_LIMIT: u64 = 4096;
 
@@ -117,10 +117,11 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
     ctx("bringing up lo", namespaces::loopback_up())?;
     ctx("transparent capture", crate::sys::netfilter::install_capture(CAPTURE_PORT))?;
-    let listener = proxy_listener()?;
+    let sockets = handover_sockets()?;
     mounts::execute(&spec.ops)?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
-    let mut passed = vec![listener.as_raw_fd()];
+    // Wire order (fdpass::SocketKind::ALL), then the pty master.
+    let mut passed: Vec<RawFd> = sockets.iter().map(AsRawFd::as_raw_fd).collect();
     if let Some((master, _)) = &pty {
         passed.push(master.as_raw_fd());
     }
@@ -135,7 +136,7 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     let msg = format!("landlock={landlock}");
     let iov = [io::IoSlice::new(msg.as_bytes())];
     ctx(
-        "passing the proxy listener",
+        "passing the proxy and resolver sockets",
         sendmsg::<()>(
             fds.control.as_raw_fd(),
             &iov,
@@ -144,7 +145,7 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
             None,
         ),
     )?;
-    drop(listener);
+    drop(sockets);
     let slave = pty.map(|(master, slave)| {
         drop(master);
         slave
@@ -214,16 +215,27 @@ pub(crate) fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     w("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
 }
 
-/// The proxy listener, made inside the new network namespace after `lo` is up.
-fn proxy_listener() -> io::Result<OwnedFd> {
+/// The sockets handed to the daemon, in wire order ([`SocketKind::ALL`]): made inside the new
+/// network namespace after `lo` is up, while we still hold `CAP_NET_BIND_SERVICE` in the
+/// namespace's user namespace (the resolver's port 53 is privileged, ip(7)).
+fn handover_sockets() -> io::Result<Vec<OwnedFd>> {
+    SocketKind::ALL.into_iter().map(handover_socket).collect()
+}
+
+fn handover_socket(kind: SocketKind) -> io::Result<OwnedFd> {
+    let ty = if kind.is_stream() { SockType::Stream } else { SockType::Datagram };
     let fd = ctx(
-        "proxy listener socket",
-        socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None),
+        &format!("{kind} socket"),
+        socket(AddressFamily::Inet, ty, SockFlag::SOCK_CLOEXEC, None),
     )?;
-    ctx("SO_REUSEADDR", setsockopt(&fd, sockopt::ReuseAddr, &true))?;
-    let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT));
-    ctx("binding 127.0.0.1:8888", bind(fd.as_raw_fd(), &addr))?;
-    ctx("listen", listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)))?;
+    let addr = kind.addr();
+    if kind.is_stream() {
+        ctx("SO_REUSEADDR", setsockopt(&fd, sockopt::ReuseAddr, &true))?;
+    }
+    ctx(&format!("binding {addr} ({kind})"), bind(fd.as_raw_fd(), &SockaddrIn::from(addr)))?;
+    if kind.is_stream() {
+        ctx("listen", listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)))?;
+    }
     Ok(fd)
 }
 

@@ -1,6 +1,7 @@
 //! The host-side supervisor of one `exec` session: prepares the plan, forks into the new
-//! namespaces, receives the proxy listener (and pty master) over the socketpair made before
-//! the fork, hands the listener to the [`ProxyBridge`], relays stdio and signals, and at the
+//! namespaces, receives the handed-over sockets (proxy listener, resolver and capture sockets)
+//! and the pty master over the socketpair made before the fork, hands the sockets to the
+//! [`ProxyBridge`], relays stdio and signals, and at the
 //! end quarantines planted protected paths and reports the exit status.
 
 use std::ffi::{CString, OsString};
@@ -29,7 +30,7 @@ use super::sweep::{self, Report};
 use super::termfilter::{TermFilter, TerminalPolicy};
 use crate::repo::Repo;
 use crate::sys::exec::{self as sysx, StdFd};
-use crate::sys::fdpass;
+use crate::sys::fdpass::{self, Handover, SocketKind};
 use crate::sys::namespaces::{self, Forked, SANDBOX_NAMESPACES};
 
 /// Why a session could not run (exit 125).
@@ -390,7 +391,7 @@ pub fn run(
             } else {
                 match res {
                     Err(e) => e.to_string(),
-                    _ => "the sandbox did not hand over its proxy listener".into(),
+                    _ => "the sandbox did not hand over its proxy and resolver sockets".into(),
                 }
             };
             return Err(SandboxError::Setup(msg));
@@ -602,19 +603,23 @@ fn session_cgroup(kernel: &Kernel, req: &Request) -> (Option<Leaf>, Vec<String>)
     (leaf, warnings)
 }
 
-type Received = (Option<OwnedFd>, Option<OwnedFd>, String);
+type Received = (Option<Handover>, Option<OwnedFd>, String);
 
-/// Listener (and pty master) from inside, with its status text. Through the one `recvmsg`
-/// wrapper, so a truncated control message (more fds than expected) is an error, never a
-/// silently shortened list.
+/// The sockets (in [`SocketKind::ALL`] order) and the pty master from inside, with the status
+/// text. Through the one `recvmsg` wrapper, so a truncated control message (more fds than
+/// expected) is an error, never a silently shortened list; fewer fds than sockets is `None`.
 fn receive_fds(control: &OwnedFd) -> io::Result<Received> {
     let mut buf = [0u8; 256];
     let mut fds = Vec::new();
     let n = fdpass::recv_with_fds(control.as_fd(), &mut buf, &mut fds)?;
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
     let landlock = text.strip_prefix("landlock=").unwrap_or("unknown").to_string();
-    let mut it = fds.into_iter();
-    Ok((it.next(), it.next(), landlock))
+    if fds.len() < SocketKind::ALL.len() {
+        return Ok((None, None, landlock));
+    }
+    let master = fds.split_off(SocketKind::ALL.len()).into_iter().next();
+    let sockets = Handover::from_named(&SocketKind::ALL, fds).ok();
+    Ok((sockets, master, landlock))
 }
 
 fn build_pumps(
@@ -669,14 +674,23 @@ mod tests {
     }
 
     #[test]
-    fn the_listener_and_master_arrive_with_the_landlock_status() {
+    fn the_sockets_and_master_arrive_with_the_landlock_status() {
         let (ours, inside) = control_pair();
-        let a = std::fs::File::open("/dev/null").unwrap();
-        let b = std::fs::File::open("/dev/null").unwrap();
-        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &[a.as_fd(), b.as_fd()]).unwrap();
-        let (listener, master, landlock) = receive_fds(&ours).unwrap();
-        assert!(listener.is_some() && master.is_some());
+        let files: Vec<_> = (0..5).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+        let borrowed: Vec<_> = files.iter().map(AsFd::as_fd).collect();
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed).unwrap();
+        let (sockets, master, landlock) = receive_fds(&ours).unwrap();
+        let sockets = sockets.unwrap();
+        assert_eq!(sockets.borrowed().len(), 4);
+        assert!(master.is_some());
         assert_eq!(landlock, "full");
+        // Without a pty: the four sockets alone. Fewer than four: nothing was handed over.
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..4]).unwrap();
+        let (sockets, master, _) = receive_fds(&ours).unwrap();
+        assert!(sockets.is_some() && master.is_none());
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..3]).unwrap();
+        let (sockets, _, _) = receive_fds(&ours).unwrap();
+        assert!(sockets.is_none());
     }
 
     #[test]

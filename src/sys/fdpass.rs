@@ -1,18 +1,20 @@
-//! Passing file descriptors over unix sockets (`SCM_RIGHTS`, unix(7)) and validating the proxy
-//! listener a supervisor hands the daemon (SECURITY §4: `SO_ACCEPTCONN`, `AF_INET`/`SOCK_STREAM`,
-//! bound to 127.0.0.1, a network-namespace cookie different from the daemon's own).
+//! Passing file descriptors over unix sockets (`SCM_RIGHTS`, unix(7)), the fixed set of sockets
+//! a sandbox hands the daemon ([`SocketKind`], [`Handover`]) and their validation (SECURITY §4,
+//! docs/security.md: per kind the socket type and protocol, listening for TCP and no peer for
+//! UDP, bound to exactly the kind's address, a network-namespace cookie other than the
+//! daemon's own).
 
 use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
-    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrLike,
-    SockaddrStorage, getsockname, getsockopt, sendmsg, socket, sockopt,
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrLike, SockaddrStorage,
+    getsockname, sendmsg, socket,
 };
 
 /// At most this many fds are accepted with one message; extra ones are closed.
-pub const MAX_FDS_PER_MESSAGE: usize = 4;
+pub const MAX_FDS_PER_MESSAGE: usize = 8;
 
 /// `SO_NETNS_COOKIE` (Linux 5.14, `include/uapi/asm-generic/socket.h`); not in libc yet for
 /// every target.
@@ -118,6 +120,136 @@ pub fn recv_with_fds(
 const CONTROL_WORDS: usize =
     (std::mem::size_of::<libc::cmsghdr>() + MAX_FDS_PER_MESSAGE * size_of::<RawFd>()).div_ceil(8);
 
+/// The sockets a sandbox makes inside its network namespace and hands to the daemon, in their
+/// fixed order on the wire (SECURITY §4; the rules are written in docs/security.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SocketKind {
+    /// The explicit proxy: TCP listener on 127.0.0.1:8888.
+    Proxy,
+    /// The resolver over UDP: a UDP socket bound to 127.0.0.53:53, no peer.
+    DnsUdp,
+    /// The resolver over TCP (RFC 7766): TCP listener on 127.0.0.53:53.
+    DnsTcp,
+    /// Transparent capture: TCP listener on 127.0.0.1:8889 that redirected traffic reaches.
+    CaptureTcp,
+}
+
+/// The resolver's address inside the sandbox (the name `systemd-resolved` made familiar; any
+/// 127/8 address is ours inside the netns).
+pub const DNS_ADDR: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+/// The explicit proxy's port inside the sandbox.
+pub const PROXY_PORT: u16 = 8888;
+/// The transparent-capture listener's port inside the sandbox.
+pub const CAPTURE_PORT: u16 = 8889;
+
+impl SocketKind {
+    /// Every kind, in wire order.
+    pub const ALL: [SocketKind; 4] =
+        [SocketKind::Proxy, SocketKind::DnsUdp, SocketKind::DnsTcp, SocketKind::CaptureTcp];
+
+    /// The name used in `session_start`'s `sockets` list.
+    pub fn name(self) -> &'static str {
+        match self {
+            SocketKind::Proxy => "proxy",
+            SocketKind::DnsUdp => "dns_udp",
+            SocketKind::DnsTcp => "dns_tcp",
+            SocketKind::CaptureTcp => "capture_tcp",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The one address a socket of this kind must be bound to.
+    pub fn addr(self) -> SocketAddrV4 {
+        match self {
+            SocketKind::Proxy => SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT),
+            SocketKind::DnsUdp | SocketKind::DnsTcp => SocketAddrV4::new(DNS_ADDR, 53),
+            SocketKind::CaptureTcp => SocketAddrV4::new(Ipv4Addr::LOCALHOST, CAPTURE_PORT),
+        }
+    }
+
+    /// TCP (a listener) or UDP (an unconnected socket).
+    pub fn is_stream(self) -> bool {
+        !matches!(self, SocketKind::DnsUdp)
+    }
+}
+
+impl std::fmt::Display for SocketKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The sockets of one sandbox, as they travel from inside to the supervisor and on to the
+/// daemon. Only `proxy` is required: a daemon that predates the `session_sockets` capability
+/// receives it alone.
+#[derive(Debug)]
+pub struct Handover {
+    pub proxy: OwnedFd,
+    pub dns_udp: Option<OwnedFd>,
+    pub dns_tcp: Option<OwnedFd>,
+    pub capture_tcp: Option<OwnedFd>,
+}
+
+impl From<OwnedFd> for Handover {
+    /// A proxy listener alone (what every client before `session_sockets` handed over).
+    fn from(proxy: OwnedFd) -> Self {
+        Self { proxy, dns_udp: None, dns_tcp: None, capture_tcp: None }
+    }
+}
+
+impl Handover {
+    /// The sockets present, in wire order.
+    pub fn borrowed(&self) -> Vec<(SocketKind, BorrowedFd<'_>)> {
+        use std::os::fd::AsFd;
+        let opt = [
+            (SocketKind::DnsUdp, &self.dns_udp),
+            (SocketKind::DnsTcp, &self.dns_tcp),
+            (SocketKind::CaptureTcp, &self.capture_tcp),
+        ];
+        let mut out = vec![(SocketKind::Proxy, self.proxy.as_fd())];
+        out.extend(opt.into_iter().filter_map(|(k, fd)| Some((k, fd.as_ref()?.as_fd()))));
+        out
+    }
+
+    /// Builds the set from fds named by `kinds` (same length, wire order, each kind at most
+    /// once, `proxy` first). The error says which rule the list broke.
+    pub fn from_named(kinds: &[SocketKind], fds: Vec<OwnedFd>) -> Result<Self, ListenerError> {
+        if kinds.len() != fds.len() {
+            return Err(ListenerError::Count { named: kinds.len(), passed: fds.len() });
+        }
+        if kinds.first() != Some(&SocketKind::Proxy) || !kinds.windows(2).all(|w| w[0] < w[1]) {
+            return Err(ListenerError::Order(
+                kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(","),
+            ));
+        }
+        let mut set: Option<Self> = None;
+        for (kind, fd) in kinds.iter().zip(fds) {
+            match (kind, set.as_mut()) {
+                (SocketKind::Proxy, None) => set = Some(Self::from(fd)),
+                (SocketKind::DnsUdp, Some(s)) => s.dns_udp = Some(fd),
+                (SocketKind::DnsTcp, Some(s)) => s.dns_tcp = Some(fd),
+                (SocketKind::CaptureTcp, Some(s)) => s.capture_tcp = Some(fd),
+                _ => unreachable!("order checked above: proxy first, each kind once"),
+            }
+        }
+        set.ok_or(ListenerError::Count { named: 0, passed: 0 })
+    }
+
+    /// Duplicates every fd (for re-registration with the next daemon instance).
+    pub fn try_clone(&self) -> io::Result<Self> {
+        let dup = |fd: &Option<OwnedFd>| fd.as_ref().map(OwnedFd::try_clone).transpose();
+        Ok(Self {
+            proxy: self.proxy.try_clone()?,
+            dns_udp: dup(&self.dns_udp)?,
+            dns_tcp: dup(&self.dns_tcp)?,
+            capture_tcp: dup(&self.capture_tcp)?,
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ListenerError {
     #[error("the passed fd is not a socket")]
@@ -126,8 +258,12 @@ pub enum ListenerError {
     NotListening,
     #[error("the passed socket is not AF_INET/SOCK_STREAM")]
     WrongKind,
-    #[error("the passed listener is bound to {0}, not 127.0.0.1")]
-    NotLoopback(String),
+    #[error("the passed {kind} socket is not {want} (it is {got})")]
+    WrongType { kind: SocketKind, want: &'static str, got: String },
+    #[error("the passed {kind} socket is bound to {got}, not {want}")]
+    WrongAddress { kind: SocketKind, want: SocketAddrV4, got: String },
+    #[error("the passed {kind} socket is connected to {peer}; it must have no peer")]
+    Connected { kind: SocketKind, peer: String },
     #[error(
         "the passed listener lives in the daemon's own network namespace; it must be created \
          inside the sandbox's namespace"
@@ -135,34 +271,133 @@ pub enum ListenerError {
     SameNamespace,
     #[error("cannot read the socket's network namespace: {0}")]
     Namespace(String),
+    #[error("{passed} fds were passed but the request names {named} sockets")]
+    Count { named: usize, passed: usize },
+    #[error(
+        "the request's sockets [{0}] are not in the fixed order proxy, dns_udp, dns_tcp, \
+         capture_tcp (proxy required, each at most once)"
+    )]
+    Order(String),
+    #[error("the request names an unknown socket kind {0:?}")]
+    UnknownKind(String),
+}
+
+/// What [`validate_socket`] looks at, read from the fd by [`observe`]; a plain value so every
+/// rule is unit-tested without making sockets the tests cannot make (port 53, another netns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// `SO_TYPE`.
+    pub sock_type: libc::c_int,
+    /// `SO_PROTOCOL`.
+    pub protocol: libc::c_int,
+    /// `SO_ACCEPTCONN`.
+    pub listening: bool,
+    /// `getsockname`, when it is an IPv4 address.
+    pub local: Option<SocketAddrV4>,
+    /// The family of `getsockname` when it is not IPv4.
+    pub other_family: Option<String>,
+    /// `getpeername`, when the socket has a peer.
+    pub peer: Option<String>,
+    /// `SO_NETNS_COOKIE` of the socket and of the daemon's own namespace.
+    pub netns: u64,
+    pub own_netns: u64,
+}
+
+fn int_sockopt(fd: BorrowedFd<'_>, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is borrowed live for the call; `v`/`len` are valid for writes of an int,
+    // which is what SOL_SOCKET integer options return (socket(7)).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&mut v as *mut libc::c_int).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if rc != 0 { Err(io::Error::last_os_error()) } else { Ok(v) }
+}
+
+/// Reads everything [`validate_socket`] judges from a passed fd.
+pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
+    let sock_type = int_sockopt(fd, libc::SO_TYPE).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOTSOCK) => ListenerError::NotASocket,
+        _ => ListenerError::WrongKind,
+    })?;
+    let protocol = int_sockopt(fd, libc::SO_PROTOCOL).map_err(|_| ListenerError::WrongKind)?;
+    let listening =
+        int_sockopt(fd, libc::SO_ACCEPTCONN).map_err(|_| ListenerError::WrongKind)? != 0;
+    let addr: SockaddrStorage =
+        getsockname(fd.as_raw_fd()).map_err(|_| ListenerError::WrongKind)?;
+    let (local, other_family) = match addr.as_sockaddr_in() {
+        Some(sin) => (Some(SocketAddrV4::new(sin.ip(), sin.port())), None),
+        None => (None, Some(format!("{:?}", addr.family()))),
+    };
+    // ENOTCONN is the expected answer for a listener and an unconnected UDP socket.
+    let peer = nix::sys::socket::getpeername::<SockaddrStorage>(fd.as_raw_fd())
+        .ok()
+        .map(|p| p.to_string());
+    Ok(Observed {
+        sock_type,
+        protocol,
+        listening,
+        local,
+        other_family,
+        peer,
+        netns: netns_cookie(fd)?,
+        own_netns: own_netns_cookie()?,
+    })
+}
+
+/// The rules for one kind (docs/security.md, "Validating the handed-over sockets"), in the
+/// order the errors are reported: type and protocol, a network namespace other than the
+/// daemon's, listening (TCP) or no peer (UDP), then the exact address.
+pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddrV4, ListenerError> {
+    let (want_type, want_proto, want) = if kind.is_stream() {
+        (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET/SOCK_STREAM/TCP")
+    } else {
+        (libc::SOCK_DGRAM, libc::IPPROTO_UDP, "AF_INET/SOCK_DGRAM/UDP")
+    };
+    let local = match o.local {
+        Some(l) if o.sock_type == want_type && o.protocol == want_proto => l,
+        _ => {
+            let family = o.other_family.clone().unwrap_or_else(|| "AF_INET".into());
+            let got = format!("{family} type {} protocol {}", o.sock_type, o.protocol);
+            return Err(ListenerError::WrongType { kind, want, got });
+        }
+    };
+    if o.netns == o.own_netns {
+        return Err(ListenerError::SameNamespace);
+    }
+    if kind.is_stream() && !o.listening {
+        return Err(ListenerError::NotListening);
+    }
+    if let Some(peer) = &o.peer {
+        return Err(ListenerError::Connected { kind, peer: peer.clone() });
+    }
+    if local != kind.addr() {
+        return Err(ListenerError::WrongAddress {
+            kind,
+            want: kind.addr(),
+            got: local.to_string(),
+        });
+    }
+    Ok(local)
+}
+
+/// Checks one handed-over socket of `kind` per SECURITY §4 and returns its local address.
+pub fn validate_socket(
+    kind: SocketKind,
+    fd: BorrowedFd<'_>,
+) -> Result<SocketAddrV4, ListenerError> {
+    check(kind, &observe(fd)?)
 }
 
 /// Checks a proxy listener per SECURITY §4 and returns its local address.
 pub fn validate_listener(fd: BorrowedFd<'_>) -> Result<SocketAddrV4, ListenerError> {
-    let listening = getsockopt(&fd, sockopt::AcceptConn).map_err(|e| match e {
-        nix::Error::ENOTSOCK => ListenerError::NotASocket,
-        _ => ListenerError::NotListening,
-    })?;
-    if !listening {
-        return Err(ListenerError::NotListening);
-    }
-    let ty = getsockopt(&fd, sockopt::SockType).map_err(|_| ListenerError::WrongKind)?;
-    let addr: SockaddrStorage =
-        getsockname(fd.as_raw_fd()).map_err(|_| ListenerError::WrongKind)?;
-    if ty != SockType::Stream || addr.family() != Some(AddressFamily::Inet) {
-        return Err(ListenerError::WrongKind);
-    }
-    let sin: &SockaddrIn = addr.as_sockaddr_in().ok_or(ListenerError::WrongKind)?;
-    let local = SocketAddrV4::new(sin.ip(), sin.port());
-    if *local.ip() != Ipv4Addr::LOCALHOST {
-        return Err(ListenerError::NotLoopback(local.to_string()));
-    }
-    let theirs = netns_cookie(fd)?;
-    let ours = own_netns_cookie()?;
-    if theirs == ours {
-        return Err(ListenerError::SameNamespace);
-    }
-    Ok(local)
+    validate_socket(SocketKind::Proxy, fd)
 }
 
 /// The network-namespace cookie of the namespace the daemon itself runs in.
@@ -227,19 +462,139 @@ mod tests {
         assert_eq!(recv_with_fds(b.as_fd(), &mut buf, &mut fds).unwrap(), 0);
     }
 
+    /// A socket of `kind` exactly as the sandbox makes it, seen from another namespace.
+    fn good(kind: SocketKind) -> Observed {
+        let (sock_type, protocol) = if kind.is_stream() {
+            (libc::SOCK_STREAM, libc::IPPROTO_TCP)
+        } else {
+            (libc::SOCK_DGRAM, libc::IPPROTO_UDP)
+        };
+        Observed {
+            sock_type,
+            protocol,
+            listening: kind.is_stream(),
+            local: Some(kind.addr()),
+            other_family: None,
+            peer: None,
+            netns: 2,
+            own_netns: 1,
+        }
+    }
+
     #[test]
-    fn listeners_in_our_own_namespace_or_off_loopback_are_refused() {
+    fn each_kind_as_the_sandbox_makes_it_is_accepted() {
+        for kind in SocketKind::ALL {
+            assert_eq!(check(kind, &good(kind)), Ok(kind.addr()), "{kind}");
+            assert_eq!(SocketKind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(SocketKind::DnsUdp.addr().to_string(), "127.0.0.53:53");
+        assert_eq!(SocketKind::CaptureTcp.addr().to_string(), "127.0.0.1:8889");
+    }
+
+    #[test]
+    fn every_rule_has_its_rejection() {
+        use ListenerError as E;
+        for kind in SocketKind::ALL {
+            let wrong_type = |f: &dyn Fn(&mut Observed)| {
+                let mut o = good(kind);
+                f(&mut o);
+                assert!(matches!(check(kind, &o), Err(E::WrongType { .. })), "{kind}: {o:?}");
+            };
+            // UDP where TCP is due and the other way round.
+            wrong_type(&|o| {
+                o.sock_type = if kind.is_stream() { libc::SOCK_DGRAM } else { libc::SOCK_STREAM }
+            });
+            // Right type, other protocol (MPTCP / UDP-Lite).
+            wrong_type(&|o| {
+                o.protocol = if kind.is_stream() { 262 } else { libc::IPPROTO_UDPLITE }
+            });
+            // Not IPv4 (AF_INET6, AF_UNIX).
+            wrong_type(&|o| {
+                o.local = None;
+                o.other_family = Some("Inet6".into());
+            });
+            let mut o = good(kind);
+            o.peer = Some("127.0.0.1:9".into());
+            assert!(matches!(check(kind, &o), Err(E::Connected { .. })), "{kind}");
+            for addr in ["0.0.0.0", "127.0.0.2"] {
+                let mut o = good(kind);
+                o.local = Some(SocketAddrV4::new(addr.parse().unwrap(), kind.addr().port()));
+                assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} {addr}");
+            }
+            let mut o = good(kind);
+            o.local = Some(SocketAddrV4::new(*kind.addr().ip(), kind.addr().port() + 1));
+            assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} port");
+            let mut o = good(kind);
+            o.own_netns = o.netns;
+            assert_eq!(check(kind, &o), Err(E::SameNamespace), "{kind}");
+        }
+        for kind in [SocketKind::Proxy, SocketKind::DnsTcp, SocketKind::CaptureTcp] {
+            let mut o = good(kind);
+            o.listening = false;
+            assert_eq!(check(kind, &o), Err(E::NotListening), "{kind}");
+        }
+        // A socket of one kind does not pass as another: the addresses differ pairwise.
+        for a in SocketKind::ALL {
+            for b in SocketKind::ALL.into_iter().filter(|b| *b != a) {
+                assert!(check(b, &good(a)).is_err(), "{a} as {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn real_sockets_are_observed_as_they_are() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let o = observe(l.as_fd()).unwrap();
+        assert_eq!(
+            (o.sock_type, o.protocol, o.listening),
+            (libc::SOCK_STREAM, libc::IPPROTO_TCP, true)
+        );
+        assert_eq!(
+            o.local,
+            Some(match l.local_addr().unwrap() {
+                std::net::SocketAddr::V4(a) => a,
+                other => panic!("{other}"),
+            })
+        );
+        assert_eq!((o.peer.as_deref(), o.netns == o.own_netns), (None, true));
+        // In our own namespace (and on another port): the namespace is what is reported.
         assert_eq!(validate_listener(l.as_fd()), Err(ListenerError::SameNamespace));
-        let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
-        assert!(matches!(validate_listener(any.as_fd()), Err(ListenerError::NotLoopback(_))));
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        assert!(validate_listener(udp.as_fd()).is_err());
+        let o = observe(udp.as_fd()).unwrap();
+        assert_eq!(
+            (o.sock_type, o.protocol, o.listening),
+            (libc::SOCK_DGRAM, libc::IPPROTO_UDP, false)
+        );
+        assert_eq!(o.peer, None);
+        udp.connect(l.local_addr().unwrap()).unwrap();
+        assert!(observe(udp.as_fd()).unwrap().peer.is_some());
         let conn = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        assert_eq!(validate_listener(conn.as_fd()), Err(ListenerError::NotListening));
+        let o = observe(conn.as_fd()).unwrap();
+        assert!(!o.listening && o.peer.is_some());
         let file = std::fs::File::open("/dev/null").unwrap();
         assert_eq!(validate_listener(file.as_fd()), Err(ListenerError::NotASocket));
         let (u, _) = UnixStream::pair().unwrap();
-        assert!(validate_listener(u.as_fd()).is_err());
+        assert!(matches!(validate_listener(u.as_fd()), Err(ListenerError::WrongType { .. })));
+    }
+
+    #[test]
+    fn the_named_list_must_match_the_fds_and_the_fixed_order() {
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        use SocketKind::*;
+        let all = Handover::from_named(&SocketKind::ALL, (0..4).map(|_| fd()).collect()).unwrap();
+        assert_eq!(all.borrowed().iter().map(|(k, _)| *k).collect::<Vec<_>>(), SocketKind::ALL);
+        let some = Handover::from_named(&[Proxy, DnsTcp], vec![fd(), fd()]).unwrap();
+        assert!(some.dns_udp.is_none() && some.dns_tcp.is_some() && some.capture_tcp.is_none());
+        assert!(matches!(
+            Handover::from_named(&[Proxy, DnsUdp], vec![fd()]),
+            Err(ListenerError::Count { named: 2, passed: 1 })
+        ));
+        for bad in [&[DnsUdp, Proxy][..], &[Proxy, Proxy], &[DnsUdp], &[]] {
+            let fds = bad.iter().map(|_| fd()).collect();
+            assert!(
+                matches!(Handover::from_named(bad, fds), Err(ListenerError::Order(_))),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -314,8 +314,8 @@ fn listeners_from_the_daemons_own_namespace_are_refused() {
     let world = World::new();
     let h = Harness::start(&world, Options::default());
     let own = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let err =
-        SessionHandle::start(endpoint(&world, h.socket()), spec("own"), own.into()).unwrap_err();
+    let err = SessionHandle::start(endpoint(&world, h.socket()), spec("own"), OwnedFd::from(own))
+        .unwrap_err();
     assert!(err.to_string().contains("own network namespace"), "{err}");
 }
 
@@ -441,8 +441,8 @@ fn a_broken_managed_policy_keeps_the_daemon_up_and_answering() {
     assert!(err.contains("sessions are refused"), "{err}");
     // A session is refused with the same error; the daemon stays up.
     let own = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let e =
-        SessionHandle::start(endpoint(&world, h.socket()), spec("cfg"), own.into()).unwrap_err();
+    let e = SessionHandle::start(endpoint(&world, h.socket()), spec("cfg"), OwnedFd::from(own))
+        .unwrap_err();
     assert!(e.to_string().contains("managed policy"), "{e}");
     // Fixing the file fixes the daemon without a restart.
     world.write(&world.managed, "[network]\nallow = [\"a.test\"]\n");

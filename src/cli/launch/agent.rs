@@ -4,7 +4,6 @@
 //! (SECURITY §1, §4, §5).
 
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use super::Prepared;
@@ -157,8 +156,12 @@ impl std::fmt::Debug for AgentBridge {
 }
 
 impl ProxyBridge for AgentBridge {
-    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
-        self.inner.start(listener, info)
+    fn start(
+        &mut self,
+        sockets: crate::sys::fdpass::Handover,
+        info: &SessionInfo,
+    ) -> Result<(), BridgeError> {
+        self.inner.start(sockets, info)
     }
 
     fn end(&mut self, end: &SessionEnd) {

@@ -1,14 +1,13 @@
 //! The production [`ProxyBridge`]: registers the session with `airlockd` through
 //! [`crate::client`] (a test-hooks build may substitute the test bridge).
 
-use std::os::fd::OwnedFd;
-
 use super::Prepared;
 use crate::cli::Context;
 use crate::client::{Endpoint, SessionHandle, SessionOutcome};
 use crate::env::Env;
 use crate::protocol::{IdentityInfo, SessionSpec};
 use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
+use crate::sys::fdpass::Handover;
 
 /// The production bridge: registers the session with `airlockd` (activating it where DESIGN §6
 /// allows), which validates the listener, applies the managed layer, writes the session
@@ -27,7 +26,7 @@ impl DaemonBridge {
 }
 
 impl ProxyBridge for DaemonBridge {
-    fn start(&mut self, listener: OwnedFd, info: &SessionInfo) -> Result<(), BridgeError> {
+    fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError> {
         let endpoint =
             self.endpoint.take().ok_or_else(|| BridgeError("session already started".into()))?;
         // The supervisor's id: audit lines, session records and the quarantine directory
@@ -48,8 +47,10 @@ impl ProxyBridge for DaemonBridge {
             command: info.command.clone(),
             layers: info.layers.clone(),
             supervisor_pid: std::process::id(),
+            // Filled by the client per connection (only under `session_sockets`).
+            sockets: Vec::new(),
         };
-        let handle = SessionHandle::start(endpoint, spec, listener)
+        let handle = SessionHandle::start(endpoint, spec, sockets)
             .map_err(|e| BridgeError(e.to_string()))?;
         self.handle = Some(handle);
         Ok(())

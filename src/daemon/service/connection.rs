@@ -22,6 +22,8 @@ pub(super) struct ConnState {
     pub(super) fds: Vec<OwnedFd>,
     /// The negotiated protocol; `None` before hello, `Some(None)` when none is shared.
     pub(super) version: Option<Option<u32>>,
+    /// The capabilities in force on this connection (agreed at hello).
+    pub(super) capabilities: protocol::Capabilities,
     pub(super) session: Option<Arc<Session>>,
 }
 
@@ -181,6 +183,11 @@ pub(super) async fn handle_request(
         (None, Request::Hello { protocol, capabilities, .. }) => {
             let shared = daemon.protocol.shared(protocol);
             conn.version = Some(shared);
+            conn.capabilities = protocol::Capabilities::agreed(
+                shared,
+                &protocol::Capabilities::current(),
+                &capabilities,
+            );
             Response::Hello {
                 version: shared,
                 protocol: daemon.protocol,
@@ -188,11 +195,7 @@ pub(super) async fn handle_request(
                 pid: std::process::id(),
                 boot: daemon.boot.clone(),
                 sessions: daemon.session_count(),
-                capabilities: protocol::Capabilities::agreed(
-                    shared,
-                    &protocol::Capabilities::current(),
-                    &capabilities,
-                ),
+                capabilities: conn.capabilities.clone(),
             }
         }
         (None, _) => error(ErrorCode::Protocol, "the first request must be hello"),
@@ -331,6 +334,65 @@ mod tests {
         let end = SessionEnd { session: "nope".into(), ..Default::default() };
         let r = handle_request(&d, &mut conn, Request::SessionEnd(end)).await;
         assert_eq!(code(&r), ErrorCode::Session);
+        assert_eq!(d.session_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn several_sockets_need_the_capability_and_a_matching_list() {
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let named = |names: &[&str]| SessionSpec {
+            sockets: names.iter().map(|n| n.to_string()).collect(),
+            ..spec()
+        };
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        // Under version 2 without `session_sockets` offered: a named list is a protocol error.
+        let mut old = ConnState::default();
+        handle_request(&d, &mut old, hello()).await;
+        assert!(!old.capabilities.contains(protocol::SESSION_SOCKETS));
+        old.fds = vec![fd(), fd()];
+        let r = handle_request(
+            &d,
+            &mut old,
+            Request::SessionStart(Box::new(named(&["proxy", "dns_udp"]))),
+        )
+        .await;
+        assert_eq!(code(&r), ErrorCode::Protocol, "{r:?}");
+        // Offered: in force; then the list must match the fds, in the fixed order.
+        let mut conn = ConnState::default();
+        let offer = Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "test".into(),
+            capabilities: protocol::Capabilities::current(),
+        };
+        match handle_request(&d, &mut conn, offer).await {
+            Response::Hello { capabilities, .. } => {
+                assert!(capabilities.contains(protocol::SESSION_SOCKETS))
+            }
+            other => panic!("{other:?}"),
+        }
+        for (names, n) in [
+            (&["proxy", "dns_udp"][..], 1),
+            (&["dns_udp", "proxy"][..], 2),
+            (&["proxy", "proxy"][..], 2),
+            (&["proxy", "dns_quic"][..], 2),
+            (&[][..], 2),
+        ] {
+            conn.fds = (0..n).map(|_| fd()).collect();
+            let r =
+                handle_request(&d, &mut conn, Request::SessionStart(Box::new(named(names)))).await;
+            assert_eq!(code(&r), ErrorCode::Listener, "{names:?}: {r:?}");
+        }
+        // A list that fits, with fds that are no sockets: each is validated.
+        conn.fds = (0..4).map(|_| fd()).collect();
+        let all = named(&["proxy", "dns_udp", "dns_tcp", "capture_tcp"]);
+        match handle_request(&d, &mut conn, Request::SessionStart(Box::new(all))).await {
+            Response::Error { code, message } => {
+                assert_eq!(code, ErrorCode::Listener);
+                assert!(message.contains("proxy socket refused"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(d.session_count(), 0);
     }
 }

@@ -2,7 +2,7 @@
 //! managed layer over the client's layers), its audit sink, the start and end records, and the
 //! proxy task serving the session's listener. The file I/O of both runs on `spawn_blocking`.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -43,6 +43,82 @@ fn session_policy(
     Ok((built, layers))
 }
 
+/// The validated sockets of one session, ready to serve (docs/security.md). `proxy` is always
+/// there; the others only from a client that agreed to `session_sockets`.
+#[derive(Debug)]
+pub(super) struct SessionSockets {
+    pub(super) proxy: std::net::TcpListener,
+    pub(super) dns_udp: Option<std::net::UdpSocket>,
+    pub(super) dns_tcp: Option<std::net::TcpListener>,
+    /// Hook for transparent capture: the listener redirected connections reach
+    /// (127.0.0.1:8889 inside). `start_session` holds it open for the session's life (in the
+    /// proxy task) until the capture helper serves it there.
+    pub(super) capture_tcp: Option<std::net::TcpListener>,
+}
+
+/// Validates every passed fd against the kind the request names for it and makes it
+/// non-blocking. `named` is `spec.sockets`; empty means the proxy listener alone (every client
+/// before `session_sockets`), which must then be the only fd.
+fn session_sockets(
+    named: &[String],
+    capable: bool,
+    fds: Vec<OwnedFd>,
+) -> Result<(SessionSockets, String), Response> {
+    use fdpass::{Handover, ListenerError, SocketKind};
+    let refuse = |e: ListenerError| error(ErrorCode::Listener, format!("listener refused: {e}"));
+    if fds.is_empty() {
+        return Err(error(
+            ErrorCode::Listener,
+            "no listener fd was passed with the request (SCM_RIGHTS)",
+        ));
+    }
+    if !named.is_empty() && !capable {
+        return Err(error(
+            ErrorCode::Protocol,
+            "session_start names its sockets but the session_sockets capability is not in              force on this connection; offer it in hello",
+        ));
+    }
+    let kinds = if named.is_empty() {
+        vec![SocketKind::Proxy]
+    } else {
+        named
+            .iter()
+            .map(|n| SocketKind::from_name(n).ok_or_else(|| ListenerError::UnknownKind(n.clone())))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(refuse)?
+    };
+    let set = Handover::from_named(&kinds, fds).map_err(refuse)?;
+    let mut listen = String::new();
+    for (kind, fd) in set.borrowed() {
+        let addr = fdpass::validate_socket(kind, fd)
+            .map_err(|e| error(ErrorCode::Listener, format!("{kind} socket refused: {e}")))?;
+        if kind == SocketKind::Proxy {
+            listen = addr.to_string();
+        }
+    }
+    let serve = |e: std::io::Error| {
+        error(ErrorCode::Listener, format!("cannot serve the handed-over sockets: {e}"))
+    };
+    let tcp = |fd: OwnedFd| {
+        let l = std::net::TcpListener::from(fd);
+        l.set_nonblocking(true).map(|()| l)
+    };
+    let sockets = SessionSockets {
+        proxy: tcp(set.proxy).map_err(serve)?,
+        dns_udp: set
+            .dns_udp
+            .map(|fd| {
+                let u = std::net::UdpSocket::from(fd);
+                u.set_nonblocking(true).map(|()| u)
+            })
+            .transpose()
+            .map_err(serve)?,
+        dns_tcp: set.dns_tcp.map(tcp).transpose().map_err(serve)?,
+        capture_tcp: set.capture_tcp.map(tcp).transpose().map_err(serve)?,
+    };
+    Ok((sockets, listen))
+}
+
 /// What the blocking half of a session start produced.
 struct Prepared {
     spec: SessionSpec,
@@ -50,7 +126,7 @@ struct Prepared {
     paths: Paths,
     built: BuiltPolicy,
     policy_layers: Vec<String>,
-    listener: std::net::TcpListener,
+    sockets: SessionSockets,
     listen: String,
     resolver: Arc<dyn Resolver>,
     sink: FileAuditSink,
@@ -63,7 +139,8 @@ struct Prepared {
 fn prepare(
     daemon: &Daemon,
     spec: SessionSpec,
-    listener: Option<OwnedFd>,
+    fds: Vec<OwnedFd>,
+    capable: bool,
     reregister: bool,
 ) -> Result<Prepared, Response> {
     // The managed layer is read here, by the daemon, for every session: the client cannot drop
@@ -85,16 +162,7 @@ fn prepare(
     };
     let (built, policy_layers) =
         session_policy(managed.as_ref(), &spec).map_err(|e| error(ErrorCode::Config, e))?;
-    let Some(listener) = listener else {
-        return Err(error(
-            ErrorCode::Listener,
-            "no listener fd was passed with the request (SCM_RIGHTS)",
-        ));
-    };
-    let listen = match fdpass::validate_listener(listener.as_fd()) {
-        Ok(addr) => addr.to_string(),
-        Err(e) => return Err(error(ErrorCode::Listener, format!("listener refused: {e}"))),
-    };
+    let (sockets, listen) = session_sockets(&spec.sockets, capable, fds)?;
     let resolver = daemon.resolver().map_err(|e| error(ErrorCode::Config, e))?;
     let info = SessionInfo {
         session: id.clone(),
@@ -107,17 +175,13 @@ fn prepare(
         .logs(&paths)
         .session_sink(info)
         .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
-    let listener = std::net::TcpListener::from(listener);
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| error(ErrorCode::Listener, format!("cannot serve the listener: {e}")))?;
     Ok(Prepared {
         spec,
         id,
         paths,
         built,
         policy_layers,
-        listener,
+        sockets,
         listen,
         resolver,
         sink,
@@ -169,15 +233,17 @@ pub(super) async fn start_session(
             "this connection already owns a session; open one connection per session",
         );
     }
-    let listener = conn.fds.pop();
+    let fds = std::mem::take(&mut conn.fds);
+    let capable = conn.capabilities.contains(crate::protocol::SESSION_SOCKETS);
     let d = Arc::clone(daemon);
-    let prepared = match blocking(move || prepare(&d, spec, listener, reregister)).await {
+    let prepared = match blocking(move || prepare(&d, spec, fds, capable, reregister)).await {
         Ok(Ok(p)) => p,
         Ok(Err(resp)) => return resp,
         Err(e) => return error(ErrorCode::Internal, e),
     };
-    let Prepared { spec, id, paths, built, policy_layers, listener, listen, resolver, sink, local } =
+    let Prepared { spec, id, paths, built, policy_layers, sockets, listen, resolver, sink, local } =
         prepared;
+    let SessionSockets { proxy: listener, dns_udp, dns_tcp, capture_tcp } = sockets;
     let tcp = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
@@ -223,7 +289,11 @@ pub(super) async fn start_session(
     daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
     let d = Arc::clone(daemon);
     let sid = id.clone();
+    // Until the resolver and transparent capture serve them, their sockets stay open for the
+    // session (a closed socket would let another process of the sandbox bind the address).
+    let held = (dns_udp, dns_tcp, capture_tcp);
     let handle = tokio::spawn(async move {
+        let _held = held;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
             tracing::error!("session {sid}: proxy failed: {e}");
         }
