@@ -56,6 +56,62 @@ pub async fn serve_capture(
     .await
 }
 
+/// Serves a session's handed-over capture listener (if its sandbox sent one) in the background
+/// until `shutdown`; the daemon's session start calls this. `None` in, `None` out.
+pub fn serve_in_background(
+    listener: Option<std::net::TcpListener>,
+    session: &Arc<SessionProxy>,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let listener = listener?;
+    let listener =
+        match listener.set_nonblocking(true).and_then(|()| TcpListener::from_std(listener)) {
+            Ok(l) => l,
+            Err(e) => {
+                // The sandbox's redirected connections then fail (nothing accepts them): refused,
+                // never unchecked.
+                tracing::error!("cannot serve the capture listener: {e}");
+                return None;
+            }
+        };
+    let (s, rx) = (Arc::clone(session), shutdown.clone());
+    let names = synthetic_names();
+    Some(tokio::spawn(async move {
+        if let Err(e) = serve_capture(listener, s, names, rx).await {
+            tracing::error!("capture listener failed: {e}");
+        }
+    }))
+}
+
+/// The session's synthetic-address map. With `test-hooks`, `AIRLOCK_TEST_SYNTHETIC` names a
+/// file of `ADDRESS NAME` lines standing in for the sandbox resolver's map (announced loudly).
+fn synthetic_names() -> Arc<dyn SyntheticNames> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(file) = std::env::var_os("AIRLOCK_TEST_SYNTHETIC") {
+        tracing::warn!("TEST HOOK: synthetic addresses from {}", file.to_string_lossy());
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let map: std::collections::HashMap<IpAddr, String> = text
+            .lines()
+            .filter_map(|l| {
+                let (ip, name) = l.trim().split_once(char::is_whitespace)?;
+                Some((ip.parse().ok()?, name.trim().to_owned()))
+            })
+            .collect();
+        return Arc::new(TestSynthetic(map));
+    }
+    Arc::new(NoSynthetic)
+}
+
+#[cfg(feature = "test-hooks")]
+struct TestSynthetic(std::collections::HashMap<IpAddr, String>);
+
+#[cfg(feature = "test-hooks")]
+impl SyntheticNames for TestSynthetic {
+    fn name_for(&self, ip: IpAddr) -> Option<String> {
+        self.0.get(&ip).cloned()
+    }
+}
+
 /// Where a captured connection was going, as the policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Destination {
