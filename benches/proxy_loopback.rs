@@ -4,7 +4,11 @@
 //! Run: `cargo bench --bench proxy_loopback` (release profile). Add `-- --quick` for a short
 //! smoke run; `-- --skip-memory` to skip the 10,000-tunnel memory test (which needs root to
 //! raise the open-files limit); `-- --memory-only` to run only that one;
-//! `-- --throughput-only [--runs N]` to run only the throughput pairs (default 3 pairs).
+//! `-- --throughput-only [--runs N]` to run only the throughput pairs (default 3 pairs);
+//! `-- --transparent-only [--runs N]` to compare a transparently captured connection (issue 14)
+//! with a CONNECT tunnel, both in one fresh network namespace (the bench runs itself again
+//! under `unshare -Urn`, installs the sandbox's capture rule there and serves both paths from
+//! one process against the same upstream).
 //!
 //! Like with like: the raw baseline and the tunnel talk to the *same* upstream server (same
 //! tokio sink/echo code on the same runtime, same address) from the same client code; the
@@ -175,6 +179,91 @@ fn rtts(mut s: TcpStream, n: usize) -> Vec<Duration> {
     out
 }
 
+/// Set in the `unshare -Urn` run of `--transparent-only`.
+const IN_NETNS: &str = "AIRLOCK_BENCH_IN_NETNS";
+
+struct BenchNames(IpAddr);
+
+impl airlock::proxy::transparent::SyntheticNames for BenchNames {
+    fn name_for(&self, ip: IpAddr) -> Option<String> {
+        (ip == self.0).then(|| "bench.test".to_owned())
+    }
+}
+
+/// Transparent capture vs CONNECT, `runs` interleaved pairs of `total` bytes, best of each.
+fn transparent(runs: usize, total: usize) {
+    if std::env::var_os(IN_NETNS).is_none() {
+        let ok = Command::new("unshare")
+            .arg("-Urn")
+            .args(std::env::args())
+            .env(IN_NETNS, "1")
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "the run inside unshare -Urn failed");
+        return;
+    }
+    airlock::sys::namespaces::loopback_up().unwrap();
+    let capture_port = 18889;
+    airlock::sys::netfilter::install_capture(capture_port).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let log = RepoLog::open(tmp.path().join("logs"), "bench-boot").unwrap();
+    let upstream = start_upstream(&rt);
+    let proxy = start_sessions(&rt, &log, upstream, 1)[0];
+    let sink: Arc<dyn AuditSink> = Arc::new(log.session_sink(SessionInfo {
+        session: "bench-capture".into(),
+        repo: "bench".into(),
+        repo_path: None,
+        user_id: Some("bench".into()),
+    }));
+    let session = Arc::new(SessionProxy::new(
+        policy(&[format!("bench.test:{}", upstream.port())]),
+        sink,
+        Arc::new(Fixed("127.0.0.2".parse().unwrap())),
+        Limits { max_tunnels: 100_000, ..Limits::default() },
+        local_addrs(),
+        Identity { repo: "bench".into(), repo_path: None, user_id: Some("bench".into()) },
+    ));
+    let l = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", capture_port))).unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    std::mem::forget(tx);
+    let synthetic: IpAddr = "198.18.0.7".parse().unwrap();
+    rt.spawn(airlock::proxy::transparent::serve_capture(
+        l,
+        session,
+        Arc::new(BenchNames(synthetic)),
+        rx,
+    ));
+    let captured = SocketAddr::new(synthetic, upstream.port());
+    println!(
+        "# transparent capture vs CONNECT, one fresh netns ({} cores)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let (mut best_c, mut best_t) = (0f64, 0f64);
+    for i in 0..runs {
+        let c = push(tunnel(proxy, upstream), total);
+        let s = TcpStream::connect(captured).unwrap();
+        s.set_nodelay(true).unwrap();
+        let t = push(s, total);
+        println!(
+            "  pair {}: connect {:.2} GB/s, transparent {:.2} GB/s, ratio {:.2}",
+            i + 1,
+            c / 1e9,
+            t / 1e9,
+            t / c
+        );
+        best_c = best_c.max(c);
+        best_t = best_t.max(t);
+    }
+    println!(
+        "transparent: connect {:.2} GB/s, transparent {:.2} GB/s, ratio {:.2} (best of {runs} each; target >= 0.90)",
+        best_c / 1e9,
+        best_t / 1e9,
+        best_t / best_c
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--memory-child") {
@@ -189,6 +278,10 @@ fn main() {
         .position(|a| a == "--runs")
         .and_then(|i| args.get(i + 1))
         .map_or(3, |v| v.parse().unwrap());
+    if args.iter().any(|a| a == "--transparent-only") {
+        let quick = args.iter().any(|a| a == "--quick");
+        return transparent(runs, if quick { 256 << 20 } else { 2 << 30 });
+    }
     if args.iter().any(|a| a == "--memory-only") {
         return memory(if quick { 1_000 } else { 10_000 }, 20, 5);
     }

@@ -255,6 +255,7 @@ pub(crate) mod tests {
             truncated: None,
             seqs: None,
             count: None,
+            capture: None,
         }
     }
 
@@ -287,6 +288,7 @@ pub(crate) mod tests {
             // A `suppressed` line's worst case is `audit::volume`'s test (it has no url).
             seqs: None,
             count: None,
+            capture: Some(crate::audit::Capture::Transparent),
         }
     }
 

@@ -88,6 +88,19 @@ pub struct AuditLine {
     /// A `suppressed` line: how many attempts `seqs` holds (the sum of the ranges' sizes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u64>,
+    /// How a connection that did not ask the proxy reached it (`"transparent"`: redirected
+    /// inside the sandbox, its destination recovered from conntrack). Unset for the explicit
+    /// proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<Capture>,
+}
+
+/// The `capture` field of an audit line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capture {
+    /// A TCP connection to a non-loopback address, redirected to the capture listener.
+    Transparent,
 }
 
 impl AuditLine {
@@ -121,6 +134,7 @@ impl AuditLine {
             truncated: None,
             seqs: None,
             count: None,
+            capture: None,
         }
     }
 }

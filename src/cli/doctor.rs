@@ -86,7 +86,9 @@ pub fn agents(ctx: &Context<'_>) -> Vec<Check> {
 /// The sandbox's kernel probes (`sandbox::probe`): the same data `exec` decides with.
 pub fn kernel(ctx: &Context<'_>) -> Vec<Check> {
     use crate::sandbox::probe::{self, HostFs, Status};
-    probe::report(&HostFs::from_env(ctx.env))
+    let mut lines = probe::report(&HostFs::from_env(ctx.env));
+    lines.push(probe::capture_line());
+    lines
         .into_iter()
         .map(|line| Check {
             area: "kernel",

@@ -59,6 +59,9 @@ pub enum Command {
     #[cfg(feature = "test-hooks")]
     #[command(name = "__audit-hold", hide = true)]
     AuditHold(logs::AuditHoldArgs),
+    /// Internal: `airlock doctor`'s transparent-capture probe, in throwaway namespaces (hidden)
+    #[command(name = "__probe-capture", hide = true)]
+    ProbeCapture,
     /// Check targets against the network policy, show it, trust a repo's .airlock.toml
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
@@ -119,6 +122,7 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Logs(args) => logs::run(&args, ctx),
         #[cfg(feature = "test-hooks")]
         Command::AuditHold(args) => logs::audit_hold(&args),
+        Command::ProbeCapture => crate::sandbox::probe::capture_probe_child(),
         Command::Policy(cmd) => policy::run(&cmd, ctx),
         Command::Login(args) => identity::login(&args, ctx),
         Command::Whoami => identity::whoami(ctx),

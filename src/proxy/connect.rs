@@ -125,7 +125,7 @@ pub async fn handle(
 
 /// Reads the agent's first TLS flight into `buf` until the ClientHello is complete (or it is
 /// clearly not TLS, malformed, over the cap, or late). `None`: nothing usable arrived in time.
-async fn read_client_hello(
+pub(super) async fn read_client_hello(
     session: &SessionProxy,
     sock: &mut TcpStream,
     buf: &mut Vec<u8>,
@@ -195,7 +195,7 @@ async fn refuse_with_close(
 }
 
 /// Writes the tunnel's final line (retiring its journal record).
-fn finish(
+pub(super) fn finish(
     session: &SessionProxy,
     mut line: AuditLine,
     started: Instant,

@@ -20,6 +20,7 @@ pub mod respond;
 pub mod splice;
 pub mod standalone;
 pub mod tls_peek;
+pub mod transparent;
 
 use std::io;
 use std::sync::Arc;
@@ -275,8 +276,23 @@ pub fn local_addrs() -> LocalAddrs {
 pub async fn serve_session(
     listener: TcpListener,
     session: Arc<SessionProxy>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
+    serve_with(listener, session, shutdown, handle_connection).await
+}
+
+/// The accept loop and drain of [`serve_session`], with `handler` run for each connection
+/// (the explicit proxy's head reader, or [`transparent`]'s capture handler).
+pub(crate) async fn serve_with<F, Fut>(
+    listener: TcpListener,
+    session: Arc<SessionProxy>,
+    mut shutdown: watch::Receiver<bool>,
+    handler: F,
+) -> io::Result<()>
+where
+    F: Fn(Arc<SessionProxy>, TcpStream) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut tasks: JoinSet<()> = JoinSet::new();
     // Once a second: write the suppressed-refusal summaries whose interval is over
     // (`audit::volume`), so a flood that stops is summarised within about a second.
@@ -291,7 +307,7 @@ pub async fn serve_session(
             accepted = listener.accept() => match accepted {
                 Ok((sock, _peer)) => {
                     let s = Arc::clone(&session);
-                    tasks.spawn(handle_connection(s, sock));
+                    tasks.spawn(handler(s, sock));
                 }
                 Err(e) => {
                     // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener

@@ -27,6 +27,9 @@ use crate::sys::namespaces::{self, Forked};
 
 /// Port of the proxy listener inside the sandbox.
 pub const PROXY_PORT: u16 = crate::sys::fdpass::PROXY_PORT;
+/// Port of the transparent-capture listener inside the sandbox (127.0.0.1): every TCP
+/// connection to a non-loopback address is redirected there (`sys::netfilter`).
+pub const CAPTURE_PORT: u16 = crate::sys::fdpass::CAPTURE_PORT;
 /// The command's limit on processes (RLIMIT_NPROC).
 pub const NPROC_LIMIT: u64 = 4096;
 
@@ -113,6 +116,7 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     }
     ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
     ctx("bringing up lo", namespaces::loopback_up())?;
+    ctx("transparent capture", crate::sys::netfilter::install_capture(CAPTURE_PORT))?;
     let sockets = handover_sockets()?;
     mounts::execute(&spec.ops)?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
@@ -202,7 +206,7 @@ fn isolate_fds(fds: &Inherited) -> io::Result<()> {
 
 /// `setgroups` deny first, then the caller's uid and gid mapped to themselves
 /// (user_namespaces(7)).
-fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
+pub(crate) fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     let w = |file: &str, text: String| {
         std::fs::write(file, text).map_err(|e| io::Error::other(format!("writing {file}: {e}")))
     };

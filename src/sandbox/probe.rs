@@ -369,6 +369,96 @@ pub fn report(fs: &dyn ProbeFs) -> Vec<ProbeLine> {
     lines
 }
 
+/// The hidden subcommand that runs [`capture_probe_child`].
+pub const CAPTURE_PROBE_COMMAND: &str = "__probe-capture";
+
+/// Transparent capture (issue 14): whether the capture `exec` puts in place inside the
+/// sandbox's network namespace works on this machine. Tried for real, in a throwaway user and
+/// network namespace (a fresh `airlock __probe-capture` process, single-threaded as clone(2)
+/// with CLONE_NEWUSER requires), because no file in /proc says whether nf_tables' nat chains
+/// and redir expression are usable there.
+pub fn capture_line() -> ProbeLine {
+    let name = "transparent capture";
+    let fix = "a kernel with nf_tables NAT (CONFIG_NF_TABLES, CONFIG_NF_TABLES_INET, \
+CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK) and user namespaces; without it \
+`airlock exec` refuses to start (exit 125)";
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            return ProbeLine {
+                name,
+                status: Status::Warn,
+                detail: format!("cannot probe: cannot find the airlock binary: {e}"),
+                fix: None,
+            };
+        }
+    };
+    match std::process::Command::new(exe).arg(CAPTURE_PROBE_COMMAND).output() {
+        Ok(out) if out.status.success() => ProbeLine {
+            name,
+            status: Status::Ok,
+            detail: "TCP to any non-loopback address is redirected to the capture listener \
+(nftables redirect, set up through netlink)"
+                .into(),
+            fix: None,
+        },
+        Ok(out) => ProbeLine {
+            name,
+            status: Status::Fail,
+            detail: format!("unavailable: {}", String::from_utf8_lossy(&out.stderr).trim()),
+            fix: Some(fix.into()),
+        },
+        Err(e) => ProbeLine {
+            name,
+            status: Status::Warn,
+            detail: format!("cannot probe: cannot run the airlock binary: {e}"),
+            fix: None,
+        },
+    }
+}
+
+/// `airlock __probe-capture`: in a child in new user and network namespaces, map our ids,
+/// bring `lo` up and install the capture exactly as the sandbox does. Exit 0 when it worked;
+/// otherwise 1 with the reason on stderr.
+pub fn capture_probe_child() -> i32 {
+    use crate::sys::namespaces::{self, Forked};
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    match namespaces::fork_into_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) {
+        Ok(Forked::Child) => {
+            let r = super::inside::write_id_maps(uid, gid)
+                .and_then(|()| namespaces::loopback_up())
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    crate::sys::netfilter::install_capture(super::inside::CAPTURE_PORT)
+                        .map_err(|e| e.to_string())
+                });
+            match r {
+                Ok(()) => crate::sys::exec::exit_now(0),
+                Err(e) => {
+                    eprintln!("{e}");
+                    crate::sys::exec::exit_now(1)
+                }
+            }
+        }
+        Ok(Forked::Parent(pid)) => match nix::sys::wait::waitpid(pid, None) {
+            Ok(nix::sys::wait::WaitStatus::Exited(_, code)) => code,
+            Ok(other) => {
+                eprintln!("the probe ended with {other:?}");
+                1
+            }
+            Err(e) => {
+                eprintln!("waiting for the probe: {e}");
+                1
+            }
+        },
+        Err(e) => {
+            eprintln!("cannot enter new user and network namespaces: {e}");
+            1
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

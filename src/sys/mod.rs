@@ -5,6 +5,7 @@ pub mod activation;
 pub mod exec;
 pub mod fdpass;
 pub mod namespaces;
+pub mod netfilter;
 pub mod peer;
 pub mod spawn;
 pub mod splice;

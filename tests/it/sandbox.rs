@@ -139,12 +139,22 @@ fn direct_connections_to_host_listeners_fail() {
             .exec(&["curl", "-sS", "--noproxy", "*", "-m", "3", &format!("http://{addr}:{t}/")])
             .run();
         assert_ne!(run.code(), 0, "curl --noproxy reached {addr}:{t}: {}", run.stdout());
-        let run = sb.exec(&["bash", "-c", &format!("echo x > /dev/tcp/{addr}/{t}")]).run();
-        assert_ne!(run.code(), 0, "bash /dev/tcp reached {addr}:{t}");
+        // A TCP connect to a non-loopback address now completes — against the sandbox's own
+        // capture listener (transparent capture, issue 14), which the daemon refuses; the wall
+        // is that nothing reaches the host's sentinel (asserted below) and that no byte comes
+        // back from it.
+        let run = sb
+            .exec(&[
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{addr}/{t} && echo x >&3 && timeout 3 head -c1 <&3"),
+            ])
+            .run();
+        assert!(run.stdout().is_empty(), "bash /dev/tcp got an answer from {addr}:{t}");
         let code = format!(
             "import socket\n\
              s = socket.socket(); s.settimeout(3)\n\
-             try:\n    s.connect(('{addr}', {t})); print('CONNECTED')\n\
+             try:\n    s.connect(('{addr}', {t})); s.sendall(b'x'); print('CONNECTED' if s.recv(1) else 'closed')\n\
              except OSError as e: print('refused', e.errno)\n\
              u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
              try:\n    u.sendto(b'leak', ('{addr}', {u})); print('SENT')\n\

@@ -291,7 +291,11 @@ pub(super) async fn start_session(
     let sid = id.clone();
     // Until the resolver and transparent capture serve them, their sockets stay open for the
     // session (a closed socket would let another process of the sandbox bind the address).
-    let held = (dns_udp, dns_tcp, capture_tcp);
+    let held = (
+        dns_udp,
+        dns_tcp,
+        proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx),
+    );
     let handle = tokio::spawn(async move {
         let _held = held;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {

@@ -1,0 +1,129 @@
+//! Transparent capture (issue 14): from inside `airlock exec`, TCP connections that ignore the
+//! proxy variables — `curl --noproxy '*'`, Node's `fetch` (undici ignores `HTTP_PROXY`), a raw
+//! Python socket to an IP literal — reach the capture listener, are decided like a CONNECT and
+//! leave a line with `"capture": "transparent"`. Upstreams are the test's own loopback servers;
+//! synthetic addresses (198.18.0.0/15, inside the sandbox only — nothing is sent there) map to
+//! test names through the `AIRLOCK_TEST_SYNTHETIC` hook, and names to 127.0.0.2 through the
+//! test resolver. 10.1.2.3 is refused by the policy and never dialed.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::harness::{Harness, Options};
+use crate::support::{World, have};
+
+/// An HTTP server on `ip` answering every request with `body`, counting connections.
+fn http_upstream(ip: &str, body: &'static str) -> (u16, Arc<AtomicUsize>) {
+    let l = TcpListener::bind((ip, 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&hits);
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            h.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    (port, hits)
+}
+
+fn line_for<'a>(
+    lines: &'a [serde_json::Value],
+    host: &str,
+    port: u16,
+) -> Option<&'a serde_json::Value> {
+    lines.iter().find(|l| l["host"] == host && l["port"] == port)
+}
+
+#[test]
+fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
+    if !have("curl") || !have("python3") || !have("node") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("capture");
+    let (port, hits) = http_upstream("127.0.0.2", "upstream-ok\n");
+    let resolver = world.write(world.tmp.path().join("resolver"), "allowed.test 127.0.0.2\n");
+    let synthetic = world.write(
+        world.tmp.path().join("synthetic"),
+        "198.18.0.7 allowed.test\n198.18.0.9 refused.test\n",
+    );
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        &format!(
+            "[network]\nallow = [\"allowed.test:{port}\"]\nallow_private = [\"127.0.0.2/32\"]\n"
+        ),
+    );
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![
+                ("AIRLOCK_TEST_RESOLVER".into(), resolver.into()),
+                ("AIRLOCK_TEST_SYNTHETIC".into(), synthetic.into()),
+            ],
+            ..Default::default()
+        },
+    );
+    let script = format!(
+        "set -u\n\
+         echo \"curl:$(curl --noproxy '*' -sS -m 10 http://198.18.0.7:{port}/)\"\n\
+         curl --noproxy '*' -sS -m 10 http://198.18.0.9:{port}/ >/dev/null 2>&1; echo \"curl-refused:$?\"\n\
+         node -e \"fetch('http://198.18.0.7:{port}/').then(r => r.text()).then(t => process.stdout.write('node:' + t), e => console.log('node-failed', e.cause && e.cause.code))\"\n\
+         node -e \"fetch('http://198.18.0.9:{port}/').then(r => console.log('node-refused:FETCHED'), e => console.log('node-refused:' + (e.cause && e.cause.code)))\"\n\
+         python3 -c \"import socket\ntry:\n  s = socket.create_connection(('10.1.2.3', 443), timeout=10); s.sendall(b'x'); print('py:' + repr(s.recv(10)))\nexcept OSError as e: print('py:reset', e.errno)\"\n\
+         python3 -c \"import socket\ntry:\n  s = socket.create_connection(('127.0.0.1', 8889), timeout=10); print('direct:' + repr(s.recv(10)))\nexcept OSError as e: print('direct:reset', e.errno)\"\n\
+         echo \"explicit:$(curl -sS -m 10 http://allowed.test:{port}/)\"\n"
+    );
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["exec", "--", "sh", "-c", &script])
+        .run();
+    let out = run.stdout();
+    assert_eq!(run.code(), 0, "{out}\n{}\n--- airlockd log\n{}", run.stderr(), h.log());
+    assert!(out.contains("curl:upstream-ok\n"), "{out}\n{}", run.stderr());
+    assert!(!out.contains("curl-refused:0\n"), "{out}");
+    assert!(out.contains("node:upstream-ok\n"), "{out}\n{}", run.stderr());
+    assert!(out.lines().any(|l| l.starts_with("node-refused:") && !l.contains("FETCHED")), "{out}");
+    assert!(out.contains("py:b''") || out.contains("py:reset"), "{out}");
+    assert!(out.contains("direct:b''") || out.contains("direct:reset"), "{out}");
+    assert!(out.contains("explicit:upstream-ok\n"), "{out}");
+    // curl, node and the explicit request reached the upstream; nothing refused did.
+    assert_eq!(hits.load(Ordering::SeqCst), 3, "{out}");
+
+    let lines = world.audit_lines("capture");
+    let transparent: Vec<_> = lines.iter().filter(|l| l["capture"] == "transparent").collect();
+    assert!(transparent.iter().all(|l| l["method"] == "CONNECT"), "{transparent:?}");
+    let allowed: Vec<_> = transparent
+        .iter()
+        .filter(|l| l["host"] == "allowed.test" && l["allowed"] == true)
+        .collect();
+    assert_eq!(allowed.len(), 2, "curl and node: {lines:?}");
+    assert!(allowed.iter().all(|l| l["addr"] == format!("127.0.0.2:{port}").as_str()), "{lines:?}");
+    let refused = line_for(&lines, "refused.test", port).expect("refused.test line");
+    assert_eq!(refused["allowed"], false);
+    assert_eq!(refused["reason"], "not_allowed");
+    assert_eq!(refused["capture"], "transparent");
+    let literal = line_for(&lines, "10.1.2.3", 443).expect("10.1.2.3:443 line");
+    assert_eq!(literal["allowed"], false);
+    assert_eq!(literal["reason"], "ip_not_allowed");
+    assert_eq!(literal["capture"], "transparent");
+    let direct = line_for(&lines, "127.0.0.1", 8889).expect("direct line");
+    assert_eq!(direct["allowed"], false);
+    assert_eq!(direct["capture"], "transparent");
+    // The explicit proxy's line has no capture field.
+    let explicit: Vec<_> =
+        lines.iter().filter(|l| l["host"] == "allowed.test" && l["capture"].is_null()).collect();
+    assert_eq!(explicit.len(), 1, "{lines:?}");
+}
