@@ -312,6 +312,27 @@ pub struct LayerDoc {
     pub review_servers: Vec<String>,
     #[serde(default)]
     pub terminal: TerminalDoc,
+    /// `[audit]` (managed and user layers only); omitted when the file is silent, so older
+    /// daemons and clients see the same documents as before.
+    #[serde(default, skip_serializing_if = "AuditDoc::is_empty")]
+    pub audit: AuditDoc,
+}
+
+/// `[audit]`: the session's audit-volume bounds (sizes in bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_budget: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_free: Option<u64>,
+}
+
+impl AuditDoc {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// `[network]`.
@@ -627,6 +648,7 @@ mod tests {
             mcp,
             review_servers: vec!["https://review.corp.example".into()],
             terminal: TerminalDoc { clipboard: Some(Clipboard::Allow) },
+            audit: AuditDoc::default(),
         };
         SessionSpec {
             session: None,

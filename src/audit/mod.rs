@@ -197,6 +197,17 @@ pub enum AuditError {
         #[source]
         source: std::io::Error,
     },
+    /// The session was stopped (`audit_budget`, `low_space`): nothing more is forwarded.
+    #[error("{detail}")]
+    Stopped { reason: crate::policy::Reason, detail: String },
+    /// Too little free space to start a session.
+    #[error(
+        "refusing to start the session: only {free} bytes are free on the file system of {}, \
+         below [audit] min_free ({min} bytes); free some space (or lower min_free in \
+         ~/.airlock/config.toml) and start again",
+        path.display()
+    )]
+    LowSpace { path: std::path::PathBuf, free: u64, min: u64 },
     /// An audit, journal or session file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {

@@ -29,18 +29,55 @@ pub const DEFAULT_BURST: u32 = 20;
 /// The interval of the rate limit, in milliseconds of the log's clock.
 pub const INTERVAL_MS: u64 = 1000;
 
-/// The session's audit-volume settings (`[audit]`, managed and user layers only).
+/// Default `[audit] session_budget`: 1 GiB of audit lines per session.
+pub const DEFAULT_SESSION_BUDGET: u64 = 1 << 30;
+
+/// Default `[audit] min_free`: 256 MiB free on the log's file system.
+pub const DEFAULT_MIN_FREE: u64 = 256 << 20;
+
+/// The session's audit-volume settings (`[audit]`, managed and user layers only;
+/// `config::audit_volume`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Volume {
     /// Identical refusals (same host and reason) written per second before the rest are
     /// summarised; `0` turns the rate limit off.
     pub burst: u32,
+    /// Bytes of audit lines one session may write; past it the session is stopped.
+    pub session_budget: u64,
+    /// Bytes that must stay free on the log's file system; below it, no traffic.
+    pub min_free: u64,
 }
 
 impl Default for Volume {
     fn default() -> Self {
-        Self { burst: DEFAULT_BURST }
+        Self {
+            burst: DEFAULT_BURST,
+            session_budget: DEFAULT_SESSION_BUDGET,
+            min_free: DEFAULT_MIN_FREE,
+        }
     }
+}
+
+/// With `test-hooks`: a file whose content (a number of bytes) [`free_bytes`] reports instead
+/// of the file system's free space, re-read at every check, so a test can drive the low-space
+/// stop without filling a real file system (a tmpfs needs root; the sandbox suite also runs
+/// unprivileged).
+pub const TEST_FREE_BYTES_FILE_VAR: &str = "AIRLOCK_TEST_FREE_BYTES_FILE";
+
+/// Bytes available to this user on the file system holding `dir` (`statvfs(3)`: `f_bavail`
+/// blocks of `f_frsize` bytes — what a non-root writer can still use).
+pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    #[cfg(feature = "test-hooks")]
+    if let Some(file) = std::env::var_os(TEST_FREE_BYTES_FILE_VAR)
+        && let Ok(text) = std::fs::read_to_string(file)
+        && let Ok(n) = text.trim().parse::<u64>()
+    {
+        return Ok(n);
+    }
+    let st = nix::sys::statvfs::statvfs(dir).map_err(std::io::Error::from)?;
+    #[allow(clippy::useless_conversion)] // the field types differ between libcs
+    let (avail, frsize) = (u64::from(st.blocks_available()), u64::from(st.fragment_size()));
+    Ok(avail.saturating_mul(frsize))
 }
 
 /// What the caller does with a refusal's line.
@@ -121,13 +158,61 @@ impl Pending {
 /// One session's rate-limit state (see the module header).
 #[derive(Debug)]
 pub struct Limiter {
-    volume: Volume,
+    pub(super) volume: Volume,
     keys: HashMap<(String, Reason), Key>,
+    /// Set once the session is stopped (`audit_budget`, `low_space`): every later attempt is
+    /// refused and only counted, in one summary per interval with that reason.
+    stopped: Option<(Reason, Option<Pending>)>,
 }
 
 impl Limiter {
     pub fn new(volume: Volume) -> Self {
-        Self { volume, keys: HashMap::new() }
+        Self { volume, keys: HashMap::new(), stopped: None }
+    }
+
+    pub fn volume(&self) -> &Volume {
+        &self.volume
+    }
+
+    /// Why the session was stopped, if it was.
+    pub fn stopped(&self) -> Option<Reason> {
+        self.stopped.as_ref().map(|s| s.0)
+    }
+
+    /// Stops the session for `reason`; false if it was already stopped.
+    pub fn stop(&mut self, reason: Reason) -> bool {
+        if self.stopped.is_some() {
+            return false;
+        }
+        self.stopped = Some((reason, None));
+        true
+    }
+
+    /// After a stop: holds `line`'s `seq` in the stop summary (the attempt is refused, never
+    /// forwarded); a summary that is full is returned for writing now.
+    pub fn absorb(&mut self, line: &AuditLine) -> Vec<AuditLine> {
+        let Some((reason, pending)) = &mut self.stopped else { return Vec::new() };
+        match pending {
+            None => {
+                let first = AuditLine {
+                    host: String::new(),
+                    allowed: false,
+                    reason: Some(*reason),
+                    layer: Some(crate::policy::LayerKind::None),
+                    policy: None,
+                    port: None,
+                    ..line.clone()
+                };
+                *pending = Some(Pending::new(&first));
+            }
+            Some(p) => {
+                p.add(line.seq);
+                if p.ranges.len() >= MAX_RANGES_PER_LINE {
+                    return pending.take().map(Pending::into_line).into_iter().collect();
+                }
+            }
+        }
+        Vec::new()
     }
 
     /// Whether `line` falls under the rate limit: a refusal with a reason, other than a
@@ -177,6 +262,9 @@ impl Limiter {
     pub fn due(&mut self, now_ms: u64) -> Vec<AuditLine> {
         let interval = now_ms / INTERVAL_MS;
         let mut out = Vec::new();
+        if let Some((_, pending)) = &mut self.stopped {
+            out.extend(pending.take().map(Pending::into_line));
+        }
         self.keys.retain(|_, k| {
             if k.interval == interval {
                 return true;
@@ -192,6 +280,9 @@ impl Limiter {
     pub fn drain(&mut self) -> Vec<AuditLine> {
         let mut out: Vec<AuditLine> =
             self.keys.drain().filter_map(|(_, k)| k.pending.map(Pending::into_line)).collect();
+        if let Some((_, pending)) = &mut self.stopped {
+            out.extend(pending.take().map(Pending::into_line));
+        }
         out.sort_by_key(|l| l.seq);
         out
     }
@@ -203,6 +294,22 @@ impl Limiter {
             else {
                 continue;
             };
+            if let Some((stop, pending)) = &mut self.stopped
+                && *stop == reason
+                && l.host.is_empty()
+            {
+                let first = AuditLine {
+                    id: l.id.trim_end_matches("-suppressed").to_owned(),
+                    seqs: None,
+                    count: None,
+                    ..l
+                };
+                match pending {
+                    None => *pending = Some(Pending { first, ranges, count }),
+                    Some(p) => ranges.iter().for_each(|&[a, b]| (a..=b).for_each(|s| p.add(s))),
+                }
+                continue;
+            }
             let key = self.keys.entry((l.host.clone(), reason)).or_insert(Key {
                 interval: now_ms / INTERVAL_MS,
                 written: 0,
@@ -254,7 +361,7 @@ mod tests {
 
     #[test]
     fn past_the_burst_identical_refusals_are_counted_exactly_in_one_line_per_interval() {
-        let mut lim = Limiter::new(Volume { burst: 3 });
+        let mut lim = Limiter::new(Volume { burst: 3, ..Volume::default() });
         let mut written = 0;
         let mut summaries = Vec::new();
         for seq in 1..=1000u64 {
@@ -291,7 +398,7 @@ mod tests {
 
     #[test]
     fn keys_are_host_and_reason_and_other_lines_pass() {
-        let mut lim = Limiter::new(Volume { burst: 1 });
+        let mut lim = Limiter::new(Volume { burst: 1, ..Volume::default() });
         assert_eq!(lim.admit(&refusal("a.test", 1), 0), Verdict::Write(vec![]));
         assert_eq!(lim.admit(&refusal("b.test", 2), 0), Verdict::Write(vec![]));
         let mut other = refusal("a.test", 3);
@@ -302,7 +409,7 @@ mod tests {
         allowed.reason = Some(Reason::Allowed);
         assert_eq!(lim.admit(&allowed, 0), Verdict::Write(vec![]));
         assert_eq!(lim.admit(&refusal("a.test", 5), 0), Verdict::Suppressed(vec![]));
-        let off = &mut Limiter::new(Volume { burst: 0 });
+        let off = &mut Limiter::new(Volume { burst: 0, ..Volume::default() });
         for s in 1..100 {
             assert_eq!(off.admit(&refusal("a.test", s), 0), Verdict::Write(vec![]));
         }
@@ -310,7 +417,7 @@ mod tests {
 
     #[test]
     fn out_of_order_seqs_merge_and_a_full_summary_is_written_early() {
-        let mut lim = Limiter::new(Volume { burst: 1 });
+        let mut lim = Limiter::new(Volume { burst: 1, ..Volume::default() });
         assert!(matches!(lim.admit(&refusal("a.test", 1), 0), Verdict::Write(_)));
         for s in [5, 3, 4, 2] {
             assert_eq!(lim.admit(&refusal("a.test", s), 0), Verdict::Suppressed(vec![]));
@@ -341,7 +448,7 @@ mod tests {
 
     #[test]
     fn due_flushes_ended_intervals_and_restore_keeps_counts() {
-        let mut lim = Limiter::new(Volume { burst: 1 });
+        let mut lim = Limiter::new(Volume { burst: 1, ..Volume::default() });
         lim.admit(&refusal("a.test", 1), 0);
         lim.admit(&refusal("a.test", 2), 0);
         lim.admit(&refusal("a.test", 3), 0);

@@ -150,8 +150,11 @@ impl RepoLog {
         FileAuditSink::new(Arc::clone(self), info)
     }
 
-    fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
-        self.audit.append_encoded(&encode_line(line)?)
+    /// Appends one line; returns its length in bytes.
+    fn append(&self, line: &AuditLine) -> Result<u64, AuditError> {
+        let bytes = encode_line(line)?;
+        self.audit.append_encoded(&bytes)?;
+        Ok(bytes.len() as u64)
     }
 }
 
@@ -304,12 +307,23 @@ impl LogRegistry {
     }
 
     /// Like [`LogRegistry::session_sink`] with the session's `[audit]` volume settings.
+    /// Refuses to start below `[audit] min_free` ([`AuditError::LowSpace`]).
     pub fn session_sink_with(
         &self,
         info: SessionInfo,
         volume: Volume,
     ) -> Result<FileAuditSink, AuditError> {
-        Ok(FileAuditSink::with_volume(self.repo_log(&info.repo)?, info, volume))
+        let log = self.repo_log(&info.repo)?;
+        let free = super::volume::free_bytes(log.dir())
+            .map_err(|source| AuditError::Read { path: log.dir().to_owned(), source })?;
+        if free < volume.min_free {
+            return Err(AuditError::LowSpace {
+                path: log.dir().to_owned(),
+                free,
+                min: volume.min_free,
+            });
+        }
+        Ok(FileAuditSink::with_volume(log, info, volume))
     }
 }
 
@@ -335,8 +349,10 @@ pub struct FileAuditSink {
     /// Random per sink: `id` = `<prefix>-<seq>`, unique without a syscall per line.
     id_prefix: String,
     seq: AtomicU64,
-    /// Rate limiting of identical refusals ([`super::volume`]).
+    /// Rate limiting of identical refusals and the stop state ([`super::volume`]).
     limiter: Mutex<Limiter>,
+    /// Audit bytes this session has written (against `[audit] session_budget`).
+    written: AtomicU64,
 }
 
 impl Drop for FileAuditSink {
@@ -361,7 +377,78 @@ impl FileAuditSink {
             id_prefix: new_id(),
             seq: AtomicU64::new(0),
             limiter: Mutex::new(Limiter::new(volume)),
+            written: AtomicU64::new(0),
         }
+    }
+
+    /// Why the session was stopped (`audit_budget`, `low_space`), if it was.
+    pub fn stopped(&self) -> Option<crate::policy::Reason> {
+        lock(&self.limiter).stopped()
+    }
+
+    /// Audit bytes written by this session so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    fn stop_error(&self, reason: crate::policy::Reason) -> AuditError {
+        let volume = *lock(&self.limiter).volume();
+        let detail = match reason {
+            crate::policy::Reason::AuditBudget => format!(
+                "airlock stopped this session: it wrote its audit budget of {} bytes \
+                 ([audit] session_budget); nothing more is forwarded. Find out what floods the \
+                 log (`airlock logs`), then start a new session, or raise session_budget in \
+                 ~/.airlock/config.toml",
+                volume.session_budget
+            ),
+            _ => format!(
+                "airlock stopped this session: the file system of {} has less than [audit] \
+                 min_free ({} bytes) free, and without space for the audit log nothing is \
+                 forwarded. Free some space and start a new session",
+                self.log.dir().display(),
+                volume.min_free
+            ),
+        };
+        AuditError::Stopped { reason, detail }
+    }
+
+    /// Stops the session once: logs why and writes its final line (a fresh `seq`, `method`
+    /// `"STOP"`, the reason).
+    fn stop_session(&self, reason: crate::policy::Reason) {
+        if !lock(&self.limiter).stop(reason) {
+            return;
+        }
+        let e = self.stop_error(reason);
+        tracing::error!(session = %self.info.session, "{e}");
+        let mut last = self.line("", None, "STOP");
+        last.reason = Some(reason);
+        last.layer = Some(crate::policy::LayerKind::None);
+        last.duration_ms = Some(0);
+        match self.log.append(&last) {
+            Ok(n) => {
+                self.written.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(e) => tracing::error!(error = %e, "cannot write the session's final line"),
+        }
+    }
+
+    /// Writes `line` and counts it against the budget; past the budget the session stops.
+    fn write_counted(&self, line: &AuditLine) -> Result<(), AuditError> {
+        let n = self.log.append(line)?;
+        let total = self.written.fetch_add(n, Ordering::Relaxed) + n;
+        if total >= lock(&self.limiter).volume().session_budget {
+            self.stop_session(crate::policy::Reason::AuditBudget);
+        }
+        Ok(())
+    }
+
+    /// After a stop: the attempt is counted in the stop summary and refused.
+    fn refuse_stopped(&self, line: &AuditLine, reason: crate::policy::Reason) -> AuditError {
+        let full = lock(&self.limiter).absorb(line);
+        if let Err(e) = self.write_summaries(full) {
+            tracing::error!(error = %e, "cannot write the stopped session's summary");
+        }
+        self.stop_error(reason)
     }
 
     fn now_ms(&self) -> u64 {
@@ -374,7 +461,7 @@ impl FileAuditSink {
     fn write_summaries(&self, lines: Vec<AuditLine>) -> Result<(), AuditError> {
         let mut lines = lines.into_iter();
         while let Some(line) = lines.next() {
-            if let Err(e) = self.log.append(&line) {
+            if let Err(e) = self.write_counted(&line) {
                 let mut back = vec![line];
                 back.extend(lines);
                 lock(&self.limiter).restore(back, self.now_ms());
@@ -425,20 +512,35 @@ impl AuditSink for FileAuditSink {
     }
 
     fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
+        if let Some(reason) = self.stopped() {
+            return Err(self.refuse_stopped(line, reason));
+        }
         if !Limiter::applies(line) {
-            return self.log.append(line);
+            return self.write_counted(line);
         }
         let verdict = lock(&self.limiter).admit(line, self.now_ms());
         match verdict {
             Verdict::Write(before) => {
                 self.write_summaries(before)?;
-                self.log.append(line)
+                self.write_counted(line)
             }
             Verdict::Suppressed(full) => self.write_summaries(full),
         }
     }
 
+    /// Also the in-session free-space check (once a second): below `[audit] min_free` the
+    /// session stops with `low_space`.
     fn tick(&self) -> Result<(), AuditError> {
+        let min_free = lock(&self.limiter).volume().min_free;
+        if self.stopped().is_none() {
+            match super::volume::free_bytes(self.log.dir()) {
+                Ok(free) if free < min_free => {
+                    self.stop_session(crate::policy::Reason::LowSpace);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot check the audit log's free space"),
+            }
+        }
         let due = lock(&self.limiter).due(self.now_ms());
         self.write_summaries(due)
     }
@@ -449,12 +551,16 @@ impl AuditSink for FileAuditSink {
     }
 
     fn journal_open(&self, line: &AuditLine) -> Result<(), AuditError> {
+        if let Some(reason) = self.stopped() {
+            return Err(self.refuse_stopped(line, reason));
+        }
         self.log.journal.open(line)
     }
 
     fn journal_close(&self, line: &AuditLine) -> Result<(), AuditError> {
         // Audit line first: if it fails the open record stays and a later writer settles it.
-        self.log.append(line)?;
+        // A tunnel opened before a stop still gets its line.
+        self.write_counted(line)?;
         self.log.journal.close(&line.id)
     }
 }
@@ -537,8 +643,11 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let clock = TestClock::at(BEFORE_MIDNIGHT - 5_000);
         let log = RepoLog::open_with_clock(tmp.path(), "b", clock.clone()).unwrap();
-        let sink =
-            Arc::new(FileAuditSink::with_volume(Arc::clone(&log), info(), Volume { burst: 5 }));
+        let sink = Arc::new(FileAuditSink::with_volume(
+            Arc::clone(&log),
+            info(),
+            Volume { burst: 5, ..Volume::default() },
+        ));
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let sink = Arc::clone(&sink);
@@ -574,6 +683,75 @@ pub(crate) mod tests {
             }
         }
         assert!(seen[1..].iter().all(|&n| n == 1), "every seq exactly once");
+    }
+
+    /// Past `session_budget` the session stops: one final `audit_budget` line, every later
+    /// attempt refused (allowed ones never journaled) and counted in a stop summary.
+    #[test]
+    fn past_the_budget_the_session_stops_with_a_final_line_and_counts_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = RepoLog::open(tmp.path(), "b").unwrap();
+        let volume = Volume { burst: 0, session_budget: 2000, ..Volume::default() };
+        let sink = FileAuditSink::with_volume(Arc::clone(&log), info(), volume);
+        let mut refused = 0;
+        for i in 0..40 {
+            let mut line = sink.line(&format!("h{i}.test"), Some(443), "CONNECT");
+            if i % 2 == 0 {
+                line.reason = Some(crate::policy::Reason::NotAllowed);
+                if let Err(e) = sink.append(&line) {
+                    assert!(matches!(e, AuditError::Stopped { .. }));
+                    assert!(e.to_string().contains("session_budget"), "{e}");
+                    refused += 1;
+                }
+            } else {
+                line.allowed = true;
+                if sink.journal_open(&line).is_err() {
+                    refused += 1;
+                } else {
+                    sink.journal_close(&line).unwrap();
+                }
+            }
+        }
+        assert_eq!(sink.stopped(), Some(crate::policy::Reason::AuditBudget));
+        drop(sink);
+        let got = lines(&tmp.path().join(format!("audit-{}.jsonl", utc_date(SystemTime::now()))));
+        let finals: Vec<_> = got.iter().filter(|l| l.method == "STOP").collect();
+        assert_eq!(finals.len(), 1);
+        assert_eq!(finals[0].reason, Some(crate::policy::Reason::AuditBudget));
+        let summary: Vec<_> = got.iter().filter(|l| l.seqs.is_some()).collect();
+        assert_eq!(summary.len(), 1);
+        assert_eq!(summary[0].count, Some(refused));
+        assert_eq!(summary[0].reason, Some(crate::policy::Reason::AuditBudget));
+        // 40 attempts + the final line, each seq once.
+        let mut seen: Vec<u64> = got.iter().filter(|l| l.seqs.is_none()).map(|l| l.seq).collect();
+        for [a, b] in summary[0].seqs.clone().unwrap() {
+            seen.extend(a..=b);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (1..=41).collect::<Vec<_>>());
+        assert!(log.journal().path().exists());
+    }
+
+    /// Below `min_free` a session does not start, and a running one stops at its next tick.
+    #[test]
+    fn low_space_refuses_the_start_and_stops_a_running_session() {
+        let tmp = tempfile::tempdir().unwrap();
+        let reg = LogRegistry::new(tmp.path(), "boot");
+        let huge = Volume { min_free: u64::MAX, ..Volume::default() };
+        let err = reg.session_sink_with(info(), huge).unwrap_err();
+        assert!(matches!(err, AuditError::LowSpace { .. }), "{err}");
+        assert!(err.to_string().contains("min_free"), "{err}");
+        let sink = reg.session_sink_with(info(), Volume::default()).unwrap();
+        sink.tick().unwrap();
+        assert_eq!(sink.stopped(), None, "this file system has room");
+        // The same check with a threshold above what is free stops it.
+        lock(&sink.limiter).volume.min_free = u64::MAX;
+        sink.tick().unwrap();
+        assert_eq!(sink.stopped(), Some(crate::policy::Reason::LowSpace));
+        let mut line = sink.line("a.test", Some(443), "CONNECT");
+        line.allowed = true;
+        let err = sink.journal_open(&line).unwrap_err();
+        assert!(err.to_string().contains("min_free"), "{err}");
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //! servers = ["https://review.corp.example"]
 //! [terminal]                    # managed and user layers only
 //! clipboard = "deny"            # or "allow" (OSC 52 writes; reads are always dropped)
+//! [audit]                       # managed and user layers only
+//! burst = 20                    # identical refusals written one by one per second (0: no limit)
+//! session_budget = "1GiB"       # audit bytes per session; past it the session is stopped
+//! min_free = "256MiB"           # free space the log's file system keeps; below it, no traffic
 //! ```
 
 use std::collections::BTreeMap;
@@ -35,7 +39,8 @@ use super::diag::{Diagnostic, line_col, suggestion};
 use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
-const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review", "terminal"];
+const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review", "terminal", "audit"];
+const AUDIT_KEYS: &[&str] = &["burst", "session_budget", "min_free"];
 const NETWORK_KEYS: &[&str] = &["mode", "allow", "block", "allow_private"];
 const ENV_KEYS: &[&str] = &["pass"];
 const REVIEW_KEYS: &[&str] = &["servers"];
@@ -68,6 +73,23 @@ pub struct LayerDoc {
     /// `[terminal]` (managed and user layers only).
     #[serde(default)]
     pub terminal: TerminalDoc,
+    /// `[audit]` (managed and user layers only).
+    #[serde(default)]
+    pub audit: AuditDoc,
+}
+
+/// `[audit]`: bounds on a session's audit volume (`None` when the file is silent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditDoc {
+    /// `burst`: identical refusals per second written one by one.
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// `session_budget`, in bytes.
+    #[serde(default)]
+    pub session_budget: Option<u64>,
+    /// `min_free`, in bytes.
+    #[serde(default)]
+    pub min_free: Option<u64>,
 }
 
 /// `[terminal]`: what the relay lets reach the caller's terminal.
@@ -157,6 +179,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         mcp: BTreeMap::new(),
         review_servers: Vec::new(),
         terminal: TerminalDoc::default(),
+        audit: AuditDoc::default(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -243,7 +266,85 @@ impl Walker<'_> {
                         self.terminal(t, doc);
                     }
                 }
+                "audit" => {
+                    if !matches!(self.kind, LayerKind::Managed | LayerKind::User) {
+                        self.error(
+                            key.span(),
+                            format!(
+                                "[audit] is not allowed in the {} layer: the audit log's bounds \
+                                 may only be set in ~/.airlock/config.toml or the managed policy \
+                                 (/etc/airlock/policy.toml), so a repo cannot quiet or fill its \
+                                 own audit trail; move it there",
+                                self.kind
+                            ),
+                        );
+                    } else if let Some(t) = self.table(value, "[audit]") {
+                        self.audit(t, doc);
+                    }
+                }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
+            }
+        }
+    }
+
+    fn audit(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "burst" => match value.get_ref() {
+                    DeValue::Integer(i) => match i.as_str().parse::<u32>() {
+                        Ok(n) => doc.audit.burst = Some(n),
+                        Err(_) => self.error(
+                            value.span(),
+                            format!(
+                                "audit.burst must be a whole number from 0 to {}, found {}; \
+                                 0 turns the rate limit off",
+                                u32::MAX,
+                                i.as_str()
+                            ),
+                        ),
+                    },
+                    other => self.error(
+                        value.span(),
+                        format!("audit.burst must be an integer, found {}", other.type_str()),
+                    ),
+                },
+                "session_budget" => {
+                    doc.audit.session_budget = self.size(value, "audit.session_budget")
+                }
+                "min_free" => doc.audit.min_free = self.size(value, "audit.min_free"),
+                _ => self.unknown(key, "[audit]", AUDIT_KEYS),
+            }
+        }
+    }
+
+    /// A size: an integer number of bytes or a string like `"512MiB"` (`B`, `KiB`, `MiB`,
+    /// `GiB`, `TiB`; binary units).
+    fn size(&mut self, value: &Item<'_>, what: &str) -> Option<u64> {
+        let parsed = match value.get_ref() {
+            DeValue::Integer(i) => i.as_str().parse::<u64>().map_err(|_| i.as_str().to_owned()),
+            DeValue::String(s) => parse_size(s).ok_or_else(|| format!("{s:?}")),
+            other => {
+                self.error(
+                    value.span(),
+                    format!(
+                        "{what} must be a size like \"512MiB\" or a number of bytes, found {}",
+                        other.type_str()
+                    ),
+                );
+                return None;
+            }
+        };
+        match parsed {
+            Ok(n) => Some(n),
+            Err(found) => {
+                self.error(
+                    value.span(),
+                    format!(
+                        "{what} must be a size like \"512MiB\" (units B, KiB, MiB, GiB, TiB) or \
+                         a number of bytes, found {found}"
+                    ),
+                );
+                None
             }
         }
     }
@@ -538,6 +639,24 @@ impl Walker<'_> {
     }
 }
 
+/// `"512MiB"`-style sizes: a whole number and an optional binary unit (`B`, `KiB`, `MiB`,
+/// `GiB`, `TiB`), spaces between allowed; `None` when malformed or over `u64::MAX` bytes.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        "TiB" => 40,
+        _ => return None,
+    };
+    let n: u64 = num.parse().ok()?;
+    n.checked_mul(1u64 << shift)
+}
+
 /// An `allow_private` entry: a CIDR without host bits, or a single address (= /32 or /128).
 pub fn parse_private(text: &str) -> Result<IpNet, String> {
     if let Ok(net) = text.parse::<IpNet>() {
@@ -775,6 +894,50 @@ OTHER = "literal"
             e.starts_with("/r/.airlock.toml:2:12: review.servers entry \"ftp://x.test\""),
             "{e}"
         );
+    }
+
+    #[test]
+    fn audit_is_for_managed_and_user_layers_only_and_sizes_parse() {
+        assert_eq!(
+            repo_err("[network]\nallow = [\"a.test\"]\n[audit]\nburst = 5\n"),
+            "/r/.airlock.toml:3:2: [audit] is not allowed in the repo layer: the audit log's \
+             bounds may only be set in ~/.airlock/config.toml or the managed policy \
+             (/etc/airlock/policy.toml), so a repo cannot quiet or fill its own audit trail; \
+             move it there"
+        );
+        assert!(
+            repo_err("audit.burst = 5\n")
+                .starts_with("/r/.airlock.toml:1:1: [audit] is not allowed in the repo layer")
+        );
+        let text = b"[audit]\nburst = 7\nsession_budget = \"512MiB\"\nmin_free = 1048576\n";
+        for kind in [LayerKind::Managed, LayerKind::User] {
+            let doc = parse_layer(kind, F, text).unwrap().doc;
+            let want = AuditDoc {
+                burst: Some(7),
+                session_budget: Some(512 << 20),
+                min_free: Some(1 << 20),
+            };
+            assert_eq!(doc.audit, want);
+        }
+        let user = |t: &str| errors(LayerKind::User, t);
+        assert_eq!(
+            user("[audit]\nmin_free = \"12MB\"\n"),
+            "/r/.airlock.toml:2:12: audit.min_free must be a size like \"512MiB\" (units B, KiB, \
+             MiB, GiB, TiB) or a number of bytes, found \"12MB\""
+        );
+        assert_eq!(
+            user("[audit]\nburst = -1\n"),
+            "/r/.airlock.toml:2:9: audit.burst must be a whole number from 0 to 4294967295, found \
+             -1; 0 turns the rate limit off"
+        );
+        assert_eq!(
+            user("[audit]\nbrust = 1\n"),
+            "/r/.airlock.toml:2:1: unknown key `brust` in [audit]; did you mean `burst`?"
+        );
+        assert_eq!(parse_size("1 GiB"), Some(1 << 30));
+        assert_eq!(parse_size("7"), Some(7));
+        assert_eq!(parse_size("16777216TiB"), None);
+        assert_eq!(parse_size("MiB"), None);
     }
 
     #[test]

@@ -22,7 +22,10 @@ use serde::{Deserialize, Serialize};
 
 pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
-pub use layer::{Credential, LayerDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest, parse_layer};
+pub use layer::{
+    AuditDoc, Credential, LayerDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest, parse_layer,
+    parse_size,
+};
 pub use trust::{TrustRecord, TrustState};
 
 use crate::paths::Paths;
@@ -379,6 +382,21 @@ pub fn sandbox_env(layers: &[&LayerDoc], host: &dyn crate::env::Env) -> Vec<(Str
                 }
             }
         }
+    }
+    out
+}
+
+/// The session's audit-volume bounds from the applied layers' `[audit]`: managed and user
+/// only (other layers cannot parse with it, and a document claiming it is ignored). Per key, a
+/// managed value pins it, else the user's, else the default.
+pub fn audit_volume(layers: &[&LayerDoc]) -> crate::audit::volume::Volume {
+    let mut out = crate::audit::volume::Volume::default();
+    let said = |kind: LayerKind| layers.iter().filter(move |d| d.kind == kind).map(|d| d.audit);
+    // User first, then managed over it.
+    for doc in said(LayerKind::User).chain(said(LayerKind::Managed)) {
+        out.burst = doc.burst.unwrap_or(out.burst);
+        out.session_budget = doc.session_budget.unwrap_or(out.session_budget);
+        out.min_free = doc.min_free.unwrap_or(out.min_free);
     }
     out
 }

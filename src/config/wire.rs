@@ -4,7 +4,8 @@
 //! The protocol owns its types; the mapping lives here so the protocol depends on nothing.
 
 use super::{
-    ClientLayers, ConfigError, Credential, LayerDoc, NetworkDoc, ReviewServer, TerminalDoc,
+    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, NetworkDoc, ReviewServer,
+    TerminalDoc,
 };
 use crate::policy::{LayerKind, Mode};
 use crate::protocol as wire;
@@ -116,6 +117,11 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
                 Clipboard::Allow => wire::Clipboard::Allow,
             }),
         },
+        audit: wire::AuditDoc {
+            burst: doc.audit.burst,
+            session_budget: doc.audit.session_budget,
+            min_free: doc.audit.min_free,
+        },
     }
 }
 
@@ -160,6 +166,11 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
                 wire::Clipboard::Deny => Clipboard::Deny,
                 wire::Clipboard::Allow => Clipboard::Allow,
             }),
+        },
+        audit: AuditDoc {
+            burst: doc.audit.burst,
+            session_budget: doc.audit.session_budget,
+            min_free: doc.audit.min_free,
         },
     })
 }

@@ -248,6 +248,12 @@ impl AuditSink for ConsoleSink {
         self.console.show(crate::audit::console_line(line));
         Ok(())
     }
+    fn tick(&self) -> Result<(), AuditError> {
+        self.sink.tick()
+    }
+    fn flush(&self) -> Result<(), AuditError> {
+        self.sink.flush()
+    }
 }
 
 #[cfg(test)]

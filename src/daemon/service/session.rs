@@ -31,7 +31,7 @@ fn valid_session_id(id: &str) -> bool {
 fn session_policy(
     managed: Option<&LayerDoc>,
     spec: &SessionSpec,
-) -> Result<(BuiltPolicy, Vec<String>), String> {
+) -> Result<(BuiltPolicy, Vec<String>, crate::audit::volume::Volume), String> {
     let client = crate::config::ClientLayers::from_wire(&spec.config).map_err(|e| e.to_string())?;
     let built = client.build_policy(managed).map_err(|e| e.to_string())?;
     let layers = managed
@@ -40,7 +40,10 @@ fn session_policy(
         .chain(client.repo.as_ref())
         .map(|l| format!("{}@sha256:{}", l.name, l.digest))
         .collect();
-    Ok((built, layers))
+    // `[audit]`: the managed layer as the daemon read it, the user layer as the client sent
+    // it (a repo document claiming `[audit]` is ignored by `audit_volume`).
+    let docs: Vec<&LayerDoc> = managed.into_iter().chain(client.user.as_ref()).collect();
+    Ok((built, layers, crate::config::audit_volume(&docs)))
 }
 
 /// The validated sockets of one session, ready to serve (docs/security.md). `proxy` is always
@@ -75,7 +78,7 @@ fn session_sockets(
     if !named.is_empty() && !capable {
         return Err(error(
             ErrorCode::Protocol,
-            "session_start names its sockets but the session_sockets capability is not in              force on this connection; offer it in hello",
+            "session_start names its sockets but the session_sockets capability is not in force on this connection; offer it in hello",
         ));
     }
     let kinds = if named.is_empty() {
@@ -160,7 +163,7 @@ fn prepare(
         }
         (None, false) => audit::new_id(),
     };
-    let (built, policy_layers) =
+    let (built, policy_layers, volume) =
         session_policy(managed.as_ref(), &spec).map_err(|e| error(ErrorCode::Config, e))?;
     let (sockets, listen) = session_sockets(&spec.sockets, capable, fds)?;
     let resolver = daemon.resolver().map_err(|e| error(ErrorCode::Config, e))?;
@@ -171,10 +174,11 @@ fn prepare(
         user_id: spec.identity.user_id.clone(),
     };
     // A new boot: this session's `seq` restarts at 1 under this instance's `boot`.
-    let sink = daemon
-        .logs(&paths)
-        .session_sink(info)
-        .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
+    // Below `[audit] min_free` the session does not start (no space, no traffic).
+    let sink = daemon.logs(&paths).session_sink_with(info, volume).map_err(|e| match e {
+        audit::AuditError::LowSpace { .. } => error(ErrorCode::Config, e.to_string()),
+        e => error(ErrorCode::Internal, e.to_string()),
+    })?;
     Ok(Prepared {
         spec,
         id,
@@ -370,7 +374,7 @@ pub(super) mod tests {
     use super::*;
 
     pub(crate) fn policy_for(spec: &SessionSpec) -> Result<(BuiltPolicy, Vec<String>), String> {
-        session_policy(None, spec)
+        session_policy(None, spec).map(|(b, l, _)| (b, l))
     }
 
     #[test]
@@ -401,7 +405,7 @@ pub(super) mod tests {
                 .into(),
             ..Default::default()
         };
-        let (built, layers) = session_policy(Some(&managed), &spec).unwrap();
+        let (built, layers, _) = session_policy(Some(&managed), &spec).unwrap();
         assert_eq!(
             layers,
             [
@@ -409,7 +413,7 @@ pub(super) mod tests {
                 format!("~/.airlock/config.toml@sha256:{}", user.digest)
             ]
         );
-        let (without, _) = session_policy(None, &spec).unwrap();
+        let (without, _, _) = session_policy(None, &spec).unwrap();
         assert_ne!(built.policy.digest(), without.policy.digest());
     }
 }
