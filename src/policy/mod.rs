@@ -111,6 +111,9 @@ pub enum Reason {
     SniMissing,
     /// The request or target could not be parsed (HTTP 400).
     Malformed,
+    /// The client closed (or reset) the connection before its request head's final CRLF CRLF
+    /// (HTTP 400 is still sent, in case the client only half-closed).
+    IncompleteHead,
     /// The session's tunnel cap was reached (HTTP 503).
     TunnelLimit,
     /// The name did not resolve, or resolution timed out (HTTP 502/504).
@@ -145,6 +148,7 @@ impl Reason {
             Self::SniMismatch => "sni_mismatch",
             Self::SniMissing => "sni_missing",
             Self::Malformed => "malformed",
+            Self::IncompleteHead => "incomplete_head",
             Self::TunnelLimit => "tunnel_limit",
             Self::ResolveFailed => "resolve_failed",
             Self::ConnectFailed => "connect_failed",
@@ -170,6 +174,7 @@ impl Reason {
         Self::SniMismatch,
         Self::SniMissing,
         Self::Malformed,
+        Self::IncompleteHead,
         Self::TunnelLimit,
         Self::ResolveFailed,
         Self::ConnectFailed,

@@ -12,6 +12,7 @@ use crate::policy::{Decision, LayerKind, Reason};
 
 use super::SessionProxy;
 use super::guard::Unreachable;
+use super::head::HeadRefusal;
 
 /// The non-2xx answers the proxy itself gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +104,7 @@ pub fn set_unreachable<'a>(
 /// The status a refusal reason is answered with.
 pub fn status_for(reason: Reason) -> Status {
     match reason {
-        Reason::Malformed => Status::Bad,
+        Reason::Malformed | Reason::IncompleteHead => Status::Bad,
         Reason::TunnelLimit | Reason::AuditUnavailable => Status::Unavailable,
         Reason::ResolveFailed | Reason::ConnectFailed => Status::BadGateway,
         _ => Status::Forbidden,
@@ -114,6 +115,7 @@ pub fn status_for(reason: Reason) -> Status {
 pub fn body_for(target: &str, reason: Reason, detail: Option<&str>) -> String {
     let why = match reason {
         Reason::Malformed => "the request was malformed",
+        Reason::IncompleteHead => "the connection ended before the request head was complete",
         Reason::TunnelLimit => "this session has too many open tunnels",
         Reason::AuditUnavailable => "the audit log cannot be written, so nothing is forwarded",
         Reason::ResolveFailed => "the name could not be resolved",
@@ -176,17 +178,53 @@ pub async fn send_and_close(sock: &mut TcpStream, bytes: &[u8]) {
     let _ = tokio::time::timeout(Duration::from_millis(500), drain).await;
 }
 
-/// Audits and answers a malformed request (or a too-large/too-slow head).
-pub async fn malformed(
+/// Why a head was refused, as [`malformed`] records it: a bare message is `malformed`; a
+/// [`HeadRefusal`] carries its own code (`incomplete_head`).
+pub trait Refusal {
+    fn reason(&self) -> Reason;
+    fn text(&self) -> &str;
+}
+
+impl Refusal for str {
+    fn reason(&self) -> Reason {
+        Reason::Malformed
+    }
+    fn text(&self) -> &str {
+        self
+    }
+}
+
+impl Refusal for String {
+    fn reason(&self) -> Reason {
+        Reason::Malformed
+    }
+    fn text(&self) -> &str {
+        self
+    }
+}
+
+impl Refusal for HeadRefusal {
+    fn reason(&self) -> Reason {
+        self.reason
+    }
+    fn text(&self) -> &str {
+        &self.msg
+    }
+}
+
+/// Audits and answers a refused head: malformed, cut off early, too large or too slow. Exactly
+/// one audit line, written before the response (which may find the peer gone: the line stands).
+pub async fn malformed<R: Refusal + ?Sized>(
     session: &SessionProxy,
     sock: &mut TcpStream,
     method: &str,
     target: &str,
-    msg: &str,
+    why: &R,
     status: Status,
 ) {
+    let (reason, msg) = (why.reason(), why.text());
     let mut line = new_line(session, target, None, method);
-    line.reason = Some(Reason::Malformed);
+    line.reason = Some(reason);
     line.layer = Some(LayerKind::None);
     // Refused on the spot: nothing was opened, so the attempt took no measurable time.
     line.duration_ms = Some(0);
@@ -194,9 +232,9 @@ pub async fn malformed(
     let bytes = match session.audit.append(&line) {
         Ok(()) => response_bytes(
             status,
-            Reason::Malformed,
+            reason,
             LayerKind::None,
-            &body_for(&printable(shown), Reason::Malformed, Some(msg)),
+            &body_for(&printable(shown), reason, Some(msg)),
         ),
         Err(e) => audit_failed(&e, shown),
     };

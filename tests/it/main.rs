@@ -19,6 +19,8 @@ mod proxy;
 #[cfg(feature = "test-hooks")]
 mod proxy_adversarial;
 #[cfg(feature = "test-hooks")]
+mod proxy_malformed;
+#[cfg(feature = "test-hooks")]
 mod proxy_support;
 mod review;
 #[cfg(feature = "test-hooks")]
