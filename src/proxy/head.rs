@@ -119,6 +119,20 @@ pub enum RequestKind<'a> {
 /// wrong in words an agent's operator can act on (it becomes the 400 body) and carries the
 /// reason code of the audit line.
 pub fn parse_head(head: &[u8]) -> Result<RequestKind<'_>, HeadRefusal> {
+    parse_request(head).map(|(kind, _)| kind)
+}
+
+/// How a request's body is delimited (RFC 9112 §6.3), for a head [`parse_request`] accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFraming {
+    /// `Content-Length: n` (no header: `Length(0)`).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+}
+
+/// [`parse_head`], plus how the request's body is delimited.
+pub fn parse_request(head: &[u8]) -> Result<(RequestKind<'_>, BodyFraming), HeadRefusal> {
     // `read_head` only returns a head without its CRLF CRLF when the peer went away mid-head.
     if !head.ends_with(b"\r\n\r\n") {
         return Err(HeadRefusal {
@@ -133,7 +147,7 @@ pub fn parse_head(head: &[u8]) -> Result<RequestKind<'_>, HeadRefusal> {
     parse_complete(head).map_err(HeadRefusal::malformed)
 }
 
-fn parse_complete(head: &[u8]) -> Result<RequestKind<'_>, String> {
+fn parse_complete(head: &[u8]) -> Result<(RequestKind<'_>, BodyFraming), String> {
     let text =
         std::str::from_utf8(head).map_err(|_| "request head is not valid UTF-8".to_owned())?;
     let body = text.strip_suffix("\r\n\r\n").ok_or("request head does not end in CRLF CRLF")?;
@@ -174,13 +188,18 @@ fn parse_complete(head: &[u8]) -> Result<RequestKind<'_>, String> {
         other => return Err(format!("unsupported protocol version {:?}", cap(other))),
     };
     framing.check(http10)?;
+    let body = if framing.transfer_encoding {
+        BodyFraming::Chunked
+    } else {
+        BodyFraming::Length(framing.length)
+    };
     if method == "CONNECT" {
-        return Ok(RequestKind::Connect { authority: target, http10 });
+        return Ok((RequestKind::Connect { authority: target, http10 }, body));
     }
     if method.eq_ignore_ascii_case("CONNECT") {
         return Err(format!("method names are case-sensitive: send CONNECT, not {method:?}"));
     }
-    Ok(RequestKind::Other { method, target })
+    Ok((RequestKind::Other { method, target }, body))
 }
 
 /// The message-framing headers seen so far (RFC 9112 §6). A proxy that let an ambiguous length
@@ -190,6 +209,7 @@ fn parse_complete(head: &[u8]) -> Result<RequestKind<'_>, String> {
 struct Framing {
     content_length: bool,
     transfer_encoding: bool,
+    length: u64,
 }
 
 impl Framing {
@@ -203,15 +223,17 @@ impl Framing {
                     .into());
             }
             self.content_length = true;
-            let valid = !value.is_empty()
-                && value.bytes().all(|b| b.is_ascii_digit())
-                && value.parse::<u64>().is_ok_and(|n| n <= MAX_CONTENT_LENGTH);
-            if !valid {
+            let length = Some(value)
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|n| *n <= MAX_CONTENT_LENGTH);
+            let Some(length) = length else {
                 return Err(format!(
                     "Content-Length {:?} is not a decimal byte count (RFC 9110 §8.6)",
                     cap(value)
                 ));
-            }
+            };
+            self.length = length;
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             if self.transfer_encoding {
                 return Err(
@@ -275,7 +297,7 @@ fn cap(s: &str) -> &str {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 

@@ -132,3 +132,90 @@ fn a_response_is_read_by_a_client_that_only_half_closed() {
     let head = read_head(&mut s);
     assert!(head.contains("X-Airlock-Reason: incomplete_head\r\n"), "{head}");
 }
+
+/// Reads one response (head plus its `Content-Length` body) from a kept-alive connection.
+fn read_response(s: &mut std::net::TcpStream) -> (String, String) {
+    let head = read_head(s);
+    let len = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Content-Length: ").or_else(|| l.strip_prefix("content-length: "))
+        })
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).unwrap();
+    (head, String::from_utf8_lossy(&body).into_owned())
+}
+
+const GOOD: &str = "GET http://heads.test/one HTTP/1.1\r\nHost: heads.test\r\n\r\n";
+
+#[test]
+fn later_requests_on_a_kept_alive_connection_are_audited_too() {
+    let world = World::new();
+    let (proxy, up) = proxy(&world, "later", "127.0.1.44");
+    let chunked = "POST http://heads.test/up HTTP/1.1\r\nHost: heads.test\r\n\
+                   Transfer-Encoding: chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nT: v\r\n\r\n";
+    let bad = [
+        "POST http://heads.test/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        "POST http://heads.test/ HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
+        "POST http://heads.test/ HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+        "GET http://a%2ecom/ HTTP/1.1\r\n\r\n",
+        "GET http://heads.test/ HTTP/1.1\nHost: x\r\n\r\n",
+    ];
+    let mut expected = 0;
+    for (i, req) in bad.iter().enumerate() {
+        let mut s = proxy.connect();
+        // One good request (after a chunked one, every other time: the gate must frame it),
+        // answered, then the bad one on the same connection.
+        let first = if i % 2 == 0 { GOOD } else { chunked };
+        s.write_all(first.as_bytes()).unwrap();
+        let (head, _) = read_response(&mut s);
+        assert!(head.starts_with("HTTP/1.1 200 "), "{first:?} → {head}");
+        s.write_all(req.as_bytes()).unwrap();
+        let head = read_head(&mut s);
+        assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{req:?} → {head}");
+        assert!(head.contains("X-Airlock-Reason: malformed\r\n"), "{req:?} → {head}");
+        expected += 2;
+        let lines = proxy.wait_audit(|l| l.len() >= expected);
+        assert_eq!(lines.len(), expected, "{req:?}: {lines:#?}");
+        assert_eq!(lines[expected - 2]["allowed"], true, "{:#}", lines[expected - 2]);
+        assert_eq!(lines[expected - 1]["reason"], "malformed", "{:#}", lines[expected - 1]);
+    }
+
+    // Pipelined: a good request and a bad one in one write get the good response, then the
+    // refusal, and two lines.
+    let mut s = proxy.connect();
+    s.write_all(format!("{GOOD}{}", bad[0]).as_bytes()).unwrap();
+    let (head, body) = read_response(&mut s);
+    assert!(head.starts_with("HTTP/1.1 200 ") && body.contains("hello from heads"), "{head}");
+    let head = read_head(&mut s);
+    assert!(head.contains("X-Airlock-Reason: malformed\r\n"), "{head}");
+    expected += 2;
+
+    // A later head cut off by the client is `incomplete_head`.
+    let mut s = proxy.connect();
+    s.write_all(GOOD.as_bytes()).unwrap();
+    let _ = read_response(&mut s);
+    s.write_all(b"GET http://heads.test/two HTTP/1.1\r\nHo").unwrap();
+    s.shutdown(Shutdown::Write).unwrap();
+    let head = read_head(&mut s);
+    assert!(head.contains("X-Airlock-Reason: incomplete_head\r\n"), "{head}");
+    expected += 2;
+
+    // Well-framed later requests still flow, each on its own line.
+    let mut s = proxy.connect();
+    for _ in 0..3 {
+        s.write_all(GOOD.as_bytes()).unwrap();
+        let (head, _) = read_response(&mut s);
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    }
+    drop(s);
+    expected += 3;
+    let lines = proxy.wait_audit(|l| l.len() >= expected);
+    assert_eq!(lines.len(), expected, "{lines:#?}");
+    let refused = lines.iter().filter(|l| l["allowed"] == false).count();
+    assert_eq!(refused, bad.len() + 2, "{lines:#?}");
+    // Only the good requests reached the upstream.
+    assert_eq!(up.hits(), expected - refused);
+}
