@@ -5,6 +5,8 @@
 //! probe, limit or protocol overrides) are `#[cfg(feature = "test-hooks")]` (docs/testing.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[cfg(feature = "test-hooks")]
+mod audit_volume;
 mod cli_identity;
 mod cli_policy;
 mod daemon;
