@@ -119,3 +119,85 @@ fn audit_settings_in_a_repo_file_are_an_error_naming_file_line_col() {
     world.airlock(&repo).args(["policy", "trust"]).run().expect_code(0);
     world.airlock(&repo).args(["policy", "check", "corp.test"]).run().expect_code(0);
 }
+
+/// Through `airlockd review` (embedded store, then PostgreSQL): a `suppressed` line's `seqs`
+/// are present for the session gap check and counted exactly by the denial-burst rule;
+/// without it, the same session has a gap.
+#[test]
+fn the_review_plane_treats_suppressed_seqs_as_present_and_counts_them() {
+    use crate::review_support::*;
+    let world = World::new();
+    review_plane_case(&world, StoreSel::Embedded(world.tmp.path().join("d")));
+    if let Some(db) = PgDb::create() {
+        let world = World::new();
+        db.migrate(&world);
+        review_plane_case(&world, StoreSel::Pg(db.runtime_url.clone()));
+    }
+}
+
+fn review_plane_case(world: &World, store: crate::review_support::StoreSel) {
+    use crate::review_support::*;
+    use serde_json::json;
+
+    let store = &store;
+    let tok = user_with_token(world, store, "ana@example.test", "reviewer");
+    let server = Server::start(world, store, &[]);
+    let record = |session: &str, kind: &str, ts: &str| {
+        json!({"id": format!("{session}:{kind}"), "source": "session", "type": kind, "ts": ts,
+               "session": session, "payload": {"id": format!("{session}:{kind}"), "ts": ts}})
+    };
+    let denied = |session: &str, id: &str, seq: u64, extra: Value| {
+        let mut e = egress(id, "flood.test", false);
+        e["session"] = json!(session);
+        e["seq"] = json!(seq);
+        e["ts"] = json!("2026-03-04T09:00:01Z");
+        e["payload"]["seq"] = json!(seq);
+        e["payload"]["reason"] = json!("not_allowed");
+        for (k, v) in extra.as_object().unwrap() {
+            e["payload"][k] = v.clone();
+        }
+        e
+    };
+    let session = |name: &str, with_summary: bool| {
+        let mut evs = vec![
+            record(name, "start", "2026-03-04T09:00:00Z"),
+            denied(name, &format!("{name}-1"), 1, json!({})),
+        ];
+        if with_summary {
+            evs.push(denied(
+                name,
+                &format!("{name}-2-suppressed"),
+                2,
+                json!({"seqs": [[2, 30], [32, 40]], "count": 38}),
+            ));
+            evs.push(denied(name, &format!("{name}-31"), 31, json!({})));
+        }
+        evs.push(denied(name, &format!("{name}-41"), 41, json!({})));
+        evs.push(record(name, "end", "2026-03-04T09:10:00Z"));
+        evs
+    };
+    let post = |name: &str, evs: &[Value]| {
+        let f = write_file(world.tmp.path(), name, &ndjson(evs));
+        assert_eq!(post_events(&server.base, &tok, &f, "application/x-ndjson", &[]).status, 200);
+    };
+    let flags = || -> Vec<Value> {
+        get(&server.base, &tok, "/api/v1/flags?limit=1000", &[]).json()["flags"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    post("with.ndjson", &session("s-sum", true));
+    let got = flags();
+    let rules: Vec<&str> = got.iter().map(|f| f["rule_id"].as_str().unwrap()).collect();
+    assert_eq!(rules, vec!["egress.denial-burst"], "{got:#?}");
+    assert_eq!(got[0]["detail"], "41 denials within 60 s", "counted exactly: {got:#?}");
+
+    // The same session without its summary: 2-30 and 32-40 are missing, and 3 denials are no
+    // burst.
+    post("without.ndjson", &session("s-lost", false));
+    let got = flags();
+    let gap: Vec<&Value> = got.iter().filter(|f| f["session"] == "s-lost").collect();
+    assert_eq!(gap.len(), 1, "{got:#?}");
+    assert_eq!(gap[0]["rule_id"], "session.seq-gap");
+    assert!(gap[0]["detail"].as_str().unwrap().ends_with("missing seq 2-40"), "{gap:#?}");
+}
