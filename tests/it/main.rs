@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[cfg(feature = "test-hooks")]
+mod audit_volume;
+#[cfg(feature = "test-hooks")]
 mod capture;
 mod cli_identity;
 mod cli_policy;
