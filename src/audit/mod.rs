@@ -93,6 +93,13 @@ pub struct AuditLine {
     /// proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capture: Option<Capture>,
+    /// DNS lines (`method: "DNS"`): the query type (`A`, `AAAA`, `HTTPS`, `TYPE99`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qtype: Option<String>,
+    /// DNS lines: what the resolver answered — the synthetic address, `NXDOMAIN`, `NODATA`,
+    /// `SERVFAIL`, `REFUSED` or `FORMERR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
 }
 
 /// The `capture` field of an audit line.
@@ -135,6 +142,8 @@ impl AuditLine {
             seqs: None,
             count: None,
             capture: None,
+            qtype: None,
+            answer: None,
         }
     }
 }
@@ -293,6 +302,8 @@ mod tests {
         line.truncated = Some(true);
         line.seqs = Some(vec![[1, 2]]);
         line.count = Some(2);
+        line.qtype = Some("A".into());
+        line.answer = Some("NXDOMAIN".into());
         let value = serde_json::to_value(&line).unwrap_or_default();
         let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let fields = fields.unwrap_or_default();

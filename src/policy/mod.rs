@@ -126,7 +126,8 @@ pub enum Reason {
     Interrupted,
     /// The session's or the daemon's connection cap was reached (HTTP 503).
     ConnectionLimit,
-    /// Too many name resolutions in flight at once (HTTP 503).
+    /// Too many name resolutions in flight at once (HTTP 503), or the session's
+    /// synthetic-address table is full (the resolver answers SERVFAIL).
     DnsLimit,
     /// The session wrote its `[audit] session_budget` of audit bytes and was stopped.
     AuditBudget,
