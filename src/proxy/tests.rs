@@ -310,37 +310,6 @@ async fn drain_closes_open_tunnels_as_interrupted() {
     assert!(TcpStream::connect(addr).await.is_err(), "listener must be closed");
 }
 
-/// Every head the proxy reads yields exactly one audit line, whatever it is: fuzzed heads
-/// (valid, malformed, ambiguous framing, cut short) against a live session, each on its own
-/// connection. Lines are written before the answer, so reading the answer to its end is enough.
-#[test]
-fn every_fuzzed_head_yields_exactly_one_line() {
-    use proptest::strategy::{Strategy, ValueTree};
-    use proptest::test_runner::TestRunner;
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let limits = Limits { header_timeout: Duration::from_secs(20), ..Limits::default() };
-    let r = rt.block_on(rig(&["example.test"], &[], "", MemSink::default(), limits));
-    let mut runner = TestRunner::deterministic();
-    let strategy = super::head::tests::heads();
-    for _ in 0..300 {
-        let head = strategy.new_tree(&mut runner).unwrap().current();
-        let end = head.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
-        if end.is_some_and(|e| e != head.len()) {
-            continue; // two heads in one: pipelining is covered elsewhere
-        }
-        let before = r.sink.lines().iter().filter(|(k, _)| *k != "open").count();
-        rt.block_on(async {
-            let mut s = TcpStream::connect(r.addr).await.unwrap();
-            s.write_all(&head).await.unwrap();
-            if end.is_none() {
-                s.shutdown().await.unwrap();
-            }
-            let mut resp = Vec::new();
-            let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut resp));
-            assert!(read.await.is_ok(), "no answer to {:?}", String::from_utf8_lossy(&head));
-        });
-        let after = r.sink.lines().iter().filter(|(k, _)| *k != "open").count();
-        assert_eq!(after - before, 1, "lines for {:?}", String::from_utf8_lossy(&head));
 mod dns_and_synthetic {
     use super::*;
     use crate::proxy::dns::tests::{query, read_response};
@@ -463,5 +432,39 @@ mod dns_and_synthetic {
         assert_eq!(refused.len(), 2, "{lines:?}");
         assert!(refused.iter().all(|l| l.reason == Some(Reason::IpNotAllowed)));
         let _ = dns::TTL;
+    }
+}
+
+/// Every head the proxy reads yields exactly one audit line, whatever it is: fuzzed heads
+/// (valid, malformed, ambiguous framing, cut short) against a live session, each on its own
+/// connection. Lines are written before the answer, so reading the answer to its end is enough.
+#[test]
+fn every_fuzzed_head_yields_exactly_one_line() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::TestRunner;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let limits = Limits { header_timeout: Duration::from_secs(20), ..Limits::default() };
+    let r = rt.block_on(rig(&["example.test"], &[], "", MemSink::default(), limits));
+    let mut runner = TestRunner::deterministic();
+    let strategy = super::head::tests::heads();
+    for _ in 0..300 {
+        let head = strategy.new_tree(&mut runner).unwrap().current();
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4);
+        if end.is_some_and(|e| e != head.len()) {
+            continue; // two heads in one: pipelining is covered elsewhere
+        }
+        let before = r.sink.lines().iter().filter(|(k, _)| *k != "open").count();
+        rt.block_on(async {
+            let mut s = TcpStream::connect(r.addr).await.unwrap();
+            s.write_all(&head).await.unwrap();
+            if end.is_none() {
+                s.shutdown().await.unwrap();
+            }
+            let mut resp = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut resp));
+            assert!(read.await.is_ok(), "no answer to {:?}", String::from_utf8_lossy(&head));
+        });
+        let after = r.sink.lines().iter().filter(|(k, _)| *k != "open").count();
+        assert_eq!(after - before, 1, "lines for {:?}", String::from_utf8_lossy(&head));
     }
 }
