@@ -65,6 +65,52 @@ pub struct Limits {
     /// Distinct names the resolver gives synthetic addresses per session (beyond: SERVFAIL,
     /// audited `dns_limit`).
     pub max_synthetic: usize,
+    /// Open client connections per session — heads being read, kept-alive HTTP and tunnels
+    /// (each of which holds at most one upstream connection). Beyond: 503, audited
+    /// `connection_limit` (rate-limited like every refusal).
+    pub max_connections: usize,
+    /// Open client connections over every session of this process (the daemon's fd budget);
+    /// beyond: the same refusal.
+    pub max_daemon_connections: usize,
+    /// The process-wide count `max_daemon_connections` is checked against.
+    pub daemon_connections: DaemonConnections,
+}
+
+/// The process-wide count of open client connections; [`Default`] is the one shared by every
+/// session of the process (tests pass their own).
+#[derive(Debug, Clone)]
+pub struct DaemonConnections(Arc<AtomicUsize>);
+
+impl DaemonConnections {
+    /// A counter of its own (tests).
+    pub fn isolated() -> Self {
+        Self(Arc::new(AtomicUsize::new(0)))
+    }
+
+    pub fn open(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for DaemonConnections {
+    fn default() -> Self {
+        static SHARED: std::sync::OnceLock<Arc<AtomicUsize>> = std::sync::OnceLock::new();
+        Self(Arc::clone(SHARED.get_or_init(|| Arc::new(AtomicUsize::new(0)))))
+    }
+}
+
+/// Claims one slot of `counter` below `cap`, or `false` at the cap.
+fn claim(counter: &AtomicUsize, cap: usize) -> bool {
+    let mut cur = counter.load(Ordering::Relaxed);
+    loop {
+        if cur >= cap {
+            return false;
+        }
+        match counter.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -80,6 +126,12 @@ impl Default for Limits {
             max_client_hello: 64 * 1024,
             drain_grace: Duration::from_secs(5),
             max_synthetic: synthetic::DEFAULT_CAPACITY,
+            // The report: 20k idle connections exhausted the daemon's descriptors.
+            // Each connection may hold two fds (client and upstream); the daemon raises its
+            // soft RLIMIT_NOFILE, and these keep well inside common hard limits.
+            max_connections: 1024,
+            max_daemon_connections: 8192,
+            daemon_connections: DaemonConnections::default(),
         }
     }
 }
@@ -240,22 +292,58 @@ impl Drop for TunnelSlot {
     }
 }
 
-/// Counts an open client connection; released on drop.
+/// Counts an open client connection (session and process); released on drop.
 struct ConnGuard(Arc<SessionProxy>);
 
 impl ConnGuard {
-    fn new(s: &Arc<SessionProxy>) -> Self {
-        s.counters.connections.fetch_add(1, Ordering::AcqRel);
+    /// A slot under both caps, or `None` (the connection is refused `connection_limit`).
+    fn claim(s: &Arc<SessionProxy>) -> Option<Self> {
+        let daemon = &s.limits.daemon_connections.0;
+        if !claim(daemon, s.limits.max_daemon_connections) {
+            return None;
+        }
+        if !claim(&s.counters.connections, s.limits.max_connections) {
+            daemon.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
         s.counters.touch();
-        Self(Arc::clone(s))
+        Some(Self(Arc::clone(s)))
     }
 }
 
 impl Drop for ConnGuard {
     fn drop(&mut self) {
         self.0.counters.connections.fetch_sub(1, Ordering::AcqRel);
+        self.0.limits.daemon_connections.0.fetch_sub(1, Ordering::AcqRel);
         self.0.counters.touch();
     }
+}
+
+/// A connection over a cap: one audited line (rate-limited by the sink like any identical
+/// refusal), a `503`, and the socket closed without reading its head.
+async fn refuse_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
+    let mut line = respond::new_line(&session, "", None, "");
+    line.reason = Some(crate::policy::Reason::ConnectionLimit);
+    line.layer = Some(crate::policy::LayerKind::None);
+    line.duration_ms = Some(0);
+    let reason = crate::policy::Reason::ConnectionLimit;
+    let detail = format!(
+        "at most {} open connections per session and {} per daemon",
+        session.limits.max_connections, session.limits.max_daemon_connections
+    );
+    let audit = Arc::clone(&session.audit);
+    let written = tokio::task::spawn_blocking(move || audit.append(&line)).await;
+    let bytes = match written {
+        Ok(Ok(())) => respond::response_bytes(
+            respond::Status::Unavailable,
+            reason,
+            crate::policy::LayerKind::None,
+            &respond::body_for("this connection", reason, Some(&detail)),
+        ),
+        Ok(Err(e)) => respond::audit_failed(&e, "this connection"),
+        Err(_) => return,
+    };
+    respond::send_and_close(&mut sock, &bytes).await;
 }
 
 /// The host's own interface addresses (`getifaddrs(3)`), refused by the address guard unless
@@ -319,7 +407,16 @@ where
             accepted = listener.accept() => match accepted {
                 Ok((sock, _peer)) => {
                     let s = Arc::clone(&session);
-                    tasks.spawn(handler(s, sock));
+                    match ConnGuard::claim(&s) {
+                        Some(conn) => {
+                            let served = handler(s, sock);
+                            tasks.spawn(async move {
+                                let _conn = conn;
+                                served.await
+                            })
+                        }
+                        None => tasks.spawn(refuse_connection(s, sock)),
+                    };
                 }
                 Err(e) => {
                     // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener
@@ -371,7 +468,6 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
 /// One client connection: read and check the first head, then hand off to the tunnel code or
 /// to the plain-HTTP server.
 async fn handle_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
-    let _conn = ConnGuard::new(&session);
     let _ = sock.set_nodelay(true);
     let mut buf = Vec::with_capacity(1024);
     let limits = &session.limits;

@@ -468,3 +468,56 @@ fn every_fuzzed_head_yields_exactly_one_line() {
         assert_eq!(after - before, 1, "lines for {:?}", String::from_utf8_lossy(&head));
     }
 }
+
+/// Idle connections beyond the per-session cap are refused `connection_limit` with a line,
+/// without waiting for a head; beyond the daemon-wide cap (a counter shared by two sessions)
+/// likewise; a session under both caps is still served.
+#[tokio::test]
+async fn connection_caps_refuse_idle_floods_with_a_line_and_other_sessions_are_served() {
+    let counter = DaemonConnections::isolated();
+    let capped = Limits {
+        max_connections: 2,
+        max_daemon_connections: 3,
+        daemon_connections: counter.clone(),
+        ..Limits::default()
+    };
+    let a = rig(&["example.test"], &[], "", MemSink::default(), capped.clone()).await;
+    let b = rig(&["example.test"], &[], "", MemSink::default(), capped).await;
+    // Two idle connections fill A's cap (they send nothing: the head phase counts).
+    let _idle: Vec<TcpStream> =
+        vec![TcpStream::connect(a.addr).await.unwrap(), TcpStream::connect(a.addr).await.unwrap()];
+    while a.session.stats().active_connections < 2 {
+        tokio::task::yield_now().await;
+    }
+    let (_s, head) = ask(a.addr, "").await;
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: connection_limit"), "{head}");
+    let refused: Vec<_> = a
+        .sink
+        .lines()
+        .into_iter()
+        .filter(|(_, l)| l.reason == Some(Reason::ConnectionLimit))
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    // B is under its own cap and the daemon's (2 of 3): served (a refusal by policy).
+    let (_s, head) = ask(b.addr, "CONNECT pastebin.test:443 HTTP/1.1\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 403 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: not_allowed"), "{head}");
+    // The daemon-wide cap: A's two and one idle connection to B make three (once the
+    // refused one has gone).
+    while counter.open() > 2 {
+        tokio::task::yield_now().await;
+    }
+    let _held = TcpStream::connect(b.addr).await.unwrap();
+    while counter.open() < 3 {
+        tokio::task::yield_now().await;
+    }
+    let (_s, head) = ask(b.addr, "").await;
+    assert!(head.contains("X-Airlock-Reason: connection_limit"), "{head}");
+    drop(_idle);
+    while counter.open() > 1 {
+        tokio::task::yield_now().await;
+    }
+    let (_s, head) = ask(a.addr, "CONNECT pastebin.test:443 HTTP/1.1\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 403 "), "slots come back: {head}");
+}

@@ -24,7 +24,7 @@ use crate::policy::{Host, LayerKind, Reason};
 
 use super::connect::{finish, ms_since, read_client_hello};
 use super::splice::{self, Meter};
-use super::{ConnGuard, SessionProxy, guard, respond};
+use super::{SessionProxy, guard, respond};
 
 /// Maps an address a connection was made to back to the name the sandbox's resolver handed out
 /// for it (a synthetic address), or `None` for a real address.
@@ -146,9 +146,9 @@ pub fn destination(
     }
 }
 
-/// One captured connection, from accept to its final line.
+/// One captured connection, from accept to its final line (its connection slot is claimed by
+/// [`super::serve_with`], as for the explicit proxy).
 pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn SyntheticNames) {
-    let _conn = ConnGuard::new(session);
     let started = Instant::now();
     let _ = sock.set_nodelay(true);
     let Ok(local) = sock.local_addr() else { return };
