@@ -304,10 +304,11 @@ mod tests {
         line.count = Some(2);
         line.qtype = Some("A".into());
         line.answer = Some("NXDOMAIN".into());
+        line.capture = Some(Capture::Transparent);
         let value = serde_json::to_value(&line).unwrap_or_default();
         let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let fields = fields.unwrap_or_default();
-        assert_eq!(fields.len(), 25);
+        assert_eq!(fields.len(), 28, "{fields:?}");
         for field in fields {
             assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
         }
