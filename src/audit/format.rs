@@ -14,7 +14,7 @@ use super::{AuditError, AuditLine};
 /// No audit line is longer than this (bytes, including the newline).
 pub const MAX_LINE: usize = 8192;
 
-// Caps in escaped bytes. Their sum (5 888) plus field names, numbers and enums (< 600)
+// Caps in escaped bytes. Their sum (5 968) plus field names, numbers and enums (< 600)
 // stays under MAX_LINE; `caps_fit_max_line` checks it.
 const CAP_TS: usize = 40;
 const CAP_USER_ID: usize = 256;
@@ -28,6 +28,8 @@ const CAP_ADDR: usize = 64;
 const CAP_REPO_PATH: usize = 1024;
 const CAP_URL: usize = 2048;
 const CAP_POLICY: usize = 1024;
+const CAP_QTYPE: usize = 16;
+const CAP_ANSWER: usize = 64;
 #[cfg(test)]
 const CAPS_TOTAL: usize = CAP_TS
     + CAP_USER_ID
@@ -40,7 +42,9 @@ const CAPS_TOTAL: usize = CAP_TS
     + CAP_ADDR
     + CAP_REPO_PATH
     + CAP_URL
-    + CAP_POLICY;
+    + CAP_POLICY
+    + CAP_QTYPE
+    + CAP_ANSWER;
 
 /// Raw bytes from the wire (a CONNECT authority, a request target) as text for an audit line:
 /// invalid UTF-8 becomes U+FFFD, so nothing is dropped silently and the line stays valid JSON.
@@ -99,6 +103,8 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         && fits_opt(&line.repo_path, CAP_REPO_PATH)
         && fits_opt(&line.url, CAP_URL)
         && fits_opt(&line.policy, CAP_POLICY)
+        && fits_opt(&line.qtype, CAP_QTYPE)
+        && fits_opt(&line.answer, CAP_ANSWER)
     {
         return Cow::Borrowed(line);
     }
@@ -116,6 +122,8 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
     cut |= cap_opt(&mut l.repo_path, CAP_REPO_PATH);
     cut |= cap_opt(&mut l.url, CAP_URL);
     cut |= cap_opt(&mut l.policy, CAP_POLICY);
+    cut |= cap_opt(&mut l.qtype, CAP_QTYPE);
+    cut |= cap_opt(&mut l.answer, CAP_ANSWER);
     if cut {
         l.truncated = Some(true);
     }
@@ -182,6 +190,12 @@ pub fn console_line(line: &AuditLine) -> String {
     }
     if let Some(status) = line.status {
         let _ = write!(out, " status={status}");
+    }
+    if let Some(qtype) = &line.qtype {
+        let _ = write!(out, " {}", escape_for_terminal(qtype));
+    }
+    if let Some(answer) = &line.answer {
+        let _ = write!(out, " answer={}", escape_for_terminal(answer));
     }
     if line.allowed {
         if let Some(sent) = line.bytes_sent {
@@ -253,6 +267,8 @@ pub(crate) mod tests {
             policy: Some(".airlock.toml".into()),
             interrupted: None,
             truncated: None,
+            qtype: None,
+            answer: None,
             capture: None,
         }
     }
@@ -283,6 +299,8 @@ pub(crate) mod tests {
             policy: Some(s.into()),
             interrupted: Some(true),
             truncated: Some(true),
+            qtype: Some(s.into()),
+            answer: Some(s.into()),
             capture: Some(crate::audit::Capture::Transparent),
         }
     }

@@ -80,6 +80,13 @@ pub struct AuditLine {
     /// Set when a hostile or oversized field was cut to fit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<bool>,
+    /// DNS lines (`method: "DNS"`): the query type (`A`, `AAAA`, `HTTPS`, `TYPE99`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qtype: Option<String>,
+    /// DNS lines: what the resolver answered — the synthetic address, `NXDOMAIN`, `NODATA`,
+    /// `SERVFAIL`, `REFUSED` or `FORMERR`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<String>,
     /// How a connection that did not ask the proxy reached it (`"transparent"`: redirected
     /// inside the sandbox, its destination recovered from conntrack). Unset for the explicit
     /// proxy.
@@ -124,6 +131,8 @@ impl AuditLine {
             policy: None,
             interrupted: None,
             truncated: None,
+            qtype: None,
+            answer: None,
             capture: None,
         }
     }
@@ -260,10 +269,12 @@ mod tests {
         line.status = Some(200);
         line.interrupted = Some(true);
         line.truncated = Some(true);
+        line.qtype = Some("A".into());
+        line.answer = Some("NXDOMAIN".into());
         let value = serde_json::to_value(&line).unwrap_or_default();
         let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let fields = fields.unwrap_or_default();
-        assert_eq!(fields.len(), 23);
+        assert_eq!(fields.len(), 25);
         for field in fields {
             assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
         }

@@ -197,6 +197,9 @@ pub struct Policy {
     mode: Mode,
     mode_source: LayerKind,
     digest: String,
+    /// The ports at which a name's decision can differ ([`Self::decide_name_any_port`]): 80,
+    /// 443, every port an entry names, and one port no entry names (standing for the rest).
+    probe_ports: Vec<u16>,
 }
 
 impl Policy {
@@ -230,7 +233,9 @@ impl Policy {
             mode,
             mode_source,
             digest: String::new(),
+            probe_ports: Vec::new(),
         };
+        let mut ports = std::collections::BTreeSet::from([80u16, 443]);
 
         for (li, layer) in layers.iter().enumerate() {
             for (kind, list) in [(EntryKind::Block, &layer.block), (EntryKind::Allow, &layer.allow)]
@@ -247,6 +252,9 @@ impl Policy {
                         }
                         EntryKind::Allow => (&mut p.allow_names, &mut p.allow_ips),
                     };
+                    if let PortSpec::Port(port) = entry.port_spec() {
+                        ports.insert(port);
+                    }
                     match entry.pattern() {
                         Pattern::Name { name, how } => names
                             .insert(name, Rule { how: *how, port: entry.port_spec(), kind, id }),
@@ -293,6 +301,12 @@ impl Policy {
             idx.finish();
         }
 
+        // Decisions depend on the port only through the ports entries name (and 80/443 for
+        // entries without one), so one unnamed port stands for every other.
+        if let Some(other) = (1..=u16::MAX).find(|n| !ports.contains(n)) {
+            ports.insert(other);
+        }
+        p.probe_ports = ports.into_iter().collect();
         let warnings = warnings(&layers);
         p.digest = digest(mode, &layers, &review_hosts);
         p.layers = layers;
@@ -397,6 +411,17 @@ impl Policy {
             Host::Name(name) => self.decide_name(name, port),
             Host::Ip(ip) => self.decide_ip(*ip, port, local),
         }
+    }
+
+    /// A name as the resolver judges it (issue 14): allowed when some port of it is allowed.
+    /// The first allowing decision is returned; when none allows, the decision at 443 (the
+    /// refusal the name would get in a CONNECT to its usual port).
+    pub fn decide_name_any_port(&self, name: &str) -> Decision {
+        self.probe_ports
+            .iter()
+            .map(|p| self.decide_name(name, *p))
+            .find(Decision::is_allowed)
+            .unwrap_or_else(|| self.decide_name(name, 443))
     }
 
     fn decide_name(&self, name: &str, port: u16) -> Decision {

@@ -121,6 +121,8 @@ pub enum Reason {
     AuditUnavailable,
     /// The tunnel was open when its writer died; settled by a later writer.
     Interrupted,
+    /// The session's synthetic-address table is full: the resolver answers SERVFAIL.
+    DnsLimit,
 }
 
 impl Reason {
@@ -142,6 +144,7 @@ impl Reason {
             Self::ConnectFailed => "connect_failed",
             Self::AuditUnavailable => "audit_unavailable",
             Self::Interrupted => "interrupted",
+            Self::DnsLimit => "dns_limit",
         }
     }
 
@@ -163,6 +166,7 @@ impl Reason {
         Self::ConnectFailed,
         Self::AuditUnavailable,
         Self::Interrupted,
+        Self::DnsLimit,
     ];
 }
 

@@ -35,6 +35,20 @@ pub async fn handle(
             return;
         }
     };
+    // A synthetic address of this session stands for its name (`super::synthetic`).
+    let host = match session.synthetic.target(host) {
+        Ok(h) => h,
+        Err(addr) => {
+            let mut line = respond::new_line(session, &addr.to_string(), Some(port), "CONNECT");
+            line.reason = Some(Reason::IpNotAllowed);
+            line.layer = Some(LayerKind::None);
+            line.duration_ms = Some(ms_since(started));
+            let target = format!("{addr}:{port}");
+            let detail = Some(super::synthetic::FOREIGN_DETAIL);
+            refuse_with_append(session, &mut sock, &line, &target, detail).await;
+            return;
+        }
+    };
     let target = host.authority(port);
     let mut line = respond::new_line(session, &host.to_string(), Some(port), "CONNECT");
 

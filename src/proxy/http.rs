@@ -67,6 +67,29 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
         Ok(t) => t,
         Err(msg) => return malformed(s, &method, &url, &msg),
     };
+    // A synthetic address of this session (absolute-form URL host) stands for its name.
+    let host = match s.synthetic.target(host) {
+        Ok(h) => h,
+        Err(addr) => {
+            let target = format!("{addr}:{port}");
+            let mut line = respond::new_line(s, &addr.to_string(), Some(port), &method);
+            line.url = Some(url);
+            line.reason = Some(Reason::IpNotAllowed);
+            line.layer = Some(LayerKind::None);
+            line.duration_ms = Some(ms_since(started));
+            let detail = Some(super::synthetic::FOREIGN_DETAIL);
+            return match s.audit.append(&line) {
+                Ok(()) => refusal(
+                    Status::Forbidden,
+                    Reason::IpNotAllowed,
+                    LayerKind::None,
+                    &target,
+                    detail,
+                ),
+                Err(e) => audit_failed(&e, &target),
+            };
+        }
+    };
     let target = host.authority(port);
     let mut line = respond::new_line(s, &host.to_string(), Some(port), &method);
     line.url = Some(url);

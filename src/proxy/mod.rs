@@ -9,9 +9,12 @@
 //!
 //! Rooms: [`head`] (request heads), [`connect`] (tunnels), [`http`] (plain HTTP via hyper),
 //! [`guard`] (policy, resolver and address-guard glue), [`splice`] (the pump), [`tls_peek`]
-//! (ClientHello/SNI), [`resolver`], [`respond`] (refusal responses and audit lines).
+//! (ClientHello/SNI), [`resolver`], [`respond`] (refusal responses and audit lines), [`dns`] (the
+//! sandbox's resolver on 127.0.0.53) and [`synthetic`] (its per-session synthetic addresses,
+//! mapped back to names where a target is parsed).
 
 pub mod connect;
+pub mod dns;
 pub mod guard;
 pub mod head;
 pub mod http;
@@ -19,6 +22,7 @@ pub mod resolver;
 pub mod respond;
 pub mod splice;
 pub mod standalone;
+pub mod synthetic;
 pub mod tls_peek;
 pub mod transparent;
 
@@ -58,6 +62,9 @@ pub struct Limits {
     /// On shutdown: how long open connections may finish before they are closed and logged
     /// `interrupted`.
     pub drain_grace: Duration,
+    /// Distinct names the resolver gives synthetic addresses per session (beyond: SERVFAIL,
+    /// audited `dns_limit`).
+    pub max_synthetic: usize,
 }
 
 impl Default for Limits {
@@ -72,6 +79,7 @@ impl Default for Limits {
             client_hello_timeout: Duration::from_secs(10),
             max_client_hello: 64 * 1024,
             drain_grace: Duration::from_secs(5),
+            max_synthetic: synthetic::DEFAULT_CAPACITY,
         }
     }
 }
@@ -96,6 +104,8 @@ pub struct SessionProxy {
     pub(crate) counters: Counters,
     /// Turns true when the drain grace is over: open tunnels close and log `interrupted`.
     pub(crate) kill: watch::Sender<bool>,
+    /// The names the sandbox's resolver answered with synthetic addresses ([`dns`]).
+    pub(crate) synthetic: synthetic::SyntheticTable,
 }
 
 impl std::fmt::Debug for SessionProxy {
@@ -156,6 +166,7 @@ impl SessionProxy {
         identity: Identity,
     ) -> Self {
         let (kill, _) = watch::channel(false);
+        let synthetic = synthetic::SyntheticTable::new(limits.max_synthetic);
         Self {
             policy,
             audit,
@@ -173,6 +184,7 @@ impl SessionProxy {
                 last_ms: AtomicU64::new(0),
             },
             kill,
+            synthetic,
         }
     }
 

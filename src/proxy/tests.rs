@@ -309,3 +309,128 @@ async fn drain_closes_open_tunnels_as_interrupted() {
     assert_eq!(session.stats().active_tunnels, 0);
     assert!(TcpStream::connect(addr).await.is_err(), "listener must be closed");
 }
+
+mod dns_and_synthetic {
+    use super::*;
+    use crate::proxy::dns::tests::{query, read_response};
+    use crate::proxy::dns::{self, answer_message};
+    use std::net::Ipv4Addr;
+
+    fn dns_lines(sink: &MemSink) -> Vec<AuditLine> {
+        sink.lines().into_iter().filter(|(_, l)| l.method == "DNS").map(|(_, l)| l).collect()
+    }
+
+    #[tokio::test]
+    async fn allowed_names_get_a_stable_synthetic_a_and_nodata_for_other_types() {
+        let r =
+            rig(&["allowed.test", "git.test:22"], &[], "", MemSink::default(), Limits::default())
+                .await;
+        let ask = |name: &str, qtype: u16| {
+            let resp = answer_message(&r.session, &query(7, name, qtype, None), None).unwrap();
+            read_response(&resp)
+        };
+        let (rcode, tc, an, a) = ask("allowed.test", 1);
+        assert_eq!((rcode, tc, an), (0, false, 1));
+        let a = a.unwrap();
+        assert!(crate::proxy::synthetic::in_range(a.into()), "{a}");
+        assert_eq!(ask("ALLOWED.test", 1).3, Some(a), "stable, case-insensitive");
+        // Allowed on port 22 only still counts: "allowed on any port".
+        assert_eq!(ask("git.test", 1).0, 0);
+        for qtype in [28, 65, 64, 16, 255] {
+            assert_eq!(ask("allowed.test", qtype), (0, false, 0, None), "qtype {qtype}: NODATA");
+        }
+        assert_eq!(ask("refused.test", 1), (3, false, 0, None), "NXDOMAIN");
+        assert_eq!(ask("refused.test", 28).0, 3);
+        let lines = dns_lines(&r.sink);
+        assert_eq!(lines.len(), 10, "one line per query");
+        let first = &lines[0];
+        assert_eq!(
+            (first.host.as_str(), first.qtype.as_deref(), first.allowed, first.reason),
+            ("allowed.test", Some("A"), true, Some(Reason::Allowed))
+        );
+        assert_eq!(first.answer.as_deref(), Some(a.to_string().as_str()));
+        let refused = lines.iter().find(|l| l.host == "refused.test").unwrap();
+        assert_eq!((refused.allowed, refused.reason), (false, Some(Reason::NotAllowed)));
+        assert_eq!(refused.answer.as_deref(), Some("NXDOMAIN"));
+        let aaaa = lines.iter().find(|l| l.qtype.as_deref() == Some("AAAA")).unwrap();
+        assert_eq!(aaaa.answer.as_deref(), Some("NODATA"));
+        // Nothing was resolved for real at query time: the test resolver knows no name at all.
+        let seqs: Vec<u64> = lines.iter().map(|l| l.seq).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    }
+
+    #[tokio::test]
+    async fn a_full_table_answers_servfail_with_dns_limit() {
+        let limits = Limits { max_synthetic: 1, ..Limits::default() };
+        let r = rig(&["*.allowed.test"], &[], "", MemSink::default(), limits).await;
+        let ask = |name: &str| {
+            read_response(&answer_message(&r.session, &query(1, name, 1, None), None).unwrap())
+        };
+        assert_eq!(ask("a.allowed.test").0, 0);
+        assert_eq!(ask("b.allowed.test").0, 2, "SERVFAIL");
+        assert_eq!(ask("a.allowed.test").0, 0, "a known name still answers");
+        let lines = dns_lines(&r.sink);
+        assert_eq!(lines[1].reason, Some(Reason::DnsLimit));
+        assert!(!lines[1].allowed);
+        assert_eq!(lines[1].answer.as_deref(), Some("SERVFAIL"));
+    }
+
+    #[tokio::test]
+    async fn malformed_queries_are_audited_and_responses_never_answered() {
+        let r = rig(&["allowed.test"], &[], "", MemSink::default(), Limits::default()).await;
+        let mut two = query(3, "allowed.test", 1, None);
+        two[5] = 2;
+        let resp = answer_message(&r.session, &two, None).unwrap();
+        assert_eq!(read_response(&resp).0, 1, "FORMERR");
+        let mut response = query(3, "allowed.test", 1, None);
+        response[2] |= 0x80;
+        assert!(answer_message(&r.session, &response, None).is_none());
+        let resp = answer_message(&r.session, &query(3, "bad_name!.test", 1, None), None).unwrap();
+        assert_eq!(read_response(&resp).0, 3);
+        let lines = dns_lines(&r.sink);
+        assert_eq!(lines.len(), 2);
+        assert!(lines.iter().all(|l| l.reason == Some(Reason::Malformed) && !l.allowed));
+    }
+
+    #[tokio::test]
+    async fn a_synthetic_address_in_a_connect_or_url_maps_back_to_its_name() {
+        let (up, _) = echo_upstream("127.0.0.1").await;
+        let allow = format!("allowed.test:{}", up.port());
+        let r = rig(
+            &[&allow],
+            &["127.0.0.1/32"],
+            "allowed.test 127.0.0.1",
+            MemSink::default(),
+            Limits::default(),
+        )
+        .await;
+        let a = r.session.synthetic.assign("allowed.test").unwrap();
+        let (mut s, head) =
+            ask(r.addr, &format!("CONNECT {a}:{} HTTP/1.1\r\n\r\n", up.port())).await;
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        s.write_all(b"ping").await.unwrap();
+        let mut back = [0u8; 4];
+        s.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ping");
+        drop(s);
+        // An address of the range this session never handed out is refused, never dialed.
+        let foreign = Ipv4Addr::new(198, 19, 255, 254);
+        let foreign = if foreign == a { Ipv4Addr::new(198, 19, 255, 253) } else { foreign };
+        let (_s, head) =
+            ask(r.addr, &format!("CONNECT {foreign}:{} HTTP/1.1\r\n\r\n", up.port())).await;
+        assert!(head.starts_with("HTTP/1.1 403 "), "{head}");
+        let (_s, head) = ask(
+            r.addr,
+            &format!("GET http://{foreign}:{}/ HTTP/1.1\r\nHost: {foreign}\r\n\r\n", up.port()),
+        )
+        .await;
+        assert!(head.starts_with("HTTP/1.1 403 "), "{head}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let lines: Vec<_> = r.sink.lines().into_iter().map(|(_, l)| l).collect();
+        assert!(lines.iter().any(|l| l.host == "allowed.test" && l.allowed), "{lines:?}");
+        let refused: Vec<_> = lines.iter().filter(|l| l.host == foreign.to_string()).collect();
+        assert_eq!(refused.len(), 2, "{lines:?}");
+        assert!(refused.iter().all(|l| l.reason == Some(Reason::IpNotAllowed)));
+        let _ = dns::TTL;
+    }
+}

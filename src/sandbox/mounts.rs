@@ -20,6 +20,8 @@ use nix::sys::statvfs::{FsFlags, statvfs};
 
 use super::protect::{Protection, State};
 
+/// The sandbox's `/etc/resolv.conf`: the in-namespace resolver only (resolv.conf(5)).
+pub const RESOLV_CONF: &str = "nameserver 127.0.0.53\n";
 /// Size of the private `/tmp`.
 pub const TMP_SIZE: &str = "512m";
 /// Size of the private empty home for `exec`.
@@ -231,7 +233,9 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
         ),
     ));
     ops.push(file("/etc/hostname", format!("{}\n", input.hostname)));
-    ops.push(file("/etc/resolv.conf", String::new()));
+    // The resolver airlockd answers on the sockets made inside (proxy::dns). A file of the new
+    // root (a tmpfs, read-only at the end): nothing of the host's is written or read back.
+    ops.push(file("/etc/resolv.conf", RESOLV_CONF.to_owned()));
     for (name, kind) in &host.etc {
         let path = Path::new("/etc").join(name);
         match kind {
@@ -679,7 +683,7 @@ mod tests {
         assert!(!dump.contains("private"));
         assert!(ops.contains(&Op::File {
             path: "/etc/resolv.conf".into(),
-            contents: String::new(),
+            contents: "nameserver 127.0.0.53\n".into(),
             mode: 0o644
         }));
         assert!(ops.iter().any(|o| matches!(o, Op::File { path, contents, .. }

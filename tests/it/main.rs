@@ -42,6 +42,8 @@ mod review_validate;
 mod sandbox;
 mod sandbox_agent;
 mod sandbox_control;
+#[cfg(feature = "test-hooks")]
+mod sandbox_dns;
 mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]
 mod sandbox_limits;

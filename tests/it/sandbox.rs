@@ -175,19 +175,36 @@ fn direct_connections_to_host_listeners_fail() {
 
 #[cfg(feature = "test-hooks")]
 #[test]
-fn only_lo_exists_and_there_is_no_resolver() {
+fn only_lo_exists_and_the_only_resolver_is_the_sandboxs_own() {
     if !prereqs(&["python3"]) {
         return;
     }
+    // The `hold` bridge keeps the handed-over sockets open and serves none: whatever answers a
+    // query here would be a resolver other than airlockd's, so none may (the resolver's own
+    // answers are tested through the daemon in tests/it/sandbox_dns.rs).
     let sb = Sandbox::new("dns");
     let code = "import socket, os\n\
         print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))\n\
         print(repr(open('/etc/resolv.conf').read()))\n\
-        try:\n    socket.getaddrinfo('example.com', 80); print('RESOLVED')\n\
-        except OSError as e: print('noanswer', e)\n";
+        bound = [l.split()[1] for l in open('/proc/net/udp').readlines()[1:]]\n\
+        print('udp', bound)\n\
+        q = bytes.fromhex('424201000001000000000000076578616d706c6503636f6d0000010001')\n\
+        for dst in [('127.0.0.53', 53), ('127.0.0.1', 53)]:\n\
+        \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)\n\
+        \x20   try:\n\
+        \x20       s.sendto(q, dst); s.recv(512); print(dst[0], 'ANSWERED')\n\
+        \x20   except OSError as e: print(dst[0], 'noanswer', type(e).__name__)\n\
+        try:\n    socket.create_connection(('127.0.0.53', 53), timeout=1).close(); print('tcp53 listening')\n\
+        except OSError as e: print('tcp53', e)\n";
     let out = sb.py(code).expect_code(0).stdout();
-    assert!(out.starts_with("['lo']\n''\n"), "{out}");
-    assert!(!out.contains("RESOLVED"), "{out}");
+    assert!(out.starts_with("['lo']\n'nameserver 127.0.0.53\\n'\n"), "{out}");
+    // 127.0.0.53:53 (0x3500007F:0035) is bound inside, by the sandbox's setup.
+    assert!(out.contains("'3500007F:0035'"), "{out}");
+    assert!(out.contains("127.0.0.53 noanswer"), "{out}");
+    assert!(out.contains("127.0.0.1 noanswer"), "{out}");
+    assert!(!out.contains("ANSWERED"), "{out}");
+    // The TCP listener exists (the daemon accepts on it when it serves the session).
+    assert!(out.contains("tcp53 listening"), "{out}");
 }
 
 #[cfg(feature = "test-hooks")]

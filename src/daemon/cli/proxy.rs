@@ -72,6 +72,7 @@ impl ProxyArgs {
             client_hello_timeout: self.client_hello_timeout,
             max_client_hello: Limits::default().max_client_hello,
             drain_grace: self.drain_grace,
+            max_synthetic: Limits::default().max_synthetic,
         }
     }
 }

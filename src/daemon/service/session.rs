@@ -289,15 +289,23 @@ pub(super) async fn start_session(
     daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
     let d = Arc::clone(daemon);
     let sid = id.clone();
-    // Until the resolver and transparent capture serve them, their sockets stay open for the
-    // session (a closed socket would let another process of the sandbox bind the address).
-    let held = (
-        dns_udp,
-        dns_tcp,
-        proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx),
-    );
+    // The resolver on the sandbox's 127.0.0.53 (UDP and TCP), until the session ends.
+    let udp = dns_udp.map(tokio::net::UdpSocket::from_std).transpose();
+    let dns_tcp = dns_tcp.map(tokio::net::TcpListener::from_std).transpose();
+    let (udp, dns_tcp) = match (udp, dns_tcp) {
+        (Ok(u), Ok(t)) => (u, t),
+        (Err(e), _) | (_, Err(e)) => {
+            lock(&daemon.sessions).remove(&id);
+            return error(ErrorCode::Listener, format!("cannot serve the resolver sockets: {e}"));
+        }
+    };
+    let dns =
+        tokio::spawn(proxy::dns::serve(udp, dns_tcp, Arc::clone(&proxy), shutdown_rx.clone()));
+    // Transparent capture: the redirected connections of the sandbox, until the session ends.
+    let held = proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx);
     let handle = tokio::spawn(async move {
         let _held = held;
+        let _dns = dns;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
             tracing::error!("session {sid}: proxy failed: {e}");
         }
