@@ -83,8 +83,9 @@ pub fn serve_in_background(
     }))
 }
 
-/// The session's synthetic-address map. With `test-hooks`, `AIRLOCK_TEST_SYNTHETIC` names a
-/// file of `ADDRESS NAME` lines standing in for the sandbox resolver's map (announced loudly).
+/// Extra synthetic-address names, consulted before the session's own table (the sandbox
+/// resolver's, `SessionProxy::synthetic`). None in production. With `test-hooks`,
+/// `AIRLOCK_TEST_SYNTHETIC` names a file of `ADDRESS NAME` lines (announced loudly).
 fn synthetic_names() -> Arc<dyn SyntheticNames> {
     #[cfg(feature = "test-hooks")]
     if let Some(file) = std::env::var_os("AIRLOCK_TEST_SYNTHETIC") {
@@ -160,7 +161,19 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         }
     };
     let (host, port) = match destination(orig, local, names) {
-        Destination::Target(h, p) => (h, p),
+        // A synthetic address of this session stands for its name; another session's is
+        // refused like in a CONNECT target (`super::synthetic`).
+        Destination::Target(h, p) => match session.synthetic.target(h) {
+            Ok(h) => (h, p),
+            Err(addr) => {
+                let mut line = new_line(session, &addr.to_string(), p);
+                line.reason = Some(Reason::IpNotAllowed);
+                line.layer = Some(LayerKind::None);
+                line.duration_ms = Some(ms_since(started));
+                refuse(session, sock, &line, false);
+                return;
+            }
+        },
         Destination::Direct(at) => {
             let mut line = new_line(session, &at.ip().to_string(), at.port());
             line.reason = Some(Reason::Malformed);

@@ -83,7 +83,10 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
          node -e \"fetch('http://198.18.0.9:{port}/').then(r => console.log('node-refused:FETCHED'), e => console.log('node-refused:' + (e.cause && e.cause.code)))\"\n\
          python3 -c \"import socket\ntry:\n  s = socket.create_connection(('10.1.2.3', 443), timeout=10); s.sendall(b'x'); print('py:' + repr(s.recv(10)))\nexcept OSError as e: print('py:reset', e.errno)\"\n\
          python3 -c \"import socket\ntry:\n  s = socket.create_connection(('127.0.0.1', 8889), timeout=10); print('direct:' + repr(s.recv(10)))\nexcept OSError as e: print('direct:reset', e.errno)\"\n\
-         echo \"explicit:$(curl -sS -m 10 http://allowed.test:{port}/)\"\n"
+         echo \"explicit:$(curl -sS -m 10 http://allowed.test:{port}/)\"\n\
+         echo \"curl-name:$(curl --noproxy '*' -sS -m 10 http://allowed.test:{port}/)\"\n\
+         node -e \"fetch('http://allowed.test:{port}/').then(r => r.text()).then(t => process.stdout.write('node-name:' + t), e => console.log('node-name-failed', e.cause && e.cause.code))\"\n\
+         node -e \"fetch('http://refused.test:{port}/').then(r => console.log('node-name-refused:FETCHED'), e => console.log('node-name-refused:' + (e.cause && e.cause.code)))\"\n"
     );
     let run = world
         .airlock(&repo)
@@ -95,12 +98,24 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
     assert!(out.contains("curl:upstream-ok\n"), "{out}\n{}", run.stderr());
     assert!(!out.contains("curl-refused:0\n"), "{out}");
     assert!(out.contains("node:upstream-ok\n"), "{out}\n{}", run.stderr());
-    assert!(out.lines().any(|l| l.starts_with("node-refused:") && !l.contains("FETCHED")), "{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("node-refused:") && !l.contains("FETCHED")),
+        "{out}\n{}",
+        run.stderr()
+    );
     assert!(out.contains("py:b''") || out.contains("py:reset"), "{out}");
     assert!(out.contains("direct:b''") || out.contains("direct:reset"), "{out}");
     assert!(out.contains("explicit:upstream-ok\n"), "{out}");
-    // curl, node and the explicit request reached the upstream; nothing refused did.
-    assert_eq!(hits.load(Ordering::SeqCst), 3, "{out}");
+    // By name: the sandbox's resolver hands out a synthetic address, capture maps it back.
+    assert!(out.contains("curl-name:upstream-ok\n"), "{out}\n{}", run.stderr());
+    assert!(out.contains("node-name:upstream-ok\n"), "{out}\n{}", run.stderr());
+    assert!(
+        out.lines().any(|l| l.starts_with("node-name-refused:") && !l.contains("FETCHED")),
+        "{out}"
+    );
+    // curl and node (by address and by name) and the explicit request reached the upstream;
+    // nothing refused did.
+    assert_eq!(hits.load(Ordering::SeqCst), 5, "{out}");
 
     let lines = world.audit_lines("capture");
     let transparent: Vec<_> = lines.iter().filter(|l| l["capture"] == "transparent").collect();
@@ -109,8 +124,10 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
         .iter()
         .filter(|l| l["host"] == "allowed.test" && l["allowed"] == true)
         .collect();
-    assert_eq!(allowed.len(), 2, "curl and node: {lines:?}");
+    assert_eq!(allowed.len(), 4, "curl and node, by address and by name: {lines:?}");
     assert!(allowed.iter().all(|l| l["addr"] == format!("127.0.0.2:{port}").as_str()), "{lines:?}");
+    // The refused name was answered NXDOMAIN by the resolver (a DNS line), never connected.
+    assert!(lines.iter().any(|l| l["host"] == "refused.test" && l["method"] == "DNS"), "{lines:?}");
     let refused = line_for(&lines, "refused.test", port).expect("refused.test line");
     assert_eq!(refused["allowed"], false);
     assert_eq!(refused["reason"], "not_allowed");
@@ -123,7 +140,9 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
     assert_eq!(direct["allowed"], false);
     assert_eq!(direct["capture"], "transparent");
     // The explicit proxy's line has no capture field.
-    let explicit: Vec<_> =
-        lines.iter().filter(|l| l["host"] == "allowed.test" && l["capture"].is_null()).collect();
+    let explicit: Vec<_> = lines
+        .iter()
+        .filter(|l| l["host"] == "allowed.test" && l["capture"].is_null() && l["method"] != "DNS")
+        .collect();
     assert_eq!(explicit.len(), 1, "{lines:?}");
 }

@@ -305,6 +305,7 @@ pub(super) async fn start_session(
     };
     let dns =
         tokio::spawn(proxy::dns::serve(udp, dns_tcp, Arc::clone(&proxy), shutdown_rx.clone()));
+    // Transparent capture: the redirected connections of the sandbox, until the session ends.
     let held = proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx);
     let handle = tokio::spawn(async move {
         let _held = held;
