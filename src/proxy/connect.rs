@@ -112,10 +112,24 @@ pub async fn handle(
         }
     }
 
+    relay(session, line, started, &sock, &upstream, first).await;
+}
+
+/// The tunnel of an allowed, dialed attempt (a CONNECT or a captured connection): forwards
+/// the agent's already-read first flight, pumps both ways until either side ends, and writes
+/// the final line with the byte counts.
+pub(super) async fn relay(
+    session: &SessionProxy,
+    line: AuditLine,
+    started: Instant,
+    sock: &TcpStream,
+    upstream: &TcpStream,
+    first: Vec<u8>,
+) {
     let tunnel = Meter::default();
     let mut sent_early = 0u64;
     if !first.is_empty() {
-        if splice::write_all(&upstream, &first).await.is_err() {
+        if splice::write_all(upstream, &first).await.is_err() {
             finish(session, line, started, 0, 0, None);
             return;
         }
@@ -124,8 +138,8 @@ pub async fn handle(
     }
     drop(first);
     let end = splice::pump(
-        &sock,
-        &upstream,
+        sock,
+        upstream,
         session.limits.idle_timeout,
         session.kill.subscribe(),
         &tunnel,

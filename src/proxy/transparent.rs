@@ -22,8 +22,7 @@ use tokio::sync::watch;
 use crate::audit::{AuditLine, Capture};
 use crate::policy::{Host, LayerKind, Reason};
 
-use super::connect::{finish, ms_since, read_client_hello};
-use super::splice::{self, Meter};
+use super::connect::{finish, ms_since, read_client_hello, relay};
 use super::{SessionProxy, guard, respond};
 
 /// Maps an address a connection was made to back to the name the sandbox's resolver handed out
@@ -235,29 +234,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         }
     }
 
-    let tunnel = Meter::default();
-    let mut sent_early = 0u64;
-    if !first.is_empty() {
-        if splice::write_all(&upstream, &first).await.is_err() {
-            finish(session, line, started, 0, 0, None);
-            return;
-        }
-        sent_early = first.len() as u64;
-        session.counters.bytes.sent.fetch_add(sent_early, std::sync::atomic::Ordering::Relaxed);
-    }
-    drop(first);
-    let end = splice::pump(
-        &sock,
-        &upstream,
-        session.limits.idle_timeout,
-        session.kill.subscribe(),
-        &tunnel,
-        &session.counters.bytes,
-    )
-    .await;
-    let sent = sent_early + tunnel.sent.load(std::sync::atomic::Ordering::Relaxed);
-    let recv = tunnel.recv.load(std::sync::atomic::Ordering::Relaxed);
-    finish(session, line, started, sent, recv, Some(end));
+    relay(session, line, started, &sock, &upstream, first).await;
 }
 
 fn new_line(session: &SessionProxy, host: &str, port: u16) -> AuditLine {
