@@ -6,36 +6,10 @@
 //! test names through the `AIRLOCK_TEST_SYNTHETIC` hook, and names to 127.0.0.2 through the
 //! test resolver. 10.1.2.3 is refused by the policy and never dialed.
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::harness::{Harness, Options};
-use crate::support::{World, have};
-
-/// An HTTP server on `ip` answering every request with `body`, counting connections.
-fn http_upstream(ip: &str, body: &'static str) -> (u16, Arc<AtomicUsize>) {
-    let l = TcpListener::bind((ip, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = Arc::clone(&hits);
-    std::thread::spawn(move || {
-        for mut c in l.incoming().flatten() {
-            h.fetch_add(1, Ordering::SeqCst);
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
-                let _ = write!(
-                    c,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    (port, hits)
-}
+use crate::support::{World, have, http_upstream};
 
 fn line_for<'a>(
     lines: &'a [serde_json::Value],

@@ -5,29 +5,12 @@
 //! then uses the explicit proxy with the synthetic address reaches the (loopback) upstream the
 //! test resolver maps the name to. Runs as root and unprivileged (`.ci/unprivileged`).
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
-
 use crate::harness::{Harness, Options};
 use crate::support::{World, have, in_ci};
 
+/// An HTTP server on `ip` answering every request with `body` (its port).
 fn http_upstream(ip: &str, body: &'static str) -> u16 {
-    let l = TcpListener::bind((ip, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut c in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
-                let _ = write!(
-                    c,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    port
+    crate::support::http_upstream(ip, body).0
 }
 
 /// A DNS query for `name`/`qtype` in Python, sent over TCP (RFC 7766 length prefix) or UDP;

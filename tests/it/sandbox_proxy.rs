@@ -10,24 +10,9 @@ use std::path::Path;
 use crate::harness::{Harness, Options};
 use crate::support::{World, have};
 
-/// An HTTP server on `ip` answering every request with `body`.
+/// An HTTP server on `ip` answering every request with `body` (its port).
 fn http_upstream(ip: &str, body: &'static str) -> u16 {
-    let l = TcpListener::bind((ip, 0)).unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut c in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                let _ = c.read(&mut buf);
-                let _ = write!(
-                    c,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    port
+    crate::support::http_upstream(ip, body).0
 }
 
 /// A static file server on `ip` for `root` (git's dumb HTTP protocol needs nothing more).
