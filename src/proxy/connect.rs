@@ -74,10 +74,7 @@ pub async fn handle(
         respond::send_and_close(&mut sock, &respond::audit_failed(&e, &target)).await;
         return;
     }
-    let reached = match guard::resolve_checked(session, &host, port).await {
-        Ok(addrs) => guard::dial(session, &addrs, port).await,
-        Err(e) => Err(e),
-    };
+    let reached = guard::reach(session, &host, port).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

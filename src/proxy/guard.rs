@@ -82,6 +82,17 @@ pub async fn resolve_checked(
     Ok(answers)
 }
 
+/// [`resolve_checked`] then [`dial`]: the upstream of an allowed attempt (CONNECT, plain HTTP
+/// or captured), every answer through the address guard.
+pub async fn reach(
+    session: &SessionProxy,
+    host: &Host,
+    port: u16,
+) -> Result<(TcpStream, SocketAddr), Unreachable> {
+    let addrs = resolve_checked(session, host, port).await?;
+    dial(session, &addrs, port).await
+}
+
 /// Dials the checked addresses in order within the connect timeout (shared by all of them).
 pub async fn dial(
     session: &SessionProxy,

@@ -150,10 +150,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     if let Err(e) = s.audit.journal_open(&line) {
         return audit_failed(&e, &target);
     }
-    let reached = match guard::resolve_checked(s, &host, port).await {
-        Ok(addrs) => guard::dial(s, &addrs, port).await,
-        Err(e) => Err(e),
-    };
+    let reached = guard::reach(s, &host, port).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

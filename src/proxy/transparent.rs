@@ -205,10 +205,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         reset(sock);
         return;
     }
-    let reached = match guard::resolve_checked(session, &host, port).await {
-        Ok(addrs) => guard::dial(session, &addrs, port).await,
-        Err(e) => Err(e),
-    };
+    let reached = guard::reach(session, &host, port).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {
