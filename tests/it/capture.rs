@@ -72,11 +72,10 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
     assert!(out.contains("curl:upstream-ok\n"), "{out}\n{}", run.stderr());
     assert!(!out.contains("curl-refused:0\n"), "{out}");
     assert!(out.contains("node:upstream-ok\n"), "{out}\n{}", run.stderr());
-    assert!(
-        out.lines().any(|l| l.starts_with("node-refused:") && !l.contains("FETCHED")),
-        "{out}\n{}",
-        run.stderr()
-    );
+    // The refused fetch never got a response. (Its own line is not required: Node once exited
+    // with neither callback run after the reset, in CI; the audit line below and the upstream's
+    // hit count are what show the refusal.)
+    assert!(!out.contains("node-refused:FETCHED"), "{out}\n{}", run.stderr());
     assert!(out.contains("py:b''") || out.contains("py:reset"), "{out}");
     assert!(out.contains("direct:b''") || out.contains("direct:reset"), "{out}");
     assert!(out.contains("explicit:upstream-ok\n"), "{out}");
