@@ -237,6 +237,20 @@ mod tests {
     }
 
     /// Leaves a journal as a crashed writer would: `open` records, some closed, lock released.
+    /// A crashed writer's lock is released with its descriptor. Another test thread's process
+    /// spawn can hold a copy of it until that child execs, and settle would then rightly see a
+    /// live writer: wait (bounded) for the release, as a real settle after a crash would find it.
+    fn wait_for_release(journal: &Path) {
+        let probe = std::fs::File::open(journal).unwrap();
+        let released = (0..500).any(|_| {
+            probe.try_lock().is_ok() || {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                false
+            }
+        });
+        assert!(released, "the crashed writer's journal lock outlived it");
+    }
+
     fn crashed_writer(dir: &Path, boot: &str) -> (AuditLine, AuditLine) {
         let log = RepoLog::open(dir, boot).unwrap();
         let sink = log.session_sink(info());
@@ -254,18 +268,7 @@ mod tests {
         drop(log); // lock released, record still open: the file stays
         let journal = dir.join(format!("journal-{boot}.jsonl"));
         assert!(journal.exists());
-        // Released with the descriptor. Another test thread's process spawn can hold a copy of
-        // it until that child execs, and settle would then rightly see a live writer: wait
-        // (bounded) for the release, as a real settle after a crash would find it.
-        let probe = std::fs::File::open(&journal).unwrap();
-        let released = (0..500).any(|_| {
-            probe.try_lock().is_ok() || {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-                false
-            }
-        });
-        assert!(released, "the crashed writer's journal lock outlived it");
-        drop(probe);
+        wait_for_release(&journal);
         (done, open)
     }
 
@@ -367,6 +370,7 @@ mod tests {
         log.simulate_crash();
         drop(sink);
         drop(log);
+        wait_for_release(&tmp.path().join("journal-dead.jsonl"));
         let report = settle_journals(tmp.path()).unwrap();
         assert_eq!((report.lines_written, report.already_present), (0, 1));
     }
