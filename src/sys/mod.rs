@@ -6,6 +6,7 @@ pub mod exec;
 pub mod fdpass;
 pub mod namespaces;
 pub mod netfilter;
+pub mod nflog;
 pub mod peer;
 pub mod spawn;
 pub mod splice;

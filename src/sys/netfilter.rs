@@ -53,26 +53,26 @@ impl CaptureError {
 
 // --- netlink framing (netlink(7)) ---------------------------------------------------------
 
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
-const NLA_F_NESTED: u16 = 0x8000;
+pub(super) const NLMSG_HDRLEN: usize = 16;
+pub(super) const NLMSG_ERROR: u16 = 2;
+pub(super) const NLM_F_REQUEST: u16 = 0x1;
+pub(super) const NLM_F_ACK: u16 = 0x4;
+pub(super) const NLM_F_EXCL: u16 = 0x200;
+pub(super) const NLM_F_CREATE: u16 = 0x400;
+pub(super) const NLM_F_APPEND: u16 = 0x800;
+pub(super) const NLA_F_NESTED: u16 = 0x8000;
 
 /// A netlink message buffer: headers and attributes in host order unless noted, each
 /// attribute padded to 4 bytes (NLA_ALIGN).
 #[derive(Default)]
-struct Msg {
-    buf: Vec<u8>,
+pub(super) struct Msg {
+    pub(super) buf: Vec<u8>,
     /// Start of the current message's header.
     start: usize,
 }
 
 impl Msg {
-    fn begin(&mut self, ty: u16, flags: u16, seq: u32) {
+    pub(super) fn begin(&mut self, ty: u16, flags: u16, seq: u32) {
         self.start = self.buf.len();
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched in `end`
         self.buf.extend_from_slice(&ty.to_ne_bytes());
@@ -80,11 +80,11 @@ impl Msg {
         self.buf.extend_from_slice(&seq.to_ne_bytes());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
     }
-    fn end(&mut self) {
+    pub(super) fn end(&mut self) {
         let len = (self.buf.len() - self.start) as u32;
         self.buf[self.start..self.start + 4].copy_from_slice(&len.to_ne_bytes());
     }
-    fn raw(&mut self, bytes: &[u8]) {
+    pub(super) fn raw(&mut self, bytes: &[u8]) {
         self.buf.extend_from_slice(bytes);
         self.pad();
     }
@@ -93,22 +93,22 @@ impl Msg {
             self.buf.push(0);
         }
     }
-    fn attr(&mut self, ty: u16, payload: &[u8]) {
+    pub(super) fn attr(&mut self, ty: u16, payload: &[u8]) {
         let len = (4 + payload.len()) as u16;
         self.buf.extend_from_slice(&len.to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
         self.raw(payload);
     }
-    fn str(&mut self, ty: u16, s: &str) {
+    pub(super) fn str(&mut self, ty: u16, s: &str) {
         let mut v = s.as_bytes().to_vec();
         v.push(0);
         self.attr(ty, &v);
     }
     /// nf_tables numbers are big-endian (`ntohl` in the kernel).
-    fn be32(&mut self, ty: u16, v: u32) {
+    pub(super) fn be32(&mut self, ty: u16, v: u32) {
         self.attr(ty, &v.to_be_bytes());
     }
-    fn nest(&mut self, ty: u16, f: impl FnOnce(&mut Self)) {
+    pub(super) fn nest(&mut self, ty: u16, f: impl FnOnce(&mut Self)) {
         let at = self.buf.len();
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
         self.buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
@@ -120,7 +120,7 @@ impl Msg {
 
 /// Sends `msg` (holding `expect` messages that ask for an ACK, sequence numbers `first..`)
 /// and reads until each is acknowledged; the first error wins.
-fn transact(
+pub(super) fn transact(
     proto: SockProtocol,
     msg: &Msg,
     first: u32,
@@ -132,6 +132,19 @@ fn transact(
         .map_err(|e| CaptureError::io("opening a netlink socket", e))?;
     bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))
         .map_err(|e| CaptureError::io("binding a netlink socket", e))?;
+    transact_on(&fd, msg, first, expect, what, hint)
+}
+
+/// [`transact`] on a socket the caller made and bound (the NFLOG socket, whose port id the
+/// kernel binds the log group to: `sys::nflog`).
+pub(super) fn transact_on(
+    fd: &OwnedFd,
+    msg: &Msg,
+    first: u32,
+    expect: u32,
+    what: &'static str,
+    hint: &'static str,
+) -> Result<(), CaptureError> {
     // The kernel answers a batch while handling our send (nfnetlink_rcv_batch runs in
     // sendmsg): a missing answer is a bug, not a slow kernel — do not hang on it.
     setsockopt(&fd, sockopt::ReceiveTimeout, &TimeVal::new(5, 0))
@@ -166,7 +179,7 @@ fn transact(
     Ok(())
 }
 
-fn word(buf: &[u8], at: usize) -> [u8; 4] {
+pub(super) fn word(buf: &[u8], at: usize) -> [u8; 4] {
     [buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]
 }
 
@@ -207,30 +220,30 @@ fn route_message(lo_index: u32) -> Msg {
 
 // --- the nf_tables batch --------------------------------------------------------------------
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
-const NFNL_MSG_BATCH_END: u16 = 0x11;
+pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(super) const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+pub(super) const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_NEWTABLE: u16 = 0;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_NEWRULE: u16 = 6;
-const NFPROTO_UNSPEC: u8 = 0;
-const NFPROTO_INET: u8 = 1;
-const NFPROTO_IPV4: u8 = 2;
+pub(super) const NFT_MSG_NEWCHAIN: u16 = 3;
+pub(super) const NFT_MSG_NEWRULE: u16 = 6;
+pub(super) const NFPROTO_UNSPEC: u8 = 0;
+pub(super) const NFPROTO_INET: u8 = 1;
+pub(super) const NFPROTO_IPV4: u8 = 2;
 
 const NFTA_TABLE_NAME: u16 = 1;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_CHAIN_TYPE: u16 = 7;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
-const NFTA_HOOK_PRIORITY: u16 = 2;
-const NF_INET_LOCAL_OUT: u32 = 3;
+pub(super) const NFTA_CHAIN_TABLE: u16 = 1;
+pub(super) const NFTA_CHAIN_NAME: u16 = 3;
+pub(super) const NFTA_CHAIN_HOOK: u16 = 4;
+pub(super) const NFTA_CHAIN_TYPE: u16 = 7;
+pub(super) const NFTA_HOOK_HOOKNUM: u16 = 1;
+pub(super) const NFTA_HOOK_PRIORITY: u16 = 2;
+pub(super) const NF_INET_LOCAL_OUT: u32 = 3;
 /// `NF_IP_PRI_NAT_DST` (-100): destination NAT for locally generated packets.
 const PRIORITY_DSTNAT: i32 = -100;
 
-const NFTA_RULE_TABLE: u16 = 1;
-const NFTA_RULE_CHAIN: u16 = 2;
-const NFTA_RULE_EXPRESSIONS: u16 = 4;
+pub(super) const NFTA_RULE_TABLE: u16 = 1;
+pub(super) const NFTA_RULE_CHAIN: u16 = 2;
+pub(super) const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
@@ -239,44 +252,44 @@ const NFTA_DATA_VALUE: u16 = 1;
 const NFT_REG_1: u32 = 1;
 const NFTA_META_DREG: u16 = 1;
 const NFTA_META_KEY: u16 = 2;
-const NFT_META_NFPROTO: u32 = 15;
-const NFT_META_L4PROTO: u32 = 16;
+pub(super) const NFT_META_NFPROTO: u32 = 15;
+pub(super) const NFT_META_L4PROTO: u32 = 16;
 const NFTA_CMP_SREG: u16 = 1;
 const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
-const NFT_CMP_EQ: u32 = 0;
-const NFT_CMP_NEQ: u32 = 1;
+pub(super) const NFT_CMP_EQ: u32 = 0;
+pub(super) const NFT_CMP_NEQ: u32 = 1;
 const NFTA_PAYLOAD_DREG: u16 = 1;
 const NFTA_PAYLOAD_BASE: u16 = 2;
 const NFTA_PAYLOAD_OFFSET: u16 = 3;
 const NFTA_PAYLOAD_LEN: u16 = 4;
-const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+pub(super) const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFTA_IMMEDIATE_DREG: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
 const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 
-fn nft_begin(m: &mut Msg, msg: u16, flags: u16, seq: u32, family: u8) {
+pub(super) fn nft_begin(m: &mut Msg, msg: u16, flags: u16, seq: u32, family: u8) {
     m.begin((NFNL_SUBSYS_NFTABLES << 8) | msg, flags, seq);
     // struct nfgenmsg: family, version (NFNETLINK_V0), res_id (big-endian).
     m.raw(&[family, 0, 0, 0]);
 }
 
-fn expr(m: &mut Msg, name: &str, data: impl FnOnce(&mut Msg)) {
+pub(super) fn expr(m: &mut Msg, name: &str, data: impl FnOnce(&mut Msg)) {
     m.nest(NFTA_LIST_ELEM, |m| {
         m.str(NFTA_EXPR_NAME, name);
         m.nest(NFTA_EXPR_DATA, data);
     });
 }
 
-fn meta(m: &mut Msg, key: u32) {
+pub(super) fn meta(m: &mut Msg, key: u32) {
     expr(m, "meta", |m| {
         m.be32(NFTA_META_KEY, key);
         m.be32(NFTA_META_DREG, NFT_REG_1);
     });
 }
 
-fn cmp(m: &mut Msg, op: u32, value: &[u8]) {
+pub(super) fn cmp(m: &mut Msg, op: u32, value: &[u8]) {
     expr(m, "cmp", |m| {
         m.be32(NFTA_CMP_SREG, NFT_REG_1);
         m.be32(NFTA_CMP_OP, op);
@@ -284,7 +297,7 @@ fn cmp(m: &mut Msg, op: u32, value: &[u8]) {
     });
 }
 
-fn payload(m: &mut Msg, base: u32, offset: u32, len: u32) {
+pub(super) fn payload(m: &mut Msg, base: u32, offset: u32, len: u32) {
     expr(m, "payload", |m| {
         m.be32(NFTA_PAYLOAD_DREG, NFT_REG_1);
         m.be32(NFTA_PAYLOAD_BASE, base);
