@@ -133,6 +133,10 @@ pub enum Reason {
     AuditBudget,
     /// The audit directory's file system fell below `[audit] min_free`: no space, no traffic.
     LowSpace,
+    /// A UDP datagram to a non-loopback address from inside the sandbox: only TCP leaves the
+    /// sandbox (through the proxy or transparent capture) and DNS goes to its resolver at
+    /// 127.0.0.53; the datagram was dropped with ICMP port unreachable.
+    UdpRefused,
 }
 
 impl Reason {
@@ -159,6 +163,7 @@ impl Reason {
             Self::DnsLimit => "dns_limit",
             Self::AuditBudget => "audit_budget",
             Self::LowSpace => "low_space",
+            Self::UdpRefused => "udp_refused",
         }
     }
 
@@ -185,6 +190,7 @@ impl Reason {
         Self::DnsLimit,
         Self::AuditBudget,
         Self::LowSpace,
+        Self::UdpRefused,
     ];
 }
 

@@ -25,6 +25,7 @@ pub mod standalone;
 pub mod synthetic;
 pub mod tls_peek;
 pub mod transparent;
+pub mod udp;
 
 use std::io;
 use std::sync::Arc;

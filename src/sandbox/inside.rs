@@ -117,6 +117,7 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
     ctx("bringing up lo", namespaces::loopback_up())?;
     ctx("transparent capture", crate::sys::netfilter::install_capture(CAPTURE_PORT))?;
+    ctx("refusing UDP", crate::sys::nflog::install_udp_refusal())?;
     let sockets = handover_sockets()?;
     mounts::execute(&spec.ops)?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
@@ -223,12 +224,19 @@ fn handover_sockets() -> io::Result<Vec<OwnedFd>> {
 }
 
 fn handover_socket(kind: SocketKind) -> io::Result<OwnedFd> {
+    if kind.is_netlink() {
+        // The netfilter log socket the UDP refusal rule reports to (binding its group needs
+        // CAP_NET_ADMIN over this namespace, still held here).
+        return ctx(&format!("{kind} socket"), crate::sys::nflog::open_udp_log());
+    }
+    let Some(addr) = kind.addr() else {
+        return Err(io::Error::other(format!("{kind}: no address to bind")));
+    };
     let ty = if kind.is_stream() { SockType::Stream } else { SockType::Datagram };
     let fd = ctx(
         &format!("{kind} socket"),
         socket(AddressFamily::Inet, ty, SockFlag::SOCK_CLOEXEC, None),
     )?;
-    let addr = kind.addr();
     if kind.is_stream() {
         ctx("SO_REUSEADDR", setsockopt(&fd, sockopt::ReuseAddr, &true))?;
     }

@@ -380,8 +380,9 @@ pub const CAPTURE_PROBE_COMMAND: &str = "__probe-capture";
 pub fn capture_line() -> ProbeLine {
     let name = "transparent capture";
     let fix = "a kernel with nf_tables NAT (CONFIG_NF_TABLES, CONFIG_NF_TABLES_INET, \
-CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK) and user namespaces; without it \
-`airlock exec` refuses to start (exit 125)";
+CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK; for UDP refusals CONFIG_NFT_LOG, \
+CONFIG_NFT_REJECT, CONFIG_NFT_REJECT_INET, CONFIG_NETFILTER_NETLINK_LOG) and user namespaces; \
+without it `airlock exec` refuses to start (exit 125)";
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
@@ -398,7 +399,8 @@ CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK) and user namespaces; with
             name,
             status: Status::Ok,
             detail: "TCP to any non-loopback address is redirected to the capture listener \
-(nftables redirect, set up through netlink)"
+(nftables redirect, set up through netlink); UDP to it is refused and reported on the \
+netfilter log socket (nftables log + reject)"
                 .into(),
             fix: None,
         },
@@ -417,8 +419,37 @@ CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK) and user namespaces; with
     }
 }
 
+/// The UDP half of the capture probe, in the throwaway namespace after the TCP capture: the
+/// refusal rule and the log socket exactly as the sandbox makes them, then one datagram to a
+/// non-loopback address (it cannot leave: the namespace has only `lo`), which must be
+/// refused at once and reported on the log socket with its destination.
+fn udp_refusal_probe() -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    crate::sys::nflog::install_udp_refusal().map_err(|e| err(&e))?;
+    let log = crate::sys::nflog::open_udp_log().map_err(|e| err(&e))?;
+    let timeout = nix::sys::time::TimeVal::new(2, 0);
+    nix::sys::socket::setsockopt(&log, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
+        .map_err(|e| format!("SO_RCVTIMEO on the log socket: {e}"))?;
+    let probe: std::net::SocketAddr = ([192, 0, 2, 1], 443).into();
+    let udp = std::net::UdpSocket::bind(("127.0.0.1", 0)).map_err(|e| err(&e))?;
+    if udp.send_to(b"airlock probe", probe).is_ok() {
+        return Err(format!(
+            "a UDP datagram to {probe} was not refused (the reject rule is not in force)"
+        ));
+    }
+    let mut buf = vec![0u8; 8192];
+    let n = nix::sys::socket::recv(log.as_raw_fd(), &mut buf, nix::sys::socket::MsgFlags::empty())
+        .map_err(|e| format!("no netfilter log message for a refused UDP datagram: {e}"))?;
+    match crate::sys::nflog::parse(&buf[..n]).into_iter().next() {
+        Some(Ok(l)) if l.dst == probe => Ok(()),
+        other => Err(format!("the netfilter log reported {other:?}, not the datagram to {probe}")),
+    }
+}
+
 /// `airlock __probe-capture`: in a child in new user and network namespaces, map our ids,
-/// bring `lo` up and install the capture exactly as the sandbox does. Exit 0 when it worked;
+/// bring `lo` up and install the capture exactly as the sandbox does (TCP redirect, UDP
+/// refusal and its log socket, [`udp_refusal_probe`]). Exit 0 when it worked;
 /// otherwise 1 with the reason on stderr.
 pub fn capture_probe_child() -> i32 {
     use crate::sys::namespaces::{self, Forked};
@@ -432,7 +463,8 @@ pub fn capture_probe_child() -> i32 {
                 .and_then(|()| {
                     crate::sys::netfilter::install_capture(super::inside::CAPTURE_PORT)
                         .map_err(|e| e.to_string())
-                });
+                })
+                .and_then(|()| udp_refusal_probe());
             match r {
                 Ok(()) => crate::sys::exec::exit_now(0),
                 Err(e) => {

@@ -132,6 +132,10 @@ pub enum SocketKind {
     DnsTcp,
     /// Transparent capture: TCP listener on 127.0.0.1:8889 that redirected traffic reaches.
     CaptureTcp,
+    /// UDP refusals: the netfilter log socket (`AF_NETLINK`, `NETLINK_NETFILTER`) bound to the
+    /// sandbox's log group, on which every refused non-loopback datagram is reported
+    /// ([`crate::sys::nflog`]).
+    CaptureUdpLog,
 }
 
 /// The resolver's address inside the sandbox (the name `systemd-resolved` made familiar; any
@@ -144,8 +148,13 @@ pub const CAPTURE_PORT: u16 = 8889;
 
 impl SocketKind {
     /// Every kind, in wire order.
-    pub const ALL: [SocketKind; 4] =
-        [SocketKind::Proxy, SocketKind::DnsUdp, SocketKind::DnsTcp, SocketKind::CaptureTcp];
+    pub const ALL: [SocketKind; 5] = [
+        SocketKind::Proxy,
+        SocketKind::DnsUdp,
+        SocketKind::DnsTcp,
+        SocketKind::CaptureTcp,
+        SocketKind::CaptureUdpLog,
+    ];
 
     /// The name used in `session_start`'s `sockets` list.
     pub fn name(self) -> &'static str {
@@ -154,6 +163,7 @@ impl SocketKind {
             SocketKind::DnsUdp => "dns_udp",
             SocketKind::DnsTcp => "dns_tcp",
             SocketKind::CaptureTcp => "capture_tcp",
+            SocketKind::CaptureUdpLog => "capture_udp_log",
         }
     }
 
@@ -161,18 +171,25 @@ impl SocketKind {
         Self::ALL.into_iter().find(|k| k.name() == name)
     }
 
-    /// The one address a socket of this kind must be bound to.
-    pub fn addr(self) -> SocketAddrV4 {
+    /// The one address a socket of this kind must be bound to; `None` for the netlink kind
+    /// ([`Self::is_netlink`]), which has no IP address.
+    pub fn addr(self) -> Option<SocketAddrV4> {
         match self {
-            SocketKind::Proxy => SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT),
-            SocketKind::DnsUdp | SocketKind::DnsTcp => SocketAddrV4::new(DNS_ADDR, 53),
-            SocketKind::CaptureTcp => SocketAddrV4::new(Ipv4Addr::LOCALHOST, CAPTURE_PORT),
+            SocketKind::Proxy => Some(SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT)),
+            SocketKind::DnsUdp | SocketKind::DnsTcp => Some(SocketAddrV4::new(DNS_ADDR, 53)),
+            SocketKind::CaptureTcp => Some(SocketAddrV4::new(Ipv4Addr::LOCALHOST, CAPTURE_PORT)),
+            SocketKind::CaptureUdpLog => None,
         }
     }
 
     /// TCP (a listener) or UDP (an unconnected socket).
     pub fn is_stream(self) -> bool {
-        !matches!(self, SocketKind::DnsUdp)
+        !matches!(self, SocketKind::DnsUdp | SocketKind::CaptureUdpLog)
+    }
+
+    /// The netfilter log socket (not an `AF_INET` socket).
+    pub fn is_netlink(self) -> bool {
+        self == SocketKind::CaptureUdpLog
     }
 }
 
@@ -191,12 +208,13 @@ pub struct Handover {
     pub dns_udp: Option<OwnedFd>,
     pub dns_tcp: Option<OwnedFd>,
     pub capture_tcp: Option<OwnedFd>,
+    pub capture_udp_log: Option<OwnedFd>,
 }
 
 impl From<OwnedFd> for Handover {
     /// A proxy listener alone (what every client before `session_sockets` handed over).
     fn from(proxy: OwnedFd) -> Self {
-        Self { proxy, dns_udp: None, dns_tcp: None, capture_tcp: None }
+        Self { proxy, dns_udp: None, dns_tcp: None, capture_tcp: None, capture_udp_log: None }
     }
 }
 
@@ -208,6 +226,7 @@ impl Handover {
             (SocketKind::DnsUdp, &self.dns_udp),
             (SocketKind::DnsTcp, &self.dns_tcp),
             (SocketKind::CaptureTcp, &self.capture_tcp),
+            (SocketKind::CaptureUdpLog, &self.capture_udp_log),
         ];
         let mut out = vec![(SocketKind::Proxy, self.proxy.as_fd())];
         out.extend(opt.into_iter().filter_map(|(k, fd)| Some((k, fd.as_ref()?.as_fd()))));
@@ -232,6 +251,7 @@ impl Handover {
                 (SocketKind::DnsUdp, Some(s)) => s.dns_udp = Some(fd),
                 (SocketKind::DnsTcp, Some(s)) => s.dns_tcp = Some(fd),
                 (SocketKind::CaptureTcp, Some(s)) => s.capture_tcp = Some(fd),
+                (SocketKind::CaptureUdpLog, Some(s)) => s.capture_udp_log = Some(fd),
                 _ => unreachable!("order checked above: proxy first, each kind once"),
             }
         }
@@ -246,6 +266,7 @@ impl Handover {
             dns_udp: dup(&self.dns_udp)?,
             dns_tcp: dup(&self.dns_tcp)?,
             capture_tcp: dup(&self.capture_tcp)?,
+            capture_udp_log: dup(&self.capture_udp_log)?,
         })
     }
 }
@@ -262,6 +283,11 @@ pub enum ListenerError {
     WrongType { kind: SocketKind, want: &'static str, got: String },
     #[error("the passed {kind} socket is bound to {got}, not {want}")]
     WrongAddress { kind: SocketKind, want: SocketAddrV4, got: String },
+    #[error(
+        "the passed {kind} socket is bound to {got}; it must be bound to a kernel-assigned \
+         port id and to no multicast group"
+    )]
+    NetlinkBinding { kind: SocketKind, got: String },
     #[error("the passed {kind} socket is connected to {peer}; it must have no peer")]
     Connected { kind: SocketKind, peer: String },
     #[error(
@@ -275,7 +301,7 @@ pub enum ListenerError {
     Count { named: usize, passed: usize },
     #[error(
         "the request's sockets [{0}] are not in the fixed order proxy, dns_udp, dns_tcp, \
-         capture_tcp (proxy required, each at most once)"
+         capture_tcp, capture_udp_log (proxy required, each at most once)"
     )]
     Order(String),
     #[error("the request names an unknown socket kind {0:?}")]
@@ -286,6 +312,8 @@ pub enum ListenerError {
 /// rule is unit-tested without making sockets the tests cannot make (port 53, another netns).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observed {
+    /// `SO_DOMAIN`.
+    pub domain: libc::c_int,
     /// `SO_TYPE`.
     pub sock_type: libc::c_int,
     /// `SO_PROTOCOL`.
@@ -296,7 +324,10 @@ pub struct Observed {
     pub local: Option<SocketAddrV4>,
     /// The family of `getsockname` when it is not IPv4.
     pub other_family: Option<String>,
-    /// `getpeername`, when the socket has a peer.
+    /// `getsockname` of a netlink socket: (port id, multicast groups).
+    pub netlink: Option<(u32, u32)>,
+    /// `getpeername`, when the socket has a peer (for netlink: a destination port id or
+    /// group other than 0, i.e. `connect(2)`ed).
     pub peer: Option<String>,
     /// `SO_NETNS_COOKIE` of the socket and of the daemon's own namespace.
     pub netns: u64,
@@ -326,6 +357,7 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
         Some(libc::ENOTSOCK) => ListenerError::NotASocket,
         _ => ListenerError::WrongKind,
     })?;
+    let domain = int_sockopt(fd, libc::SO_DOMAIN).map_err(|_| ListenerError::WrongKind)?;
     let protocol = int_sockopt(fd, libc::SO_PROTOCOL).map_err(|_| ListenerError::WrongKind)?;
     let listening =
         int_sockopt(fd, libc::SO_ACCEPTCONN).map_err(|_| ListenerError::WrongKind)? != 0;
@@ -335,26 +367,56 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
         Some(sin) => (Some(SocketAddrV4::new(sin.ip(), sin.port())), None),
         None => (None, Some(format!("{:?}", addr.family()))),
     };
-    // ENOTCONN is the expected answer for a listener and an unconnected UDP socket.
+    let netlink = addr.as_netlink_addr().map(|nl| (nl.pid(), nl.groups()));
+    // ENOTCONN is the expected answer for a listener and an unconnected UDP socket; a netlink
+    // socket always answers, with port id and group 0 unless it was connected (netlink(7)).
     let peer = nix::sys::socket::getpeername::<SockaddrStorage>(fd.as_raw_fd())
         .ok()
-        .map(|p| p.to_string());
+        .filter(|p| p.as_netlink_addr().is_none_or(|nl| nl.pid() != 0 || nl.groups() != 0))
+        .map(|p| match p.as_netlink_addr() {
+            Some(nl) => format!("netlink port {} groups {:#x}", nl.pid(), nl.groups()),
+            None => p.to_string(),
+        });
     Ok(Observed {
+        domain,
         sock_type,
         protocol,
         listening,
         local,
         other_family,
+        netlink,
         peer,
         netns: netns_cookie(fd)?,
         own_netns: own_netns_cookie()?,
     })
 }
 
+/// What a handed-over socket was found bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// An `AF_INET` socket's exact address.
+    Inet(SocketAddrV4),
+    /// The netfilter log socket's port id (assigned by the kernel at `bind`).
+    Netlink { portid: u32 },
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bound::Inet(a) => a.fmt(f),
+            Bound::Netlink { portid } => write!(f, "netlink port {portid}"),
+        }
+    }
+}
+
 /// The rules for one kind (docs/security.md, "Validating the handed-over sockets"), in the
-/// order the errors are reported: type and protocol, a network namespace other than the
-/// daemon's, listening (TCP) or no peer (UDP), then the exact address.
-pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddrV4, ListenerError> {
+/// order the errors are reported: family, type and protocol, a network namespace other than
+/// the daemon's, listening (TCP) or no peer (UDP, netlink), then the exact address (for the
+/// netlink kind: bound, in no multicast group).
+pub fn check(kind: SocketKind, o: &Observed) -> Result<Bound, ListenerError> {
+    if kind.is_netlink() {
+        return check_netlink(kind, o);
+    }
     let (want_type, want_proto, want) = if kind.is_stream() {
         (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET/SOCK_STREAM/TCP")
     } else {
@@ -377,27 +439,57 @@ pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddrV4, ListenerErr
     if let Some(peer) = &o.peer {
         return Err(ListenerError::Connected { kind, peer: peer.clone() });
     }
-    if local != kind.addr() {
-        return Err(ListenerError::WrongAddress {
-            kind,
-            want: kind.addr(),
-            got: local.to_string(),
-        });
+    match kind.addr() {
+        Some(want) if local == want => Ok(Bound::Inet(local)),
+        Some(want) => Err(ListenerError::WrongAddress { kind, want, got: local.to_string() }),
+        None => Err(ListenerError::WrongKind),
     }
-    Ok(local)
 }
 
-/// Checks one handed-over socket of `kind` per SECURITY §4 and returns its local address.
-pub fn validate_socket(
-    kind: SocketKind,
-    fd: BorrowedFd<'_>,
-) -> Result<SocketAddrV4, ListenerError> {
+/// The netfilter log socket's rules: `AF_NETLINK`, `SOCK_RAW`, `NETLINK_NETFILTER`; another
+/// network namespace than the daemon's; not connected; bound (port id ≠ 0) and in no
+/// multicast group (netfilter logging is unicast to the bound port: a group would only add
+/// other traffic).
+fn check_netlink(kind: SocketKind, o: &Observed) -> Result<Bound, ListenerError> {
+    if o.domain != libc::AF_NETLINK
+        || o.sock_type != libc::SOCK_RAW
+        || o.protocol != libc::NETLINK_NETFILTER
+    {
+        let family = o.other_family.clone().unwrap_or_else(|| "AF_INET".into());
+        let got = format!("{family} type {} protocol {}", o.sock_type, o.protocol);
+        return Err(ListenerError::WrongType {
+            kind,
+            want: "AF_NETLINK/SOCK_RAW/NETLINK_NETFILTER",
+            got,
+        });
+    }
+    if o.netns == o.own_netns {
+        return Err(ListenerError::SameNamespace);
+    }
+    if let Some(peer) = &o.peer {
+        return Err(ListenerError::Connected { kind, peer: peer.clone() });
+    }
+    match o.netlink {
+        Some((portid, 0)) if portid != 0 => Ok(Bound::Netlink { portid }),
+        Some((portid, groups)) => Err(ListenerError::NetlinkBinding {
+            kind,
+            got: format!("port id {portid}, groups {groups:#x}"),
+        }),
+        None => Err(ListenerError::NetlinkBinding { kind, got: "no netlink address".into() }),
+    }
+}
+
+/// Checks one handed-over socket of `kind` per SECURITY §4 and returns what it is bound to.
+pub fn validate_socket(kind: SocketKind, fd: BorrowedFd<'_>) -> Result<Bound, ListenerError> {
     check(kind, &observe(fd)?)
 }
 
 /// Checks a proxy listener per SECURITY §4 and returns its local address.
 pub fn validate_listener(fd: BorrowedFd<'_>) -> Result<SocketAddrV4, ListenerError> {
-    validate_socket(SocketKind::Proxy, fd)
+    match validate_socket(SocketKind::Proxy, fd)? {
+        Bound::Inet(a) => Ok(a),
+        Bound::Netlink { .. } => Err(ListenerError::WrongKind),
+    }
 }
 
 /// The network-namespace cookie of the namespace the daemon itself runs in.
@@ -464,37 +556,113 @@ mod tests {
 
     /// A socket of `kind` exactly as the sandbox makes it, seen from another namespace.
     fn good(kind: SocketKind) -> Observed {
+        if kind.is_netlink() {
+            return Observed {
+                domain: libc::AF_NETLINK,
+                sock_type: libc::SOCK_RAW,
+                protocol: libc::NETLINK_NETFILTER,
+                listening: false,
+                local: None,
+                other_family: Some("Netlink".into()),
+                netlink: Some((4242, 0)),
+                peer: None,
+                netns: 2,
+                own_netns: 1,
+            };
+        }
         let (sock_type, protocol) = if kind.is_stream() {
             (libc::SOCK_STREAM, libc::IPPROTO_TCP)
         } else {
             (libc::SOCK_DGRAM, libc::IPPROTO_UDP)
         };
         Observed {
+            domain: libc::AF_INET,
             sock_type,
             protocol,
             listening: kind.is_stream(),
-            local: Some(kind.addr()),
+            local: kind.addr(),
             other_family: None,
+            netlink: None,
             peer: None,
             netns: 2,
             own_netns: 1,
         }
     }
 
+    /// The kinds with an IP address.
+    fn inet_kinds() -> impl Iterator<Item = SocketKind> {
+        SocketKind::ALL.into_iter().filter(|k| !k.is_netlink())
+    }
+
     #[test]
     fn each_kind_as_the_sandbox_makes_it_is_accepted() {
         for kind in SocketKind::ALL {
-            assert_eq!(check(kind, &good(kind)), Ok(kind.addr()), "{kind}");
+            let want = match kind.addr() {
+                Some(a) => Bound::Inet(a),
+                None => Bound::Netlink { portid: 4242 },
+            };
+            assert_eq!(check(kind, &good(kind)), Ok(want), "{kind}");
             assert_eq!(SocketKind::from_name(kind.name()), Some(kind));
         }
-        assert_eq!(SocketKind::DnsUdp.addr().to_string(), "127.0.0.53:53");
-        assert_eq!(SocketKind::CaptureTcp.addr().to_string(), "127.0.0.1:8889");
+        assert_eq!(SocketKind::DnsUdp.addr().unwrap().to_string(), "127.0.0.53:53");
+        assert_eq!(SocketKind::CaptureTcp.addr().unwrap().to_string(), "127.0.0.1:8889");
+        assert_eq!(SocketKind::CaptureUdpLog.name(), "capture_udp_log");
+    }
+
+    #[test]
+    fn the_log_socket_rules_have_their_rejections() {
+        use ListenerError as E;
+        let kind = SocketKind::CaptureUdpLog;
+        let with = |f: &dyn Fn(&mut Observed)| {
+            let mut o = good(kind);
+            f(&mut o);
+            check(kind, &o)
+        };
+        // Another netlink protocol (rtnetlink), another type, another family.
+        assert!(matches!(with(&|o| o.protocol = libc::NETLINK_ROUTE), Err(E::WrongType { .. })));
+        assert!(matches!(with(&|o| o.sock_type = libc::SOCK_DGRAM), Err(E::WrongType { .. })));
+        for other in SocketKind::ALL.into_iter().filter(|k| !k.is_netlink()) {
+            assert!(matches!(check(kind, &good(other)), Err(E::WrongType { .. })), "{other}");
+        }
+        assert_eq!(with(&|o| o.own_netns = o.netns), Err(E::SameNamespace));
+        assert!(matches!(
+            with(&|o| o.peer = Some("netlink port 7 groups 0x0".into())),
+            Err(E::Connected { .. })
+        ));
+        assert!(matches!(with(&|o| o.netlink = Some((0, 0))), Err(E::NetlinkBinding { .. })));
+        assert!(matches!(with(&|o| o.netlink = Some((9, 1))), Err(E::NetlinkBinding { .. })));
+        assert!(matches!(with(&|o| o.netlink = None), Err(E::NetlinkBinding { .. })));
+    }
+
+    #[test]
+    fn a_real_netlink_socket_is_observed_as_it_is() {
+        use nix::sys::socket::{NetlinkAddr, SockProtocol, bind};
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkNetFilter,
+        )
+        .unwrap();
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).unwrap();
+        let o = observe(fd.as_fd()).unwrap();
+        assert_eq!(
+            (o.domain, o.sock_type, o.protocol, o.peer.as_deref()),
+            (libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_NETFILTER, None)
+        );
+        assert!(o.netlink.is_some_and(|(pid, groups)| pid != 0 && groups == 0), "{o:?}");
+        // Made in our own namespace: refused for that.
+        assert_eq!(
+            validate_socket(SocketKind::CaptureUdpLog, fd.as_fd()),
+            Err(ListenerError::SameNamespace)
+        );
+        assert!(matches!(validate_listener(fd.as_fd()), Err(ListenerError::WrongType { .. })));
     }
 
     #[test]
     fn every_rule_has_its_rejection() {
         use ListenerError as E;
-        for kind in SocketKind::ALL {
+        for kind in inet_kinds() {
             let wrong_type = |f: &dyn Fn(&mut Observed)| {
                 let mut o = good(kind);
                 f(&mut o);
@@ -516,13 +684,14 @@ mod tests {
             let mut o = good(kind);
             o.peer = Some("127.0.0.1:9".into());
             assert!(matches!(check(kind, &o), Err(E::Connected { .. })), "{kind}");
+            let want = kind.addr().unwrap();
             for addr in ["0.0.0.0", "127.0.0.2"] {
                 let mut o = good(kind);
-                o.local = Some(SocketAddrV4::new(addr.parse().unwrap(), kind.addr().port()));
+                o.local = Some(SocketAddrV4::new(addr.parse().unwrap(), want.port()));
                 assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} {addr}");
             }
             let mut o = good(kind);
-            o.local = Some(SocketAddrV4::new(*kind.addr().ip(), kind.addr().port() + 1));
+            o.local = Some(SocketAddrV4::new(*want.ip(), want.port() + 1));
             assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} port");
             let mut o = good(kind);
             o.own_netns = o.netns;
@@ -581,7 +750,7 @@ mod tests {
     fn the_named_list_must_match_the_fds_and_the_fixed_order() {
         let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         use SocketKind::*;
-        let all = Handover::from_named(&SocketKind::ALL, (0..4).map(|_| fd()).collect()).unwrap();
+        let all = Handover::from_named(&SocketKind::ALL, (0..5).map(|_| fd()).collect()).unwrap();
         assert_eq!(all.borrowed().iter().map(|(k, _)| *k).collect::<Vec<_>>(), SocketKind::ALL);
         let some = Handover::from_named(&[Proxy, DnsTcp], vec![fd(), fd()]).unwrap();
         assert!(some.dns_udp.is_none() && some.dns_tcp.is_some() && some.capture_tcp.is_none());

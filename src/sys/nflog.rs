@@ -31,7 +31,8 @@
 //!
 //! Layouts: `include/uapi/linux/netfilter/nfnetlink_log.h`, `nfnetlink.h`, `nf_tables.h`
 //! (`nft_log_attributes`, `nft_reject_attributes`); ip(7), RFC 791 (IPv4 header), RFC 8200
-//! (IPv6 header), RFC 768 (UDP header). No `unsafe`.
+//! (IPv6 header), RFC 768 (UDP header). One `unsafe`: registering the socket with tokio
+//! ([`into_async`]), whose I/O-safety contract an `OwnedFd` meets.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -195,6 +196,15 @@ pub fn open_udp_log() -> Result<OwnedFd, CaptureError> {
         CaptureError::Io { what: "clearing SO_RCVTIMEO on the log socket", source: e.into() }
     })?;
     Ok(fd)
+}
+
+/// The daemon's side: registers the handed-over log socket with tokio's reactor so it can be
+/// awaited (the caller makes it non-blocking first).
+pub fn into_async(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: `AsyncFd::register` requires that `as_raw_fd()` return one valid, open fd for the
+    // AsyncFd's whole life. An `OwnedFd` owns its fd, closes it only on drop (which the AsyncFd,
+    // now its owner, controls) and always returns the same number.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(std::io::Error::from)
 }
 
 /// One datagram the sandbox tried to send, as the log socket reported it.
