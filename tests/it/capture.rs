@@ -119,3 +119,96 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
         .collect();
     assert_eq!(explicit.len(), 1, "{lines:?}");
 }
+
+/// UDP other than DNS (issue 14): a datagram from inside to any non-loopback address is
+/// refused in the sandbox (ICMP port unreachable; a connected socket gets `ECONNREFUSED`, the
+/// precondition for QUIC clients falling back to TCP) and leaves one line naming its
+/// destination — an IP literal, or the name behind a synthetic address the sandbox's resolver
+/// handed out. DNS to 127.0.0.53 keeps working and is audited once, as DNS. Every destination
+/// is inside the sandbox's namespace, which has only `lo`: nothing can leave.
+#[test]
+fn udp_other_than_dns_is_refused_and_audited_with_its_destination() {
+    if !have("python3") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("udp");
+    let resolver = world.write(world.tmp.path().join("resolver"), "allowed.test 127.0.0.2\n");
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"allowed.test:443\"]\n",
+    );
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let script = r#"
+import socket
+def attempt(tag, f):
+    try:
+        f()
+        print(tag + ':sent')
+    except OSError as e:
+        print(tag + ':errno', e.errno)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+attempt('literal', lambda: s.sendto(b'x', ('10.1.2.3', 443)))
+ai = socket.getaddrinfo('allowed.test', 443, socket.AF_INET, socket.SOCK_DGRAM)
+addr = ai[0][4]
+print('resolved:' + addr[0])
+attempt('synthetic', lambda: s.sendto(b'x', addr))
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.connect(('10.1.2.4', 443))
+attempt('connected-send', lambda: c.send(b'quic initial'))
+c.settimeout(10)
+try:
+    c.recv(100)
+    print('connected:data')
+except ConnectionRefusedError:
+    print('connected:ECONNREFUSED')
+except OSError as e:
+    print('connected:errno', e.errno)
+"#;
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["exec", "--", "python3", "-c", script])
+        .run();
+    let out = run.stdout();
+    assert_eq!(run.code(), 0, "{out}\n{}\n--- airlockd log\n{}", run.stderr(), h.log());
+    // Refused at once, never sent anywhere: the kernel drops it (EPERM on the send)...
+    for tag in ["literal", "synthetic", "connected-send"] {
+        assert!(out.contains(&format!("{tag}:errno 1\n")), "{tag}: {out}\n{}", run.stderr());
+    }
+    // ...and the port unreachable fails the connected socket (QUIC falls back to TCP).
+    assert!(out.contains("connected:ECONNREFUSED\n"), "{out}\n{}", run.stderr());
+    // DNS still works: the resolver answered with a synthetic address.
+    let synthetic = out
+        .lines()
+        .find_map(|l| l.strip_prefix("resolved:"))
+        .unwrap_or_else(|| panic!("no resolved address: {out}"));
+    assert!(synthetic.starts_with("198.1"), "{synthetic}");
+
+    let lines = world.audit_lines("udp");
+    let udp: Vec<_> = lines.iter().filter(|l| l["method"] == "UDP").collect();
+    for (host, port) in [("10.1.2.3", 443), ("allowed.test", 443), ("10.1.2.4", 443)] {
+        let line = udp
+            .iter()
+            .find(|l| l["host"] == host && l["port"] == port)
+            .unwrap_or_else(|| panic!("no UDP line for {host}:{port}: {lines:?}"));
+        assert_eq!(line["allowed"], false, "{line}");
+        assert_eq!(line["reason"], "udp_refused", "{line}");
+        assert_eq!(line["capture"], "transparent", "{line}");
+        assert_eq!(line["layer"], "none", "{line}");
+    }
+    assert_eq!(udp.len(), 3, "one line per datagram: {udp:?}");
+    // DNS is audited as DNS, once, and never as refused UDP.
+    let dns: Vec<_> =
+        lines.iter().filter(|l| l["method"] == "DNS" && l["host"] == "allowed.test").collect();
+    assert_eq!(dns.len(), 1, "{lines:?}");
+    assert_eq!(dns[0]["answer"], synthetic, "{lines:?}");
+    assert!(!udp.iter().any(|l| l["host"] == "127.0.0.53" || l["port"] == 53), "{udp:?}");
+}
