@@ -118,7 +118,8 @@ impl<S: Into<String>> FromIterator<S> for Capabilities {
 }
 
 /// Capability `session_sockets`: `session_start`/`session_reregister` may carry several sockets,
-/// named in order by [`SessionSpec::sockets`] (`proxy`, `dns_udp`, `dns_tcp`, `capture_tcp`).
+/// named in order by [`SessionSpec::sockets`] (`proxy`, `dns_udp`, `dns_tcp`, `capture_tcp`,
+/// `capture_udp_log`).
 /// Without it exactly one fd travels, the proxy listener: a daemon that predates it would take
 /// any other fd for the proxy.
 pub const SESSION_SOCKETS: &str = "session_sockets";
@@ -260,7 +261,8 @@ pub struct SessionSpec {
     #[serde(default)]
     pub supervisor_pid: u32,
     /// Under [`SESSION_SOCKETS`] only: the kinds of the attached fds, in order (`proxy` first,
-    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`). Empty = the proxy listener alone.
+    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`, `capture_udp_log`). Empty = the proxy
+    /// listener alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sockets: Vec<String>,
 }

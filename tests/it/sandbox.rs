@@ -1002,6 +1002,11 @@ fn doctor_shows_the_kernel_probes_exec_decides_with() {
         assert!(apparmor["fix"].as_str().unwrap().contains("contrib/apparmor/airlock"));
     }
     assert!(find("landlock")["detail"].as_str().unwrap().starts_with("landlock: ABI"));
+    // The capture probe tried the TCP redirect and the UDP refusal with its log socket (one
+    // refused datagram reported) in throwaway namespaces; this kernel has them all.
+    let capture = find("transparent capture");
+    assert_eq!(capture["level"], "ok", "{capture}");
+    assert!(capture["detail"].as_str().unwrap().contains("UDP"), "{capture}");
 }
 
 /// `0::` line of `/proc/PID/cgroup` (the cgroup v2 path, relative to our cgroup namespace).
