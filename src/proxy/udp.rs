@@ -105,10 +105,12 @@ pub async fn serve(
     }
 }
 
-/// Counts reports missing from the log instance's sequence (`NFULA_SEQ`, from 0).
+/// Counts reports missing from the log instance's sequence (`NFULA_SEQ`), from the first
+/// report this daemon instance reads: a re-registered session's socket (the supervisor kept a
+/// copy while the daemon restarted) continues where the previous instance stopped reading.
 #[derive(Debug, Default)]
 pub struct Gaps {
-    next: u32,
+    next: Option<u32>,
     /// Reports the kernel dropped so far.
     pub lost: u64,
 }
@@ -116,11 +118,11 @@ pub struct Gaps {
 impl Gaps {
     /// Notes report `seq`; returns how many were missing just before it.
     pub fn note(&mut self, seq: u32) -> u32 {
-        let missing = seq.wrapping_sub(self.next);
+        let missing = seq.wrapping_sub(self.next.unwrap_or(seq));
         // A sequence number behind the expected one (reordering cannot happen on one netlink
         // socket) is treated as no gap rather than as four billion lost.
         let missing = if missing > u32::MAX / 2 { 0 } else { missing };
-        self.next = seq.wrapping_add(1);
+        self.next = Some(seq.wrapping_add(1));
         self.lost += u64::from(missing);
         missing
     }
@@ -182,6 +184,7 @@ mod tests {
     #[test]
     fn gaps_count_exactly_what_the_kernel_dropped() {
         let mut g = Gaps::default();
+        // The first report read sets the base.
         assert_eq!(g.note(0), 0);
         assert_eq!(g.note(1), 0);
         assert_eq!(g.note(5), 3);
@@ -190,7 +193,10 @@ mod tests {
         // Behind the expected number: no gap.
         assert_eq!(g.note(2), 0);
         // Wrapping at u32::MAX.
-        let mut w = Gaps { next: u32::MAX, lost: 0 };
+        let mut w = Gaps { next: Some(u32::MAX), lost: 0 };
         assert_eq!(w.note(1), 2);
+        // A daemon reading a re-registered socket starts wherever the kernel is.
+        let mut r = Gaps::default();
+        assert_eq!((r.note(9000), r.note(9001), r.lost), (0, 0, 0));
     }
 }

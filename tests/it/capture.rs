@@ -124,7 +124,8 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
 /// refused in the sandbox (ICMP port unreachable; a connected socket gets `ECONNREFUSED`, the
 /// precondition for QUIC clients falling back to TCP) and leaves one line naming its
 /// destination — an IP literal, or the name behind a synthetic address the sandbox's resolver
-/// handed out. DNS to 127.0.0.53 keeps working and is audited once, as DNS. Every destination
+/// handed out. DNS to 127.0.0.53 keeps working and is audited once, as DNS. A flood of 300
+/// datagrams is bounded by the session's `suppressed` summaries with exact counts. Every destination
 /// is inside the sandbox's namespace, which has only `lo`: nothing can leave.
 #[test]
 fn udp_other_than_dns_is_refused_and_audited_with_its_destination() {
@@ -171,6 +172,13 @@ except ConnectionRefusedError:
     print('connected:ECONNREFUSED')
 except OSError as e:
     print('connected:errno', e.errno)
+refused = 0
+for i in range(300):
+    try:
+        s.sendto(b'flood', ('10.9.9.9', 443))
+    except OSError:
+        refused += 1
+print('flood-refused:', refused)
 "#;
     let run = world
         .airlock(&repo)
@@ -185,6 +193,7 @@ except OSError as e:
     }
     // ...and the port unreachable fails the connected socket (QUIC falls back to TCP).
     assert!(out.contains("connected:ECONNREFUSED\n"), "{out}\n{}", run.stderr());
+    assert!(out.contains("flood-refused: 300\n"), "{out}");
     // DNS still works: the resolver answered with a synthetic address.
     let synthetic = out
         .lines()
@@ -193,7 +202,22 @@ except OSError as e:
     assert!(synthetic.starts_with("198.1"), "{synthetic}");
 
     let lines = world.audit_lines("udp");
-    let udp: Vec<_> = lines.iter().filter(|l| l["method"] == "UDP").collect();
+    // A flood is bounded by the session's rate limit of identical refusals, without losing
+    // count: lines + suppressed counts = datagrams, exactly.
+    let flood: Vec<_> = lines.iter().filter(|l| l["host"] == "10.9.9.9").collect();
+    let counted: u64 = flood
+        .iter()
+        .map(|l| if l["seqs"].is_array() { l["count"].as_u64().unwrap() } else { 1 })
+        .sum();
+    assert_eq!(counted, 300, "{flood:?}");
+    assert!(flood.iter().any(|l| l["seqs"].is_array()), "the flood was summarized: {flood:?}");
+    assert!(flood.len() < 300, "{}", flood.len());
+    assert!(
+        flood.iter().all(|l| l["method"] == "UDP" && l["reason"] == "udp_refused"),
+        "{flood:?}"
+    );
+    let udp: Vec<_> =
+        lines.iter().filter(|l| l["method"] == "UDP" && l["host"] != "10.9.9.9").collect();
     for (host, port) in [("10.1.2.3", 443), ("allowed.test", 443), ("10.1.2.4", 443)] {
         let line = udp
             .iter()
