@@ -676,19 +676,20 @@ mod tests {
     #[test]
     fn the_sockets_and_master_arrive_with_the_landlock_status() {
         let (ours, inside) = control_pair();
-        let files: Vec<_> = (0..5).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
+        let n = SocketKind::ALL.len();
+        let files: Vec<_> = (0..=n).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
         let borrowed: Vec<_> = files.iter().map(AsFd::as_fd).collect();
         fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed).unwrap();
         let (sockets, master, landlock) = receive_fds(&ours).unwrap();
         let sockets = sockets.unwrap();
-        assert_eq!(sockets.borrowed().len(), 4);
+        assert_eq!(sockets.borrowed().len(), n);
         assert!(master.is_some());
         assert_eq!(landlock, "full");
-        // Without a pty: the four sockets alone. Fewer than four: nothing was handed over.
-        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..4]).unwrap();
+        // Without a pty: the sockets alone. Fewer than every kind: nothing was handed over.
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..n]).unwrap();
         let (sockets, master, _) = receive_fds(&ours).unwrap();
         assert!(sockets.is_some() && master.is_none());
-        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..3]).unwrap();
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..n - 1]).unwrap();
         let (sockets, _, _) = receive_fds(&ours).unwrap();
         assert!(sockets.is_none());
     }
