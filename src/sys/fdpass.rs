@@ -1,8 +1,8 @@
 //! Passing file descriptors over unix sockets (`SCM_RIGHTS`, unix(7)), the fixed set of sockets
 //! a sandbox hands the daemon ([`SocketKind`], [`Handover`]) and their validation (SECURITY §4,
 //! docs/security.md: per kind the socket type and protocol, listening for TCP and no peer for
-//! UDP, bound to exactly the kind's address, a network-namespace cookie other than the
-//! daemon's own).
+//! UDP, bound to exactly the kind's address — for the netfilter log socket, bound and in no
+//! multicast group —, a network-namespace cookie other than the daemon's own).
 
 use std::io::{self, IoSlice};
 use std::net::{Ipv4Addr, SocketAddrV4};
