@@ -211,7 +211,10 @@ async fn bench_store(
                 "{name:<10} pgbench, keys and rows only (lighter script): {light:>8.0} events/s (HTTP at {:.2}x)",
                 r.events_per_s / light
             );
-            ("pgbench, the production statements", pgbench(&owner_url, &full_script(&line), secs, clients))
+            (
+                "pgbench, the production statements",
+                pgbench(&owner_url, &full_script(&line), secs, clients),
+            )
         }
     };
     println!(
@@ -318,16 +321,16 @@ BEGIN;
 WITH input AS (SELECT 'egress'::text AS source, 'pgb-' || :client_id || '-' || :r || '-' || g AS id,
                       'connect'::text AS type, 1772615525118000::int8 AS ts, 'sess-' || :r AS session,
                       g::int8 AS seq, 'boot-1'::text AS boot, '{payload}' || g AS payload, g AS ord,
-                      '\\x{hash}'::bytea AS sha256
+                      '\\x{hash}'::bytea AS sha256, nextval('events_pk_seq') AS pk
                FROM generate_series(1, {BATCH}) g),
 keys AS (INSERT INTO event_keys (user_id, source, id, pk, received_at, sha256)
-         SELECT 'pgbench-user', source, id, nextval('events_pk_seq'), now(), sha256
+         SELECT 'pgbench-user', source, id, pk, now(), sha256
          FROM input ORDER BY ord ON CONFLICT DO NOTHING
-         RETURNING source, id, pk, (extract(epoch from received_at) * 1000000)::int8 AS received_us),
+         RETURNING pk, (extract(epoch from received_at) * 1000000)::int8 AS received_us),
 ev AS (INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, received_at, payload)
-       SELECT k.pk, 'pgbench-user', i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, now(), i.payload
-       FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id RETURNING pk)
-SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id;
+       SELECT i.pk, 'pgbench-user', i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, now(), i.payload
+       FROM keys k JOIN input i ON i.pk = k.pk RETURNING pk)
+SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.pk = k.pk;
 {flag_sql}END;
 ",
         hash = "ab".repeat(32),
