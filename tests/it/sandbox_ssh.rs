@@ -91,13 +91,14 @@ impl Setup {
         format!("ssh {}", self.sshd.ssh_options(&self.key_inside))
     }
 
-    /// Waits (bounded) until the repo's audit log has a line matching `pred`; all lines.
-    fn wait_line(
+    /// Waits (bounded) until the repo's audit lines satisfy `pred` (a tunnel's final line is
+    /// written when the relay ends, which may be just after the client exited); all lines.
+    fn wait_lines(
         &self,
         repo: &str,
-        pred: impl Fn(&serde_json::Value) -> bool,
+        pred: impl Fn(&[serde_json::Value]) -> bool,
     ) -> Vec<serde_json::Value> {
-        wait_until(Duration::from_secs(10), || self.world.audit_lines(repo).iter().any(&pred));
+        wait_until(Duration::from_secs(10), || pred(&self.world.audit_lines(repo)));
         self.world.audit_lines(repo)
     }
 
@@ -125,26 +126,47 @@ fn ssh_to_an_allowed_name_and_port_works_through_capture_and_is_audited() {
     let script = format!(
         "set -u\n\
          {ssh} -p {port} {user}@allowed.test echo via-ssh\n\
-         echo \"ssh-exit:$?\"\n",
+         echo \"ssh-exit:$?\"\n\
+         ssh -i {key} -o BatchMode=yes -o StrictHostKeyChecking=accept-new -p {port} \
+             {user}@allowed.test echo first-contact 2>&1\n\
+         ssh -i {key} -o BatchMode=yes -p {port} {user}@allowed.test echo known-host\n\
+         echo \"known-hosts:$(wc -l < \"$HOME/.ssh/known_hosts\")\"\n",
         ssh = s.ssh(),
         user = s.sshd.user,
+        key = s.key_inside,
     );
     let (code, out, err) = s.exec(&script);
     assert_eq!(code, 0, "{}", s.context(&out, &err));
     assert!(out.contains("via-ssh\nssh-exit:0\n"), "{}", s.context(&out, &err));
-    assert_eq!(s.sshd.connections(port), 1, "{}", s.context(&out, &err));
+    // ssh's own defaults work inside too: the passwd entry it looks up (getpwuid) is the
+    // sandbox's, whose home (`/home/agent`, HOME) is writable, so the first contact stores the
+    // host key in `~/.ssh/known_hosts` and the next connection checks against it.
+    assert!(out.contains("first-contact\n"), "{}", s.context(&out, &err));
+    assert!(out.contains("known-host\nknown-hosts:1\n"), "{}", s.context(&out, &err));
+    assert_eq!(s.sshd.connections(port), 3, "{}", s.context(&out, &err));
 
-    let done = |l: &serde_json::Value| {
-        l["host"] == "allowed.test" && l["port"] == port && !l["duration_ms"].is_null()
+    // One final line per connection, each allowed, dialed at the sshd, bytes both ways (the
+    // version strings, key exchange and the command).
+    let finals = |lines: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter(|l| {
+                l["host"] == "allowed.test" && l["port"] == port && !l["duration_ms"].is_null()
+            })
+            .cloned()
+            .collect()
     };
-    let lines = s.wait_line("ssh-allowed", done);
-    let line = transparent_line(&lines, "allowed.test", port).expect("transparent ssh line");
-    assert_eq!(line["allowed"], true, "{lines:?}");
-    assert_eq!(line["method"], "CONNECT", "{lines:?}");
-    assert_eq!(line["addr"], format!("{}:{port}", s.sshd.ip).as_str(), "{lines:?}");
-    // Both directions carried the SSH session (version strings, key exchange, the command).
-    assert!(line["bytes_sent"].as_u64().unwrap_or(0) > 0, "{line}");
-    assert!(line["bytes_recv"].as_u64().unwrap_or(0) > 0, "{line}");
+    let lines = s.wait_lines("ssh-allowed", |l| finals(l).len() >= 3);
+    let ssh_lines = finals(&lines);
+    assert_eq!(ssh_lines.len(), 3, "{lines:?}");
+    for line in &ssh_lines {
+        assert_eq!(line["capture"], "transparent", "{line}");
+        assert_eq!(line["allowed"], true, "{line}");
+        assert_eq!(line["method"], "CONNECT", "{line}");
+        assert_eq!(line["addr"], format!("{}:{port}", s.sshd.ip).as_str(), "{line}");
+        assert!(line["bytes_sent"].as_u64().unwrap_or(0) > 0, "{line}");
+        assert!(line["bytes_recv"].as_u64().unwrap_or(0) > 0, "{line}");
+    }
     // The name was asked of the sandbox's resolver first (the synthetic address ssh dialed).
     assert!(lines.iter().any(|l| l["method"] == "DNS" && l["host"] == "allowed.test"), "{lines:?}");
 }
@@ -192,8 +214,10 @@ fn git_clone_over_ssh_works_through_capture() {
     assert!(out.contains("subject:commit-over-ssh\n"), "{}", s.context(&out, &err));
     assert!(out.contains("readme:cloned over ssh\n"), "{}", s.context(&out, &err));
 
-    let lines = s.wait_line("ssh-git", |l| {
-        l["host"] == "allowed.test" && l["port"] == port && !l["duration_ms"].is_null()
+    let lines = s.wait_lines("ssh-git", |ls| {
+        ls.iter().any(|l| {
+            l["host"] == "allowed.test" && l["port"] == port && !l["duration_ms"].is_null()
+        })
     });
     let line = transparent_line(&lines, "allowed.test", port).expect("transparent git line");
     assert_eq!(line["allowed"], true, "{lines:?}");
@@ -224,7 +248,9 @@ fn ssh_to_a_port_or_name_the_policy_does_not_allow_is_refused_audited_and_never_
     assert_eq!(s.sshd.connections(allowed_port), 0, "{}", s.context(&out, &err));
     assert_eq!(s.sshd.connections(other_port), 0, "{}", s.context(&out, &err));
 
-    let lines = s.wait_line("ssh-refused", |l| l["host"] == "refused.test" && l["method"] == "DNS");
+    let lines = s.wait_lines("ssh-refused", |ls| {
+        ls.iter().any(|l| l["host"] == "refused.test" && l["method"] == "DNS")
+    });
     // The port the entry does not name: allowed name, refused by the capture.
     let port = transparent_line(&lines, "allowed.test", other_port).expect("port refusal line");
     assert_eq!(port["allowed"], false, "{lines:?}");
