@@ -446,12 +446,10 @@ pub fn install_capture(port: u16) -> Result<(), CaptureError> {
     )
 }
 
-const ROUTE_V6_HINT: &str = " (the sandbox's namespace has no usable IPv6: booted with \
-ipv6.disable=1 or net.ipv6.conf.*.disable_ipv6=1? IPv6 connections then fail inside the sandbox \
-without an audit line; see `airlock doctor`)";
-const NFT_V6_HINT: &str = " (IPv6 NAT in nf_tables is missing: CONFIG_NF_NAT with IPv6 \
-support, CONFIG_NFT_REDIR; IPv6 connections then fail inside the sandbox without an audit line; \
-see `airlock doctor`)";
+const ROUTE_V6_HINT: &str = " (the sandbox's namespace has no usable IPv6: is it disabled, \
+ipv6.disable=1 at boot or net.ipv6.conf.default.disable_ipv6=1?)";
+const NFT_V6_HINT: &str = " (nf_tables lacks IPv6 NAT: CONFIG_NF_NAT with IPv6, \
+CONFIG_NFT_REDIR)";
 
 /// The IPv6 half of the capture, in the **current** network namespace, after
 /// [`install_capture`]: the IPv6 local default route and the redirect of every IPv6 TCP
