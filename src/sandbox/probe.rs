@@ -446,10 +446,13 @@ pub fn capture_probe_child() -> i32 {
     let gid = nix::unistd::getegid().as_raw();
     match namespaces::fork_into_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) {
         Ok(Forked::Child) => {
-            #[cfg(feature = "test-hooks")]
-            crate::sys::netfilter::test_hook_disable_ipv6();
             let r = super::inside::write_id_maps(uid, gid)
-                .and_then(|()| namespaces::loopback_up())
+                .and_then(|()| {
+                    // As in the sandbox: after the id maps, before `lo` is up.
+                    #[cfg(feature = "test-hooks")]
+                    crate::sys::netfilter::test_hook_disable_ipv6();
+                    namespaces::loopback_up()
+                })
                 .map_err(|e| e.to_string())
                 .and_then(|()| {
                     crate::sys::netfilter::install_capture(super::inside::CAPTURE_PORT)

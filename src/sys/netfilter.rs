@@ -359,7 +359,9 @@ fn nft_batch(port: u16) -> (Msg, u32) {
 
 /// The IPv6 rule, appended to the chain [`nft_batch`] made, as a batch of its own (so a kernel
 /// without IPv6 NAT keeps the IPv4 capture); with the number of messages that ask for an ACK.
-/// `nft --debug=netlink` for `ip6 daddr != ::1 tcp dport 1-65535 redirect to :PORT`:
+/// `nft --debug=netlink` for `ip6 daddr != ::1 tcp dport 1-65535 redirect to :PORT`, with the
+/// port range as `cmp neq 0` like the IPv4 rule (nft itself writes `[ range eq reg 1 0x00000100
+/// 0x0000ffff ]`, the same set of ports):
 ///
 /// ```text
 /// [ meta load nfproto => reg 1 ]
@@ -780,7 +782,8 @@ mod tests {
     }
 
     /// The IPv4 rule as nft prints it for
-    /// `ip daddr != 127.0.0.0/8 tcp dport 1-65535 redirect to :8889` on a little-endian host.
+    /// `ip daddr != 127.0.0.0/8 tcp dport 1-65535 redirect to :8889` on a little-endian host
+    /// (the port range as `cmp neq 0`).
     #[test]
     #[cfg(target_endian = "little")]
     fn the_ipv4_rule_is_what_nft_debug_netlink_prints() {
@@ -807,7 +810,8 @@ mod tests {
     }
 
     /// The IPv6 rule as nft prints it for `ip6 daddr != ::1 tcp dport 1-65535 redirect to
-    /// :8889` (`inet airlock capture`), alone between a batch begin and end.
+    /// :8889` (`inet airlock capture`; the port range as `cmp neq 0`, see `nft_batch_v6`),
+    /// alone between a batch begin and end.
     #[test]
     #[cfg(target_endian = "little")]
     fn the_ipv6_rule_is_what_nft_debug_netlink_prints() {
