@@ -88,7 +88,7 @@ pub struct Capabilities(BTreeSet<String>);
 impl Capabilities {
     /// What this build offers.
     pub fn current() -> Self {
-        [SESSION_SOCKETS].into_iter().collect()
+        [SESSION_SOCKETS, CAPTURE_TCP6].into_iter().collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -122,6 +122,12 @@ impl<S: Into<String>> FromIterator<S> for Capabilities {
 /// Without it exactly one fd travels, the proxy listener: a daemon that predates it would take
 /// any other fd for the proxy.
 pub const SESSION_SOCKETS: &str = "session_sockets";
+
+/// Capability `capture_tcp6` (with [`SESSION_SOCKETS`]): the `sockets` list may name
+/// `capture_tcp6`, the sandbox's IPv6 capture listener, after `capture_tcp`. Without it the
+/// client leaves that socket out: a daemon that predates it would refuse the session for the
+/// unknown kind.
+pub const CAPTURE_TCP6: &str = "capture_tcp6";
 
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
@@ -260,7 +266,8 @@ pub struct SessionSpec {
     #[serde(default)]
     pub supervisor_pid: u32,
     /// Under [`SESSION_SOCKETS`] only: the kinds of the attached fds, in order (`proxy` first,
-    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`). Empty = the proxy listener alone.
+    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`, and `capture_tcp6` under
+    /// [`CAPTURE_TCP6`]). Empty = the proxy listener alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sockets: Vec<String>,
 }

@@ -62,7 +62,12 @@ fn register(
     // take the last fd for the proxy listener. Without it the sandbox has no resolver (its
     // sockets are closed with the supervisor's copies) and the explicit proxy works as before.
     let fds: Vec<_> = if client.capabilities.contains(protocol::SESSION_SOCKETS) {
-        let all = sockets.borrowed();
+        // The IPv6 capture listener only to a daemon that knows the kind (`capture_tcp6`);
+        // otherwise the sandbox's IPv6 connections wait in its backlog, unserved (they never
+        // leave the sandbox).
+        let v6 = client.capabilities.contains(protocol::CAPTURE_TCP6);
+        let mut all = sockets.borrowed();
+        all.retain(|(k, _)| v6 || *k != crate::sys::fdpass::SocketKind::CaptureTcp6);
         spec.sockets = all.iter().map(|(k, _)| k.name().to_string()).collect();
         all.into_iter().map(|(_, fd)| fd).collect()
     } else {

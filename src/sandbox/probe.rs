@@ -376,7 +376,8 @@ pub const CAPTURE_PROBE_COMMAND: &str = "__probe-capture";
 /// sandbox's network namespace works on this machine. Tried for real, in a throwaway user and
 /// network namespace (a fresh `airlock __probe-capture` process, single-threaded as clone(2)
 /// with CLONE_NEWUSER requires), because no file in /proc says whether nf_tables' nat chains
-/// and redir expression are usable there.
+/// and redir expression are usable there. The IPv6 half is judged apart: without it (a kernel
+/// or namespace without IPv6) sessions still start, with IPv4 captured, so it is a warning.
 pub fn capture_line() -> ProbeLine {
     let name = "transparent capture";
     let fix = "a kernel with nf_tables NAT (CONFIG_NF_TABLES, CONFIG_NF_TABLES_INET, \
@@ -397,10 +398,25 @@ CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK) and user namespaces; with
         Ok(out) if out.status.success() => ProbeLine {
             name,
             status: Status::Ok,
-            detail: "TCP to any non-loopback address is redirected to the capture listener \
-(nftables redirect, set up through netlink)"
+            detail: "TCP to any non-loopback address, IPv4 and IPv6, is redirected to the \
+capture listener (nftables redirect, set up through netlink)"
                 .into(),
             fix: None,
+        },
+        Ok(out) if out.status.code() == Some(CAPTURE_PROBE_NO_V6) => ProbeLine {
+            name,
+            status: Status::Warn,
+            detail: format!(
+                "IPv4 TCP to any non-loopback address is redirected to the capture listener; \
+IPv6 is not: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            fix: Some(
+                "sessions start, but IPv6 connections inside the sandbox fail (ENETUNREACH or \
+EADDRNOTAVAIL) and leave no audit line; to capture them, run a kernel with IPv6 (not booted with \
+ipv6.disable=1, net.ipv6.conf.default.disable_ipv6=0) and IPv6 NAT in nf_tables"
+                    .into(),
+            ),
         },
         Ok(out) => ProbeLine {
             name,
@@ -417,9 +433,13 @@ CONFIG_NFT_NAT, CONFIG_NFT_REDIR, CONFIG_NF_CONNTRACK) and user namespaces; with
     }
 }
 
+/// Exit code of `airlock __probe-capture` when the IPv4 capture works and the IPv6 one does not.
+pub const CAPTURE_PROBE_NO_V6: i32 = 2;
+
 /// `airlock __probe-capture`: in a child in new user and network namespaces, map our ids,
-/// bring `lo` up and install the capture exactly as the sandbox does. Exit 0 when it worked;
-/// otherwise 1 with the reason on stderr.
+/// bring `lo` up and install the capture exactly as the sandbox does, IPv6 listener included.
+/// Exit 0 when it all worked; [`CAPTURE_PROBE_NO_V6`] with the IPv6 reason on stderr when only
+/// IPv4 did; otherwise 1 with the reason on stderr.
 pub fn capture_probe_child() -> i32 {
     use crate::sys::namespaces::{self, Forked};
     let uid = nix::unistd::geteuid().as_raw();
@@ -427,14 +447,32 @@ pub fn capture_probe_child() -> i32 {
     match namespaces::fork_into_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) {
         Ok(Forked::Child) => {
             let r = super::inside::write_id_maps(uid, gid)
-                .and_then(|()| namespaces::loopback_up())
+                .and_then(|()| {
+                    // As in the sandbox: after the id maps, before `lo` is up.
+                    #[cfg(feature = "test-hooks")]
+                    crate::sys::netfilter::test_hook_disable_ipv6();
+                    namespaces::loopback_up()
+                })
                 .map_err(|e| e.to_string())
                 .and_then(|()| {
                     crate::sys::netfilter::install_capture(super::inside::CAPTURE_PORT)
                         .map_err(|e| e.to_string())
                 });
-            match r {
-                Ok(()) => crate::sys::exec::exit_now(0),
+            let v6 = || {
+                crate::sys::netfilter::install_capture_v6(super::inside::CAPTURE_PORT)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        super::inside::handover_socket(crate::sys::fdpass::SocketKind::CaptureTcp6)
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    })
+            };
+            match r.map(|()| v6()) {
+                Ok(Ok(())) => crate::sys::exec::exit_now(0),
+                Ok(Err(e)) => {
+                    eprintln!("{e}");
+                    crate::sys::exec::exit_now(CAPTURE_PROBE_NO_V6)
+                }
                 Err(e) => {
                     eprintln!("{e}");
                     crate::sys::exec::exit_now(1)

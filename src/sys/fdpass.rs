@@ -1,11 +1,11 @@
 //! Passing file descriptors over unix sockets (`SCM_RIGHTS`, unix(7)), the fixed set of sockets
 //! a sandbox hands the daemon ([`SocketKind`], [`Handover`]) and their validation (SECURITY §4,
 //! docs/security.md: per kind the socket type and protocol, listening for TCP and no peer for
-//! UDP, bound to exactly the kind's address, a network-namespace cookie other than the
-//! daemon's own).
+//! UDP, bound to exactly the kind's address, `IPV6_V6ONLY` for the IPv6 kind, a
+//! network-namespace cookie other than the daemon's own).
 
 use std::io::{self, IoSlice};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
@@ -132,6 +132,9 @@ pub enum SocketKind {
     DnsTcp,
     /// Transparent capture: TCP listener on 127.0.0.1:8889 that redirected traffic reaches.
     CaptureTcp,
+    /// Transparent capture of IPv6: TCP listener on [::1]:8889 (`IPV6_V6ONLY`) that redirected
+    /// IPv6 traffic reaches. Optional: absent when the sandbox's namespace has no IPv6.
+    CaptureTcp6,
 }
 
 /// The resolver's address inside the sandbox (the name `systemd-resolved` made familiar; any
@@ -144,8 +147,13 @@ pub const CAPTURE_PORT: u16 = 8889;
 
 impl SocketKind {
     /// Every kind, in wire order.
-    pub const ALL: [SocketKind; 4] =
-        [SocketKind::Proxy, SocketKind::DnsUdp, SocketKind::DnsTcp, SocketKind::CaptureTcp];
+    pub const ALL: [SocketKind; 5] = [
+        SocketKind::Proxy,
+        SocketKind::DnsUdp,
+        SocketKind::DnsTcp,
+        SocketKind::CaptureTcp,
+        SocketKind::CaptureTcp6,
+    ];
 
     /// The name used in `session_start`'s `sockets` list.
     pub fn name(self) -> &'static str {
@@ -154,6 +162,7 @@ impl SocketKind {
             SocketKind::DnsUdp => "dns_udp",
             SocketKind::DnsTcp => "dns_tcp",
             SocketKind::CaptureTcp => "capture_tcp",
+            SocketKind::CaptureTcp6 => "capture_tcp6",
         }
     }
 
@@ -162,12 +171,21 @@ impl SocketKind {
     }
 
     /// The one address a socket of this kind must be bound to.
-    pub fn addr(self) -> SocketAddrV4 {
+    pub fn addr(self) -> SocketAddr {
+        let v4 = |ip, port| SocketAddr::V4(SocketAddrV4::new(ip, port));
         match self {
-            SocketKind::Proxy => SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT),
-            SocketKind::DnsUdp | SocketKind::DnsTcp => SocketAddrV4::new(DNS_ADDR, 53),
-            SocketKind::CaptureTcp => SocketAddrV4::new(Ipv4Addr::LOCALHOST, CAPTURE_PORT),
+            SocketKind::Proxy => v4(Ipv4Addr::LOCALHOST, PROXY_PORT),
+            SocketKind::DnsUdp | SocketKind::DnsTcp => v4(DNS_ADDR, 53),
+            SocketKind::CaptureTcp => v4(Ipv4Addr::LOCALHOST, CAPTURE_PORT),
+            SocketKind::CaptureTcp6 => {
+                SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, CAPTURE_PORT, 0, 0))
+            }
         }
+    }
+
+    /// An `AF_INET6` socket (the others are `AF_INET`).
+    pub fn is_v6(self) -> bool {
+        self.addr().is_ipv6()
     }
 
     /// TCP (a listener) or UDP (an unconnected socket).
@@ -191,12 +209,13 @@ pub struct Handover {
     pub dns_udp: Option<OwnedFd>,
     pub dns_tcp: Option<OwnedFd>,
     pub capture_tcp: Option<OwnedFd>,
+    pub capture_tcp6: Option<OwnedFd>,
 }
 
 impl From<OwnedFd> for Handover {
     /// A proxy listener alone (what every client before `session_sockets` handed over).
     fn from(proxy: OwnedFd) -> Self {
-        Self { proxy, dns_udp: None, dns_tcp: None, capture_tcp: None }
+        Self { proxy, dns_udp: None, dns_tcp: None, capture_tcp: None, capture_tcp6: None }
     }
 }
 
@@ -208,6 +227,7 @@ impl Handover {
             (SocketKind::DnsUdp, &self.dns_udp),
             (SocketKind::DnsTcp, &self.dns_tcp),
             (SocketKind::CaptureTcp, &self.capture_tcp),
+            (SocketKind::CaptureTcp6, &self.capture_tcp6),
         ];
         let mut out = vec![(SocketKind::Proxy, self.proxy.as_fd())];
         out.extend(opt.into_iter().filter_map(|(k, fd)| Some((k, fd.as_ref()?.as_fd()))));
@@ -232,6 +252,7 @@ impl Handover {
                 (SocketKind::DnsUdp, Some(s)) => s.dns_udp = Some(fd),
                 (SocketKind::DnsTcp, Some(s)) => s.dns_tcp = Some(fd),
                 (SocketKind::CaptureTcp, Some(s)) => s.capture_tcp = Some(fd),
+                (SocketKind::CaptureTcp6, Some(s)) => s.capture_tcp6 = Some(fd),
                 _ => unreachable!("order checked above: proxy first, each kind once"),
             }
         }
@@ -246,6 +267,7 @@ impl Handover {
             dns_udp: dup(&self.dns_udp)?,
             dns_tcp: dup(&self.dns_tcp)?,
             capture_tcp: dup(&self.capture_tcp)?,
+            capture_tcp6: dup(&self.capture_tcp6)?,
         })
     }
 }
@@ -261,7 +283,9 @@ pub enum ListenerError {
     #[error("the passed {kind} socket is not {want} (it is {got})")]
     WrongType { kind: SocketKind, want: &'static str, got: String },
     #[error("the passed {kind} socket is bound to {got}, not {want}")]
-    WrongAddress { kind: SocketKind, want: SocketAddrV4, got: String },
+    WrongAddress { kind: SocketKind, want: SocketAddr, got: String },
+    #[error("the passed {kind} socket does not have IPV6_V6ONLY set; it must accept IPv6 only")]
+    NotV6Only { kind: SocketKind },
     #[error("the passed {kind} socket is connected to {peer}; it must have no peer")]
     Connected { kind: SocketKind, peer: String },
     #[error(
@@ -275,7 +299,7 @@ pub enum ListenerError {
     Count { named: usize, passed: usize },
     #[error(
         "the request's sockets [{0}] are not in the fixed order proxy, dns_udp, dns_tcp, \
-         capture_tcp (proxy required, each at most once)"
+         capture_tcp, capture_tcp6 (proxy required, each at most once)"
     )]
     Order(String),
     #[error("the request names an unknown socket kind {0:?}")]
@@ -292,10 +316,12 @@ pub struct Observed {
     pub protocol: libc::c_int,
     /// `SO_ACCEPTCONN`.
     pub listening: bool,
-    /// `getsockname`, when it is an IPv4 address.
-    pub local: Option<SocketAddrV4>,
-    /// The family of `getsockname` when it is not IPv4.
+    /// `getsockname`, when it is an IPv4 or IPv6 address.
+    pub local: Option<SocketAddr>,
+    /// The family of `getsockname` when it is neither.
     pub other_family: Option<String>,
+    /// `IPV6_V6ONLY` of an `AF_INET6` socket (`None` for other families).
+    pub v6only: Option<bool>,
     /// `getpeername`, when the socket has a peer.
     pub peer: Option<String>,
     /// `SO_NETNS_COOKIE` of the socket and of the daemon's own namespace.
@@ -331,9 +357,20 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
         int_sockopt(fd, libc::SO_ACCEPTCONN).map_err(|_| ListenerError::WrongKind)? != 0;
     let addr: SockaddrStorage =
         getsockname(fd.as_raw_fd()).map_err(|_| ListenerError::WrongKind)?;
-    let (local, other_family) = match addr.as_sockaddr_in() {
-        Some(sin) => (Some(SocketAddrV4::new(sin.ip(), sin.port())), None),
-        None => (None, Some(format!("{:?}", addr.family()))),
+    let (local, other_family) = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+        (Some(sin), _) => (Some(SocketAddr::V4(SocketAddrV4::new(sin.ip(), sin.port()))), None),
+        // Flow info and scope id are not compared: a ::1 listener has neither.
+        (None, Some(sin6)) => {
+            (Some(SocketAddr::V6(SocketAddrV6::new(sin6.ip(), sin6.port(), 0, 0))), None)
+        }
+        (None, None) => (None, Some(format!("{:?}", addr.family()))),
+    };
+    let v6only = match local {
+        Some(SocketAddr::V6(_)) => Some(
+            nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::Ipv6V6Only)
+                .map_err(|_| ListenerError::WrongKind)?,
+        ),
+        _ => None,
     };
     // ENOTCONN is the expected answer for a listener and an unconnected UDP socket.
     let peer = nix::sys::socket::getpeername::<SockaddrStorage>(fd.as_raw_fd())
@@ -345,6 +382,7 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
         listening,
         local,
         other_family,
+        v6only,
         peer,
         netns: netns_cookie(fd)?,
         own_netns: own_netns_cookie()?,
@@ -353,17 +391,30 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
 
 /// The rules for one kind (docs/security.md, "Validating the handed-over sockets"), in the
 /// order the errors are reported: type and protocol, a network namespace other than the
-/// daemon's, listening (TCP) or no peer (UDP), then the exact address.
-pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddrV4, ListenerError> {
-    let (want_type, want_proto, want) = if kind.is_stream() {
-        (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET/SOCK_STREAM/TCP")
-    } else {
-        (libc::SOCK_DGRAM, libc::IPPROTO_UDP, "AF_INET/SOCK_DGRAM/UDP")
+/// daemon's, listening (TCP) or no peer (UDP), `IPV6_V6ONLY` (the IPv6 kind), then the exact
+/// address.
+pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddr, ListenerError> {
+    let (want_type, want_proto, want) = match (kind.is_stream(), kind.is_v6()) {
+        (true, false) => (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET/SOCK_STREAM/TCP"),
+        (true, true) => (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET6/SOCK_STREAM/TCP"),
+        (false, _) => (libc::SOCK_DGRAM, libc::IPPROTO_UDP, "AF_INET/SOCK_DGRAM/UDP"),
     };
     let local = match o.local {
-        Some(l) if o.sock_type == want_type && o.protocol == want_proto => l,
+        Some(l)
+            if l.is_ipv6() == kind.is_v6()
+                && o.sock_type == want_type
+                && o.protocol == want_proto =>
+        {
+            l
+        }
         _ => {
-            let family = o.other_family.clone().unwrap_or_else(|| "AF_INET".into());
+            let family = o.other_family.clone().unwrap_or_else(|| {
+                match o.local {
+                    Some(SocketAddr::V6(_)) => "AF_INET6",
+                    _ => "AF_INET",
+                }
+                .into()
+            });
             let got = format!("{family} type {} protocol {}", o.sock_type, o.protocol);
             return Err(ListenerError::WrongType { kind, want, got });
         }
@@ -377,6 +428,12 @@ pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddrV4, ListenerErr
     if let Some(peer) = &o.peer {
         return Err(ListenerError::Connected { kind, peer: peer.clone() });
     }
+    // Belt and braces: the kernel already sets IPV6_V6ONLY on a socket bound to a specific
+    // address such as ::1 (net/ipv6/af_inet6.c), but a dual-stack socket must never stand in
+    // for the IPv6 kind, whatever a later kernel does.
+    if kind.is_v6() && o.v6only != Some(true) {
+        return Err(ListenerError::NotV6Only { kind });
+    }
     if local != kind.addr() {
         return Err(ListenerError::WrongAddress {
             kind,
@@ -388,15 +445,12 @@ pub fn check(kind: SocketKind, o: &Observed) -> Result<SocketAddrV4, ListenerErr
 }
 
 /// Checks one handed-over socket of `kind` per SECURITY §4 and returns its local address.
-pub fn validate_socket(
-    kind: SocketKind,
-    fd: BorrowedFd<'_>,
-) -> Result<SocketAddrV4, ListenerError> {
+pub fn validate_socket(kind: SocketKind, fd: BorrowedFd<'_>) -> Result<SocketAddr, ListenerError> {
     check(kind, &observe(fd)?)
 }
 
 /// Checks a proxy listener per SECURITY §4 and returns its local address.
-pub fn validate_listener(fd: BorrowedFd<'_>) -> Result<SocketAddrV4, ListenerError> {
+pub fn validate_listener(fd: BorrowedFd<'_>) -> Result<SocketAddr, ListenerError> {
     validate_socket(SocketKind::Proxy, fd)
 }
 
@@ -475,6 +529,7 @@ mod tests {
             listening: kind.is_stream(),
             local: Some(kind.addr()),
             other_family: None,
+            v6only: kind.is_v6().then_some(true),
             peer: None,
             netns: 2,
             own_netns: 1,
@@ -489,6 +544,8 @@ mod tests {
         }
         assert_eq!(SocketKind::DnsUdp.addr().to_string(), "127.0.0.53:53");
         assert_eq!(SocketKind::CaptureTcp.addr().to_string(), "127.0.0.1:8889");
+        assert_eq!(SocketKind::CaptureTcp6.addr().to_string(), "[::1]:8889");
+        assert!(SocketKind::CaptureTcp6.is_v6() && !SocketKind::CaptureTcp.is_v6());
     }
 
     #[test]
@@ -508,30 +565,57 @@ mod tests {
             wrong_type(&|o| {
                 o.protocol = if kind.is_stream() { 262 } else { libc::IPPROTO_UDPLITE }
             });
-            // Not IPv4 (AF_INET6, AF_UNIX).
+            // Not an Internet socket (AF_UNIX, AF_NETLINK).
             wrong_type(&|o| {
                 o.local = None;
-                o.other_family = Some("Inet6".into());
+                o.other_family = Some("Unix".into());
+            });
+            // The other IP family at the same port: IPv6 for an IPv4 kind and the other way.
+            wrong_type(&|o| {
+                let port = kind.addr().port();
+                o.local = Some(if kind.is_v6() {
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+                } else {
+                    SocketAddr::from((Ipv6Addr::LOCALHOST, port))
+                });
+                o.v6only = (!kind.is_v6()).then_some(true);
             });
             let mut o = good(kind);
             o.peer = Some("127.0.0.1:9".into());
             assert!(matches!(check(kind, &o), Err(E::Connected { .. })), "{kind}");
-            for addr in ["0.0.0.0", "127.0.0.2"] {
+            let others: &[&str] = if kind.is_v6() {
+                &["::", "::2", "::ffff:127.0.0.1"]
+            } else {
+                &["0.0.0.0", "127.0.0.2"]
+            };
+            for addr in others {
                 let mut o = good(kind);
-                o.local = Some(SocketAddrV4::new(addr.parse().unwrap(), kind.addr().port()));
+                let ip: std::net::IpAddr = addr.parse().unwrap();
+                o.local = Some(SocketAddr::new(ip, kind.addr().port()));
                 assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} {addr}");
             }
             let mut o = good(kind);
-            o.local = Some(SocketAddrV4::new(*kind.addr().ip(), kind.addr().port() + 1));
+            let mut next = kind.addr();
+            next.set_port(next.port() + 1);
+            o.local = Some(next);
             assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} port");
             let mut o = good(kind);
             o.own_netns = o.netns;
             assert_eq!(check(kind, &o), Err(E::SameNamespace), "{kind}");
         }
-        for kind in [SocketKind::Proxy, SocketKind::DnsTcp, SocketKind::CaptureTcp] {
+        for kind in SocketKind::ALL.into_iter().filter(|k| k.is_stream()) {
             let mut o = good(kind);
             o.listening = false;
             assert_eq!(check(kind, &o), Err(E::NotListening), "{kind}");
+        }
+        // A dual-stack [::1] listener (IPV6_V6ONLY 0), or one whose option was not read.
+        for v6only in [Some(false), None] {
+            let mut o = good(SocketKind::CaptureTcp6);
+            o.v6only = v6only;
+            assert_eq!(
+                check(SocketKind::CaptureTcp6, &o),
+                Err(E::NotV6Only { kind: SocketKind::CaptureTcp6 })
+            );
         }
         // A socket of one kind does not pass as another: the addresses differ pairwise.
         for a in SocketKind::ALL {
@@ -549,14 +633,8 @@ mod tests {
             (o.sock_type, o.protocol, o.listening),
             (libc::SOCK_STREAM, libc::IPPROTO_TCP, true)
         );
-        assert_eq!(
-            o.local,
-            Some(match l.local_addr().unwrap() {
-                std::net::SocketAddr::V4(a) => a,
-                other => panic!("{other}"),
-            })
-        );
-        assert_eq!((o.peer.as_deref(), o.netns == o.own_netns), (None, true));
+        assert_eq!(o.local, Some(l.local_addr().unwrap()));
+        assert_eq!((o.peer.as_deref(), o.netns == o.own_netns, o.v6only), (None, true, None));
         // In our own namespace (and on another port): the namespace is what is reported.
         assert_eq!(validate_listener(l.as_fd()), Err(ListenerError::SameNamespace));
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -578,13 +656,48 @@ mod tests {
     }
 
     #[test]
+    fn a_real_ipv6_listener_is_observed_with_its_v6only() {
+        // Whatever was asked before bind, a socket bound to ::1 reads IPV6_V6ONLY 1: the kernel
+        // sets it when binding a specific, non-mapped address (net/ipv6/af_inet6.c).
+        use nix::sys::socket::{
+            Backlog, SockaddrIn6, bind, listen, setsockopt, socket as mk, sockopt,
+        };
+        for v6only in [true, false] {
+            let fd =
+                mk(AddressFamily::Inet6, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+            setsockopt(&fd, sockopt::Ipv6V6Only, &v6only).unwrap();
+            let any = SocketAddrV6::new(Ipv6Addr::LOCALHOST, 0, 0, 0);
+            bind(fd.as_raw_fd(), &SockaddrIn6::from(any)).unwrap();
+            listen(&fd, Backlog::new(8).unwrap()).unwrap();
+            let o = observe(fd.as_fd()).unwrap();
+            assert_eq!(o.v6only, Some(true), "asked for {v6only}");
+            assert_eq!(
+                check(SocketKind::CaptureTcp6, &o).unwrap_err(),
+                ListenerError::SameNamespace,
+                "everything but the namespace passes"
+            );
+            assert!(matches!(o.local, Some(SocketAddr::V6(a)) if *a.ip() == Ipv6Addr::LOCALHOST));
+            assert!(o.listening && o.other_family.is_none());
+        }
+    }
+
+    #[test]
     fn the_named_list_must_match_the_fds_and_the_fixed_order() {
         let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         use SocketKind::*;
-        let all = Handover::from_named(&SocketKind::ALL, (0..4).map(|_| fd()).collect()).unwrap();
+        let n = SocketKind::ALL.len();
+        let all = Handover::from_named(&SocketKind::ALL, (0..n).map(|_| fd()).collect()).unwrap();
         assert_eq!(all.borrowed().iter().map(|(k, _)| *k).collect::<Vec<_>>(), SocketKind::ALL);
         let some = Handover::from_named(&[Proxy, DnsTcp], vec![fd(), fd()]).unwrap();
         assert!(some.dns_udp.is_none() && some.dns_tcp.is_some() && some.capture_tcp.is_none());
+        // The IPv6 capture listener is optional (a namespace without IPv6 has none).
+        let v4 = Handover::from_named(
+            &[Proxy, DnsUdp, DnsTcp, CaptureTcp],
+            vec![fd(), fd(), fd(), fd()],
+        )
+        .unwrap();
+        assert!(v4.capture_tcp.is_some() && v4.capture_tcp6.is_none());
+        assert_eq!(v4.borrowed().len(), 4);
         assert!(matches!(
             Handover::from_named(&[Proxy, DnsUdp], vec![fd()]),
             Err(ListenerError::Count { named: 2, passed: 1 })

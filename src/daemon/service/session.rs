@@ -57,6 +57,9 @@ pub(super) struct SessionSockets {
     /// (127.0.0.1:8889 inside). `start_session` holds it open for the session's life (in the
     /// proxy task) until the capture helper serves it there.
     pub(super) capture_tcp: Option<std::net::TcpListener>,
+    /// The IPv6 capture listener ([::1]:8889 inside), served like `capture_tcp`; absent when
+    /// the sandbox's namespace has no IPv6.
+    pub(super) capture_tcp6: Option<std::net::TcpListener>,
 }
 
 /// Validates every passed fd against the kind the request names for it and makes it
@@ -118,6 +121,7 @@ fn session_sockets(
             .map_err(serve)?,
         dns_tcp: set.dns_tcp.map(tcp).transpose().map_err(serve)?,
         capture_tcp: set.capture_tcp.map(tcp).transpose().map_err(serve)?,
+        capture_tcp6: set.capture_tcp6.map(tcp).transpose().map_err(serve)?,
     };
     Ok((sockets, listen))
 }
@@ -247,7 +251,7 @@ pub(super) async fn start_session(
     };
     let Prepared { spec, id, paths, built, policy_layers, sockets, listen, resolver, sink, local } =
         prepared;
-    let SessionSockets { proxy: listener, dns_udp, dns_tcp, capture_tcp } = sockets;
+    let SessionSockets { proxy: listener, dns_udp, dns_tcp, capture_tcp, capture_tcp6 } = sockets;
     let tcp = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
@@ -307,8 +311,10 @@ pub(super) async fn start_session(
         tokio::spawn(proxy::dns::serve(udp, dns_tcp, Arc::clone(&proxy), shutdown_rx.clone()));
     // Transparent capture: the redirected connections of the sandbox, until the session ends.
     let held = proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx);
+    let held6 = proxy::transparent::serve_in_background(capture_tcp6, &proxy, &shutdown_rx);
     let handle = tokio::spawn(async move {
         let _held = held;
+        let _held6 = held6;
         let _dns = dns;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
             tracing::error!("session {sid}: proxy failed: {e}");
