@@ -88,7 +88,7 @@ pub struct Capabilities(BTreeSet<String>);
 impl Capabilities {
     /// What this build offers.
     pub fn current() -> Self {
-        [SESSION_SOCKETS].into_iter().collect()
+        [SESSION_SOCKETS, CAPTURE_TCP6, CAPTURE_UDP_LOG].into_iter().collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -118,11 +118,24 @@ impl<S: Into<String>> FromIterator<S> for Capabilities {
 }
 
 /// Capability `session_sockets`: `session_start`/`session_reregister` may carry several sockets,
-/// named in order by [`SessionSpec::sockets`] (`proxy`, `dns_udp`, `dns_tcp`, `capture_tcp`,
-/// `capture_udp_log`).
+/// named in order by [`SessionSpec::sockets`] (`proxy`, `dns_udp`, `dns_tcp`, `capture_tcp`;
+/// `capture_tcp6` and `capture_udp_log` under their own capabilities).
 /// Without it exactly one fd travels, the proxy listener: a daemon that predates it would take
 /// any other fd for the proxy.
 pub const SESSION_SOCKETS: &str = "session_sockets";
+
+/// Capability `capture_tcp6` (with [`SESSION_SOCKETS`]): the `sockets` list may name
+/// `capture_tcp6`, the sandbox's IPv6 capture listener, after `capture_tcp`. Without it the
+/// client leaves that socket out: a daemon that predates it would refuse the session for the
+/// unknown kind.
+pub const CAPTURE_TCP6: &str = "capture_tcp6";
+
+/// Capability `capture_udp_log` (with [`SESSION_SOCKETS`]): the `sockets` list may name
+/// `capture_udp_log`, the sandbox's netfilter log socket, last. Without it the client leaves
+/// that socket out: a daemon that predates it would refuse the session for the unknown kind.
+/// The sandbox's refusal rule is in force either way (UDP other than DNS is refused); only the
+/// `udp_refused` lines are missing.
+pub const CAPTURE_UDP_LOG: &str = "capture_udp_log";
 
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
@@ -261,8 +274,8 @@ pub struct SessionSpec {
     #[serde(default)]
     pub supervisor_pid: u32,
     /// Under [`SESSION_SOCKETS`] only: the kinds of the attached fds, in order (`proxy` first,
-    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`, `capture_udp_log`). Empty = the proxy
-    /// listener alone.
+    /// then any of `dns_udp`, `dns_tcp`, `capture_tcp`, `capture_tcp6` under [`CAPTURE_TCP6`],
+    /// `capture_udp_log` under [`CAPTURE_UDP_LOG`]). Empty = the proxy listener alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sockets: Vec<String>,
 }

@@ -12,7 +12,7 @@ use super::{CONNECT_TIMEOUT, Client, ClientError, Endpoint, REQUEST_TIMEOUT};
 use crate::protocol::{
     self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec,
 };
-use crate::sys::fdpass::Handover;
+use crate::sys::fdpass::{Handover, SocketKind};
 
 /// How a session ended, for `session_end`.
 #[derive(Debug, Clone, Default)]
@@ -61,14 +61,13 @@ fn register(
     // Several sockets only to a daemon that agreed to `session_sockets`: an older one would
     // take the last fd for the proxy listener. Without it the sandbox has no resolver (its
     // sockets are closed with the supervisor's copies) and the explicit proxy works as before.
-    let fds: Vec<_> = if client.capabilities.contains(protocol::SESSION_SOCKETS) {
-        let all = sockets.borrowed();
-        spec.sockets = all.iter().map(|(k, _)| k.name().to_string()).collect();
-        all.into_iter().map(|(_, fd)| fd).collect()
+    let all = offered(&client.capabilities, sockets);
+    spec.sockets = if client.capabilities.contains(protocol::SESSION_SOCKETS) {
+        all.iter().map(|(k, _)| k.name().to_string()).collect()
     } else {
-        spec.sockets.clear();
-        vec![sockets.proxy.as_fd()]
+        Vec::new()
     };
+    let fds: Vec<_> = all.into_iter().map(|(_, fd)| fd).collect();
     let req = if reregister {
         Request::SessionReregister(Box::new(spec))
     } else {
@@ -79,6 +78,34 @@ fn register(
         Response::Error { code, message } => Err(ClientError::Refused { code, message }),
         other => Err(ClientError::Unexpected(format!("{other:?}"))),
     }
+}
+
+/// The sockets to hand a daemon whose agreed capabilities are `caps`, in wire order.
+///
+/// Several sockets only under `session_sockets`: an older daemon would take the last fd for
+/// the proxy listener. Without it the sandbox has no resolver (its sockets are closed with the
+/// supervisor's copies) and the explicit proxy works as before. The IPv6 capture listener only
+/// under `capture_tcp6`: otherwise the sandbox's IPv6 connections wait in its backlog,
+/// unserved (they never leave the sandbox). The UDP log socket only under `capture_udp_log`:
+/// without it the sandbox still refuses UDP other than DNS (the rule is the sandbox's), but the
+/// refusals are not audited. Either kind sent to a daemon that does not know it would refuse
+/// the whole session.
+fn offered<'a>(
+    caps: &protocol::Capabilities,
+    sockets: &'a Handover,
+) -> Vec<(SocketKind, std::os::fd::BorrowedFd<'a>)> {
+    if !caps.contains(protocol::SESSION_SOCKETS) {
+        return vec![(SocketKind::Proxy, sockets.proxy.as_fd())];
+    }
+    let v6 = caps.contains(protocol::CAPTURE_TCP6);
+    let udp_log = caps.contains(protocol::CAPTURE_UDP_LOG);
+    let mut all = sockets.borrowed();
+    all.retain(|(k, _)| match k {
+        SocketKind::CaptureTcp6 => v6,
+        SocketKind::CaptureUdpLog => udp_log,
+        _ => true,
+    });
+    all
 }
 
 impl SessionHandle {
@@ -234,5 +261,40 @@ fn watch(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::os::fd::OwnedFd;
+
+    #[test]
+    fn each_optional_socket_goes_only_to_a_daemon_offering_its_capability() {
+        let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let n = SocketKind::ALL.len();
+        let all = Handover::from_named(&SocketKind::ALL, (0..n).map(|_| fd()).collect()).unwrap();
+        let kinds = |caps: &[&str]| -> Vec<SocketKind> {
+            let caps: protocol::Capabilities = caps.iter().copied().collect();
+            offered(&caps, &all).into_iter().map(|(k, _)| k).collect()
+        };
+        use SocketKind::*;
+        assert_eq!(kinds(&[]), [Proxy]);
+        assert_eq!(kinds(&[protocol::CAPTURE_UDP_LOG]), [Proxy], "needs session_sockets");
+        assert_eq!(kinds(&[protocol::SESSION_SOCKETS]), [Proxy, DnsUdp, DnsTcp, CaptureTcp]);
+        assert_eq!(
+            kinds(&[protocol::SESSION_SOCKETS, protocol::CAPTURE_TCP6]),
+            [Proxy, DnsUdp, DnsTcp, CaptureTcp, CaptureTcp6]
+        );
+        assert_eq!(
+            kinds(&[protocol::SESSION_SOCKETS, protocol::CAPTURE_UDP_LOG]),
+            [Proxy, DnsUdp, DnsTcp, CaptureTcp, CaptureUdpLog]
+        );
+        let current = protocol::Capabilities::current();
+        let names: Vec<&str> = SocketKind::ALL.iter().map(|k| k.name()).collect();
+        let caps: Vec<&str> = names.iter().copied().filter(|n| current.contains(n)).collect();
+        assert_eq!(caps, ["capture_tcp6", "capture_udp_log"], "every optional kind has one");
+        assert_eq!(offered(&current, &all).len(), n);
     }
 }

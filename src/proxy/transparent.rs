@@ -1,11 +1,13 @@
 //! Transparent capture (issue 14): TCP connections from inside the sandbox to any non-loopback
 //! address, redirected by the sandbox's nftables rule ([`crate::sys::netfilter`]) to the capture
-//! listener. Each accepted connection's original destination comes back from conntrack
-//! (`SO_ORIGINAL_DST`); a synthetic address of the session maps back to its name; from there it
-//! is a `CONNECT` without the head: the same policy decision for (name-or-IP, port) — IP
-//! literals follow the IP-literal rules —, the same address guard, dial, SNI check (where the
-//! CONNECT path does it), splice and final line. Every line carries `"capture":
-//! "transparent"`; `method` is `CONNECT` so the line is shaped like a tunnel's.
+//! listener (127.0.0.1:8889, and [::1]:8889 for IPv6 where the sandbox has it). Each accepted
+//! connection's original destination comes back from conntrack (`SO_ORIGINAL_DST`,
+//! `IP6T_SO_ORIGINAL_DST` on the IPv6 listener); a synthetic address of the session maps back
+//! to its name; from there it is a `CONNECT` without the head: the same policy decision for
+//! (name-or-IP, port) — IP literals, IPv6 ones included, follow the IP-literal rules —, the
+//! same address guard, dial, SNI check (where the CONNECT path does it), splice and final line.
+//! Every line carries `"capture": "transparent"`; `method` is `CONNECT` so the line is shaped
+//! like a tunnel's.
 //!
 //! There is no HTTP to answer a refusal with: the audit line is written first, then the
 //! connection is reset (`SO_LINGER` 0, socket(7)), so the client fails at once instead of
@@ -290,6 +292,13 @@ mod tests {
             Destination::Target(Host::Name("allowed.test".into()), 22)
         );
         assert_eq!(destination(None, local, &names), Destination::Direct(local));
+        // An IPv6 destination (IP6T_SO_ORIGINAL_DST) is an IPv6 literal, like an IPv4 one.
+        let local6: SocketAddr = "[::1]:8889".parse().unwrap();
+        assert_eq!(
+            destination(Some("[2001:db8::1]:443".parse().unwrap()), local6, &names),
+            Destination::Target(Host::Ip("2001:db8::1".parse().unwrap()), 443)
+        );
+        assert_eq!(destination(None, local6, &names), Destination::Direct(local6));
     }
 
     use std::sync::Mutex;

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::socket::{
-    AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, bind, listen,
-    sendmsg, setsockopt, socket, sockopt,
+    AddressFamily, Backlog, ControlMessage, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6,
+    bind, listen, sendmsg, setsockopt, socket, sockopt,
 };
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
@@ -115,10 +115,20 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
         )?;
     }
     ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
+    #[cfg(feature = "test-hooks")]
+    crate::sys::netfilter::test_hook_disable_ipv6();
     ctx("bringing up lo", namespaces::loopback_up())?;
     ctx("transparent capture", crate::sys::netfilter::install_capture(CAPTURE_PORT))?;
     ctx("refusing UDP", crate::sys::nflog::install_udp_refusal())?;
-    let sockets = handover_sockets()?;
+    // IPv6 capture is best effort: a namespace without IPv6 keeps the IPv4 capture, and its
+    // IPv6 connections fail inside (nothing to leave through); the status travels with the fds.
+    // The IPv6 UDP refusal comes first and belongs to it: the capture's route takes every IPv6
+    // address to `lo`, where a datagram would vanish unaudited without the rule, so no route
+    // without the rule.
+    let capture6 = crate::sys::nflog::install_udp_refusal_v6()
+        .and_then(|()| crate::sys::netfilter::install_capture_v6(CAPTURE_PORT))
+        .map_err(|e| e.to_string());
+    let (kinds, sockets, capture6) = handover_sockets(capture6)?;
     mounts::execute(&spec.ops)?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
     // Wire order (fdpass::SocketKind::ALL), then the pty master.
@@ -134,7 +144,7 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     } else {
         "unavailable".to_string()
     };
-    let msg = format!("landlock={landlock}");
+    let msg = status_message(&landlock, &kinds, &capture6);
     let iov = [io::IoSlice::new(msg.as_bytes())];
     ctx(
         "passing the proxy and resolver sockets",
@@ -216,31 +226,66 @@ pub(crate) fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     w("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
 }
 
-/// The sockets handed to the daemon, in wire order ([`SocketKind::ALL`]): made inside the new
-/// network namespace after `lo` is up, while we still hold `CAP_NET_BIND_SERVICE` in the
-/// namespace's user namespace (the resolver's port 53 is privileged, ip(7)).
-fn handover_sockets() -> io::Result<Vec<OwnedFd>> {
-    SocketKind::ALL.into_iter().map(handover_socket).collect()
+/// What init tells the supervisor with the fds: the Landlock status, the kinds of the sockets
+/// in the order they travel, and the IPv6 capture's status (`ok` or why not). One line each.
+pub(crate) fn status_message(landlock: &str, kinds: &[SocketKind], capture6: &str) -> String {
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+    let capture6 = capture6.replace('\n', " ");
+    format!("landlock={landlock}\nsockets={}\ncapture6={capture6}", names.join(","))
 }
 
-fn handover_socket(kind: SocketKind) -> io::Result<OwnedFd> {
-    if kind.is_netlink() {
+/// The sockets handed to the daemon, in wire order ([`SocketKind::ALL`]), with their kinds and
+/// the IPv6 capture's status: made inside the new network namespace after `lo` is up, while we
+/// still hold `CAP_NET_BIND_SERVICE` in the namespace's user namespace (the resolver's port 53
+/// is privileged, ip(7)). The IPv6 capture listener is left out when `capture6` (the route and
+/// the IPv6 rules) failed or it cannot be made (no `::1`); every other socket is required.
+fn handover_sockets(
+    capture6: Result<(), String>,
+) -> io::Result<(Vec<SocketKind>, Vec<OwnedFd>, String)> {
+    let (mut kinds, mut fds) = (Vec::new(), Vec::new());
+    let mut status = capture6.err();
+    for kind in SocketKind::ALL {
+        if kind == SocketKind::CaptureTcp6 {
+            if status.is_none() {
+                match handover_socket(kind) {
+                    Ok(fd) => {
+                        kinds.push(kind);
+                        fds.push(fd);
+                    }
+                    Err(e) => status = Some(e.to_string()),
+                }
+            }
+            continue;
+        }
+        fds.push(handover_socket(kind)?);
+        kinds.push(kind);
+    }
+    Ok((kinds, fds, status.unwrap_or_else(|| "ok".into())))
+}
+
+/// One socket of `kind`, bound and (TCP) listening, or the bound netfilter log socket, as the
+/// daemon's rules want it (also the capture probe's check that `[::1]:8889` can be made).
+pub(crate) fn handover_socket(kind: SocketKind) -> io::Result<OwnedFd> {
+    let Some(addr) = kind.addr() else {
         // The netfilter log socket the UDP refusal rule reports to (binding its group needs
         // CAP_NET_ADMIN over this namespace, still held here).
         return ctx(&format!("{kind} socket"), crate::sys::nflog::open_udp_log());
-    }
-    let Some(addr) = kind.addr() else {
-        return Err(io::Error::other(format!("{kind}: no address to bind")));
     };
     let ty = if kind.is_stream() { SockType::Stream } else { SockType::Datagram };
-    let fd = ctx(
-        &format!("{kind} socket"),
-        socket(AddressFamily::Inet, ty, SockFlag::SOCK_CLOEXEC, None),
-    )?;
+    let family = if kind.is_v6() { AddressFamily::Inet6 } else { AddressFamily::Inet };
+    let fd = ctx(&format!("{kind} socket"), socket(family, ty, SockFlag::SOCK_CLOEXEC, None))?;
     if kind.is_stream() {
         ctx("SO_REUSEADDR", setsockopt(&fd, sockopt::ReuseAddr, &true))?;
     }
-    ctx(&format!("binding {addr} ({kind})"), bind(fd.as_raw_fd(), &SockaddrIn::from(addr)))?;
+    let bound = match addr {
+        std::net::SocketAddr::V4(a) => bind(fd.as_raw_fd(), &SockaddrIn::from(a)),
+        std::net::SocketAddr::V6(a) => {
+            // IPv6 only (ipv6(7) IPV6_V6ONLY): the daemon refuses this kind without it.
+            ctx("IPV6_V6ONLY", setsockopt(&fd, sockopt::Ipv6V6Only, &true))?;
+            bind(fd.as_raw_fd(), &SockaddrIn6::from(a))
+        }
+    };
+    ctx(&format!("binding {addr} ({kind})"), bound)?;
     if kind.is_stream() {
         ctx("listen", listen(&fd, Backlog::new(1024).unwrap_or(Backlog::MAXCONN)))?;
     }

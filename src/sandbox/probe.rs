@@ -376,7 +376,8 @@ pub const CAPTURE_PROBE_COMMAND: &str = "__probe-capture";
 /// sandbox's network namespace works on this machine. Tried for real, in a throwaway user and
 /// network namespace (a fresh `airlock __probe-capture` process, single-threaded as clone(2)
 /// with CLONE_NEWUSER requires), because no file in /proc says whether nf_tables' nat chains
-/// and redir expression are usable there.
+/// and redir expression are usable there. The IPv6 half is judged apart: without it (a kernel
+/// or namespace without IPv6) sessions still start, with IPv4 captured, so it is a warning.
 pub fn capture_line() -> ProbeLine {
     let name = "transparent capture";
     let fix = "a kernel with nf_tables NAT (CONFIG_NF_TABLES, CONFIG_NF_TABLES_INET, \
@@ -398,11 +399,26 @@ without it `airlock exec` refuses to start (exit 125)";
         Ok(out) if out.status.success() => ProbeLine {
             name,
             status: Status::Ok,
-            detail: "TCP to any non-loopback address is redirected to the capture listener \
-(nftables redirect, set up through netlink); UDP to it is refused and reported on the \
-netfilter log socket (nftables log + reject)"
+            detail: "TCP to any non-loopback address, IPv4 and IPv6, is redirected to the \
+capture listener (nftables redirect, set up through netlink); UDP to it is refused and reported \
+on the netfilter log socket (nftables log + reject)"
                 .into(),
             fix: None,
+        },
+        Ok(out) if out.status.code() == Some(CAPTURE_PROBE_NO_V6) => ProbeLine {
+            name,
+            status: Status::Warn,
+            detail: format!(
+                "IPv4 TCP to any non-loopback address is redirected to the capture listener \
+and IPv4 UDP to it is refused and reported; IPv6 is not: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            fix: Some(
+                "sessions start, but IPv6 connections inside the sandbox fail (ENETUNREACH or \
+EADDRNOTAVAIL) and leave no audit line; to capture them, run a kernel with IPv6 (not booted with \
+ipv6.disable=1, net.ipv6.conf.default.disable_ipv6=0) and IPv6 NAT in nf_tables"
+                    .into(),
+            ),
         },
         Ok(out) => ProbeLine {
             name,
@@ -422,17 +438,32 @@ netfilter log socket (nftables log + reject)"
 /// The UDP half of the capture probe, in the throwaway namespace after the TCP capture: the
 /// refusal rule and the log socket exactly as the sandbox makes them, then one datagram to a
 /// non-loopback address (it cannot leave: the namespace has only `lo`), which must be
-/// refused at once and reported on the log socket with its destination.
-fn udp_refusal_probe() -> Result<(), String> {
-    use std::os::fd::AsRawFd;
+/// refused at once and reported on the log socket with its destination. Returns the log
+/// socket for the IPv6 half ([`udp_refused_and_logged`] again).
+fn udp_refusal_probe() -> Result<std::os::fd::OwnedFd, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     crate::sys::nflog::install_udp_refusal().map_err(|e| err(&e))?;
     let log = crate::sys::nflog::open_udp_log().map_err(|e| err(&e))?;
     let timeout = nix::sys::time::TimeVal::new(2, 0);
     nix::sys::socket::setsockopt(&log, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
         .map_err(|e| format!("SO_RCVTIMEO on the log socket: {e}"))?;
-    let probe: std::net::SocketAddr = ([192, 0, 2, 1], 443).into();
-    let udp = std::net::UdpSocket::bind(("127.0.0.1", 0)).map_err(|e| err(&e))?;
+    udp_refused_and_logged(&log, ([192, 0, 2, 1], 443).into())?;
+    Ok(log)
+}
+
+/// One datagram to `probe` (a documentation address, RFC 5737 / RFC 3849) is refused at once
+/// and reported on `log` with its destination.
+fn udp_refused_and_logged(
+    log: &std::os::fd::OwnedFd,
+    probe: std::net::SocketAddr,
+) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let local: std::net::SocketAddr = if probe.is_ipv6() {
+        (std::net::Ipv6Addr::LOCALHOST, 0).into()
+    } else {
+        (std::net::Ipv4Addr::LOCALHOST, 0).into()
+    };
+    let udp = std::net::UdpSocket::bind(local).map_err(|e| e.to_string())?;
     if udp.send_to(b"airlock probe", probe).is_ok() {
         return Err(format!(
             "a UDP datagram to {probe} was not refused (the reject rule is not in force)"
@@ -447,10 +478,14 @@ fn udp_refusal_probe() -> Result<(), String> {
     }
 }
 
+/// Exit code of `airlock __probe-capture` when the IPv4 capture works and the IPv6 one does not.
+pub const CAPTURE_PROBE_NO_V6: i32 = 2;
+
 /// `airlock __probe-capture`: in a child in new user and network namespaces, map our ids,
 /// bring `lo` up and install the capture exactly as the sandbox does (TCP redirect, UDP
-/// refusal and its log socket, [`udp_refusal_probe`]). Exit 0 when it worked;
-/// otherwise 1 with the reason on stderr.
+/// refusal and its log socket, [`udp_refusal_probe`]), IPv6 listener and IPv6 UDP refusal
+/// included. Exit 0 when it all worked; [`CAPTURE_PROBE_NO_V6`] with the IPv6 reason on stderr
+/// when only IPv4 did; otherwise 1 with the reason on stderr.
 pub fn capture_probe_child() -> i32 {
     use crate::sys::namespaces::{self, Forked};
     let uid = nix::unistd::geteuid().as_raw();
@@ -458,15 +493,42 @@ pub fn capture_probe_child() -> i32 {
     match namespaces::fork_into_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) {
         Ok(Forked::Child) => {
             let r = super::inside::write_id_maps(uid, gid)
-                .and_then(|()| namespaces::loopback_up())
+                .and_then(|()| {
+                    // As in the sandbox: after the id maps, before `lo` is up.
+                    #[cfg(feature = "test-hooks")]
+                    crate::sys::netfilter::test_hook_disable_ipv6();
+                    namespaces::loopback_up()
+                })
                 .map_err(|e| e.to_string())
                 .and_then(|()| {
                     crate::sys::netfilter::install_capture(super::inside::CAPTURE_PORT)
                         .map_err(|e| e.to_string())
                 })
                 .and_then(|()| udp_refusal_probe());
-            match r {
-                Ok(()) => crate::sys::exec::exit_now(0),
+            let v6 = |log: std::os::fd::OwnedFd| {
+                crate::sys::nflog::install_udp_refusal_v6()
+                    .and_then(|()| {
+                        crate::sys::netfilter::install_capture_v6(super::inside::CAPTURE_PORT)
+                    })
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        super::inside::handover_socket(crate::sys::fdpass::SocketKind::CaptureTcp6)
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    })
+                    .and_then(|()| {
+                        udp_refused_and_logged(
+                            &log,
+                            ([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1], 443).into(),
+                        )
+                    })
+            };
+            match r.map(v6) {
+                Ok(Ok(())) => crate::sys::exec::exit_now(0),
+                Ok(Err(e)) => {
+                    eprintln!("{e}");
+                    crate::sys::exec::exit_now(CAPTURE_PROBE_NO_V6)
+                }
                 Err(e) => {
                     eprintln!("{e}");
                     crate::sys::exec::exit_now(1)

@@ -379,8 +379,8 @@ pub fn run(
         let _ = std::fs::File::from(err_r).read_to_string(&mut setup_error);
         setup_error
     };
-    let (listener, master, landlock) = match received {
-        Ok((Some(listener), master, landlock)) => (listener, master, landlock),
+    let (listener, master, Status { landlock, capture6 }) = match received {
+        Ok((Some(listener), master, status)) => (listener, master, status),
         res => {
             let setup_error = read_setup_error();
             let _ = kill(child, Signal::SIGKILL);
@@ -411,6 +411,17 @@ pub fn run(
         layers.extend(leaf.layers.iter().cloned());
     }
     missing.extend(cgroup_warnings);
+    // No IPv6 in the sandbox's namespace: IPv4 is captured, IPv6 connections fail inside
+    // (ENETUNREACH or EADDRNOTAVAIL; nothing can leave), so the session runs — with a warning,
+    // because those failures leave no audit line (`airlock doctor` says the same).
+    if let Some(why) = capture6 {
+        let warning = format!(
+            "IPv6 capture not in force (IPv6 connections fail inside the sandbox and leave no \
+             audit line; see `airlock doctor`): {why}"
+        );
+        eprintln!("airlock: warning: {warning}");
+        missing.push(warning);
+    }
     let info = SessionInfo {
         session: req.session.clone(),
         repo_name: req.repo.name.clone(),
@@ -603,23 +614,44 @@ fn session_cgroup(kernel: &Kernel, req: &Request) -> (Option<Leaf>, Vec<String>)
     (leaf, warnings)
 }
 
-type Received = (Option<Handover>, Option<OwnedFd>, String);
+type Received = (Option<Handover>, Option<OwnedFd>, Status);
 
-/// The sockets (in [`SocketKind::ALL`] order) and the pty master from inside, with the status
-/// text. Through the one `recvmsg` wrapper, so a truncated control message (more fds than
-/// expected) is an error, never a silently shortened list; fewer fds than sockets is `None`.
+/// What init reported with its fds (`inside::status_message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Status {
+    landlock: String,
+    /// `None`: IPv6 capture in force; otherwise why not.
+    capture6: Option<String>,
+}
+
+/// The sockets (named by the status text's `sockets=` line, [`SocketKind::ALL`] order; all of
+/// them without the line) and the pty master from inside, with the status. Through the one
+/// `recvmsg` wrapper, so a truncated control message (more fds than expected) is an error, never
+/// a silently shortened list; fewer fds than named sockets is `None`.
 fn receive_fds(control: &OwnedFd) -> io::Result<Received> {
-    let mut buf = [0u8; 256];
+    let mut buf = [0u8; 1024];
     let mut fds = Vec::new();
     let n = fdpass::recv_with_fds(control.as_fd(), &mut buf, &mut fds)?;
     let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-    let landlock = text.strip_prefix("landlock=").unwrap_or("unknown").to_string();
-    if fds.len() < SocketKind::ALL.len() {
-        return Ok((None, None, landlock));
+    let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).map(str::to_string);
+    let landlock = field("landlock=").unwrap_or_else(|| "unknown".into());
+    let capture6 = match field("capture6=") {
+        Some(s) if s == "ok" => None,
+        Some(why) => Some(why),
+        None => Some("not reported by the sandbox".into()),
+    };
+    let status = Status { landlock, capture6 };
+    let kinds: Option<Vec<SocketKind>> = match field("sockets=") {
+        Some(list) => list.split(',').map(SocketKind::from_name).collect(),
+        None => Some(SocketKind::ALL.to_vec()),
+    };
+    let Some(kinds) = kinds else { return Ok((None, None, status)) };
+    if fds.len() < kinds.len() {
+        return Ok((None, None, status));
     }
-    let master = fds.split_off(SocketKind::ALL.len()).into_iter().next();
-    let sockets = Handover::from_named(&SocketKind::ALL, fds).ok();
-    Ok((sockets, master, landlock))
+    let master = fds.split_off(kinds.len()).into_iter().next();
+    let sockets = Handover::from_named(&kinds, fds).ok();
+    Ok((sockets, master, status))
 }
 
 fn build_pumps(
@@ -679,19 +711,35 @@ mod tests {
         let n = SocketKind::ALL.len();
         let files: Vec<_> = (0..=n).map(|_| std::fs::File::open("/dev/null").unwrap()).collect();
         let borrowed: Vec<_> = files.iter().map(AsFd::as_fd).collect();
-        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed).unwrap();
-        let (sockets, master, landlock) = receive_fds(&ours).unwrap();
+        let all = super::super::inside::status_message("full", &SocketKind::ALL, "ok");
+        fdpass::send_with_fds(inside.as_fd(), all.as_bytes(), &borrowed).unwrap();
+        let (sockets, master, status) = receive_fds(&ours).unwrap();
         let sockets = sockets.unwrap();
         assert_eq!(sockets.borrowed().len(), n);
         assert!(master.is_some());
-        assert_eq!(landlock, "full");
-        // Without a pty: the sockets alone. Fewer than every kind: nothing was handed over.
-        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..n]).unwrap();
+        assert_eq!(status, Status { landlock: "full".into(), capture6: None });
+        // Without a pty: the sockets alone. Fewer than named: nothing was handed over.
+        fdpass::send_with_fds(inside.as_fd(), all.as_bytes(), &borrowed[..n]).unwrap();
         let (sockets, master, _) = receive_fds(&ours).unwrap();
         assert!(sockets.is_some() && master.is_none());
-        fdpass::send_with_fds(inside.as_fd(), b"landlock=full", &borrowed[..n - 1]).unwrap();
+        fdpass::send_with_fds(inside.as_fd(), all.as_bytes(), &borrowed[..n - 1]).unwrap();
         let (sockets, _, _) = receive_fds(&ours).unwrap();
         assert!(sockets.is_none());
+        // No IPv6 in the namespace: the IPv6 capture listener is not named and the next fd is
+        // the pty master, not taken for it; the reason arrives.
+        let v4: Vec<SocketKind> =
+            SocketKind::ALL.into_iter().filter(|k| *k != SocketKind::CaptureTcp6).collect();
+        let msg = super::super::inside::status_message("full", &v4, "no ::1\nhere");
+        fdpass::send_with_fds(inside.as_fd(), msg.as_bytes(), &borrowed[..n]).unwrap();
+        let (sockets, master, status) = receive_fds(&ours).unwrap();
+        let sockets = sockets.unwrap();
+        assert!(sockets.capture_tcp.is_some() && sockets.capture_tcp6.is_none());
+        assert!(master.is_some());
+        assert_eq!(status.capture6.as_deref(), Some("no ::1 here"));
+        // An unknown name is no hand-over.
+        fdpass::send_with_fds(inside.as_fd(), b"landlock=full\nsockets=proxy,bogus", &borrowed)
+            .unwrap();
+        assert!(receive_fds(&ours).unwrap().0.is_none());
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! Passing file descriptors over unix sockets (`SCM_RIGHTS`, unix(7)), the fixed set of sockets
 //! a sandbox hands the daemon ([`SocketKind`], [`Handover`]) and their validation (SECURITY §4,
 //! docs/security.md: per kind the socket type and protocol, listening for TCP and no peer for
-//! UDP, bound to exactly the kind's address — for the netfilter log socket, bound and in no
-//! multicast group —, a network-namespace cookie other than the daemon's own).
+//! UDP, bound to exactly the kind's address, `IPV6_V6ONLY` for the IPv6 kind — for the
+//! netfilter log socket, bound and in no multicast group —, a network-namespace cookie other
+//! than the daemon's own).
 
 use std::io::{self, IoSlice};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
@@ -132,6 +133,9 @@ pub enum SocketKind {
     DnsTcp,
     /// Transparent capture: TCP listener on 127.0.0.1:8889 that redirected traffic reaches.
     CaptureTcp,
+    /// Transparent capture of IPv6: TCP listener on [::1]:8889 (`IPV6_V6ONLY`) that redirected
+    /// IPv6 traffic reaches. Optional: absent when the sandbox's namespace has no IPv6.
+    CaptureTcp6,
     /// UDP refusals: the netfilter log socket (`AF_NETLINK`, `NETLINK_NETFILTER`) bound to the
     /// sandbox's log group, on which every refused non-loopback datagram is reported
     /// ([`crate::sys::nflog`]).
@@ -148,11 +152,12 @@ pub const CAPTURE_PORT: u16 = 8889;
 
 impl SocketKind {
     /// Every kind, in wire order.
-    pub const ALL: [SocketKind; 5] = [
+    pub const ALL: [SocketKind; 6] = [
         SocketKind::Proxy,
         SocketKind::DnsUdp,
         SocketKind::DnsTcp,
         SocketKind::CaptureTcp,
+        SocketKind::CaptureTcp6,
         SocketKind::CaptureUdpLog,
     ];
 
@@ -163,6 +168,7 @@ impl SocketKind {
             SocketKind::DnsUdp => "dns_udp",
             SocketKind::DnsTcp => "dns_tcp",
             SocketKind::CaptureTcp => "capture_tcp",
+            SocketKind::CaptureTcp6 => "capture_tcp6",
             SocketKind::CaptureUdpLog => "capture_udp_log",
         }
     }
@@ -173,13 +179,22 @@ impl SocketKind {
 
     /// The one address a socket of this kind must be bound to; `None` for the netlink kind
     /// ([`Self::is_netlink`]), which has no IP address.
-    pub fn addr(self) -> Option<SocketAddrV4> {
+    pub fn addr(self) -> Option<SocketAddr> {
+        let v4 = |ip, port| Some(SocketAddr::V4(SocketAddrV4::new(ip, port)));
         match self {
-            SocketKind::Proxy => Some(SocketAddrV4::new(Ipv4Addr::LOCALHOST, PROXY_PORT)),
-            SocketKind::DnsUdp | SocketKind::DnsTcp => Some(SocketAddrV4::new(DNS_ADDR, 53)),
-            SocketKind::CaptureTcp => Some(SocketAddrV4::new(Ipv4Addr::LOCALHOST, CAPTURE_PORT)),
+            SocketKind::Proxy => v4(Ipv4Addr::LOCALHOST, PROXY_PORT),
+            SocketKind::DnsUdp | SocketKind::DnsTcp => v4(DNS_ADDR, 53),
+            SocketKind::CaptureTcp => v4(Ipv4Addr::LOCALHOST, CAPTURE_PORT),
+            SocketKind::CaptureTcp6 => {
+                Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::LOCALHOST, CAPTURE_PORT, 0, 0)))
+            }
             SocketKind::CaptureUdpLog => None,
         }
+    }
+
+    /// An `AF_INET6` socket (the others are `AF_INET`, or `AF_NETLINK` for the log socket).
+    pub fn is_v6(self) -> bool {
+        self.addr().is_some_and(|a| a.is_ipv6())
     }
 
     /// TCP (a listener) or UDP (an unconnected socket).
@@ -187,7 +202,7 @@ impl SocketKind {
         !matches!(self, SocketKind::DnsUdp | SocketKind::CaptureUdpLog)
     }
 
-    /// The netfilter log socket (not an `AF_INET` socket).
+    /// The netfilter log socket (not an `AF_INET`/`AF_INET6` socket).
     pub fn is_netlink(self) -> bool {
         self == SocketKind::CaptureUdpLog
     }
@@ -208,13 +223,21 @@ pub struct Handover {
     pub dns_udp: Option<OwnedFd>,
     pub dns_tcp: Option<OwnedFd>,
     pub capture_tcp: Option<OwnedFd>,
+    pub capture_tcp6: Option<OwnedFd>,
     pub capture_udp_log: Option<OwnedFd>,
 }
 
 impl From<OwnedFd> for Handover {
     /// A proxy listener alone (what every client before `session_sockets` handed over).
     fn from(proxy: OwnedFd) -> Self {
-        Self { proxy, dns_udp: None, dns_tcp: None, capture_tcp: None, capture_udp_log: None }
+        Self {
+            proxy,
+            dns_udp: None,
+            dns_tcp: None,
+            capture_tcp: None,
+            capture_tcp6: None,
+            capture_udp_log: None,
+        }
     }
 }
 
@@ -226,6 +249,7 @@ impl Handover {
             (SocketKind::DnsUdp, &self.dns_udp),
             (SocketKind::DnsTcp, &self.dns_tcp),
             (SocketKind::CaptureTcp, &self.capture_tcp),
+            (SocketKind::CaptureTcp6, &self.capture_tcp6),
             (SocketKind::CaptureUdpLog, &self.capture_udp_log),
         ];
         let mut out = vec![(SocketKind::Proxy, self.proxy.as_fd())];
@@ -251,6 +275,7 @@ impl Handover {
                 (SocketKind::DnsUdp, Some(s)) => s.dns_udp = Some(fd),
                 (SocketKind::DnsTcp, Some(s)) => s.dns_tcp = Some(fd),
                 (SocketKind::CaptureTcp, Some(s)) => s.capture_tcp = Some(fd),
+                (SocketKind::CaptureTcp6, Some(s)) => s.capture_tcp6 = Some(fd),
                 (SocketKind::CaptureUdpLog, Some(s)) => s.capture_udp_log = Some(fd),
                 _ => unreachable!("order checked above: proxy first, each kind once"),
             }
@@ -266,6 +291,7 @@ impl Handover {
             dns_udp: dup(&self.dns_udp)?,
             dns_tcp: dup(&self.dns_tcp)?,
             capture_tcp: dup(&self.capture_tcp)?,
+            capture_tcp6: dup(&self.capture_tcp6)?,
             capture_udp_log: dup(&self.capture_udp_log)?,
         })
     }
@@ -282,7 +308,9 @@ pub enum ListenerError {
     #[error("the passed {kind} socket is not {want} (it is {got})")]
     WrongType { kind: SocketKind, want: &'static str, got: String },
     #[error("the passed {kind} socket is bound to {got}, not {want}")]
-    WrongAddress { kind: SocketKind, want: SocketAddrV4, got: String },
+    WrongAddress { kind: SocketKind, want: SocketAddr, got: String },
+    #[error("the passed {kind} socket does not have IPV6_V6ONLY set; it must accept IPv6 only")]
+    NotV6Only { kind: SocketKind },
     #[error(
         "the passed {kind} socket is bound to {got}; it must be bound to a kernel-assigned \
          port id and to no multicast group"
@@ -301,7 +329,7 @@ pub enum ListenerError {
     Count { named: usize, passed: usize },
     #[error(
         "the request's sockets [{0}] are not in the fixed order proxy, dns_udp, dns_tcp, \
-         capture_tcp, capture_udp_log (proxy required, each at most once)"
+         capture_tcp, capture_tcp6, capture_udp_log (proxy required, each at most once)"
     )]
     Order(String),
     #[error("the request names an unknown socket kind {0:?}")]
@@ -320,10 +348,12 @@ pub struct Observed {
     pub protocol: libc::c_int,
     /// `SO_ACCEPTCONN`.
     pub listening: bool,
-    /// `getsockname`, when it is an IPv4 address.
-    pub local: Option<SocketAddrV4>,
-    /// The family of `getsockname` when it is not IPv4.
+    /// `getsockname`, when it is an IPv4 or IPv6 address.
+    pub local: Option<SocketAddr>,
+    /// The family of `getsockname` when it is neither.
     pub other_family: Option<String>,
+    /// `IPV6_V6ONLY` of an `AF_INET6` socket (`None` for other families).
+    pub v6only: Option<bool>,
     /// `getsockname` of a netlink socket: (port id, multicast groups).
     pub netlink: Option<(u32, u32)>,
     /// `getpeername`, when the socket has a peer (for netlink: a destination port id or
@@ -363,9 +393,20 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
         int_sockopt(fd, libc::SO_ACCEPTCONN).map_err(|_| ListenerError::WrongKind)? != 0;
     let addr: SockaddrStorage =
         getsockname(fd.as_raw_fd()).map_err(|_| ListenerError::WrongKind)?;
-    let (local, other_family) = match addr.as_sockaddr_in() {
-        Some(sin) => (Some(SocketAddrV4::new(sin.ip(), sin.port())), None),
-        None => (None, Some(format!("{:?}", addr.family()))),
+    let (local, other_family) = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+        (Some(sin), _) => (Some(SocketAddr::V4(SocketAddrV4::new(sin.ip(), sin.port()))), None),
+        // Flow info and scope id are not compared: a ::1 listener has neither.
+        (None, Some(sin6)) => {
+            (Some(SocketAddr::V6(SocketAddrV6::new(sin6.ip(), sin6.port(), 0, 0))), None)
+        }
+        (None, None) => (None, Some(format!("{:?}", addr.family()))),
+    };
+    let v6only = match local {
+        Some(SocketAddr::V6(_)) => Some(
+            nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::Ipv6V6Only)
+                .map_err(|_| ListenerError::WrongKind)?,
+        ),
+        _ => None,
     };
     let netlink = addr.as_netlink_addr().map(|nl| (nl.pid(), nl.groups()));
     // ENOTCONN is the expected answer for a listener and an unconnected UDP socket; a netlink
@@ -384,6 +425,7 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
         listening,
         local,
         other_family,
+        v6only,
         netlink,
         peer,
         netns: netns_cookie(fd)?,
@@ -394,8 +436,8 @@ pub fn observe(fd: BorrowedFd<'_>) -> Result<Observed, ListenerError> {
 /// What a handed-over socket was found bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bound {
-    /// An `AF_INET` socket's exact address.
-    Inet(SocketAddrV4),
+    /// An `AF_INET` or `AF_INET6` socket's exact address.
+    Inet(SocketAddr),
     /// The netfilter log socket's port id (assigned by the kernel at `bind`).
     Netlink { portid: u32 },
 }
@@ -411,21 +453,33 @@ impl std::fmt::Display for Bound {
 
 /// The rules for one kind (docs/security.md, "Validating the handed-over sockets"), in the
 /// order the errors are reported: family, type and protocol, a network namespace other than
-/// the daemon's, listening (TCP) or no peer (UDP, netlink), then the exact address (for the
-/// netlink kind: bound, in no multicast group).
+/// the daemon's, listening (TCP) or no peer (UDP, netlink), `IPV6_V6ONLY` (the IPv6 kind),
+/// then the exact address (for the netlink kind: bound, in no multicast group).
 pub fn check(kind: SocketKind, o: &Observed) -> Result<Bound, ListenerError> {
-    if kind.is_netlink() {
+    let Some(want_addr) = kind.addr() else {
         return check_netlink(kind, o);
-    }
-    let (want_type, want_proto, want) = if kind.is_stream() {
-        (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET/SOCK_STREAM/TCP")
-    } else {
-        (libc::SOCK_DGRAM, libc::IPPROTO_UDP, "AF_INET/SOCK_DGRAM/UDP")
+    };
+    let (want_type, want_proto, want) = match (kind.is_stream(), kind.is_v6()) {
+        (true, false) => (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET/SOCK_STREAM/TCP"),
+        (true, true) => (libc::SOCK_STREAM, libc::IPPROTO_TCP, "AF_INET6/SOCK_STREAM/TCP"),
+        (false, _) => (libc::SOCK_DGRAM, libc::IPPROTO_UDP, "AF_INET/SOCK_DGRAM/UDP"),
     };
     let local = match o.local {
-        Some(l) if o.sock_type == want_type && o.protocol == want_proto => l,
+        Some(l)
+            if l.is_ipv6() == kind.is_v6()
+                && o.sock_type == want_type
+                && o.protocol == want_proto =>
+        {
+            l
+        }
         _ => {
-            let family = o.other_family.clone().unwrap_or_else(|| "AF_INET".into());
+            let family = o.other_family.clone().unwrap_or_else(|| {
+                match o.local {
+                    Some(SocketAddr::V6(_)) => "AF_INET6",
+                    _ => "AF_INET",
+                }
+                .into()
+            });
             let got = format!("{family} type {} protocol {}", o.sock_type, o.protocol);
             return Err(ListenerError::WrongType { kind, want, got });
         }
@@ -439,11 +493,16 @@ pub fn check(kind: SocketKind, o: &Observed) -> Result<Bound, ListenerError> {
     if let Some(peer) = &o.peer {
         return Err(ListenerError::Connected { kind, peer: peer.clone() });
     }
-    match kind.addr() {
-        Some(want) if local == want => Ok(Bound::Inet(local)),
-        Some(want) => Err(ListenerError::WrongAddress { kind, want, got: local.to_string() }),
-        None => Err(ListenerError::WrongKind),
+    // Belt and braces: the kernel already sets IPV6_V6ONLY on a socket bound to a specific
+    // address such as ::1 (net/ipv6/af_inet6.c), but a dual-stack socket must never stand in
+    // for the IPv6 kind, whatever a later kernel does.
+    if kind.is_v6() && o.v6only != Some(true) {
+        return Err(ListenerError::NotV6Only { kind });
     }
+    if local != want_addr {
+        return Err(ListenerError::WrongAddress { kind, want: want_addr, got: local.to_string() });
+    }
+    Ok(Bound::Inet(local))
 }
 
 /// The netfilter log socket's rules: `AF_NETLINK`, `SOCK_RAW`, `NETLINK_NETFILTER`; another
@@ -455,7 +514,13 @@ fn check_netlink(kind: SocketKind, o: &Observed) -> Result<Bound, ListenerError>
         || o.sock_type != libc::SOCK_RAW
         || o.protocol != libc::NETLINK_NETFILTER
     {
-        let family = o.other_family.clone().unwrap_or_else(|| "AF_INET".into());
+        let family = o.other_family.clone().unwrap_or_else(|| {
+            match o.local {
+                Some(SocketAddr::V6(_)) => "AF_INET6",
+                _ => "AF_INET",
+            }
+            .into()
+        });
         let got = format!("{family} type {} protocol {}", o.sock_type, o.protocol);
         return Err(ListenerError::WrongType {
             kind,
@@ -485,7 +550,7 @@ pub fn validate_socket(kind: SocketKind, fd: BorrowedFd<'_>) -> Result<Bound, Li
 }
 
 /// Checks a proxy listener per SECURITY §4 and returns its local address.
-pub fn validate_listener(fd: BorrowedFd<'_>) -> Result<SocketAddrV4, ListenerError> {
+pub fn validate_listener(fd: BorrowedFd<'_>) -> Result<SocketAddr, ListenerError> {
     match validate_socket(SocketKind::Proxy, fd)? {
         Bound::Inet(a) => Ok(a),
         Bound::Netlink { .. } => Err(ListenerError::WrongKind),
@@ -556,7 +621,7 @@ mod tests {
 
     /// A socket of `kind` exactly as the sandbox makes it, seen from another namespace.
     fn good(kind: SocketKind) -> Observed {
-        if kind.is_netlink() {
+        let Some(addr) = kind.addr() else {
             return Observed {
                 domain: libc::AF_NETLINK,
                 sock_type: libc::SOCK_RAW,
@@ -564,24 +629,26 @@ mod tests {
                 listening: false,
                 local: None,
                 other_family: Some("Netlink".into()),
+                v6only: None,
                 netlink: Some((4242, 0)),
                 peer: None,
                 netns: 2,
                 own_netns: 1,
             };
-        }
+        };
         let (sock_type, protocol) = if kind.is_stream() {
             (libc::SOCK_STREAM, libc::IPPROTO_TCP)
         } else {
             (libc::SOCK_DGRAM, libc::IPPROTO_UDP)
         };
         Observed {
-            domain: libc::AF_INET,
+            domain: if kind.is_v6() { libc::AF_INET6 } else { libc::AF_INET },
             sock_type,
             protocol,
             listening: kind.is_stream(),
-            local: kind.addr(),
+            local: Some(addr),
             other_family: None,
+            v6only: kind.is_v6().then_some(true),
             netlink: None,
             peer: None,
             netns: 2,
@@ -594,6 +661,11 @@ mod tests {
         SocketKind::ALL.into_iter().filter(|k| !k.is_netlink())
     }
 
+    /// The address of a kind that has one.
+    fn addr_of(kind: SocketKind) -> SocketAddr {
+        kind.addr().unwrap()
+    }
+
     #[test]
     fn each_kind_as_the_sandbox_makes_it_is_accepted() {
         for kind in SocketKind::ALL {
@@ -604,9 +676,12 @@ mod tests {
             assert_eq!(check(kind, &good(kind)), Ok(want), "{kind}");
             assert_eq!(SocketKind::from_name(kind.name()), Some(kind));
         }
-        assert_eq!(SocketKind::DnsUdp.addr().unwrap().to_string(), "127.0.0.53:53");
-        assert_eq!(SocketKind::CaptureTcp.addr().unwrap().to_string(), "127.0.0.1:8889");
+        assert_eq!(addr_of(SocketKind::DnsUdp).to_string(), "127.0.0.53:53");
+        assert_eq!(addr_of(SocketKind::CaptureTcp).to_string(), "127.0.0.1:8889");
+        assert_eq!(addr_of(SocketKind::CaptureTcp6).to_string(), "[::1]:8889");
+        assert!(SocketKind::CaptureTcp6.is_v6() && !SocketKind::CaptureTcp.is_v6());
         assert_eq!(SocketKind::CaptureUdpLog.name(), "capture_udp_log");
+        assert!(!SocketKind::CaptureUdpLog.is_v6() && SocketKind::CaptureUdpLog.addr().is_none());
     }
 
     #[test]
@@ -621,7 +696,7 @@ mod tests {
         // Another netlink protocol (rtnetlink), another type, another family.
         assert!(matches!(with(&|o| o.protocol = libc::NETLINK_ROUTE), Err(E::WrongType { .. })));
         assert!(matches!(with(&|o| o.sock_type = libc::SOCK_DGRAM), Err(E::WrongType { .. })));
-        for other in SocketKind::ALL.into_iter().filter(|k| !k.is_netlink()) {
+        for other in inet_kinds() {
             assert!(matches!(check(kind, &good(other)), Err(E::WrongType { .. })), "{other}");
         }
         assert_eq!(with(&|o| o.own_netns = o.netns), Err(E::SameNamespace));
@@ -676,31 +751,57 @@ mod tests {
             wrong_type(&|o| {
                 o.protocol = if kind.is_stream() { 262 } else { libc::IPPROTO_UDPLITE }
             });
-            // Not IPv4 (AF_INET6, AF_UNIX).
+            // Not an Internet socket (AF_UNIX, AF_NETLINK).
             wrong_type(&|o| {
                 o.local = None;
-                o.other_family = Some("Inet6".into());
+                o.other_family = Some("Unix".into());
+            });
+            // The other IP family at the same port: IPv6 for an IPv4 kind and the other way.
+            wrong_type(&|o| {
+                let port = addr_of(kind).port();
+                o.local = Some(if kind.is_v6() {
+                    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+                } else {
+                    SocketAddr::from((Ipv6Addr::LOCALHOST, port))
+                });
+                o.v6only = (!kind.is_v6()).then_some(true);
             });
             let mut o = good(kind);
             o.peer = Some("127.0.0.1:9".into());
             assert!(matches!(check(kind, &o), Err(E::Connected { .. })), "{kind}");
-            let want = kind.addr().unwrap();
-            for addr in ["0.0.0.0", "127.0.0.2"] {
+            let others: &[&str] = if kind.is_v6() {
+                &["::", "::2", "::ffff:127.0.0.1"]
+            } else {
+                &["0.0.0.0", "127.0.0.2"]
+            };
+            for addr in others {
                 let mut o = good(kind);
-                o.local = Some(SocketAddrV4::new(addr.parse().unwrap(), want.port()));
+                let ip: std::net::IpAddr = addr.parse().unwrap();
+                o.local = Some(SocketAddr::new(ip, addr_of(kind).port()));
                 assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} {addr}");
             }
             let mut o = good(kind);
-            o.local = Some(SocketAddrV4::new(*want.ip(), want.port() + 1));
+            let mut next = addr_of(kind);
+            next.set_port(next.port() + 1);
+            o.local = Some(next);
             assert!(matches!(check(kind, &o), Err(E::WrongAddress { .. })), "{kind} port");
             let mut o = good(kind);
             o.own_netns = o.netns;
             assert_eq!(check(kind, &o), Err(E::SameNamespace), "{kind}");
         }
-        for kind in [SocketKind::Proxy, SocketKind::DnsTcp, SocketKind::CaptureTcp] {
+        for kind in SocketKind::ALL.into_iter().filter(|k| k.is_stream()) {
             let mut o = good(kind);
             o.listening = false;
             assert_eq!(check(kind, &o), Err(E::NotListening), "{kind}");
+        }
+        // A dual-stack [::1] listener (IPV6_V6ONLY 0), or one whose option was not read.
+        for v6only in [Some(false), None] {
+            let mut o = good(SocketKind::CaptureTcp6);
+            o.v6only = v6only;
+            assert_eq!(
+                check(SocketKind::CaptureTcp6, &o),
+                Err(E::NotV6Only { kind: SocketKind::CaptureTcp6 })
+            );
         }
         // A socket of one kind does not pass as another: the addresses differ pairwise.
         for a in SocketKind::ALL {
@@ -718,14 +819,8 @@ mod tests {
             (o.sock_type, o.protocol, o.listening),
             (libc::SOCK_STREAM, libc::IPPROTO_TCP, true)
         );
-        assert_eq!(
-            o.local,
-            Some(match l.local_addr().unwrap() {
-                std::net::SocketAddr::V4(a) => a,
-                other => panic!("{other}"),
-            })
-        );
-        assert_eq!((o.peer.as_deref(), o.netns == o.own_netns), (None, true));
+        assert_eq!(o.local, Some(l.local_addr().unwrap()));
+        assert_eq!((o.peer.as_deref(), o.netns == o.own_netns, o.v6only), (None, true, None));
         // In our own namespace (and on another port): the namespace is what is reported.
         assert_eq!(validate_listener(l.as_fd()), Err(ListenerError::SameNamespace));
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -747,13 +842,57 @@ mod tests {
     }
 
     #[test]
+    fn a_real_ipv6_listener_is_observed_with_its_v6only() {
+        // Whatever was asked before bind, a socket bound to ::1 reads IPV6_V6ONLY 1: the kernel
+        // sets it when binding a specific, non-mapped address (net/ipv6/af_inet6.c).
+        use nix::sys::socket::{
+            Backlog, SockaddrIn6, bind, listen, setsockopt, socket as mk, sockopt,
+        };
+        for v6only in [true, false] {
+            let fd =
+                mk(AddressFamily::Inet6, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+            setsockopt(&fd, sockopt::Ipv6V6Only, &v6only).unwrap();
+            let any = SocketAddrV6::new(Ipv6Addr::LOCALHOST, 0, 0, 0);
+            bind(fd.as_raw_fd(), &SockaddrIn6::from(any)).unwrap();
+            listen(&fd, Backlog::new(8).unwrap()).unwrap();
+            let o = observe(fd.as_fd()).unwrap();
+            assert_eq!(o.v6only, Some(true), "asked for {v6only}");
+            assert_eq!(
+                check(SocketKind::CaptureTcp6, &o).unwrap_err(),
+                ListenerError::SameNamespace,
+                "everything but the namespace passes"
+            );
+            assert!(matches!(o.local, Some(SocketAddr::V6(a)) if *a.ip() == Ipv6Addr::LOCALHOST));
+            assert!(o.listening && o.other_family.is_none());
+        }
+    }
+
+    #[test]
     fn the_named_list_must_match_the_fds_and_the_fixed_order() {
         let fd = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
         use SocketKind::*;
-        let all = Handover::from_named(&SocketKind::ALL, (0..5).map(|_| fd()).collect()).unwrap();
+        let n = SocketKind::ALL.len();
+        let all = Handover::from_named(&SocketKind::ALL, (0..n).map(|_| fd()).collect()).unwrap();
         assert_eq!(all.borrowed().iter().map(|(k, _)| *k).collect::<Vec<_>>(), SocketKind::ALL);
         let some = Handover::from_named(&[Proxy, DnsTcp], vec![fd(), fd()]).unwrap();
         assert!(some.dns_udp.is_none() && some.dns_tcp.is_some() && some.capture_tcp.is_none());
+        // The IPv6 capture listener is optional (a namespace without IPv6 has none).
+        let v4 = Handover::from_named(
+            &[Proxy, DnsUdp, DnsTcp, CaptureTcp],
+            vec![fd(), fd(), fd(), fd()],
+        )
+        .unwrap();
+        assert!(v4.capture_tcp.is_some() && v4.capture_tcp6.is_none());
+        assert_eq!(v4.borrowed().len(), 4);
+        // The log socket comes after the IPv6 listener, and either may be absent.
+        let nov6 =
+            Handover::from_named(&[Proxy, CaptureTcp, CaptureUdpLog], vec![fd(), fd(), fd()])
+                .unwrap();
+        assert!(nov6.capture_tcp6.is_none() && nov6.capture_udp_log.is_some());
+        assert!(matches!(
+            Handover::from_named(&[Proxy, CaptureUdpLog, CaptureTcp6], vec![fd(), fd(), fd()]),
+            Err(ListenerError::Order(_))
+        ));
         assert!(matches!(
             Handover::from_named(&[Proxy, DnsUdp], vec![fd()]),
             Err(ListenerError::Count { named: 2, passed: 1 })

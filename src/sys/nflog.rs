@@ -8,7 +8,16 @@
 //! nft add chain inet airlock refuse_udp '{ type filter hook output priority 0; }'
 //! nft add rule inet airlock refuse_udp meta nfproto ipv4 ip daddr != 127.0.0.0/8 \
 //!     meta l4proto udp log group 1 reject
+//! nft add rule inet airlock refuse_udp meta nfproto ipv6 ip6 daddr != ::1 \
+//!     meta l4proto udp log group 1 reject
 //! ```
+//!
+//! The IPv6 rule ([`install_udp_refusal_v6`]) is a batch of its own, part of the best-effort
+//! IPv6 half of the capture and added right before it (`netfilter::install_capture_v6`): that
+//! capture routes every IPv6 address to `lo`, so without the rule a datagram to a global IPv6
+//! address would vanish there unaudited; if the rule is refused, the sandbox adds no IPv6 route
+//! either. A namespace without that route has nowhere to send IPv6: `sendto` fails with
+//! `ENETUNREACH` (or `EADDRNOTAVAIL`) and nothing is sent.
 //!
 //! A separate `filter` chain, not a rule in the `nat` capture chain: a nat chain sees only the
 //! first packet of a conntrack flow, and every datagram must be logged and refused. `reject`
@@ -44,8 +53,8 @@ use nix::sys::time::TimeVal;
 
 use super::netfilter::{
     CaptureError, Msg, NF_INET_LOCAL_OUT, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END,
-    NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_UNSPEC, NFT_CMP_EQ, NFT_CMP_NEQ,
-    NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
+    NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, NFPROTO_UNSPEC, NFT_CMP_EQ,
+    NFT_CMP_NEQ, NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
     NFT_PAYLOAD_NETWORK_HEADER, NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE,
     NFTA_CHAIN_TYPE, NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS,
     NFTA_RULE_TABLE, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST,
@@ -113,16 +122,56 @@ fn udp_batch() -> (Msg, u32) {
     m.end();
 
     seq += 1;
-    nft_begin(&mut m, NFT_MSG_NEWRULE, create | NLM_F_APPEND, seq, NFPROTO_INET);
+    udp_rule(&mut m, seq, false);
+
+    seq += 1;
+    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq);
+    m.raw(&batch_hdr);
+    m.end();
+    (m, 2)
+}
+
+/// The batch appending the IPv6 rule to [`UDP_CHAIN`] (made by [`udp_batch`]); with the number
+/// of messages that ask for an ACK.
+fn udp_batch_v6() -> (Msg, u32) {
+    let mut m = Msg::default();
+    let batch_hdr =
+        [NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8];
+    m.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 1);
+    m.raw(&batch_hdr);
+    m.end();
+    udp_rule(&mut m, 2, true);
+    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 3);
+    m.raw(&batch_hdr);
+    m.end();
+    (m, 1)
+}
+
+/// One refusal rule, appended to [`UDP_CHAIN`]: UDP of the family (`v6`: IPv6) to anything but
+/// the namespace's loopback, logged to [`LOG_GROUP`] and rejected.
+fn udp_rule(m: &mut Msg, seq: u32, v6: bool) {
+    let create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
+    nft_begin(m, NFT_MSG_NEWRULE, create | NLM_F_APPEND, seq, NFPROTO_INET);
     m.str(NFTA_RULE_TABLE, TABLE);
     m.str(NFTA_RULE_CHAIN, UDP_CHAIN);
     m.nest(NFTA_RULE_EXPRESSIONS, |m| {
-        // meta nfproto ipv4
-        meta(m, NFT_META_NFPROTO);
-        cmp(m, NFT_CMP_EQ, &[NFPROTO_IPV4]);
-        // ip daddr != 127.0.0.0/8: the first byte of the destination (iphdr offset 16)
-        payload(m, NFT_PAYLOAD_NETWORK_HEADER, 16, 1);
-        cmp(m, NFT_CMP_NEQ, &[127]);
+        if v6 {
+            // meta nfproto ipv6
+            meta(m, NFT_META_NFPROTO);
+            cmp(m, NFT_CMP_EQ, &[NFPROTO_IPV6]);
+            // ip6 daddr != ::1: the whole destination (ipv6hdr offset 24, 16 bytes), RFC 8200
+            // §3. Only ::1 is the loopback; the rest of ::/0 reaches `lo` by the capture's
+            // route alone.
+            payload(m, NFT_PAYLOAD_NETWORK_HEADER, 24, 16);
+            cmp(m, NFT_CMP_NEQ, &Ipv6Addr::LOCALHOST.octets());
+        } else {
+            // meta nfproto ipv4
+            meta(m, NFT_META_NFPROTO);
+            cmp(m, NFT_CMP_EQ, &[NFPROTO_IPV4]);
+            // ip daddr != 127.0.0.0/8: the first byte of the destination (iphdr offset 16)
+            payload(m, NFT_PAYLOAD_NETWORK_HEADER, 16, 1);
+            cmp(m, NFT_CMP_NEQ, &[127]);
+        }
         // meta l4proto udp
         meta(m, NFT_META_L4PROTO);
         cmp(m, NFT_CMP_EQ, &[libc::IPPROTO_UDP as u8]);
@@ -135,12 +184,6 @@ fn udp_batch() -> (Msg, u32) {
         });
     });
     m.end();
-
-    seq += 1;
-    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq);
-    m.raw(&batch_hdr);
-    m.end();
-    (m, 2)
 }
 
 /// Adds the UDP refusal to the **current** network namespace, whose `inet airlock` table
@@ -153,6 +196,21 @@ pub fn install_udp_refusal() -> Result<(), CaptureError> {
         2,
         expect,
         "adding the nftables UDP refusal rule",
+        NFT_HINT,
+    )
+}
+
+/// The IPv6 half of the refusal, after [`install_udp_refusal`] (whose chain it appends to) and
+/// before `netfilter::install_capture_v6` (see the module header). Needs CAP_NET_ADMIN over the
+/// namespace.
+pub fn install_udp_refusal_v6() -> Result<(), CaptureError> {
+    let (batch, expect) = udp_batch_v6();
+    transact(
+        SockProtocol::NetlinkNetFilter,
+        &batch,
+        2,
+        expect,
+        "adding the nftables IPv6 UDP refusal rule",
         NFT_HINT,
     )
 }
@@ -463,6 +521,16 @@ mod tests {
         for needle in [&b"refuse_udp\0"[..], b"filter\0", b"log\0", b"reject\0", TABLE.as_bytes()] {
             assert!(hay.windows(needle.len()).any(|w| w == needle), "{needle:?}");
         }
+        // The IPv6 rule: one rule (the chain exists), ::1 as the one loopback address.
+        let (m6, expect6) = udp_batch_v6();
+        assert_eq!(expect6, 1);
+        let hay6 = &m6.buf;
+        let needles: [&[u8]; 4] =
+            [b"refuse_udp\0", b"log\0", b"reject\0", &Ipv6Addr::LOCALHOST.octets()];
+        for needle in needles {
+            assert!(hay6.windows(needle.len()).any(|w| w == needle), "{needle:?}");
+        }
+        assert!(!hay6.windows(b"filter\0".len()).any(|w| w == b"filter\0"), "no new chain");
         let c = config_message();
         // nfgenmsg res_id carries the group big-endian.
         assert_eq!(&c.buf[NLMSG_HDRLEN + 2..NLMSG_HDRLEN + 4], &LOG_GROUP.to_be_bytes());
@@ -521,6 +589,25 @@ mod tests {
                 src: c.local_addr().unwrap(),
             })]
         );
+        // IPv6, where the IPv6 capture routes every address to `lo`: refused and logged the
+        // same way (seq 2); [::1] is left alone.
+        install_udp_refusal_v6().unwrap();
+        super::super::netfilter::install_capture_v6(18889).unwrap();
+        let c6 = std::net::UdpSocket::bind("[::]:0").unwrap();
+        let e = c6.send_to(b"q", "[2001:db8::1]:443").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        let n =
+            nix::sys::socket::recv(log.as_raw_fd(), &mut buf, nix::sys::socket::MsgFlags::empty())
+                .unwrap();
+        let got = parse(&buf[..n]);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let first = got[0].clone().unwrap();
+        assert_eq!((first.seq, first.dst), (Some(2), "[2001:db8::1]:443".parse().unwrap()));
+        let srv6 = std::net::UdpSocket::bind("[::1]:0").unwrap();
+        c6.send_to(b"hi", srv6.local_addr().unwrap()).unwrap();
+        srv6.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let (_, from) = srv6.recv_from(&mut b).unwrap();
+        assert!(from.ip().is_loopback());
     }
 
     #[test]

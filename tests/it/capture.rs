@@ -236,3 +236,146 @@ print('flood-refused:', refused)
     assert_eq!(dns[0]["answer"], synthetic, "{lines:?}");
     assert!(!udp.iter().any(|l| l["host"] == "127.0.0.53" || l["port"] == 53), "{udp:?}");
 }
+
+/// IPv6 (issue 14): inside the sandbox an IPv6 connection that ignores the proxy — a raw Python
+/// socket, `curl -6 --noproxy '*'` — reaches the IPv6 capture listener ([::1]:8889) instead of
+/// failing with ENETUNREACH, and is decided and audited like an IPv4 literal
+/// (`"capture": "transparent"`). 2001:db8::/32 is the documentation prefix (RFC 3849), dialed
+/// only inside the sandbox's namespace (it has only `lo`); the policy refuses it, so it is
+/// never dialed from the host. 2001:db8::7 maps to a test name through the synthetic hook, so
+/// the allowed path reaches the test's loopback upstream. [::1] stays inside the sandbox.
+#[test]
+fn ipv6_connections_are_captured_decided_and_audited() {
+    if !have("curl") || !have("python3") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("capture6");
+    let (port, hits) = http_upstream("127.0.0.2", "upstream-ok\n");
+    let resolver = world.write(world.tmp.path().join("resolver"), "allowed.test 127.0.0.2\n");
+    let synthetic = world.write(world.tmp.path().join("synthetic"), "2001:db8::7 allowed.test\n");
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        &format!(
+            "[network]\nallow = [\"allowed.test:{port}\"]\nallow_private = [\"127.0.0.2/32\"]\n"
+        ),
+    );
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![
+                ("AIRLOCK_TEST_RESOLVER".into(), resolver.into()),
+                ("AIRLOCK_TEST_SYNTHETIC".into(), synthetic.into()),
+            ],
+            ..Default::default()
+        },
+    );
+    // The loopback check: a server on [::1] inside the sandbox answers its own client.
+    let script = format!(
+        "set -u\n\
+         python3 -c \"import socket\ntry:\n  s = socket.create_connection(('2001:db8::1', 443), timeout=10); s.sendall(b'x'); print('py6:' + repr(s.recv(10)))\nexcept OSError as e: print('py6:errno', e.errno)\"\n\
+         curl -6 -g --noproxy '*' -sS -m 10 http://[2001:db8::1]:{port}/ >/dev/null 2>&1; echo \"curl6-refused:$?\"\n\
+         echo \"curl6:$(curl -6 -g --noproxy '*' -sS -m 10 http://[2001:db8::7]:{port}/)\"\n\
+         python3 -c \"import socket\ntry:\n  s = socket.create_connection(('::1', 8889), timeout=10); print('direct6:' + repr(s.recv(10)))\nexcept OSError as e: print('direct6:errno', e.errno)\"\n\
+         python3 -c \"import socket\nl = socket.socket(socket.AF_INET6); l.bind(('::1', 0)); l.listen(1)\nc = socket.create_connection(('::1', l.getsockname()[1]), timeout=10); a, _ = l.accept(); a.sendall(b'inside'); print('lo6:' + c.recv(10).decode(), l.getsockname()[1])\"\n"
+    );
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["exec", "--", "sh", "-c", &script])
+        .run();
+    let out = run.stdout();
+    let ctx = format!("{out}\n{}\n--- airlockd log\n{}", run.stderr(), h.log());
+    assert_eq!(run.code(), 0, "{ctx}");
+    assert!(!run.stderr().contains("IPv6 capture not in force"), "{ctx}");
+    // Reset after the refusal's line (b'' or ECONNRESET), never ENETUNREACH (101).
+    assert!(out.contains("py6:b''") || out.contains("py6:errno 104"), "{ctx}");
+    assert!(!out.contains("curl6-refused:0\n"), "{ctx}");
+    assert!(out.contains("curl6:upstream-ok\n"), "{ctx}");
+    assert!(out.contains("direct6:b''") || out.contains("direct6:errno 104"), "{ctx}");
+    let lo_port: u16 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("lo6:inside "))
+        .unwrap_or_else(|| panic!("no lo6 line: {ctx}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "only the allowed name reached the upstream");
+
+    let lines = world.audit_lines("capture6");
+    let literal = line_for(&lines, "2001:db8::1", 443).expect("[2001:db8::1]:443 line");
+    assert_eq!(literal["allowed"], false);
+    assert_eq!(literal["reason"], "ip_not_allowed");
+    assert_eq!(literal["capture"], "transparent");
+    assert_eq!(literal["method"], "CONNECT");
+    let curl = line_for(&lines, "2001:db8::1", port).expect("curl -6 line");
+    assert_eq!((&curl["allowed"], &curl["capture"]), (&false.into(), &"transparent".into()));
+    assert_eq!(curl["reason"], "ip_not_allowed");
+    let allowed = line_for(&lines, "allowed.test", port).expect("allowed.test line");
+    assert_eq!(allowed["allowed"], true, "{lines:?}");
+    assert_eq!(allowed["capture"], "transparent");
+    assert_eq!(allowed["addr"], format!("127.0.0.2:{port}").as_str());
+    let direct = line_for(&lines, "::1", 8889).expect("direct [::1]:8889 line");
+    assert_eq!((&direct["allowed"], &direct["reason"]), (&false.into(), &"malformed".into()));
+    // Loopback inside the sandbox is not captured: no line for it.
+    assert!(lines.iter().all(|l| l["port"] != lo_port), "{lines:?}");
+}
+
+/// A sandbox whose namespace has no IPv6 (here: `disable_ipv6` through the
+/// `AIRLOCK_TEST_NO_IPV6` hook, as on a host booted with `ipv6.disable=1`): the session still
+/// starts with IPv4 captured, warns that IPv6 is not, and an IPv6 connection fails inside
+/// (nothing leaves); `airlock doctor` says the same.
+#[test]
+fn without_ipv6_in_the_namespace_sessions_start_with_ipv4_capture_and_a_warning() {
+    if !have("python3") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("capture6off");
+    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"allowed.test\"]\n");
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(&world, Options::default());
+    let script = "python3 -c \"import socket\nfor a in ('2001:db8::1', '10.1.2.3'):\n  try:\n    s = socket.create_connection((a, 443), timeout=10); print(a, repr(s.recv(10)))\n  except OSError as e: print(a, 'errno', e.errno)\"\n";
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .hook("AIRLOCK_TEST_NO_IPV6", "1")
+        .args(["exec", "--", "sh", "-c", script])
+        .run();
+    let out = run.stdout();
+    let ctx = format!("{out}\n{}\n--- airlockd log\n{}", run.stderr(), h.log());
+    assert_eq!(run.code(), 0, "{ctx}");
+    assert!(run.stderr().contains("warning: IPv6 capture not in force"), "{ctx}");
+    assert!(
+        out.contains("2001:db8::1 errno 99") || out.contains("2001:db8::1 errno 101"),
+        "EADDRNOTAVAIL or ENETUNREACH: {ctx}"
+    );
+    assert!(out.contains("10.1.2.3 b''") || out.contains("10.1.2.3 errno 104"), "{ctx}");
+    let lines = world.audit_lines("capture6off");
+    assert!(line_for(&lines, "10.1.2.3", 443).is_some(), "IPv4 still captured: {lines:?}");
+    assert!(line_for(&lines, "2001:db8::1", 443).is_none(), "{lines:?}");
+
+    let doctor =
+        world.airlock(&repo).hook("AIRLOCK_TEST_NO_IPV6", "1").args(["doctor", "--json"]).run();
+    let checks: serde_json::Value = serde_json::from_str(&doctor.stdout()).unwrap();
+    let capture = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["detail"].as_str().unwrap_or("").starts_with("transparent capture"))
+        .unwrap_or_else(|| panic!("no capture check: {checks}"));
+    assert_eq!(capture["level"], "warn", "{capture}");
+    assert!(capture["detail"].as_str().unwrap().contains("IPv6 is not"), "{capture}");
+    // And without the hook the same machine captures both.
+    let doctor = world.airlock(&repo).args(["doctor", "--json"]).run();
+    let checks: serde_json::Value = serde_json::from_str(&doctor.stdout()).unwrap();
+    let capture = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["detail"].as_str().unwrap_or("").starts_with("transparent capture"))
+        .unwrap();
+    assert_eq!(capture["level"], "ok", "{capture}");
+    assert!(capture["detail"].as_str().unwrap().contains("IPv4 and IPv6"), "{capture}");
+}

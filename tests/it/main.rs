@@ -56,5 +56,8 @@ mod sandbox_proxy;
 #[cfg(feature = "test-hooks")]
 mod sandbox_setid;
 #[cfg(feature = "test-hooks")]
+mod sandbox_ssh;
+#[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+mod sshd;
 mod support;

@@ -367,7 +367,9 @@ mod tests {
         };
         match handle_request(&d, &mut conn, offer).await {
             Response::Hello { capabilities, .. } => {
-                assert!(capabilities.contains(protocol::SESSION_SOCKETS))
+                assert!(capabilities.contains(protocol::SESSION_SOCKETS));
+                assert!(capabilities.contains(protocol::CAPTURE_TCP6));
+                assert!(capabilities.contains(protocol::CAPTURE_UDP_LOG));
             }
             other => panic!("{other:?}"),
         }
@@ -376,6 +378,8 @@ mod tests {
             (&["dns_udp", "proxy"][..], 2),
             (&["proxy", "proxy"][..], 2),
             (&["proxy", "dns_quic"][..], 2),
+            (&["proxy", "capture_tcp6", "capture_tcp"][..], 3),
+            (&["proxy", "capture_udp_log", "capture_tcp6"][..], 3),
             (&[][..], 2),
         ] {
             conn.fds = (0..n).map(|_| fd()).collect();
@@ -384,8 +388,15 @@ mod tests {
             assert_eq!(code(&r), ErrorCode::Listener, "{names:?}: {r:?}");
         }
         // A list that fits, with fds that are no sockets: each is validated.
-        conn.fds = (0..4).map(|_| fd()).collect();
-        let all = named(&["proxy", "dns_udp", "dns_tcp", "capture_tcp"]);
+        conn.fds = (0..6).map(|_| fd()).collect();
+        let all = named(&[
+            "proxy",
+            "dns_udp",
+            "dns_tcp",
+            "capture_tcp",
+            "capture_tcp6",
+            "capture_udp_log",
+        ]);
         match handle_request(&d, &mut conn, Request::SessionStart(Box::new(all))).await {
             Response::Error { code, message } => {
                 assert_eq!(code, ErrorCode::Listener);

@@ -57,6 +57,9 @@ pub(super) struct SessionSockets {
     /// (127.0.0.1:8889 inside). `start_session` holds it open for the session's life (in the
     /// proxy task) until the capture helper serves it there.
     pub(super) capture_tcp: Option<std::net::TcpListener>,
+    /// The IPv6 capture listener ([::1]:8889 inside), served like `capture_tcp`; absent when
+    /// the sandbox's namespace has no IPv6.
+    pub(super) capture_tcp6: Option<std::net::TcpListener>,
     /// The netfilter log socket on which the sandbox's kernel reports each refused UDP
     /// datagram (`proxy::udp` writes their lines).
     pub(super) capture_udp_log: Option<OwnedFd>,
@@ -121,6 +124,7 @@ fn session_sockets(
             .map_err(serve)?,
         dns_tcp: set.dns_tcp.map(tcp).transpose().map_err(serve)?,
         capture_tcp: set.capture_tcp.map(tcp).transpose().map_err(serve)?,
+        capture_tcp6: set.capture_tcp6.map(tcp).transpose().map_err(serve)?,
         capture_udp_log: set.capture_udp_log,
     };
     Ok((sockets, listen))
@@ -251,8 +255,14 @@ pub(super) async fn start_session(
     };
     let Prepared { spec, id, paths, built, policy_layers, sockets, listen, resolver, sink, local } =
         prepared;
-    let SessionSockets { proxy: listener, dns_udp, dns_tcp, capture_tcp, capture_udp_log } =
-        sockets;
+    let SessionSockets {
+        proxy: listener,
+        dns_udp,
+        dns_tcp,
+        capture_tcp,
+        capture_tcp6,
+        capture_udp_log,
+    } = sockets;
     let tcp = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
@@ -312,10 +322,12 @@ pub(super) async fn start_session(
         tokio::spawn(proxy::dns::serve(udp, dns_tcp, Arc::clone(&proxy), shutdown_rx.clone()));
     // Transparent capture: the redirected connections of the sandbox, until the session ends.
     let held = proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx);
+    let held6 = proxy::transparent::serve_in_background(capture_tcp6, &proxy, &shutdown_rx);
     // Refused UDP: one line per datagram the sandbox's kernel reports, until the session ends.
     let udp_log = proxy::udp::serve_in_background(capture_udp_log, &proxy, &shutdown_rx);
     let handle = tokio::spawn(async move {
         let _held = held;
+        let _held6 = held6;
         let _udp_log = udp_log;
         let _dns = dns;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {

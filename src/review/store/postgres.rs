@@ -389,31 +389,36 @@ async fn insert_event_rows(
     let ords: Vec<i32> = unique.iter().map(|n| *n as i32).collect();
     // `received_at` is the database's now() (column DEFAULT; a supplied value is refused by
     // trigger, migration 0004), the same for key and row; RETURNING reports it.
-    // One statement: each key and its row are inserted together or not at all.
+    // One statement: each key and its row are inserted together or not at all. Each input
+    // row draws its pk once, in input order (a CTE with a volatile function is evaluated
+    // once, PostgreSQL docs "WITH Queries"), so keys and rows join on that integer instead of
+    // on (source, id) text compared under the database's collation; a conflicting row's pk is
+    // left unused, as it was when the keys insert drew it.
     let rows = c
         .query(
             &format!(
                 "WITH input AS (
-               SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
-                                    $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[])
+               SELECT t.*, nextval('events_pk_seq') AS pk
+               FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
+                           $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[])
                  AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256)
              ), keys AS (
                INSERT INTO event_keys (user_id, source, id, pk, sha256)
-               SELECT $1, source, id, nextval('events_pk_seq'), sha256
+               SELECT $1, source, id, pk, sha256
                FROM input ORDER BY ord
                ON CONFLICT DO NOTHING
-               RETURNING source, id, pk, {RECEIVED_US} AS received_us
+               RETURNING pk, {RECEIVED_US} AS received_us
              ), ev AS (
                INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, payload)
-               SELECT k.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload
-               FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id
+               SELECT i.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload
+               FROM keys k JOIN input i ON i.pk = k.pk
                RETURNING pk
              )
-             SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.source = k.source AND i.id = k.id"
+             SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.pk = k.pk"
             ),
             &[
-                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
-                &ords, &hashes,
+                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads, &ords,
+                &hashes,
             ],
         )
         .await?;
