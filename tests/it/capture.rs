@@ -124,7 +124,8 @@ fn tools_that_ignore_the_proxy_are_captured_decided_and_audited() {
 /// refused in the sandbox (ICMP port unreachable; a connected socket gets `ECONNREFUSED`, the
 /// precondition for QUIC clients falling back to TCP) and leaves one line naming its
 /// destination — an IP literal, or the name behind a synthetic address the sandbox's resolver
-/// handed out. DNS to 127.0.0.53 keeps working and is audited once, as DNS. A flood of 300
+/// handed out; over IPv6 too (2001:db8::/32, the documentation prefix, RFC 3849, where the IPv6
+/// capture routes it to `lo`). DNS to 127.0.0.53 keeps working and is audited once, as DNS. A flood of 300
 /// datagrams is bounded by the session's `suppressed` summaries with exact counts. Every destination
 /// is inside the sandbox's namespace, which has only `lo`: nothing can leave.
 #[test]
@@ -157,6 +158,8 @@ def attempt(tag, f):
         print(tag + ':errno', e.errno)
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 attempt('literal', lambda: s.sendto(b'x', ('10.1.2.3', 443)))
+s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+attempt('literal6', lambda: s6.sendto(b'x', ('2001:db8::1', 443)))
 ai = socket.getaddrinfo('allowed.test', 443, socket.AF_INET, socket.SOCK_DGRAM)
 addr = ai[0][4]
 print('resolved:' + addr[0])
@@ -188,7 +191,7 @@ print('flood-refused:', refused)
     let out = run.stdout();
     assert_eq!(run.code(), 0, "{out}\n{}\n--- airlockd log\n{}", run.stderr(), h.log());
     // Refused at once, never sent anywhere: the kernel drops it (EPERM on the send)...
-    for tag in ["literal", "synthetic", "connected-send"] {
+    for tag in ["literal", "literal6", "synthetic", "connected-send"] {
         assert!(out.contains(&format!("{tag}:errno 1\n")), "{tag}: {out}\n{}", run.stderr());
     }
     // ...and the port unreachable fails the connected socket (QUIC falls back to TCP).
@@ -218,7 +221,8 @@ print('flood-refused:', refused)
     );
     let udp: Vec<_> =
         lines.iter().filter(|l| l["method"] == "UDP" && l["host"] != "10.9.9.9").collect();
-    for (host, port) in [("10.1.2.3", 443), ("allowed.test", 443), ("10.1.2.4", 443)] {
+    let hosts = [("10.1.2.3", 443), ("2001:db8::1", 443), ("allowed.test", 443), ("10.1.2.4", 443)];
+    for (host, port) in hosts {
         let line = udp
             .iter()
             .find(|l| l["host"] == host && l["port"] == port)
@@ -228,7 +232,7 @@ print('flood-refused:', refused)
         assert_eq!(line["capture"], "transparent", "{line}");
         assert_eq!(line["layer"], "none", "{line}");
     }
-    assert_eq!(udp.len(), 3, "one line per datagram: {udp:?}");
+    assert_eq!(udp.len(), 4, "one line per datagram: {udp:?}");
     // DNS is audited as DNS, once, and never as refused UDP.
     let dns: Vec<_> =
         lines.iter().filter(|l| l["method"] == "DNS" && l["host"] == "allowed.test").collect();
