@@ -74,6 +74,54 @@ pub struct Limits {
     pub max_daemon_connections: usize,
     /// The process-wide count `max_daemon_connections` is checked against.
     pub daemon_connections: DaemonConnections,
+    /// Host-side name resolutions in flight at once per session (at least 1). An attempt past
+    /// it waits for a slot within its DNS timeout, then is refused `503`, audited `dns_limit`
+    /// ([`guard::resolve_checked`]).
+    pub max_resolutions: usize,
+    /// The process-wide resolution slots every session also takes one of (the same wait and
+    /// refusal); [`Default`] is the one shared by every session of the process.
+    pub daemon_resolutions: DaemonResolutions,
+}
+
+/// Default [`Limits::max_resolutions`]: resolutions in flight per session.
+pub const DEFAULT_MAX_RESOLUTIONS: usize = 32;
+
+/// Default capacity of [`DaemonResolutions`]: resolutions in flight per process. The system
+/// resolver runs `getaddrinfo(3)` on tokio's blocking pool (512 threads by default), which the
+/// audit appends and summary flushes share; a slow or black-holed DNS server must not be able
+/// to occupy all of it, so resolutions get at most a quarter.
+pub const DEFAULT_DAEMON_RESOLUTIONS: usize = 128;
+
+/// The process-wide host-side resolution slots: a FIFO semaphore (tokio's is fair, so a waiting
+/// attempt is not overtaken indefinitely).
+#[derive(Debug, Clone)]
+pub struct DaemonResolutions {
+    slots: Arc<tokio::sync::Semaphore>,
+    capacity: usize,
+}
+
+impl DaemonResolutions {
+    /// Slots of its own, `capacity` of them (tests, benches).
+    pub fn isolated(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self { slots: Arc::new(tokio::sync::Semaphore::new(capacity)), capacity }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Resolutions holding a slot right now.
+    pub fn in_flight(&self) -> usize {
+        self.capacity - self.slots.available_permits()
+    }
+}
+
+impl Default for DaemonResolutions {
+    fn default() -> Self {
+        static SHARED: std::sync::OnceLock<DaemonResolutions> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| Self::isolated(DEFAULT_DAEMON_RESOLUTIONS)).clone()
+    }
 }
 
 /// The process-wide count of open client connections; [`Default`] is the one shared by every
@@ -132,6 +180,8 @@ impl Default for Limits {
             max_connections: 1024,
             max_daemon_connections: 8192,
             daemon_connections: DaemonConnections::default(),
+            max_resolutions: DEFAULT_MAX_RESOLUTIONS,
+            daemon_resolutions: DaemonResolutions::default(),
         }
     }
 }
@@ -158,6 +208,8 @@ pub struct SessionProxy {
     pub(crate) kill: watch::Sender<bool>,
     /// The names the sandbox's resolver answered with synthetic addresses ([`dns`]).
     pub(crate) synthetic: synthetic::SyntheticTable,
+    /// This session's host-side resolution slots ([`Limits::max_resolutions`]).
+    pub(crate) resolutions: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for SessionProxy {
@@ -219,6 +271,9 @@ impl SessionProxy {
     ) -> Self {
         let (kill, _) = watch::channel(false);
         let synthetic = synthetic::SyntheticTable::new(limits.max_synthetic);
+        let resolutions = Arc::new(tokio::sync::Semaphore::new(
+            limits.max_resolutions.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
         Self {
             policy,
             audit,
@@ -237,6 +292,7 @@ impl SessionProxy {
             },
             kill,
             synthetic,
+            resolutions,
         }
     }
 
