@@ -174,6 +174,13 @@ pub trait AuditSink: Send + Sync {
     fn flush(&self) -> Result<(), AuditError> {
         Ok(())
     }
+    /// Whether this session's refusals are being suppressed right now (within the current or
+    /// the previous interval): the session floods, and the proxy paces its accepts
+    /// ([`crate::proxy::FLOOD_ACCEPT_PACE`]) so one session's flood cannot take the CPU other
+    /// sessions need. Sinks without rate limiting never flood.
+    fn flooding(&self) -> bool {
+        false
+    }
 }
 
 /// Identifiers for one attempt, assigned when it starts.

@@ -353,6 +353,9 @@ pub struct FileAuditSink {
     limiter: Mutex<Limiter>,
     /// Audit bytes this session has written (against `[audit] session_budget`).
     written: AtomicU64,
+    /// `now_ms / INTERVAL_MS + 1` of the last interval in which a refusal was suppressed
+    /// (0: never), read lock-free by [`AuditSink::flooding`] before every accept.
+    suppressed_in: AtomicU64,
 }
 
 impl Drop for FileAuditSink {
@@ -378,6 +381,7 @@ impl FileAuditSink {
             seq: AtomicU64::new(0),
             limiter: Mutex::new(Limiter::new(volume)),
             written: AtomicU64::new(0),
+            suppressed_in: AtomicU64::new(0),
         }
     }
 
@@ -524,8 +528,19 @@ impl AuditSink for FileAuditSink {
                 self.write_summaries(before)?;
                 self.write_counted(line)
             }
-            Verdict::Suppressed(full) => self.write_summaries(full),
+            Verdict::Suppressed(full) => {
+                let interval = self.now_ms() / super::volume::INTERVAL_MS + 1;
+                self.suppressed_in.fetch_max(interval, Ordering::Relaxed);
+                self.write_summaries(full)
+            }
         }
+    }
+
+    fn flooding(&self) -> bool {
+        let last = self.suppressed_in.load(Ordering::Relaxed);
+        // This interval or the one before: a flood that keeps being suppressed stays marked;
+        // one that stopped is unmarked within two intervals.
+        last != 0 && self.now_ms() / super::volume::INTERVAL_MS <= last
     }
 
     /// Also the in-session free-space check (once a second): below `[audit] min_free` the
@@ -683,6 +698,33 @@ pub(crate) mod tests {
             }
         }
         assert!(seen[1..].iter().all(|&n| n == 1), "every seq exactly once");
+    }
+
+    /// A session whose refusals are being suppressed is marked flooding (the proxy then paces
+    /// its accepts) in that interval and the next, and unmarked once it stopped flooding.
+    #[test]
+    fn a_session_is_flooding_while_its_refusals_are_suppressed_and_not_after() {
+        let tmp = tempfile::tempdir().unwrap();
+        let clock = TestClock::at(BEFORE_MIDNIGHT - 5_000);
+        let log = RepoLog::open_with_clock(tmp.path(), "f", clock.clone()).unwrap();
+        let volume = Volume { burst: 3, ..Volume::default() };
+        let sink = FileAuditSink::with_volume(Arc::clone(&log), info(), volume);
+        let refuse = |host: &str| {
+            let mut line = sink.line(host, Some(443), "CONNECT");
+            line.reason = Some(crate::policy::Reason::NotAllowed);
+            sink.append(&line).unwrap();
+        };
+        // Within the burst, and different hosts: written, not flooding.
+        for host in ["a.test", "a.test", "a.test", "b.test", "c.test"] {
+            refuse(host);
+        }
+        assert!(!sink.flooding());
+        refuse("a.test"); // the fourth identical refusal in the interval is suppressed
+        assert!(sink.flooding());
+        clock.set(BEFORE_MIDNIGHT - 4_000); // the next interval: still marked
+        assert!(sink.flooding());
+        clock.set(BEFORE_MIDNIGHT - 2_500); // two intervals on, nothing suppressed since
+        assert!(!sink.flooding());
     }
 
     /// Past `session_budget` the session stops: one final `audit_budget` line, every later

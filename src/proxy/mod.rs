@@ -425,6 +425,13 @@ pub fn local_addrs() -> LocalAddrs {
     LocalAddrs::new(out)
 }
 
+/// While a session floods (its identical refusals are being suppressed, `[audit] burst`), each
+/// of its listeners accepts at most one connection per this interval: ~500 per second. The
+/// flooding process then waits in `connect(2)` instead of costing the daemon CPU that other
+/// sessions' connections need (measured by `benches/flood.rs`); nothing is refused or
+/// uncounted because of it.
+pub const FLOOD_ACCEPT_PACE: Duration = Duration::from_millis(2);
+
 /// Serves one session's listener until `shutdown` turns true (or its sender is dropped), then
 /// drains: stops accepting, lets open connections finish for [`Limits::drain_grace`], then
 /// closes the rest (their tunnels are logged `"interrupted": true`). Returns when every
@@ -473,6 +480,11 @@ where
                         }
                         None => tasks.spawn(refuse_connection(s, sock)),
                     };
+                    if session.audit.flooding() {
+                        // Accepts only: every attempt still gets its line (or its place in a
+                        // summary); the rest wait in the listen backlog.
+                        tokio::time::sleep(FLOOD_ACCEPT_PACE).await;
+                    }
                 }
                 Err(e) => {
                     // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener
