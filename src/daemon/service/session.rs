@@ -255,6 +255,7 @@ pub(super) async fn start_session(
     // The effective policy's digest (mode, entries, review hosts — not display names).
     let policy_digest = built.policy.digest();
     let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
+    let stopped = sink.on_stop();
     let proxy = Arc::new(SessionProxy::new(
         Arc::new(built.policy),
         Arc::new(sink),
@@ -274,6 +275,7 @@ pub(super) async fn start_session(
         listen,
         proxy: Arc::clone(&proxy),
         shutdown,
+        stopped,
         spec,
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
@@ -338,6 +340,8 @@ pub(super) async fn end_session(
     reason: Option<&'static str>,
 ) {
     session.stop_proxy();
+    // A session the `[audit]` bounds stopped says so in its end record.
+    let reason = reason.or_else(|| session.stopped.borrow().as_ref().map(|n| n.reason.as_str()));
     let stats = session.proxy.stats();
     lock(&daemon.sessions).remove(&session.id);
     let (d, s, end) = (Arc::clone(daemon), Arc::clone(session), end.clone());
