@@ -220,9 +220,9 @@ fn processes_with(marker: &str) -> Vec<String> {
     found
 }
 
-/// A session script: a long sleeper in the background (its argument is `marker`), a note in
-/// the repo that it started, then `flood` (shell), then waiting for the sleeper. Without a
-/// stop the session would end after 30-odd seconds with status 0.
+/// A session script: a sleeper in the background (its argument is `marker`, 30.x seconds), a
+/// note in the repo that it started, then `flood` (shell), then waiting for the sleeper.
+/// Without a stop the session would end after 30 seconds with status 0.
 fn stoppable_script(marker: &str, flood: &str) -> String {
     format!("sleep {marker} &\necho started > started\n{flood}\nwait\necho not-stopped\n")
 }
@@ -251,7 +251,7 @@ fn past_the_session_budget_the_session_is_stopped_and_its_sandbox_killed() {
             ..Default::default()
         },
     );
-    let marker = format!("3{}.{}", std::process::id() % 1000, 417);
+    let marker = format!("30.{:07}1", std::process::id());
     let flood = "for i in $(seq 1 400); do curl -s -o /dev/null -m 5 http://flood.test/; done";
     let run = world
         .airlock(&repo)
@@ -310,7 +310,7 @@ fn low_space_stops_a_running_session_and_kills_its_sandbox() {
             ..Default::default()
         },
     );
-    let marker = format!("3{}.{}", std::process::id() % 1000, 733);
+    let marker = format!("30.{:07}2", std::process::id());
     let cmd = world.airlock(&repo).env("AIRLOCK_SOCKET", h.socket()).args([
         "exec",
         "--",
