@@ -133,12 +133,12 @@ struct Prepared {
     listen: String,
     resolver: Arc<dyn Resolver>,
     sink: FileAuditSink,
-    local: LocalAddrs,
+    local: Arc<proxy::hostaddrs::HostAddrs>,
 }
 
 /// Every check and every file touched before a session can be served, in the order the errors
 /// are reported. Blocking: stat and parse of the managed layer, the test resolver file, the
-/// audit log's settlement and journal, `getifaddrs`.
+/// audit log's settlement and journal, `getifaddrs` (first session, or without the watcher).
 fn prepare(
     daemon: &Daemon,
     spec: SessionSpec,
@@ -189,7 +189,12 @@ fn prepare(
         listen,
         resolver,
         sink,
-        local: proxy::local_addrs(),
+        // Daemon-wide, kept current by the rtnetlink watcher (re-read here only without it).
+        local: {
+            let cell = proxy::hostaddrs::watched();
+            cell.refresh_unless_watched();
+            cell
+        },
     })
 }
 
@@ -261,13 +266,14 @@ pub(super) async fn start_session(
         Arc::new(sink),
         resolver,
         limits,
-        local,
+        LocalAddrs::none(),
         proxy::Identity {
             repo: spec.repo.clone(),
             repo_path: Some(spec.repo_path.clone()),
             user_id: spec.identity.user_id.clone(),
         },
-    ));
+    )
+    .with_host_addrs(local));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let session = Arc::new(Session {
         id: id.clone(),
