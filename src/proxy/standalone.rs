@@ -105,15 +105,17 @@ pub async fn serve(
     let local = tokio::task::spawn_blocking(super::hostaddrs::watched)
         .await
         .unwrap_or_else(|_| super::hostaddrs::HostAddrs::fixed(Default::default()));
-    let session = Arc::new(SessionProxy::new(
-        Arc::new(proxy.policy),
-        Arc::clone(&audit) as Arc<dyn AuditSink>,
-        proxy.resolver,
-        proxy.limits,
-        Default::default(),
-        identity,
-    )
-    .with_host_addrs(local));
+    let session = Arc::new(
+        SessionProxy::new(
+            Arc::new(proxy.policy),
+            Arc::clone(&audit) as Arc<dyn AuditSink>,
+            proxy.resolver,
+            proxy.limits,
+            Default::default(),
+            identity,
+        )
+        .with_host_addrs(local),
+    );
     eprintln!(
         "airlockd proxy: listening on {bound} (repo {}, audit log {})",
         proxy.repo_name,

@@ -261,19 +261,21 @@ pub(super) async fn start_session(
     let policy_digest = built.policy.digest();
     let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
     let stopped = sink.on_stop();
-    let proxy = Arc::new(SessionProxy::new(
-        Arc::new(built.policy),
-        Arc::new(sink),
-        resolver,
-        limits,
-        LocalAddrs::none(),
-        proxy::Identity {
-            repo: spec.repo.clone(),
-            repo_path: Some(spec.repo_path.clone()),
-            user_id: spec.identity.user_id.clone(),
-        },
-    )
-    .with_host_addrs(local));
+    let proxy = Arc::new(
+        SessionProxy::new(
+            Arc::new(built.policy),
+            Arc::new(sink),
+            resolver,
+            limits,
+            LocalAddrs::none(),
+            proxy::Identity {
+                repo: spec.repo.clone(),
+                repo_path: Some(spec.repo_path.clone()),
+                user_id: spec.identity.user_id.clone(),
+            },
+        )
+        .with_host_addrs(local),
+    );
     let (shutdown, shutdown_rx) = watch::channel(false);
     let session = Arc::new(Session {
         id: id.clone(),
