@@ -308,6 +308,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_stopped_session_is_announced_with_its_reason_and_message() {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let mut stopped = Some(("s1".to_owned(), rx));
+        tx.send_replace(Some(crate::audit::StopNotice {
+            reason: crate::policy::Reason::LowSpace,
+            message: "the file system … min_free".into(),
+        }));
+        assert_eq!(
+            stop_notice(&mut stopped).await,
+            Some(Response::SessionStopped {
+                session: "s1".into(),
+                reason: "low_space".into(),
+                message: "the file system … min_free".into(),
+            })
+        );
+        // Only agreed on request: the daemon offers the capability, a client may not.
+        assert!(protocol::Capabilities::current().contains(protocol::SESSION_STOP));
+        let mut conn = ConnState::default();
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        handle_request(&d, &mut conn, hello()).await;
+        assert!(!conn.capabilities.contains(protocol::SESSION_STOP));
+    }
+
+    #[tokio::test]
     async fn hello_comes_first_and_only_once() {
         let home = tempfile::tempdir().unwrap();
         let d = daemon(home.path());
