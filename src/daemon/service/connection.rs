@@ -139,8 +139,6 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
         let req = match conn.frames.next_message::<Request>() {
             Ok(Some(req)) => req,
             Ok(None) => {
-                // Re-evaluated per chunk: once stopping, a connection closes only between
-                // requests, so a request that is partly read still gets its answer.
                 // A stopped session (`[audit]` bounds) is told so once, between replies, when
                 // the client agreed to `session_stop`.
                 let mut stopped = conn
@@ -152,6 +150,8 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
                             && conn.state.capabilities.contains(protocol::SESSION_STOP)
                     })
                     .map(|s| (s.id.clone(), s.stopped.clone()));
+                // Re-evaluated per chunk: once stopping, a connection closes only between
+                // requests, so a request that is partly read still gets its answer.
                 let got = tokio::select! {
                     biased;
                     r = conn.read_chunk() => Ok(Some(r)),
