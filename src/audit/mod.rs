@@ -27,7 +27,7 @@ pub use format::{
 pub use journal::{Journal, JournalRecord};
 pub use reader::{Entry, Follower, read_dir};
 pub use settle::{SettleReport, settle_all, settle_journals};
-pub use writer::{FileAuditSink, LogRegistry, RepoLog, SessionInfo};
+pub use writer::{FileAuditSink, LogRegistry, RepoLog, SessionInfo, StopNotice};
 
 /// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
 /// the first eight are the product page's format, the rest are ours.

@@ -356,6 +356,19 @@ pub struct FileAuditSink {
     /// `now_ms / INTERVAL_MS + 1` of the last interval in which a refusal was suppressed
     /// (0: never), read lock-free by [`AuditSink::flooding`] before every accept.
     suppressed_in: AtomicU64,
+    /// Set once, when the session is stopped (after its final line): the daemon tells the
+    /// session's supervisor, which ends the sandbox ([`FileAuditSink::on_stop`]).
+    stop_tx: tokio::sync::watch::Sender<Option<StopNotice>>,
+}
+
+/// Why a session was stopped, for its supervisor: the reason code and a message for the
+/// user that says what happened and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopNotice {
+    /// `audit_budget` or `low_space`.
+    pub reason: crate::policy::Reason,
+    /// For the user's terminal, after `airlock: session stopped: `.
+    pub message: String,
 }
 
 impl Drop for FileAuditSink {
@@ -382,6 +395,33 @@ impl FileAuditSink {
             limiter: Mutex::new(Limiter::new(volume)),
             written: AtomicU64::new(0),
             suppressed_in: AtomicU64::new(0),
+            stop_tx: tokio::sync::watch::channel(None).0,
+        }
+    }
+
+    /// Fires (the value turns `Some`) once the session is stopped for `audit_budget` or
+    /// `low_space`, after its final line was written (or failed to be).
+    pub fn on_stop(&self) -> tokio::sync::watch::Receiver<Option<StopNotice>> {
+        self.stop_tx.subscribe()
+    }
+
+    /// The message for the user when the session is stopped for `reason`.
+    fn stop_message(&self, reason: crate::policy::Reason) -> String {
+        let volume = *lock(&self.limiter).volume();
+        match reason {
+            crate::policy::Reason::AuditBudget => format!(
+                "it wrote its audit budget of {} bytes ([audit] session_budget); see what \
+                 flooded the log with `airlock logs`, or raise session_budget in \
+                 ~/.airlock/config.toml",
+                volume.session_budget
+            ),
+            _ => format!(
+                "the file system of the audit log ({}) has less than [audit] min_free ({} \
+                 bytes) free, and without space for the audit log nothing is forwarded; free \
+                 some space and start a new session (see `airlock logs`)",
+                self.log.dir().display(),
+                volume.min_free
+            ),
         }
     }
 
@@ -434,6 +474,8 @@ impl FileAuditSink {
             }
             Err(e) => tracing::error!(error = %e, "cannot write the session's final line"),
         }
+        // Only now: the final line is in the log before the supervisor ends the sandbox.
+        self.stop_tx.send_replace(Some(StopNotice { reason, message: self.stop_message(reason) }));
     }
 
     /// Writes `line` and counts it against the budget; past the budget the session stops.
@@ -735,6 +777,8 @@ pub(crate) mod tests {
         let log = RepoLog::open(tmp.path(), "b").unwrap();
         let volume = Volume { burst: 0, session_budget: 2000, ..Volume::default() };
         let sink = FileAuditSink::with_volume(Arc::clone(&log), info(), volume);
+        let stop = sink.on_stop();
+        assert_eq!(*stop.borrow(), None);
         let mut refused = 0;
         for i in 0..40 {
             let mut line = sink.line(&format!("h{i}.test"), Some(443), "CONNECT");
@@ -755,6 +799,13 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(sink.stopped(), Some(crate::policy::Reason::AuditBudget));
+        // The supervisor's notice: the reason and what to do, naming the budget.
+        let notice = stop.borrow().clone().unwrap();
+        assert_eq!(notice.reason, crate::policy::Reason::AuditBudget);
+        assert!(
+            notice.message.contains("audit budget of 2000 bytes ([audit] session_budget)"),
+            "{notice:?}"
+        );
         drop(sink);
         let got = lines(&tmp.path().join(format!("audit-{}.jsonl", utc_date(SystemTime::now()))));
         let finals: Vec<_> = got.iter().filter(|l| l.method == "STOP").collect();
@@ -788,8 +839,12 @@ pub(crate) mod tests {
         assert_eq!(sink.stopped(), None, "this file system has room");
         // The same check with a threshold above what is free stops it.
         lock(&sink.limiter).volume.min_free = u64::MAX;
+        let stop = sink.on_stop();
         sink.tick().unwrap();
         assert_eq!(sink.stopped(), Some(crate::policy::Reason::LowSpace));
+        let notice = stop.borrow().clone().unwrap();
+        assert_eq!(notice.reason, crate::policy::Reason::LowSpace);
+        assert!(notice.message.contains("[audit] min_free"), "{notice:?}");
         let mut line = sink.line("a.test", Some(443), "CONNECT");
         line.allowed = true;
         let err = sink.journal_open(&line).unwrap_err();

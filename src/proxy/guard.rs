@@ -109,7 +109,7 @@ pub async fn resolve_checked(
         }
     };
     for ip in &answers {
-        if let Some(refusal) = session.policy.check_answer_port(*ip, port, &session.local) {
+        if let Some(refusal) = session.policy.check_answer_port(*ip, port, &session.local()) {
             return Err(Unreachable::Refused(refusal));
         }
     }

@@ -17,6 +17,7 @@ pub mod connect;
 pub mod dns;
 pub mod guard;
 pub mod head;
+pub mod hostaddrs;
 pub mod http;
 pub mod resolver;
 pub mod respond;
@@ -201,7 +202,8 @@ pub struct SessionProxy {
     pub(crate) audit: Arc<dyn AuditSink>,
     pub(crate) resolver: Arc<dyn Resolver>,
     pub(crate) limits: Limits,
-    pub(crate) local: LocalAddrs,
+    /// The host's own addresses, read per connection attempt ([`SessionProxy::local`]).
+    pub(crate) local: Arc<hostaddrs::HostAddrs>,
     pub(crate) identity: Identity,
     pub(crate) counters: Counters,
     /// Turns true when the drain grace is over: open tunnels close and log `interrupted`.
@@ -259,8 +261,8 @@ pub struct ProxyStats {
 }
 
 impl SessionProxy {
-    /// `local` is the host's own interface addresses, read at session start
-    /// ([`local_addrs`]).
+    /// `local` is the host's own interface addresses, fixed for this session
+    /// ([`local_addrs`]); [`SessionProxy::with_host_addrs`] makes them follow the host's.
     pub fn new(
         policy: Arc<Policy>,
         audit: Arc<dyn AuditSink>,
@@ -279,7 +281,7 @@ impl SessionProxy {
             audit,
             resolver,
             limits,
-            local,
+            local: hostaddrs::HostAddrs::fixed(local),
             identity,
             counters: Counters {
                 connections: AtomicUsize::new(0),
@@ -298,6 +300,18 @@ impl SessionProxy {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The host addresses follow `cell` (the process-wide [`hostaddrs::watched`] one) instead
+    /// of the fixed set given to [`SessionProxy::new`].
+    pub fn with_host_addrs(mut self, cell: Arc<hostaddrs::HostAddrs>) -> Self {
+        self.local = cell;
+        self
+    }
+
+    /// The host's own addresses as of now, for one decision of the address guard.
+    pub(crate) fn local(&self) -> Arc<LocalAddrs> {
+        self.local.current()
     }
 
     pub fn stats(&self) -> ProxyStats {
@@ -403,8 +417,9 @@ async fn refuse_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
 }
 
 /// The host's own interface addresses (`getifaddrs(3)`), refused by the address guard unless
-/// `allow_private` opens them. Read once per session; an error yields an empty set plus a
-/// warning (the special-purpose table still covers loopback and private ranges).
+/// `allow_private` opens them. Re-read on every address change ([`hostaddrs`]); an error
+/// yields an empty set plus a warning (the special-purpose table still covers loopback and
+/// private ranges).
 pub fn local_addrs() -> LocalAddrs {
     let mut out = Vec::new();
     match nix::ifaddrs::getifaddrs() {

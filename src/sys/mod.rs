@@ -7,5 +7,6 @@ pub mod fdpass;
 pub mod namespaces;
 pub mod netfilter;
 pub mod peer;
+pub mod rtnetlink;
 pub mod spawn;
 pub mod splice;
