@@ -23,6 +23,11 @@
 //! on the first byte of that request's frame. Under the [`SESSION_SOCKETS`] capability several
 //! fds travel there, in the order [`SessionSpec::sockets`] names them; without it, one (the
 //! proxy listener) and no `sockets` field.
+//!
+//! Under the [`SESSION_STOP`] capability the daemon may send one unsolicited
+//! [`Response::SessionStopped`] on a session's connection, between replies: the session hit an
+//! audit bound and its supervisor is to end the sandbox. A client without the capability never
+//! sees it (an older client would take it for the reply to its `session_end`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -88,7 +93,7 @@ pub struct Capabilities(BTreeSet<String>);
 impl Capabilities {
     /// What this build offers.
     pub fn current() -> Self {
-        [SESSION_SOCKETS, CAPTURE_TCP6, CAPTURE_UDP_LOG].into_iter().collect()
+        [SESSION_SOCKETS, CAPTURE_TCP6, CAPTURE_UDP_LOG, SESSION_STOP].into_iter().collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -136,6 +141,11 @@ pub const CAPTURE_TCP6: &str = "capture_tcp6";
 /// The sandbox's refusal rule is in force either way (UDP other than DNS is refused); only the
 /// `udp_refused` lines are missing.
 pub const CAPTURE_UDP_LOG: &str = "capture_udp_log";
+
+/// Capability `session_stop`: the daemon may send [`Response::SessionStopped`] on a session's
+/// connection when `[audit] session_budget` or `[audit] min_free` stops the session. Without
+/// it the stopped session keeps running with every attempt refused (`503`) until it ends.
+pub const SESSION_STOP: &str = "session_stop";
 
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
@@ -195,6 +205,16 @@ pub enum Response {
     },
     SessionEnded {
         session: String,
+    },
+    /// Unsolicited, under [`SESSION_STOP`] only, at most once per session: the daemon stopped
+    /// the session (its final audit line is written) and refuses all its traffic; the
+    /// supervisor ends the sandbox, tells the user `message` and then sends `session_end`.
+    SessionStopped {
+        session: String,
+        /// The audit reason code: `audit_budget` or `low_space`.
+        reason: String,
+        /// What happened and what to do, for the user's terminal.
+        message: String,
     },
     /// Reply to `quit_if_idle`; stable forever.
     QuitIfIdle {
@@ -813,6 +833,15 @@ mod tests {
             serde_json::to_string(&end)
                 .unwrap()
                 .starts_with(r#"{"op":"session_end","session":"s""#)
+        );
+        let stopped = Response::SessionStopped {
+            session: "s".into(),
+            reason: "audit_budget".into(),
+            message: "m".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&stopped).unwrap(),
+            r#"{"reply":"session_stopped","session":"s","reason":"audit_budget","message":"m"}"#
         );
         let err = Response::Error { code: ErrorCode::PeerUid, message: "m".into() };
         assert_eq!(

@@ -27,7 +27,7 @@ pub use format::{
 pub use journal::{Journal, JournalRecord};
 pub use reader::{Entry, Follower, read_dir};
 pub use settle::{SettleReport, settle_all, settle_journals};
-pub use writer::{FileAuditSink, LogRegistry, RepoLog, SessionInfo};
+pub use writer::{FileAuditSink, LogRegistry, RepoLog, SessionInfo, StopNotice};
 
 /// One audit line. Field names and meanings are a public contract (`docs/audit-format.md`);
 /// the first eight are the product page's format, the rest are ours.
@@ -173,6 +173,13 @@ pub trait AuditSink: Send + Sync {
     /// count is lost.
     fn flush(&self) -> Result<(), AuditError> {
         Ok(())
+    }
+    /// Whether this session's refusals are being suppressed right now (within the current or
+    /// the previous interval): the session floods, and the proxy paces its accepts
+    /// ([`crate::proxy::FLOOD_ACCEPT_PACE`]) so one session's flood cannot take the CPU other
+    /// sessions need. Sinks without rate limiting never flood.
+    fn flooding(&self) -> bool {
+        false
     }
 }
 

@@ -353,6 +353,22 @@ pub struct FileAuditSink {
     limiter: Mutex<Limiter>,
     /// Audit bytes this session has written (against `[audit] session_budget`).
     written: AtomicU64,
+    /// `now_ms / INTERVAL_MS + 1` of the last interval in which a refusal was suppressed
+    /// (0: never), read lock-free by [`AuditSink::flooding`] before every accept.
+    suppressed_in: AtomicU64,
+    /// Set once, when the session is stopped (after its final line): the daemon tells the
+    /// session's supervisor, which ends the sandbox ([`FileAuditSink::on_stop`]).
+    stop_tx: tokio::sync::watch::Sender<Option<StopNotice>>,
+}
+
+/// Why a session was stopped, for its supervisor: the reason code and a message for the
+/// user that says what happened and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopNotice {
+    /// `audit_budget` or `low_space`.
+    pub reason: crate::policy::Reason,
+    /// For the user's terminal, after `airlock: session stopped: `.
+    pub message: String,
 }
 
 impl Drop for FileAuditSink {
@@ -378,6 +394,34 @@ impl FileAuditSink {
             seq: AtomicU64::new(0),
             limiter: Mutex::new(Limiter::new(volume)),
             written: AtomicU64::new(0),
+            suppressed_in: AtomicU64::new(0),
+            stop_tx: tokio::sync::watch::channel(None).0,
+        }
+    }
+
+    /// Fires (the value turns `Some`) once the session is stopped for `audit_budget` or
+    /// `low_space`, after its final line was written (or failed to be).
+    pub fn on_stop(&self) -> tokio::sync::watch::Receiver<Option<StopNotice>> {
+        self.stop_tx.subscribe()
+    }
+
+    /// The message for the user when the session is stopped for `reason`.
+    fn stop_message(&self, reason: crate::policy::Reason) -> String {
+        let volume = *lock(&self.limiter).volume();
+        match reason {
+            crate::policy::Reason::AuditBudget => format!(
+                "it wrote its audit budget of {} bytes ([audit] session_budget); see what \
+                 flooded the log with `airlock logs`, or raise session_budget in \
+                 ~/.airlock/config.toml",
+                volume.session_budget
+            ),
+            _ => format!(
+                "the file system of the audit log ({}) has less than [audit] min_free ({} \
+                 bytes) free, and without space for the audit log nothing is forwarded; free \
+                 some space and start a new session (see `airlock logs`)",
+                self.log.dir().display(),
+                volume.min_free
+            ),
         }
     }
 
@@ -430,6 +474,8 @@ impl FileAuditSink {
             }
             Err(e) => tracing::error!(error = %e, "cannot write the session's final line"),
         }
+        // Only now: the final line is in the log before the supervisor ends the sandbox.
+        self.stop_tx.send_replace(Some(StopNotice { reason, message: self.stop_message(reason) }));
     }
 
     /// Writes `line` and counts it against the budget; past the budget the session stops.
@@ -524,8 +570,19 @@ impl AuditSink for FileAuditSink {
                 self.write_summaries(before)?;
                 self.write_counted(line)
             }
-            Verdict::Suppressed(full) => self.write_summaries(full),
+            Verdict::Suppressed(full) => {
+                let interval = self.now_ms() / super::volume::INTERVAL_MS + 1;
+                self.suppressed_in.fetch_max(interval, Ordering::Relaxed);
+                self.write_summaries(full)
+            }
         }
+    }
+
+    fn flooding(&self) -> bool {
+        let last = self.suppressed_in.load(Ordering::Relaxed);
+        // This interval or the one before: a flood that keeps being suppressed stays marked;
+        // one that stopped is unmarked within two intervals.
+        last != 0 && self.now_ms() / super::volume::INTERVAL_MS <= last
     }
 
     /// Also the in-session free-space check (once a second): below `[audit] min_free` the
@@ -685,6 +742,33 @@ pub(crate) mod tests {
         assert!(seen[1..].iter().all(|&n| n == 1), "every seq exactly once");
     }
 
+    /// A session whose refusals are being suppressed is marked flooding (the proxy then paces
+    /// its accepts) in that interval and the next, and unmarked once it stopped flooding.
+    #[test]
+    fn a_session_is_flooding_while_its_refusals_are_suppressed_and_not_after() {
+        let tmp = tempfile::tempdir().unwrap();
+        let clock = TestClock::at(BEFORE_MIDNIGHT - 5_000);
+        let log = RepoLog::open_with_clock(tmp.path(), "f", clock.clone()).unwrap();
+        let volume = Volume { burst: 3, ..Volume::default() };
+        let sink = FileAuditSink::with_volume(Arc::clone(&log), info(), volume);
+        let refuse = |host: &str| {
+            let mut line = sink.line(host, Some(443), "CONNECT");
+            line.reason = Some(crate::policy::Reason::NotAllowed);
+            sink.append(&line).unwrap();
+        };
+        // Within the burst, and different hosts: written, not flooding.
+        for host in ["a.test", "a.test", "a.test", "b.test", "c.test"] {
+            refuse(host);
+        }
+        assert!(!sink.flooding());
+        refuse("a.test"); // the fourth identical refusal in the interval is suppressed
+        assert!(sink.flooding());
+        clock.set(BEFORE_MIDNIGHT - 4_000); // the next interval: still marked
+        assert!(sink.flooding());
+        clock.set(BEFORE_MIDNIGHT - 2_500); // two intervals on, nothing suppressed since
+        assert!(!sink.flooding());
+    }
+
     /// Past `session_budget` the session stops: one final `audit_budget` line, every later
     /// attempt refused (allowed ones never journaled) and counted in a stop summary.
     #[test]
@@ -693,6 +777,8 @@ pub(crate) mod tests {
         let log = RepoLog::open(tmp.path(), "b").unwrap();
         let volume = Volume { burst: 0, session_budget: 2000, ..Volume::default() };
         let sink = FileAuditSink::with_volume(Arc::clone(&log), info(), volume);
+        let stop = sink.on_stop();
+        assert_eq!(*stop.borrow(), None);
         let mut refused = 0;
         for i in 0..40 {
             let mut line = sink.line(&format!("h{i}.test"), Some(443), "CONNECT");
@@ -713,6 +799,13 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(sink.stopped(), Some(crate::policy::Reason::AuditBudget));
+        // The supervisor's notice: the reason and what to do, naming the budget.
+        let notice = stop.borrow().clone().unwrap();
+        assert_eq!(notice.reason, crate::policy::Reason::AuditBudget);
+        assert!(
+            notice.message.contains("audit budget of 2000 bytes ([audit] session_budget)"),
+            "{notice:?}"
+        );
         drop(sink);
         let got = lines(&tmp.path().join(format!("audit-{}.jsonl", utc_date(SystemTime::now()))));
         let finals: Vec<_> = got.iter().filter(|l| l.method == "STOP").collect();
@@ -746,8 +839,12 @@ pub(crate) mod tests {
         assert_eq!(sink.stopped(), None, "this file system has room");
         // The same check with a threshold above what is free stops it.
         lock(&sink.limiter).volume.min_free = u64::MAX;
+        let stop = sink.on_stop();
         sink.tick().unwrap();
         assert_eq!(sink.stopped(), Some(crate::policy::Reason::LowSpace));
+        let notice = stop.borrow().clone().unwrap();
+        assert_eq!(notice.reason, crate::policy::Reason::LowSpace);
+        assert!(notice.message.contains("[audit] min_free"), "{notice:?}");
         let mut line = sink.line("a.test", Some(443), "CONNECT");
         line.allowed = true;
         let err = sink.journal_open(&line).unwrap_err();

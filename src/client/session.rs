@@ -2,7 +2,7 @@
 //! thread, and re-registration with the next daemon instance (SECURITY §4).
 
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,7 @@ use crate::protocol::{
     self, ErrorCode, FrameBuf, FrameError, Request, Response, SessionEnd, SessionSpec,
 };
 use crate::sys::fdpass::{Handover, SocketKind};
+use nix::fcntl::OFlag;
 
 /// How a session ended, for `session_end`.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +30,16 @@ struct Shared {
     pending_end: Option<Vec<u8>>,
     /// The handle was dropped without `end`: let the daemon see the supervisor go.
     abandoned: bool,
+    /// The daemon's `session_stopped` (capability `session_stop`), once it came.
+    stopped: Option<SessionStop>,
+}
+
+/// The daemon stopped the session (`[audit] session_budget` or `min_free`): its audit reason
+/// code and the message for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionStop {
+    pub reason: String,
+    pub message: String,
 }
 
 /// A session registered with the daemon (the supervisor's handle, SECURITY §4).
@@ -42,6 +53,8 @@ pub struct SessionHandle {
     shared: Arc<Mutex<Shared>>,
     replies: mpsc::Receiver<Result<Response, FrameError>>,
     boots: Arc<Mutex<Vec<String>>>,
+    /// Read end of a pipe the watcher writes one byte to when the daemon stops the session.
+    stop_r: OwnedFd,
 }
 
 impl std::fmt::Debug for SessionHandle {
@@ -126,15 +139,34 @@ impl SessionHandle {
         spec.session = Some(id.clone());
         let reader = client.stream.try_clone().map_err(|e| ClientError::Frame(e.into()))?;
         let _ = reader.set_read_timeout(None);
-        let shared = Arc::new(Mutex::new(Shared { client, pending_end: None, abandoned: false }));
+        let shared = Arc::new(Mutex::new(Shared {
+            client,
+            pending_end: None,
+            abandoned: false,
+            stopped: None,
+        }));
         let boots = Arc::new(Mutex::new(vec![boot]));
         let (tx, rx) = mpsc::channel();
+        let (stop_r, stop_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)
+            .map_err(|e| ClientError::Frame(io::Error::from(e).into()))?;
         let (sh, bt) = (Arc::clone(&shared), Arc::clone(&boots));
+        let stop = Stop { shared: Arc::clone(&shared), fd: stop_w };
         std::thread::Builder::new()
             .name(format!("airlock-session-{id}"))
-            .spawn(move || watch(endpoint, spec, listener, reader, sh, bt, tx))
+            .spawn(move || watch(endpoint, spec, listener, reader, sh, bt, tx, stop))
             .map_err(|e| ClientError::Frame(e.into()))?;
-        Ok(Self { id, shared, replies: rx, boots })
+        Ok(Self { id, shared, replies: rx, boots, stop_r })
+    }
+
+    /// A descriptor that becomes readable once the daemon stopped the session (then
+    /// [`SessionHandle::stopped`] says why); the supervisor polls it beside the sandbox's stdio.
+    pub fn stop_fd(&self) -> io::Result<OwnedFd> {
+        self.stop_r.try_clone()
+    }
+
+    /// The daemon's `session_stopped`, if it came.
+    pub fn stopped(&self) -> Option<SessionStop> {
+        self.shared.lock().ok().and_then(|s| s.stopped.clone())
     }
 
     pub fn id(&self) -> &str {
@@ -189,7 +221,25 @@ impl Drop for SessionHandle {
     }
 }
 
-/// The watcher: forwards replies; on a lost daemon, re-registers with the next instance.
+/// Where the watcher records a `session_stopped` and wakes the supervisor.
+struct Stop {
+    shared: Arc<Mutex<Shared>>,
+    fd: OwnedFd,
+}
+
+impl Stop {
+    fn record(&self, reason: String, message: String) {
+        if let Ok(mut s) = self.shared.lock() {
+            s.stopped.get_or_insert(SessionStop { reason, message });
+        }
+        // One byte is enough (the pipe is never drained); EAGAIN means it is already readable.
+        let _ = nix::unistd::write(&self.fd, b"!");
+    }
+}
+
+/// The watcher: forwards replies and records a `session_stopped`; on a lost daemon,
+/// re-registers with the next instance.
+#[allow(clippy::too_many_arguments)] // one thread's whole state, moved in once
 fn watch(
     endpoint: Endpoint,
     spec: SessionSpec,
@@ -198,6 +248,7 @@ fn watch(
     shared: Arc<Mutex<Shared>>,
     boots: Arc<Mutex<Vec<String>>>,
     tx: mpsc::Sender<Result<Response, FrameError>>,
+    stop: Stop,
 ) {
     let mut frames = FrameBuf::new();
     loop {
@@ -210,6 +261,11 @@ fn watch(
                     // A stopping daemon says so before closing; the EOF that follows triggers
                     // re-registration. Anything else answers our `session_end`.
                     if matches!(resp, Response::Error { code: ErrorCode::Stopping, .. }) {
+                        continue;
+                    }
+                    // Unsolicited (capability `session_stop`), never a reply.
+                    if let Response::SessionStopped { reason, message, .. } = resp {
+                        stop.record(reason, message);
                         continue;
                     }
                     let ending = shared.lock().map(|s| s.pending_end.is_some()).unwrap_or(true);

@@ -52,7 +52,7 @@ pub async fn handle(
     let target = host.authority(port);
     let mut line = respond::new_line(session, &host.to_string(), Some(port), "CONNECT");
 
-    let decision = session.policy.decide(&host, port, &session.local);
+    let decision = session.policy.decide(&host, port, &session.local());
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         line.duration_ms = Some(ms_since(started));

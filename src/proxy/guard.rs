@@ -1,11 +1,17 @@
 //! Glue between the proxy and the policy's address guard (SECURITY §3): resolve a name exactly
 //! once, check **every** answer (any refused answer refuses the whole attempt), dial exactly the
 //! checked addresses in order, and judge the ClientHello's SNI against the CONNECT target.
+//!
+//! It also owns the cap on host-side resolutions in flight ([`super::Limits::max_resolutions`]
+//! per session, [`super::DaemonResolutions`] per process): an attempt past either waits for a
+//! slot within its DNS timeout and is refused `dns_limit` if none comes free.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::policy::{Decision, Host, Reason, canonicalize_host};
 
@@ -19,6 +25,9 @@ pub enum Unreachable {
     Refused(Decision),
     /// Resolution failed (`timed_out`: the DNS timeout ran out).
     ResolveFailed { detail: String, timed_out: bool },
+    /// No resolution slot (session's or process's) came free within the DNS timeout; the name
+    /// was never resolved.
+    DnsLimit { detail: String },
     /// No checked address accepted the connection.
     ConnectFailed { detail: String, timed_out: bool },
 }
@@ -28,6 +37,7 @@ impl Unreachable {
         match self {
             Self::Refused(d) => d.reason,
             Self::ResolveFailed { .. } => Reason::ResolveFailed,
+            Self::DnsLimit { .. } => Reason::DnsLimit,
             Self::ConnectFailed { .. } => Reason::ConnectFailed,
         }
     }
@@ -45,22 +55,46 @@ pub async fn resolve_checked(
         Host::Ip(ip) => return Ok(vec![*ip]),
         Host::Name(name) => name,
     };
-    let answers = match tokio::time::timeout(
-        session.limits.dns_timeout,
-        session.resolver.resolve(name),
-    )
-    .await
-    {
-        Ok(Ok(a)) if !a.is_empty() => a,
-        Ok(Ok(_)) => {
+    // One deadline for the wait for a slot and the resolution: the agent sees one bound.
+    let deadline = tokio::time::Instant::now() + session.limits.dns_timeout;
+    let Ok(Some(slots)) = tokio::time::timeout_at(deadline, resolution_slots(session)).await else {
+        return Err(Unreachable::DnsLimit {
+            detail: format!(
+                "no name resolution slot came free within {}s (at most {} resolutions in flight \
+                 per session and {} per daemon); {name} was not resolved",
+                session.limits.dns_timeout.as_secs_f32(),
+                session.limits.max_resolutions,
+                session.limits.daemon_resolutions.capacity(),
+            ),
+        });
+    };
+    // Spawned, with the slots moved in, so they are held until the resolver itself returns and
+    // not merely until this attempt gives up: getaddrinfo(3) cannot be cancelled, and a
+    // timed-out lookup keeps its thread of the blocking pool until it returns. The cap counts
+    // the threads really in use.
+    let resolver = Arc::clone(&session.resolver);
+    let owned = name.clone();
+    let lookup = tokio::spawn(async move {
+        let _slots = slots;
+        resolver.resolve(&owned).await
+    });
+    let answers = match tokio::time::timeout_at(deadline, lookup).await {
+        Ok(Ok(Ok(a))) if !a.is_empty() => a,
+        Ok(Ok(Ok(_))) => {
             return Err(Unreachable::ResolveFailed {
                 detail: format!("{name} has no addresses"),
                 timed_out: false,
             });
         }
-        Ok(Err(e)) => {
+        Ok(Ok(Err(e))) => {
             return Err(Unreachable::ResolveFailed {
                 detail: format!("cannot resolve {name}: {e}"),
+                timed_out: false,
+            });
+        }
+        Ok(Err(e)) => {
+            return Err(Unreachable::ResolveFailed {
+                detail: format!("cannot resolve {name}: the resolver task failed: {e}"),
                 timed_out: false,
             });
         }
@@ -75,11 +109,22 @@ pub async fn resolve_checked(
         }
     };
     for ip in &answers {
-        if let Some(refusal) = session.policy.check_answer_port(*ip, port, &session.local) {
+        if let Some(refusal) = session.policy.check_answer_port(*ip, port, &session.local()) {
             return Err(Unreachable::Refused(refusal));
         }
     }
     Ok(answers)
+}
+
+/// A slot of the session's, then of the process's resolution cap (in that order, so one
+/// session's waiters queue on its own semaphore and hold at most `max_resolutions` places in
+/// the process-wide queue). `None` only if a semaphore was closed, which never happens.
+async fn resolution_slots(
+    session: &SessionProxy,
+) -> Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)> {
+    let own = Arc::clone(&session.resolutions).acquire_owned().await.ok()?;
+    let daemon = Arc::clone(&session.limits.daemon_resolutions.slots).acquire_owned().await.ok()?;
+    Some((own, daemon))
 }
 
 /// [`resolve_checked`] then [`dial`]: the upstream of an allowed attempt (CONNECT, plain HTTP

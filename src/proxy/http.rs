@@ -137,7 +137,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let mut line = respond::new_line(s, &host.to_string(), Some(port), &method);
     line.url = Some(url);
 
-    let decision = s.policy.decide(&host, port, &s.local);
+    let decision = s.policy.decide(&host, port, &s.local());
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         line.duration_ms = Some(ms_since(started));

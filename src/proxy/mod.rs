@@ -17,6 +17,7 @@ pub mod connect;
 pub mod dns;
 pub mod guard;
 pub mod head;
+pub mod hostaddrs;
 pub mod http;
 pub mod resolver;
 pub mod respond;
@@ -75,6 +76,54 @@ pub struct Limits {
     pub max_daemon_connections: usize,
     /// The process-wide count `max_daemon_connections` is checked against.
     pub daemon_connections: DaemonConnections,
+    /// Host-side name resolutions in flight at once per session (at least 1). An attempt past
+    /// it waits for a slot within its DNS timeout, then is refused `503`, audited `dns_limit`
+    /// ([`guard::resolve_checked`]).
+    pub max_resolutions: usize,
+    /// The process-wide resolution slots every session also takes one of (the same wait and
+    /// refusal); [`Default`] is the one shared by every session of the process.
+    pub daemon_resolutions: DaemonResolutions,
+}
+
+/// Default [`Limits::max_resolutions`]: resolutions in flight per session.
+pub const DEFAULT_MAX_RESOLUTIONS: usize = 32;
+
+/// Default capacity of [`DaemonResolutions`]: resolutions in flight per process. The system
+/// resolver runs `getaddrinfo(3)` on tokio's blocking pool (512 threads by default), which the
+/// audit appends and summary flushes share; a slow or black-holed DNS server must not be able
+/// to occupy all of it, so resolutions get at most a quarter.
+pub const DEFAULT_DAEMON_RESOLUTIONS: usize = 128;
+
+/// The process-wide host-side resolution slots: a FIFO semaphore (tokio's is fair, so a waiting
+/// attempt is not overtaken indefinitely).
+#[derive(Debug, Clone)]
+pub struct DaemonResolutions {
+    slots: Arc<tokio::sync::Semaphore>,
+    capacity: usize,
+}
+
+impl DaemonResolutions {
+    /// Slots of its own, `capacity` of them (tests, benches).
+    pub fn isolated(capacity: usize) -> Self {
+        let capacity = capacity.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Self { slots: Arc::new(tokio::sync::Semaphore::new(capacity)), capacity }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Resolutions holding a slot right now.
+    pub fn in_flight(&self) -> usize {
+        self.capacity - self.slots.available_permits()
+    }
+}
+
+impl Default for DaemonResolutions {
+    fn default() -> Self {
+        static SHARED: std::sync::OnceLock<DaemonResolutions> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| Self::isolated(DEFAULT_DAEMON_RESOLUTIONS)).clone()
+    }
 }
 
 /// The process-wide count of open client connections; [`Default`] is the one shared by every
@@ -133,6 +182,8 @@ impl Default for Limits {
             max_connections: 1024,
             max_daemon_connections: 8192,
             daemon_connections: DaemonConnections::default(),
+            max_resolutions: DEFAULT_MAX_RESOLUTIONS,
+            daemon_resolutions: DaemonResolutions::default(),
         }
     }
 }
@@ -152,13 +203,16 @@ pub struct SessionProxy {
     pub(crate) audit: Arc<dyn AuditSink>,
     pub(crate) resolver: Arc<dyn Resolver>,
     pub(crate) limits: Limits,
-    pub(crate) local: LocalAddrs,
+    /// The host's own addresses, read per connection attempt ([`SessionProxy::local`]).
+    pub(crate) local: Arc<hostaddrs::HostAddrs>,
     pub(crate) identity: Identity,
     pub(crate) counters: Counters,
     /// Turns true when the drain grace is over: open tunnels close and log `interrupted`.
     pub(crate) kill: watch::Sender<bool>,
     /// The names the sandbox's resolver answered with synthetic addresses ([`dns`]).
     pub(crate) synthetic: synthetic::SyntheticTable,
+    /// This session's host-side resolution slots ([`Limits::max_resolutions`]).
+    pub(crate) resolutions: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for SessionProxy {
@@ -208,8 +262,8 @@ pub struct ProxyStats {
 }
 
 impl SessionProxy {
-    /// `local` is the host's own interface addresses, read at session start
-    /// ([`local_addrs`]).
+    /// `local` is the host's own interface addresses, fixed for this session
+    /// ([`local_addrs`]); [`SessionProxy::with_host_addrs`] makes them follow the host's.
     pub fn new(
         policy: Arc<Policy>,
         audit: Arc<dyn AuditSink>,
@@ -220,12 +274,15 @@ impl SessionProxy {
     ) -> Self {
         let (kill, _) = watch::channel(false);
         let synthetic = synthetic::SyntheticTable::new(limits.max_synthetic);
+        let resolutions = Arc::new(tokio::sync::Semaphore::new(
+            limits.max_resolutions.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
         Self {
             policy,
             audit,
             resolver,
             limits,
-            local,
+            local: hostaddrs::HostAddrs::fixed(local),
             identity,
             counters: Counters {
                 connections: AtomicUsize::new(0),
@@ -238,11 +295,24 @@ impl SessionProxy {
             },
             kill,
             synthetic,
+            resolutions,
         }
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// The host addresses follow `cell` (the process-wide [`hostaddrs::watched`] one) instead
+    /// of the fixed set given to [`SessionProxy::new`].
+    pub fn with_host_addrs(mut self, cell: Arc<hostaddrs::HostAddrs>) -> Self {
+        self.local = cell;
+        self
+    }
+
+    /// The host's own addresses as of now, for one decision of the address guard.
+    pub(crate) fn local(&self) -> Arc<LocalAddrs> {
+        self.local.current()
     }
 
     pub fn stats(&self) -> ProxyStats {
@@ -348,8 +418,9 @@ async fn refuse_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
 }
 
 /// The host's own interface addresses (`getifaddrs(3)`), refused by the address guard unless
-/// `allow_private` opens them. Read once per session; an error yields an empty set plus a
-/// warning (the special-purpose table still covers loopback and private ranges).
+/// `allow_private` opens them. Re-read on every address change ([`hostaddrs`]); an error
+/// yields an empty set plus a warning (the special-purpose table still covers loopback and
+/// private ranges).
 pub fn local_addrs() -> LocalAddrs {
     let mut out = Vec::new();
     match nix::ifaddrs::getifaddrs() {
@@ -369,6 +440,13 @@ pub fn local_addrs() -> LocalAddrs {
     out.dedup();
     LocalAddrs::new(out)
 }
+
+/// While a session floods (its identical refusals are being suppressed, `[audit] burst`), each
+/// of its listeners accepts at most one connection per this interval: ~500 per second. The
+/// flooding process then waits in `connect(2)` instead of costing the daemon CPU that other
+/// sessions' connections need (measured by `benches/flood.rs`); nothing is refused or
+/// uncounted because of it.
+pub const FLOOD_ACCEPT_PACE: Duration = Duration::from_millis(2);
 
 /// Serves one session's listener until `shutdown` turns true (or its sender is dropped), then
 /// drains: stops accepting, lets open connections finish for [`Limits::drain_grace`], then
@@ -418,6 +496,11 @@ where
                         }
                         None => tasks.spawn(refuse_connection(s, sock)),
                     };
+                    if session.audit.flooding() {
+                        // Accepts only: every attempt still gets its line (or its place in a
+                        // summary); the rest wait in the listen backlog.
+                        tokio::time::sleep(FLOOD_ACCEPT_PACE).await;
+                    }
                 }
                 Err(e) => {
                     // EMFILE/ENFILE/ENOBUFS: back off instead of spinning; the listener

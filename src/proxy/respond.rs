@@ -98,6 +98,12 @@ pub fn set_unreachable<'a>(
             let status = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
             (status, Some(detail.as_str()))
         }
+        Unreachable::DnsLimit { detail } => {
+            line.allowed = false;
+            line.reason = Some(Reason::DnsLimit);
+            line.layer = Some(LayerKind::None);
+            (Status::Unavailable, Some(detail.as_str()))
+        }
     }
 }
 
@@ -105,7 +111,10 @@ pub fn set_unreachable<'a>(
 pub fn status_for(reason: Reason) -> Status {
     match reason {
         Reason::Malformed | Reason::IncompleteHead => Status::Bad,
-        Reason::TunnelLimit | Reason::AuditUnavailable => Status::Unavailable,
+        Reason::TunnelLimit
+        | Reason::AuditUnavailable
+        | Reason::DnsLimit
+        | Reason::ConnectionLimit => Status::Unavailable,
         Reason::ResolveFailed | Reason::ConnectFailed => Status::BadGateway,
         _ => Status::Forbidden,
     }
@@ -117,6 +126,8 @@ pub fn body_for(target: &str, reason: Reason, detail: Option<&str>) -> String {
         Reason::Malformed => "the request was malformed",
         Reason::IncompleteHead => "the connection ended before the request head was complete",
         Reason::TunnelLimit => "this session has too many open tunnels",
+        Reason::DnsLimit => "too many name resolutions are in flight",
+        Reason::ConnectionLimit => "too many connections are open",
         Reason::AuditUnavailable => "the audit log cannot be written, so nothing is forwarded",
         Reason::ResolveFailed => "the name could not be resolved",
         Reason::ConnectFailed => "no address of the host accepted the connection",
@@ -130,7 +141,14 @@ pub fn body_for(target: &str, reason: Reason, detail: Option<&str>) -> String {
         s.push_str("\nDetail: ");
         s.push_str(d);
     }
-    if matches!(reason, Reason::TunnelLimit | Reason::ResolveFailed | Reason::ConnectFailed) {
+    if matches!(
+        reason,
+        Reason::TunnelLimit
+            | Reason::ResolveFailed
+            | Reason::ConnectFailed
+            | Reason::DnsLimit
+            | Reason::ConnectionLimit
+    ) {
         s.push_str("\nThis may be temporary.\n");
     } else {
         s.push_str(

@@ -101,15 +101,21 @@ pub async fn serve(
     let bound = listener.local_addr().map_err(StandaloneError::LocalAddr)?;
     let identity =
         Identity { repo: proxy.repo_name.clone(), repo_path: None, user_id: proxy.user_id };
-    let local = tokio::task::spawn_blocking(super::local_addrs).await.unwrap_or_default();
-    let session = Arc::new(SessionProxy::new(
-        Arc::new(proxy.policy),
-        Arc::clone(&audit) as Arc<dyn AuditSink>,
-        proxy.resolver,
-        proxy.limits,
-        local,
-        identity,
-    ));
+    // Kept current by the rtnetlink watcher for as long as the proxy runs.
+    let local = tokio::task::spawn_blocking(super::hostaddrs::watched)
+        .await
+        .unwrap_or_else(|_| super::hostaddrs::HostAddrs::fixed(Default::default()));
+    let session = Arc::new(
+        SessionProxy::new(
+            Arc::new(proxy.policy),
+            Arc::clone(&audit) as Arc<dyn AuditSink>,
+            proxy.resolver,
+            proxy.limits,
+            Default::default(),
+            identity,
+        )
+        .with_host_addrs(local),
+    );
     eprintln!(
         "airlockd proxy: listening on {bound} (repo {}, audit log {})",
         proxy.repo_name,

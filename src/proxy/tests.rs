@@ -521,3 +521,190 @@ async fn connection_caps_refuse_idle_floods_with_a_line_and_other_sessions_are_s
     let (_s, head) = ask(a.addr, "CONNECT pastebin.test:443 HTTP/1.1\r\n\r\n").await;
     assert!(head.starts_with("HTTP/1.1 403 "), "slots come back: {head}");
 }
+
+/// A resolver that holds every query until the test opens its gate (closes the semaphore),
+/// then answers `ip`; counts the queries that reached it.
+#[derive(Debug)]
+struct GatedResolver {
+    gate: tokio::sync::Semaphore,
+    calls: AtomicUsize,
+    ip: std::net::IpAddr,
+}
+
+impl GatedResolver {
+    fn new(ip: &str) -> Arc<Self> {
+        Arc::new(Self {
+            gate: tokio::sync::Semaphore::new(0),
+            calls: AtomicUsize::new(0),
+            ip: ip.parse().unwrap(),
+        })
+    }
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+    fn open(&self) {
+        self.gate.close();
+    }
+}
+
+impl Resolver for GatedResolver {
+    fn resolve<'a>(&'a self, _name: &'a str) -> resolver::Resolving<'a> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            // Closed = open gate: `acquire` fails at once.
+            let _ = self.gate.acquire().await;
+            Ok(vec![self.ip])
+        })
+    }
+}
+
+/// [`rig`] with a resolver of the test's own.
+async fn rig_resolving(
+    allow: &[&str],
+    private: &[&str],
+    resolver: Arc<dyn Resolver>,
+    limits: Limits,
+) -> Rig {
+    let mut layer = PolicyLayer::new(LayerKind::Operator, "test.toml");
+    layer.allow = allow.iter().map(|a| Entry::parse(a, EntryKind::Allow).unwrap()).collect();
+    layer.allow_private = private.iter().map(|p| p.parse().unwrap()).collect();
+    let (policy, _) = Policy::build(vec![layer], Vec::new()).unwrap();
+    let sink = Arc::new(MemSink::default());
+    let session = Arc::new(SessionProxy::new(
+        Arc::new(policy),
+        Arc::clone(&sink) as Arc<dyn AuditSink>,
+        resolver,
+        limits,
+        local_addrs(),
+        Identity { repo: "r".into(), repo_path: None, user_id: Some("u1".into()) },
+    ));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(serve_session(l, Arc::clone(&session), rx));
+    Rig { addr, sink, session, _stop: tx }
+}
+
+fn dns_limit_lines(r: &Rig) -> Vec<AuditLine> {
+    r.sink
+        .lines()
+        .into_iter()
+        .filter(|(k, l)| *k != "open" && l.reason == Some(Reason::DnsLimit))
+        .map(|(_, l)| l)
+        .collect()
+}
+
+/// Host-side resolutions past the session's cap, and past the process-wide cap shared by two
+/// sessions, are refused `503 dns_limit` with a line once the DNS timeout runs out, and the
+/// name is never handed to the resolver. A lookup that timed out for its client keeps its
+/// slot until the resolver returns (getaddrinfo cannot be cancelled); then the slots return.
+#[tokio::test]
+async fn resolutions_past_the_caps_are_refused_dns_limit_and_never_resolved() {
+    let (up, hits) = echo_upstream("127.0.0.2").await;
+    let resolver = GatedResolver::new("127.0.0.2");
+    let daemon = DaemonResolutions::isolated(3);
+    let limits = Limits {
+        max_resolutions: 2,
+        daemon_resolutions: daemon.clone(),
+        dns_timeout: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let entry = format!("slow.test:{}", up.port());
+    let allow: &[&str] = &[&entry];
+    let res = Arc::clone(&resolver) as Arc<dyn Resolver>;
+    let a = rig_resolving(allow, &["127.0.0.2/32"], Arc::clone(&res), limits.clone()).await;
+    let b = rig_resolving(allow, &["127.0.0.2/32"], res, limits).await;
+    let req = format!("CONNECT slow.test:{} HTTP/1.1\r\n\r\n", up.port());
+
+    // A's two slots: both lookups hang, their clients give up (504 resolve_failed).
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, req) = (a.addr, req.clone());
+            tokio::spawn(async move { ask(addr, &req).await.1 })
+        })
+        .collect();
+    while resolver.calls() < 2 {
+        tokio::task::yield_now().await;
+    }
+    for h in held {
+        let head = h.await.unwrap();
+        assert!(head.contains("X-Airlock-Reason: resolve_failed"), "{head}");
+    }
+    // The lookups still run, so A's slots are still taken: a third attempt waits, then 503.
+    let (_s, head) = ask(a.addr, &req).await;
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    assert!(head.contains("X-Airlock-Reason: dns_limit"), "{head}");
+    assert_eq!(resolver.calls(), 2, "the refused attempt's name was not resolved");
+    let lines = dns_limit_lines(&a);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(!lines[0].allowed && lines[0].layer == Some(LayerKind::None), "{:?}", lines[0]);
+
+    // B has slots of its own but shares the process's three: its first lookup takes the last
+    // one, its second is refused.
+    let first = tokio::spawn({
+        let (addr, req) = (b.addr, req.clone());
+        async move { ask(addr, &req).await.1 }
+    });
+    while resolver.calls() < 3 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(daemon.in_flight(), 3);
+    let (_s, head) = ask(b.addr, &req).await;
+    assert!(head.contains("X-Airlock-Reason: dns_limit"), "{head}");
+    assert_eq!(resolver.calls(), 3);
+    assert_eq!(dns_limit_lines(&b).len(), 1);
+    assert!(first.await.unwrap().contains("X-Airlock-Reason: resolve_failed"));
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing was dialed");
+
+    // The resolver returns: every slot comes back, and A is served again.
+    resolver.open();
+    while daemon.in_flight() > 0 {
+        tokio::task::yield_now().await;
+    }
+    let (_s, head) = ask(a.addr, &req).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(resolver.calls(), 4);
+}
+
+/// Past the cap an attempt waits for a slot rather than failing at once: with a long DNS
+/// timeout, the second of two attempts on a one-slot session is resolved and served once the
+/// first lookup returns.
+#[tokio::test]
+async fn an_attempt_past_the_cap_waits_for_a_slot() {
+    let (up, _hits) = echo_upstream("127.0.0.2").await;
+    let resolver = GatedResolver::new("127.0.0.2");
+    let limits = Limits {
+        max_resolutions: 1,
+        daemon_resolutions: DaemonResolutions::isolated(8),
+        dns_timeout: Duration::from_secs(60),
+        ..Limits::default()
+    };
+    let entry = format!("slow.test:{}", up.port());
+    let res = Arc::clone(&resolver) as Arc<dyn Resolver>;
+    let a = rig_resolving(&[&entry], &["127.0.0.2/32"], res, limits).await;
+    let req = format!("CONNECT slow.test:{} HTTP/1.1\r\n\r\n", up.port());
+    let ask_a = || {
+        let (addr, req) = (a.addr, req.clone());
+        tokio::spawn(async move { ask(addr, &req).await })
+    };
+    let first = ask_a();
+    while resolver.calls() < 1 {
+        tokio::task::yield_now().await;
+    }
+    let second = ask_a();
+    // Let the second attempt reach the slot queue (it is not answered while it waits).
+    while a.session.stats().active_connections < 2 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(resolver.calls(), 1, "the second attempt holds no slot yet");
+    resolver.open();
+    for h in [first, second] {
+        let (_s, head) = h.await.unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    }
+    assert_eq!(resolver.calls(), 2);
+    assert!(dns_limit_lines(&a).is_empty());
+}

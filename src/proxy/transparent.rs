@@ -186,7 +186,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
     };
     let mut line = new_line(session, &host.to_string(), port);
 
-    let decision = session.policy.decide(&host, port, &session.local);
+    let decision = session.policy.decide(&host, port, &session.local());
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         line.duration_ms = Some(ms_since(started));

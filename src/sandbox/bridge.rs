@@ -48,6 +48,24 @@ pub trait ProxyBridge {
     fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError>;
     /// The session is over.
     fn end(&mut self, end: &SessionEnd);
+    /// A descriptor that becomes readable when whoever serves the proxy stops the session
+    /// (`[audit] session_budget`, `min_free`): the supervisor then kills the sandbox. `None`:
+    /// this bridge never stops a session.
+    fn stop_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        None
+    }
+    /// Why the session was stopped, once [`ProxyBridge::stop_fd`] became readable.
+    fn stopped(&self) -> Option<Stopped> {
+        None
+    }
+}
+
+/// The proxy's side stopped the session: its audit reason code and the message for the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stopped {
+    /// `audit_budget` or `low_space`.
+    pub reason: String,
+    pub message: String,
 }
 
 /// Test-only bridges, chosen with `AIRLOCK_TEST_PROXY_BRIDGE`.

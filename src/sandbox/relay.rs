@@ -80,6 +80,13 @@ pub trait Events {
     fn signal(&mut self, sig: Signal);
     /// True once the sandbox has ended.
     fn finished(&self) -> bool;
+    /// A further descriptor to wait on (the session's stop notice); [`Events::woken`] is
+    /// called when it is readable. An owner that keeps returning a readable descriptor gets
+    /// called on every round, so it returns `None` once it has acted.
+    fn wake_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    fn woken(&mut self) {}
 }
 
 const CHUNK: usize = 64 * 1024;
@@ -106,6 +113,10 @@ pub fn run(pumps: &mut [Pump], signals: &SignalFd, events: &mut dyn Events) -> i
         }
         // Build the poll set: signalfd first, then each pump's src (if room) or dst (if data).
         let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        // The wake fd, if any, is second; the pumps' follow.
+        let wake = events.wake_fd().map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+        let first_pump = 1 + usize::from(wake.is_some());
+        fds.extend(wake);
         let mut map: Vec<(usize, bool)> = Vec::new();
         for (i, p) in pumps.iter().enumerate() {
             if !p.buf.is_empty() {
@@ -127,7 +138,7 @@ pub fn run(pumps: &mut [Pump], signals: &SignalFd, events: &mut dyn Events) -> i
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
         }
-        let ready: Vec<(usize, bool, PollFlags)> = fds[1..]
+        let ready: Vec<(usize, bool, PollFlags)> = fds[first_pump..]
             .iter()
             .zip(&map)
             .filter_map(|(fd, (i, reading))| {
@@ -136,7 +147,11 @@ pub fn run(pumps: &mut [Pump], signals: &SignalFd, events: &mut dyn Events) -> i
             })
             .collect();
         let sig_ready = fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        let woken = first_pump == 2 && fds[1].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
+        if woken {
+            events.woken();
+        }
         if sig_ready {
             while let Ok(Some(info)) = signals.read_signal() {
                 if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {

@@ -96,7 +96,15 @@ pub struct Outcome {
     pub sweep: Report,
     /// What Landlock ended up enforcing, as reported from inside.
     pub landlock: String,
+    /// The proxy's side stopped the session (`[audit]` bounds) and the sandbox was killed;
+    /// `exit_code` is then [`STOPPED_EXIT`].
+    pub stopped: Option<super::bridge::Stopped>,
 }
+
+/// Exit status of a session Airlock stopped while it ran (`[audit] session_budget`,
+/// `[audit] min_free`): distinct from 125 (Airlock could not run it) and from a signal's
+/// 128+N.
+pub const STOPPED_EXIT: i32 = 124;
 
 fn cstring(s: impl AsRef<[u8]>) -> Result<CString, SandboxError> {
     CString::new(s.as_ref()).map_err(|_| SandboxError::Setup("argument contains a NUL byte".into()))
@@ -171,6 +179,11 @@ struct Watch {
     status: Option<WaitStatus>,
     master: Option<OwnedFd>,
     winsize_from: Option<StdFd>,
+    /// Readable once the proxy's side stopped the session ([`ProxyBridge::stop_fd`]); taken
+    /// when acted on.
+    stop: Option<OwnedFd>,
+    /// The sandbox was killed because the session was stopped.
+    killed_for_stop: bool,
 }
 
 impl Events for Watch {
@@ -197,6 +210,18 @@ impl Events for Watch {
     }
     fn finished(&self) -> bool {
         self.status.is_some()
+    }
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.stop.as_ref().map(AsFd::as_fd)
+    }
+    fn woken(&mut self) {
+        self.stop = None;
+        if self.status.is_some() {
+            return; // it ended on its own first
+        }
+        // SIGKILL to init: when a PID namespace's init dies the kernel kills every other
+        // process in it (pid_namespaces(7)), so nothing of the session keeps running.
+        self.killed_for_stop = kill(self.child, Signal::SIGKILL).is_ok();
     }
 }
 
@@ -452,7 +477,9 @@ pub fn run(
         .map_err(|e| io_ctx("signalfd")(e.into()))?;
     let mut pumps = build_pumps(&tty, our_ends, master.as_ref(), req.terminal)?;
     let _raw = RawMode::enter(tty[0]);
-    let mut watch = Watch { child, status: None, master, winsize_from };
+    let stop = bridge.stop_fd();
+    let mut watch =
+        Watch { child, status: None, master, winsize_from, stop, killed_for_stop: false };
     // The child may have exited before the signalfd existed.
     watch.signal(Signal::SIGCHLD);
     let relayed = relay::run(&mut pumps, &signals, &mut watch);
@@ -463,7 +490,9 @@ pub fn run(
     drop(_raw);
     flush_host_input(&tty, pumps.iter().any(Pump::relayed_a_query));
     relayed.map_err(io_ctx("relaying stdio"))?;
-    let exit_code = inside::exit_code(status).unwrap_or(125);
+    let stopped = if watch.killed_for_stop { bridge.stopped() } else { None };
+    let exit_code =
+        if stopped.is_some() { STOPPED_EXIT } else { inside::exit_code(status).unwrap_or(125) };
     // Init is reaped, so every process of its PID namespace is gone: the leaf can go.
     if let Some(leaf) = leaf.take()
         && let Err(e) = leaf.remove()
@@ -478,7 +507,7 @@ pub fn run(
         ..SessionEnd::default()
     });
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
-    Ok(Outcome { exit_code, sweep: report, landlock })
+    Ok(Outcome { exit_code, sweep: report, landlock, stopped })
 }
 
 /// Removes the session's placeholders on every way out of [`run`] (idempotent: the sweep

@@ -8,5 +8,6 @@ pub mod namespaces;
 pub mod netfilter;
 pub mod nflog;
 pub mod peer;
+pub mod rtnetlink;
 pub mod spawn;
 pub mod splice;

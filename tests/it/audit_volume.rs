@@ -201,3 +201,155 @@ fn review_plane_case(world: &World, store: crate::review_support::StoreSel) {
     assert_eq!(gap[0]["rule_id"], "session.seq-gap");
     assert!(gap[0]["detail"].as_str().unwrap().ends_with("missing seq 2-40"), "{gap:#?}");
 }
+
+/// The processes on this host whose command line contains `marker` (a sandbox's processes are
+/// visible from the host's PID namespace).
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(marker) {
+            found.push(format!("{}: {cmdline}", name.to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// A session script: a sleeper in the background (its argument is `marker`, 30.x seconds), a
+/// note in the repo that it started, then `flood` (shell), then waiting for the sleeper.
+/// Without a stop the session would end after 30 seconds with status 0.
+fn stoppable_script(marker: &str, flood: &str) -> String {
+    format!("sleep {marker} &\necho started > started\n{flood}\nwait\necho not-stopped\n")
+}
+
+/// `[audit] session_budget` (user layer): a session flooding refusals writes its budget, is
+/// stopped — one final `STOP` line with reason `audit_budget` — and `airlock exec` kills the
+/// sandbox (the background sleeper is gone), says why on stderr and exits 124. The flood's
+/// name is refused by policy, never resolved or dialed.
+#[test]
+fn past_the_session_budget_the_session_is_stopped_and_its_sandbox_killed() {
+    use crate::harness::{Harness, Options};
+    if !crate::support::have("curl") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("budget");
+    let resolver = world.write(world.tmp.path().join("resolver"), "allowed.test 127.0.0.9\n");
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"allowed.test\"]\n[audit]\nburst = 0\nsession_budget = 4096\n",
+    );
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let marker = format!("30.{:07}1", std::process::id());
+    let flood = "for i in $(seq 1 400); do curl -s -o /dev/null -m 5 http://flood.test/; done";
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["exec", "--", "sh", "-c", &stoppable_script(&marker, flood)])
+        .run();
+    assert_eq!(
+        run.code(),
+        124,
+        "stdout:\n{}\nstderr:\n{}\n--- airlockd log\n{}",
+        run.stdout(),
+        run.stderr(),
+        h.log()
+    );
+    assert!(
+        run.stderr().contains(
+            "airlock: session stopped: it wrote its audit budget of 4096 bytes \
+             ([audit] session_budget); see what flooded the log with `airlock logs`"
+        ),
+        "{}",
+        run.stderr()
+    );
+    assert!(!run.stdout().contains("not-stopped"), "{}", run.stdout());
+    assert!(repo.join("started").exists(), "the sleeper never started: {}", run.stderr());
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "the sandbox's processes outlived the stop: {left:?}");
+
+    let lines = world.audit_lines("budget");
+    let finals: Vec<&Value> = lines.iter().filter(|l| l["method"] == "STOP").collect();
+    assert_eq!(finals.len(), 1, "{lines:#?}");
+    assert_eq!(
+        (&finals[0]["reason"], &finals[0]["allowed"], &finals[0]["host"]),
+        (&"audit_budget".into(), &false.into(), &"".into())
+    );
+    let end = world.session_records("budget").into_iter().find(|r| r["kind"] == "end").unwrap();
+    assert_eq!((&end["end_reason"], &end["exit_status"]), (&"audit_budget".into(), &124.into()));
+}
+
+/// `[audit] min_free`: a running session whose audit log's file system drops below it (the
+/// test-hooks free-space file, re-read at every check) is stopped — final line `low_space` —
+/// and `airlock exec` kills its sandbox and exits 124 saying why. No traffic needed.
+#[test]
+fn low_space_stops_a_running_session_and_kills_its_sandbox() {
+    use crate::harness::{Harness, Options};
+    let world = World::new();
+    let repo = world.repo("lowspace");
+    let free = world.write(world.tmp.path().join("free-bytes"), "1099511627776\n");
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"allowed.test\"]\n[audit]\nmin_free = 1048576\n",
+    );
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_FREE_BYTES_FILE".into(), free.clone().into())],
+            ..Default::default()
+        },
+    );
+    let marker = format!("30.{:07}2", std::process::id());
+    let cmd = world.airlock(&repo).env("AIRLOCK_SOCKET", h.socket()).args([
+        "exec",
+        "--",
+        "sh",
+        "-c",
+        &stoppable_script(&marker, ""),
+    ]);
+    let session = std::thread::spawn(move || cmd.run());
+    // The command may start before the daemon took the session: wait for its start record
+    // (written after the start's free-space check) too.
+    let registered = || world.session_records("lowspace").iter().any(|r| r["kind"] == "start");
+    assert!(
+        crate::support::wait_until(Duration::from_secs(60), || repo.join("started").exists()
+            && registered()),
+        "the session never started:\n{}",
+        h.log()
+    );
+    // Space runs out while the session runs.
+    world.write(&free, "1000\n");
+    let run = session.join().unwrap();
+    assert_eq!(
+        run.code(),
+        124,
+        "stdout:\n{}\nstderr:\n{}\n--- airlockd log\n{}",
+        run.stdout(),
+        run.stderr(),
+        h.log()
+    );
+    assert!(
+        run.stderr().contains("airlock: session stopped: the file system of the audit log (")
+            && run.stderr().contains("has less than [audit] min_free (1048576 bytes) free"),
+        "{}",
+        run.stderr()
+    );
+    assert!(!run.stdout().contains("not-stopped"), "{}", run.stdout());
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "the sandbox's processes outlived the stop: {left:?}");
+    let lines = world.audit_lines("lowspace");
+    let finals: Vec<&Value> = lines.iter().filter(|l| l["method"] == "STOP").collect();
+    assert_eq!(finals.len(), 1, "{lines:#?}");
+    assert_eq!(finals[0]["reason"], "low_space");
+}

@@ -21,6 +21,8 @@ mod proxy;
 #[cfg(feature = "test-hooks")]
 mod proxy_adversarial;
 #[cfg(feature = "test-hooks")]
+mod proxy_host_addrs;
+#[cfg(feature = "test-hooks")]
 mod proxy_malformed;
 #[cfg(feature = "test-hooks")]
 mod proxy_support;

@@ -164,6 +164,14 @@ impl ProxyBridge for AgentBridge {
         self.inner.start(sockets, info)
     }
 
+    fn stop_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        self.inner.stop_fd()
+    }
+
+    fn stopped(&self) -> Option<crate::sandbox::bridge::Stopped> {
+        self.inner.stopped()
+    }
+
     fn end(&mut self, end: &SessionEnd) {
         let s = &self.session;
         let back = s.home.copy_back(&s.copied_in);

@@ -6,7 +6,7 @@ use crate::cli::Context;
 use crate::client::{Endpoint, SessionHandle, SessionOutcome};
 use crate::env::Env;
 use crate::protocol::{IdentityInfo, SessionSpec};
-use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo};
+use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo, Stopped};
 use crate::sys::fdpass::Handover;
 
 /// The production bridge: registers the session with `airlockd` (activating it where DESIGN §6
@@ -54,6 +54,23 @@ impl ProxyBridge for DaemonBridge {
             .map_err(|e| BridgeError(e.to_string()))?;
         self.handle = Some(handle);
         Ok(())
+    }
+
+    fn stop_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        let handle = self.handle.as_ref()?;
+        match handle.stop_fd() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                // The session still runs; a stop then only refuses its traffic (503).
+                eprintln!("airlock: warning: cannot watch for airlockd stopping the session: {e}");
+                None
+            }
+        }
+    }
+
+    fn stopped(&self) -> Option<Stopped> {
+        let s = self.handle.as_ref()?.stopped()?;
+        Some(Stopped { reason: s.reason, message: s.message })
     }
 
     fn end(&mut self, end: &SessionEnd) {

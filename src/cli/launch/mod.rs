@@ -183,6 +183,13 @@ pub fn run_with(
     match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
             report_sweep(&outcome.sweep, &req.session);
+            if let Some(stopped) = &outcome.stopped {
+                // The daemon's words, escaped: they name a directory, which may carry any bytes.
+                eprintln!(
+                    "airlock: session stopped: {}",
+                    crate::audit::escape_for_terminal(&stopped.message)
+                );
+            }
             outcome.exit_code
         }
         Err(e) => fail(e),

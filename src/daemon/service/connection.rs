@@ -25,6 +25,23 @@ pub(super) struct ConnState {
     /// The capabilities in force on this connection (agreed at hello).
     pub(super) capabilities: protocol::Capabilities,
     pub(super) session: Option<Arc<Session>>,
+    /// The session's `session_stopped` was sent (at most once per connection).
+    pub(super) stop_sent: bool,
+}
+
+/// Waits until the session is stopped; its `session_stopped` message (`None` if the sink went
+/// away without a stop, which then never comes).
+async fn stop_notice(
+    stopped: &mut Option<(String, tokio::sync::watch::Receiver<Option<crate::audit::StopNotice>>)>,
+) -> Option<Response> {
+    let (session, rx) = stopped.as_mut()?;
+    let notice = rx.wait_for(Option::is_some).await.ok().and_then(|n| n.clone());
+    let Some(notice) = notice else { return std::future::pending().await };
+    Some(Response::SessionStopped {
+        session: session.clone(),
+        reason: notice.reason.as_str().to_owned(),
+        message: notice.message,
+    })
 }
 
 /// Per-connection I/O.
@@ -122,12 +139,36 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
         let req = match conn.frames.next_message::<Request>() {
             Ok(Some(req)) => req,
             Ok(None) => {
+                // A stopped session (`[audit]` bounds) is told so once, between replies, when
+                // the client agreed to `session_stop`.
+                let mut stopped = conn
+                    .state
+                    .session
+                    .as_ref()
+                    .filter(|_| {
+                        !conn.state.stop_sent
+                            && conn.state.capabilities.contains(protocol::SESSION_STOP)
+                    })
+                    .map(|s| (s.id.clone(), s.stopped.clone()));
                 // Re-evaluated per chunk: once stopping, a connection closes only between
                 // requests, so a request that is partly read still gets its answer.
                 let got = tokio::select! {
                     biased;
-                    r = conn.read_chunk() => Some(r),
-                    _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => None,
+                    r = conn.read_chunk() => Ok(Some(r)),
+                    _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => Ok(None),
+                    notice = stop_notice(&mut stopped), if stopped.is_some() => Err(notice),
+                };
+                let got = match got {
+                    Ok(got) => got,
+                    Err(notice) => {
+                        conn.state.stop_sent = true;
+                        if let Some(resp) = notice
+                            && conn.send(&resp).await.is_err()
+                        {
+                            break;
+                        }
+                        continue;
+                    }
                 };
                 let Some(got) = got else {
                     let _ =
@@ -264,6 +305,31 @@ mod tests {
             Response::Error { code, .. } => *code,
             other => panic!("expected an error, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_stopped_session_is_announced_with_its_reason_and_message() {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let mut stopped = Some(("s1".to_owned(), rx));
+        tx.send_replace(Some(crate::audit::StopNotice {
+            reason: crate::policy::Reason::LowSpace,
+            message: "the file system … min_free".into(),
+        }));
+        assert_eq!(
+            stop_notice(&mut stopped).await,
+            Some(Response::SessionStopped {
+                session: "s1".into(),
+                reason: "low_space".into(),
+                message: "the file system … min_free".into(),
+            })
+        );
+        // Only agreed on request: the daemon offers the capability, a client may not.
+        assert!(protocol::Capabilities::current().contains(protocol::SESSION_STOP));
+        let mut conn = ConnState::default();
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        handle_request(&d, &mut conn, hello()).await;
+        assert!(!conn.capabilities.contains(protocol::SESSION_STOP));
     }
 
     #[tokio::test]

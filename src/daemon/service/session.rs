@@ -141,12 +141,12 @@ struct Prepared {
     listen: String,
     resolver: Arc<dyn Resolver>,
     sink: FileAuditSink,
-    local: LocalAddrs,
+    local: Arc<proxy::hostaddrs::HostAddrs>,
 }
 
 /// Every check and every file touched before a session can be served, in the order the errors
 /// are reported. Blocking: stat and parse of the managed layer, the test resolver file, the
-/// audit log's settlement and journal, `getifaddrs`.
+/// audit log's settlement and journal, `getifaddrs` (first session, or without the watcher).
 fn prepare(
     daemon: &Daemon,
     spec: SessionSpec,
@@ -197,7 +197,12 @@ fn prepare(
         listen,
         resolver,
         sink,
-        local: proxy::local_addrs(),
+        // Daemon-wide, kept current by the rtnetlink watcher (re-read here only without it).
+        local: {
+            let cell = proxy::hostaddrs::watched();
+            cell.refresh_unless_watched();
+            cell
+        },
     })
 }
 
@@ -270,18 +275,22 @@ pub(super) async fn start_session(
     // The effective policy's digest (mode, entries, review hosts — not display names).
     let policy_digest = built.policy.digest();
     let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
-    let proxy = Arc::new(SessionProxy::new(
-        Arc::new(built.policy),
-        Arc::new(sink),
-        resolver,
-        limits,
-        local,
-        proxy::Identity {
-            repo: spec.repo.clone(),
-            repo_path: Some(spec.repo_path.clone()),
-            user_id: spec.identity.user_id.clone(),
-        },
-    ));
+    let stopped = sink.on_stop();
+    let proxy = Arc::new(
+        SessionProxy::new(
+            Arc::new(built.policy),
+            Arc::new(sink),
+            resolver,
+            limits,
+            LocalAddrs::none(),
+            proxy::Identity {
+                repo: spec.repo.clone(),
+                repo_path: Some(spec.repo_path.clone()),
+                user_id: spec.identity.user_id.clone(),
+            },
+        )
+        .with_host_addrs(local),
+    );
     let (shutdown, shutdown_rx) = watch::channel(false);
     let session = Arc::new(Session {
         id: id.clone(),
@@ -289,6 +298,7 @@ pub(super) async fn start_session(
         listen,
         proxy: Arc::clone(&proxy),
         shutdown,
+        stopped,
         spec,
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
@@ -358,6 +368,8 @@ pub(super) async fn end_session(
     reason: Option<&'static str>,
 ) {
     session.stop_proxy();
+    // A session the `[audit]` bounds stopped says so in its end record.
+    let reason = reason.or_else(|| session.stopped.borrow().as_ref().map(|n| n.reason.as_str()));
     let stats = session.proxy.stats();
     lock(&daemon.sessions).remove(&session.id);
     let (d, s, end) = (Arc::clone(daemon), Arc::clone(session), end.clone());

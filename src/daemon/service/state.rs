@@ -30,6 +30,9 @@ pub struct Session {
     pub proxy: Arc<SessionProxy>,
     /// Turning it true drains the session's proxy (tunnels get the grace period).
     pub(super) shutdown: watch::Sender<bool>,
+    /// Turns `Some` when the session's audit sink stopped it (`[audit]` bounds); the
+    /// connection that owns the session tells its supervisor.
+    pub(super) stopped: watch::Receiver<Option<audit::StopNotice>>,
 }
 
 impl Session {
@@ -400,6 +403,7 @@ pub(super) mod tests {
             listen: "127.0.0.1:8888".into(),
             proxy,
             shutdown: watch::channel(false).0,
+            stopped: watch::channel(None).1,
         })
     }
 
