@@ -316,9 +316,7 @@ fn nft_batch(port: u16) -> (Msg, u32) {
     let mut m = Msg::default();
     let mut seq = 1;
     // The batch header's res_id names the subsystem (big-endian), nfnetlink.c.
-    m.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq);
-    m.raw(&[NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8]);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_BEGIN, seq);
 
     seq += 1;
     let create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
@@ -348,26 +346,38 @@ fn nft_batch(port: u16) -> (Msg, u32) {
         // ip daddr != 127.0.0.0/8: the first byte of the destination (iphdr offset 16)
         payload(m, NFT_PAYLOAD_NETWORK_HEADER, 16, 1);
         cmp(m, NFT_CMP_NEQ, &[127]);
-        // meta l4proto tcp
-        meta(m, NFT_META_L4PROTO);
-        cmp(m, NFT_CMP_EQ, &[libc::IPPROTO_TCP as u8]);
-        // tcp dport 1-65535 (tcphdr offset 2)
-        payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
-        cmp(m, NFT_CMP_NEQ, &[0, 0]);
-        // redirect to :port
-        expr(m, "immediate", |m| {
-            m.be32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
-            m.nest(NFTA_IMMEDIATE_DATA, |m| m.attr(NFTA_DATA_VALUE, &port.to_be_bytes()));
-        });
-        expr(m, "redir", |m| m.be32(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1));
+        tcp_any_port(m);
+        redirect_to(m, port);
     });
     m.end();
 
     seq += 1;
-    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq);
+    batch_marker(&mut m, NFNL_MSG_BATCH_END, seq);
+    (m, 3)
+}
+
+/// A batch's begin or end message (`kind`), addressed to the nf_tables subsystem.
+pub(super) fn batch_marker(m: &mut Msg, kind: u16, seq: u32) {
+    m.begin(kind, NLM_F_REQUEST, seq);
     m.raw(&[NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8]);
     m.end();
-    (m, 3)
+}
+
+/// `meta l4proto tcp tcp dport 1-65535` (the port at tcphdr offset 2; `1-65535` is `!= 0`).
+fn tcp_any_port(m: &mut Msg) {
+    meta(m, NFT_META_L4PROTO);
+    cmp(m, NFT_CMP_EQ, &[libc::IPPROTO_TCP as u8]);
+    payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+    cmp(m, NFT_CMP_NEQ, &[0, 0]);
+}
+
+/// `redirect to :port`: the port into register 1, then `redir` reading it.
+fn redirect_to(m: &mut Msg, port: u16) {
+    expr(m, "immediate", |m| {
+        m.be32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
+        m.nest(NFTA_IMMEDIATE_DATA, |m| m.attr(NFTA_DATA_VALUE, &port.to_be_bytes()));
+    });
+    expr(m, "redir", |m| m.be32(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1));
 }
 
 /// The IPv6 rule, appended to the chain [`nft_batch`] made, as a batch of its own (so a kernel
@@ -391,9 +401,7 @@ fn nft_batch(port: u16) -> (Msg, u32) {
 fn nft_batch_v6(port: u16) -> (Msg, u32) {
     let mut m = Msg::default();
     let mut seq = 1;
-    m.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq);
-    m.raw(&[NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8]);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_BEGIN, seq);
 
     seq += 1;
     let create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
@@ -407,25 +415,14 @@ fn nft_batch_v6(port: u16) -> (Msg, u32) {
         // ip6 daddr != ::1: the whole destination (ipv6hdr offset 24, 16 bytes), RFC 8200 §3
         payload(m, NFT_PAYLOAD_NETWORK_HEADER, 24, 16);
         cmp(m, NFT_CMP_NEQ, &std::net::Ipv6Addr::LOCALHOST.octets());
-        // meta l4proto tcp
-        meta(m, NFT_META_L4PROTO);
-        cmp(m, NFT_CMP_EQ, &[libc::IPPROTO_TCP as u8]);
-        // tcp dport 1-65535 (tcphdr offset 2)
-        payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
-        cmp(m, NFT_CMP_NEQ, &[0, 0]);
-        // redirect to :port (for IPv6 in the output hook: [::1]:port)
-        expr(m, "immediate", |m| {
-            m.be32(NFTA_IMMEDIATE_DREG, NFT_REG_1);
-            m.nest(NFTA_IMMEDIATE_DATA, |m| m.attr(NFTA_DATA_VALUE, &port.to_be_bytes()));
-        });
-        expr(m, "redir", |m| m.be32(NFTA_REDIR_REG_PROTO_MIN, NFT_REG_1));
+        tcp_any_port(m);
+        // (for IPv6 in the output hook the redirect goes to [::1]:port)
+        redirect_to(m, port);
     });
     m.end();
 
     seq += 1;
-    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq);
-    m.raw(&[NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8]);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_END, seq);
     (m, 1)
 }
 

@@ -52,13 +52,13 @@ use nix::sys::socket::{
 use nix::sys::time::TimeVal;
 
 use super::netfilter::{
-    CaptureError, Msg, NF_INET_LOCAL_OUT, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END,
-    NFNL_SUBSYS_NFTABLES, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, NFPROTO_UNSPEC, NFT_CMP_EQ,
-    NFT_CMP_NEQ, NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE,
-    NFT_PAYLOAD_NETWORK_HEADER, NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE,
-    NFTA_CHAIN_TYPE, NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS,
-    NFTA_RULE_TABLE, NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST,
-    NLMSG_HDRLEN, TABLE, cmp, expr, meta, nft_begin, payload, transact, transact_on,
+    CaptureError, Msg, NF_INET_LOCAL_OUT, NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END, NFPROTO_INET,
+    NFPROTO_IPV4, NFPROTO_IPV6, NFPROTO_UNSPEC, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_META_L4PROTO,
+    NFT_META_NFPROTO, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_PAYLOAD_NETWORK_HEADER,
+    NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME, NFTA_CHAIN_TABLE, NFTA_CHAIN_TYPE, NFTA_HOOK_HOOKNUM,
+    NFTA_HOOK_PRIORITY, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS, NFTA_RULE_TABLE, NLA_F_NESTED,
+    NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST, NLMSG_HDRLEN, TABLE, batch_marker, cmp,
+    expr, meta, nft_begin, payload, transact, transact_on,
 };
 
 /// The chain (type `filter`, hook `output`) that logs and refuses UDP, in table [`TABLE`].
@@ -103,11 +103,7 @@ CONFIG_NETFILTER_NETLINK_LOG; see `airlock doctor`)";
 fn udp_batch() -> (Msg, u32) {
     let mut m = Msg::default();
     let mut seq = 1;
-    let batch_hdr =
-        [NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8];
-    m.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, seq);
-    m.raw(&batch_hdr);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_BEGIN, seq);
 
     seq += 1;
     let create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
@@ -125,9 +121,7 @@ fn udp_batch() -> (Msg, u32) {
     udp_rule(&mut m, seq, false);
 
     seq += 1;
-    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, seq);
-    m.raw(&batch_hdr);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_END, seq);
     (m, 2)
 }
 
@@ -135,15 +129,9 @@ fn udp_batch() -> (Msg, u32) {
 /// of messages that ask for an ACK.
 fn udp_batch_v6() -> (Msg, u32) {
     let mut m = Msg::default();
-    let batch_hdr =
-        [NFPROTO_UNSPEC, 0, (NFNL_SUBSYS_NFTABLES >> 8) as u8, NFNL_SUBSYS_NFTABLES as u8];
-    m.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 1);
-    m.raw(&batch_hdr);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_BEGIN, 1);
     udp_rule(&mut m, 2, true);
-    m.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 3);
-    m.raw(&batch_hdr);
-    m.end();
+    batch_marker(&mut m, NFNL_MSG_BATCH_END, 3);
     (m, 1)
 }
 
