@@ -392,11 +392,20 @@ impl Drop for ConnGuard {
 
 /// A connection over a cap: one audited line (rate-limited by the sink like any identical
 /// refusal), a `503`, and the socket closed without reading its head.
-async fn refuse_connection(session: Arc<SessionProxy>, mut sock: TcpStream) {
+async fn refuse_connection(session: Arc<SessionProxy>, mut sock: TcpStream, over_cap: OverCap) {
     let mut line = respond::new_line(&session, "", None, "");
     line.reason = Some(crate::policy::Reason::ConnectionLimit);
     line.layer = Some(crate::policy::LayerKind::None);
     line.duration_ms = Some(0);
+    if over_cap == OverCap::Reset {
+        line.capture = Some(crate::audit::Capture::Transparent);
+        let audit = Arc::clone(&session.audit);
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || audit.append(&line)).await {
+            tracing::error!("cannot write the audit line of an over-cap captured connection: {e}");
+        }
+        transparent::reset(sock);
+        return;
+    }
     let reason = crate::policy::Reason::ConnectionLimit;
     let detail = format!(
         "at most {} open connections per session and {} per daemon",
@@ -457,7 +466,18 @@ pub async fn serve_session(
     session: Arc<SessionProxy>,
     shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
-    serve_with(listener, session, shutdown, handle_connection).await
+    serve_with(listener, session, shutdown, handle_connection, OverCap::Http).await
+}
+
+/// How a connection past the connection caps is answered, after its `connection_limit` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OverCap {
+    /// The explicit proxy's clients speak HTTP: a `503` saying why.
+    Http,
+    /// A captured connection may speak anything (ssh, TLS, a database protocol): an HTTP
+    /// answer would be read as that protocol's garbage, so it is reset, as other refusals of
+    /// captured connections are.
+    Reset,
 }
 
 /// The accept loop and drain of [`serve_session`], with `handler` run for each connection
@@ -467,6 +487,7 @@ pub(crate) async fn serve_with<F, Fut>(
     session: Arc<SessionProxy>,
     mut shutdown: watch::Receiver<bool>,
     handler: F,
+    over_cap: OverCap,
 ) -> io::Result<()>
 where
     F: Fn(Arc<SessionProxy>, TcpStream) -> Fut,
@@ -494,7 +515,7 @@ where
                                 served.await
                             })
                         }
-                        None => tasks.spawn(refuse_connection(s, sock)),
+                        None => tasks.spawn(refuse_connection(s, sock, over_cap)),
                     };
                     if session.audit.flooding() {
                         // Accepts only: every attempt still gets its line (or its place in a

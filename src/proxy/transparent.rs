@@ -50,10 +50,16 @@ pub async fn serve_capture(
     names: Arc<dyn SyntheticNames>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    super::serve_with(listener, Arc::clone(&session), shutdown, move |s, sock| {
-        let names = Arc::clone(&names);
-        async move { handle(&s, sock, names.as_ref()).await }
-    })
+    super::serve_with(
+        listener,
+        Arc::clone(&session),
+        shutdown,
+        move |s, sock| {
+            let names = Arc::clone(&names);
+            async move { handle(&s, sock, names.as_ref()).await }
+        },
+        super::OverCap::Reset,
+    )
     .await
 }
 
@@ -254,7 +260,7 @@ fn refuse(session: &SessionProxy, sock: TcpStream, line: &AuditLine, journaled: 
 }
 
 /// Closes with RST (SO_LINGER 0): the client's connect-or-read fails at once.
-fn reset(sock: TcpStream) {
+pub(crate) fn reset(sock: TcpStream) {
     let zero = libc::linger { l_onoff: 1, l_linger: 0 };
     if let Err(e) = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::Linger, &zero) {
         tracing::debug!("SO_LINGER 0 on a refused captured connection: {e}");
@@ -382,7 +388,8 @@ mod tests {
                 Arc::new(policy),
                 Arc::clone(&sink) as Arc<dyn AuditSink>,
                 Arc::new(FileResolver::from_text("allowed.test 127.0.0.1\n").unwrap()),
-                Limits::default(),
+                // Two connections at a time, so the over-cap answer can be tried below.
+                Limits { max_connections: 2, ..Limits::default() },
                 crate::proxy::local_addrs(),
                 Identity { repo: "r".into(), repo_path: None, user_id: None },
             ));
@@ -426,6 +433,30 @@ mod tests {
             assert!(!line.allowed);
             assert_eq!(line.reason, Some(Reason::Malformed));
             assert_eq!(line.port, Some(port));
+
+            // Past the session's connection cap: a line, then a reset, never an HTTP answer
+            // (the client may be ssh or a database driver). Earlier connections' slots are
+            // released just after their final lines: give them a moment.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let mut held = Vec::new();
+            for _ in 0..2 {
+                let mut c = TcpStream::connect(("198.18.0.7", up_port)).await.unwrap();
+                c.write_all(b"hold").await.unwrap();
+                c.read_exact(&mut got).await.unwrap();
+                held.push(c);
+            }
+            let mut c = TcpStream::connect(("198.18.0.7", up_port)).await.unwrap();
+            let mut answer = Vec::new();
+            let _ = c.read_to_end(&mut answer).await;
+            assert!(
+                answer.is_empty(),
+                "over cap must reset, got {:?}",
+                String::from_utf8_lossy(&answer)
+            );
+            let over = final_line(&sink, "").await;
+            assert_eq!(over.reason, Some(Reason::ConnectionLimit), "{over:?}");
+            assert_eq!(over.capture, Some(Capture::Transparent));
+            drop(held);
         });
     }
 
