@@ -72,35 +72,54 @@ pub async fn serve(
     loop {
         tokio::select! {
             biased;
-            () = super::stopped(&mut shutdown) => return Ok(()),
+            () = super::stopped(&mut shutdown) => {
+                // Session end: what the kernel still holds was refused before the sandbox
+                // ended; report it, then write the pending summaries, so no count is lost.
+                read_all(fd.get_ref().as_raw_fd(), &mut buf, &session, &mut gaps)?;
+                let audit = Arc::clone(&session.audit);
+                match tokio::task::spawn_blocking(move || audit.flush()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!("UDP refusal log: cannot write summaries: {e}"),
+                    Err(e) => tracing::error!("UDP refusal log: summary flush failed: {e}"),
+                }
+                return Ok(());
+            }
             ready = fd.readable() => {
                 let mut guard = ready?;
-                loop {
-                    match recvfrom::<NetlinkAddr>(fd.get_ref().as_raw_fd(), &mut buf) {
-                        Ok((n, from)) => {
-                            // Only the kernel reports packets; anything else is not ours to
-                            // believe (the sandbox cannot make netlink sockets: seccomp).
-                            if from.is_none_or(|a| a.pid() != 0) {
-                                tracing::warn!("UDP refusal log: ignored a message not from the kernel");
-                                continue;
-                            }
-                            report(&session, &buf[..n], &mut gaps);
-                        }
-                        Err(Errno::EAGAIN) => {
-                            guard.clear_ready();
-                            break;
-                        }
-                        Err(Errno::EINTR) => continue,
-                        Err(Errno::ENOBUFS) => {
-                            tracing::warn!(
-                                "UDP refusal log: the kernel dropped reports (receive buffer \
-                                 full); the next report's sequence number counts them"
-                            );
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                read_all(fd.get_ref().as_raw_fd(), &mut buf, &session, &mut gaps)?;
+                guard.clear_ready();
             }
+        }
+    }
+}
+
+/// Reads and reports every message the (non-blocking) log socket holds, until `EAGAIN`.
+fn read_all(
+    fd: std::os::fd::RawFd,
+    buf: &mut [u8],
+    session: &SessionProxy,
+    gaps: &mut Gaps,
+) -> std::io::Result<()> {
+    loop {
+        match recvfrom::<NetlinkAddr>(fd, buf) {
+            Ok((n, from)) => {
+                // Only the kernel reports packets; anything else is not ours to believe (the
+                // sandbox cannot make netlink sockets: seccomp).
+                if from.is_none_or(|a| a.pid() != 0) {
+                    tracing::warn!("UDP refusal log: ignored a message not from the kernel");
+                    continue;
+                }
+                report(session, &buf[..n], gaps);
+            }
+            Err(Errno::EAGAIN) => return Ok(()),
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ENOBUFS) => {
+                tracing::warn!(
+                    "UDP refusal log: the kernel dropped reports (receive buffer full); the \
+                     next report's sequence number counts them"
+                );
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }

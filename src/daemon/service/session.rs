@@ -300,6 +300,7 @@ pub(super) async fn start_session(
         shutdown,
         stopped,
         spec,
+        udp_log: std::sync::Mutex::new(None),
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
         return error(ErrorCode::Session, e);
@@ -334,11 +335,11 @@ pub(super) async fn start_session(
     let held = proxy::transparent::serve_in_background(capture_tcp, &proxy, &shutdown_rx);
     let held6 = proxy::transparent::serve_in_background(capture_tcp6, &proxy, &shutdown_rx);
     // Refused UDP: one line per datagram the sandbox's kernel reports, until the session ends.
-    let udp_log = proxy::udp::serve_in_background(capture_udp_log, &proxy, &shutdown_rx);
+    *lock(&session.udp_log) =
+        proxy::udp::serve_in_background(capture_udp_log, &proxy, &shutdown_rx);
     let handle = tokio::spawn(async move {
         let _held = held;
         let _held6 = held6;
-        let _udp_log = udp_log;
         let _dns = dns;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
             tracing::error!("session {sid}: proxy failed: {e}");
@@ -361,6 +362,9 @@ pub(super) async fn start_session(
     }
 }
 
+/// How long a session's end waits for its UDP refusal reader to drain.
+const UDP_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub(super) async fn end_session(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
@@ -368,6 +372,22 @@ pub(super) async fn end_session(
     reason: Option<&'static str>,
 ) {
     session.stop_proxy();
+    // The sandbox is gone, but the kernel may still hold reports of datagrams it refused:
+    // the reader writes them (and the session's pending summaries) before the end record,
+    // so the log is complete when `airlock exec` returns.
+    let udp_log = lock(&session.udp_log).take();
+    if let Some(reader) = udp_log
+        && tokio::time::timeout(UDP_DRAIN, reader).await.is_err()
+    {
+        tracing::warn!("session {}: the UDP refusal log did not drain in time", session.id);
+    }
+    // Every pending `suppressed` summary, now rather than when the proxy's drain gets to it.
+    let audit = Arc::clone(&session.proxy.audit);
+    match blocking(move || audit.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!("session {}: cannot write summaries: {e}", session.id),
+        Err(e) => tracing::error!("session {}: summary flush failed: {e}", session.id),
+    }
     // A session the `[audit]` bounds stopped says so in its end record.
     let reason = reason.or_else(|| session.stopped.borrow().as_ref().map(|n| n.reason.as_str()));
     let stats = session.proxy.stats();

@@ -33,6 +33,9 @@ pub struct Session {
     /// Turns `Some` when the session's audit sink stopped it (`[audit]` bounds); the
     /// connection that owns the session tells its supervisor.
     pub(super) stopped: watch::Receiver<Option<audit::StopNotice>>,
+    /// The task reading the sandbox's refused-UDP reports, if it sent the log socket: the
+    /// session's end waits (bounded) for it to report what the kernel still holds.
+    pub(super) udp_log: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Session {
@@ -404,6 +407,7 @@ pub(super) mod tests {
             proxy,
             shutdown: watch::channel(false).0,
             stopped: watch::channel(None).1,
+            udp_log: std::sync::Mutex::new(None),
         })
     }
 
