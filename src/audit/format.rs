@@ -14,7 +14,7 @@ use super::{AuditError, AuditLine};
 /// No audit line is longer than this (bytes, including the newline).
 pub const MAX_LINE: usize = 8192;
 
-// Caps in escaped bytes. Their sum (5 968) plus field names, numbers and enums (< 600)
+// Caps in escaped bytes. Their sum (6 946) plus field names, numbers and enums (< 600)
 // stays under MAX_LINE; `caps_fit_max_line` checks it.
 const CAP_TS: usize = 40;
 const CAP_USER_ID: usize = 256;
@@ -30,6 +30,15 @@ const CAP_URL: usize = 2048;
 const CAP_POLICY: usize = 1024;
 const CAP_QTYPE: usize = 16;
 const CAP_ANSWER: usize = 64;
+/// An entry as written: a 253-byte name with `*.` and `:65535` fits.
+const CAP_RULE: usize = 320;
+/// The agent chose it: capped like `host`.
+const CAP_SNI: usize = 512;
+/// One refused answer in `refused_addrs` (the longest IPv6 text form is 45 bytes).
+const CAP_REFUSED_ADDR: usize = 46;
+/// `refused_addrs` as a whole: [`super::MAX_REFUSED_ADDRS`] answers, quotes and commas.
+#[cfg(test)]
+const CAP_REFUSED_ADDRS: usize = super::MAX_REFUSED_ADDRS * (CAP_REFUSED_ADDR + 3) + 2;
 #[cfg(test)]
 const CAPS_TOTAL: usize = CAP_TS
     + CAP_USER_ID
@@ -44,7 +53,10 @@ const CAPS_TOTAL: usize = CAP_TS
     + CAP_URL
     + CAP_POLICY
     + CAP_QTYPE
-    + CAP_ANSWER;
+    + CAP_ANSWER
+    + CAP_RULE
+    + CAP_SNI
+    + CAP_REFUSED_ADDRS;
 
 /// Raw bytes from the wire (a CONNECT authority, a request target) as text for an audit line:
 /// invalid UTF-8 becomes U+FFFD, so nothing is dropped silently and the line stays valid JSON.
@@ -105,6 +117,9 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         && fits_opt(&line.policy, CAP_POLICY)
         && fits_opt(&line.qtype, CAP_QTYPE)
         && fits_opt(&line.answer, CAP_ANSWER)
+        && fits_opt(&line.rule, CAP_RULE)
+        && fits_opt(&line.sni, CAP_SNI)
+        && refused_addrs_fit(line.refused_addrs.as_deref())
     {
         return Cow::Borrowed(line);
     }
@@ -124,10 +139,31 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
     cut |= cap_opt(&mut l.policy, CAP_POLICY);
     cut |= cap_opt(&mut l.qtype, CAP_QTYPE);
     cut |= cap_opt(&mut l.answer, CAP_ANSWER);
+    cut |= cap_opt(&mut l.rule, CAP_RULE);
+    cut |= cap_opt(&mut l.sni, CAP_SNI);
+    if let Some(addrs) = l.refused_addrs.as_mut() {
+        if addrs.len() > super::MAX_REFUSED_ADDRS {
+            addrs.truncate(super::MAX_REFUSED_ADDRS);
+            cut = true;
+        }
+        for a in addrs.iter_mut() {
+            cut |= cap_str(a, CAP_REFUSED_ADDR);
+        }
+    }
     if cut {
         l.truncated = Some(true);
     }
     Cow::Owned(l)
+}
+
+/// Whether `refused_addrs` is within its count and per-answer caps (answers are addresses
+/// the proxy formatted, so this only fails on a hand-made line).
+fn refused_addrs_fit(addrs: Option<&[String]>) -> bool {
+    addrs.is_none_or(|a| {
+        a.len() <= super::MAX_REFUSED_ADDRS
+            && a.iter()
+                .all(|s| s.len() <= CAP_REFUSED_ADDR && s.chars().all(|c| escaped_len(c) == 1))
+    })
 }
 
 /// The bytes of one audit line: the capped line as JSON plus `\n`, at most [`MAX_LINE`].
@@ -272,6 +308,9 @@ pub(crate) mod tests {
             capture: None,
             qtype: None,
             answer: None,
+            rule: Some("api.anthropic.com".into()),
+            refused_addrs: None,
+            sni: None,
         }
     }
 
@@ -307,6 +346,9 @@ pub(crate) mod tests {
             capture: Some(crate::audit::Capture::Transparent),
             qtype: Some(s.into()),
             answer: Some(s.into()),
+            rule: Some(s.into()),
+            refused_addrs: Some(vec![s.into(); 20]),
+            sni: Some(s.into()),
         }
     }
 

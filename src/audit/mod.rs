@@ -100,7 +100,20 @@ pub struct AuditLine {
     /// `SERVFAIL`, `REFUSED` or `FORMERR`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// The policy entry that decided, as written in its file (allowed and denied lines).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// `private_address` / `blocked_address` / `review_plane` answer refusals: the resolved
+    /// answers the address guard refused (at most [`MAX_REFUSED_ADDRS`], `ip` form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_addrs: Option<Vec<String>>,
+    /// `sni_mismatch` / `sni_missing` lines: the SNI the agent's ClientHello carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<String>,
 }
+
+/// At most this many refused answers are listed in `refused_addrs`.
+pub const MAX_REFUSED_ADDRS: usize = 8;
 
 /// The `capture` field of an audit line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,6 +157,9 @@ impl AuditLine {
             capture: None,
             qtype: None,
             answer: None,
+            rule: None,
+            refused_addrs: None,
+            sni: None,
         }
     }
 }
@@ -312,10 +328,12 @@ mod tests {
         line.qtype = Some("A".into());
         line.answer = Some("NXDOMAIN".into());
         line.capture = Some(Capture::Transparent);
+        line.refused_addrs = Some(vec!["127.0.0.3".into()]);
+        line.sni = Some("example.test".into());
         let value = serde_json::to_value(&line).unwrap_or_default();
         let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let fields = fields.unwrap_or_default();
-        assert_eq!(fields.len(), 28, "{fields:?}");
+        assert_eq!(fields.len(), 31, "{fields:?}");
         for field in fields {
             assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
         }

@@ -69,7 +69,7 @@ pub async fn handle(
     };
 
     // Allowed: from here on the attempt lives in the journal until its final line.
-    line.allowed = true;
+    respond::set_allowed(&mut line, &decision);
     if let Err(e) = session.audit.journal_open(&line) {
         respond::send_and_close(&mut sock, &respond::audit_failed(&e, &target)).await;
         return;
@@ -101,9 +101,8 @@ pub async fn handle(
         let seen = read_client_hello(session, &mut sock, &mut first).await;
         if let Err(reason) = guard::judge_sni(&host, seen.as_ref()) {
             // Nothing has been forwarded: close both sides and record why.
-            line.allowed = false;
-            line.reason = Some(reason);
-            line.layer = Some(LayerKind::None);
+            respond::set_failure(&mut line, reason);
+            line.sni = guard::seen_sni(seen.as_ref());
             finish(session, line, started, 0, 0, None);
             return;
         }

@@ -347,6 +347,7 @@ fn decide(session: &SessionProxy, q: &Query) -> (Answer, AuditLine) {
     }
     line.layer = Some(decision.layer);
     line.policy = decision.policy.clone();
+    line.rule = decision.rule.clone();
     if q.qtype != TYPE_A {
         let a = finish(&mut line, Answer::NoData, Reason::Allowed, true);
         return (a, line);
@@ -359,6 +360,7 @@ fn decide(session: &SessionProxy, q: &Query) -> (Answer, AuditLine) {
         Err(_) => {
             line.layer = Some(LayerKind::None);
             line.policy = None;
+            line.rule = None;
             let a = finish(&mut line, Answer::Code(Rcode::ServFail), Reason::DnsLimit, false);
             (a, line)
         }

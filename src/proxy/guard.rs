@@ -21,8 +21,10 @@ use super::tls_peek::Peek;
 /// Why an allowed target could not be reached.
 #[derive(Debug)]
 pub enum Unreachable {
-    /// An answer failed the address guard: the attempt is refused.
-    Refused(Decision),
+    /// An answer failed the address guard: the attempt is refused. `decision` is the first
+    /// refused answer's; `answers` are the refused answers (at most
+    /// [`crate::audit::MAX_REFUSED_ADDRS`]), for the line's `refused_addrs`.
+    Refused { decision: Decision, answers: Vec<IpAddr> },
     /// Resolution failed (`timed_out`: the DNS timeout ran out).
     ResolveFailed { detail: String, timed_out: bool },
     /// No resolution slot (session's or process's) came free within the DNS timeout; the name
@@ -35,7 +37,7 @@ pub enum Unreachable {
 impl Unreachable {
     pub fn reason(&self) -> Reason {
         match self {
-            Self::Refused(d) => d.reason,
+            Self::Refused { decision, .. } => decision.reason,
             Self::ResolveFailed { .. } => Reason::ResolveFailed,
             Self::DnsLimit { .. } => Reason::DnsLimit,
             Self::ConnectFailed { .. } => Reason::ConnectFailed,
@@ -108,12 +110,34 @@ pub async fn resolve_checked(
             });
         }
     };
-    for ip in &answers {
-        if let Some(refusal) = session.policy.check_answer_port(*ip, port, &session.local()) {
-            return Err(Unreachable::Refused(refusal));
+    let local = session.local();
+    match judge_answers(&session.policy, &answers, port, &local) {
+        Some((decision, refused)) => Err(Unreachable::Refused { decision, answers: refused }),
+        None => Ok(answers),
+    }
+}
+
+/// The address guard over every answer of one resolution (any refused answer refuses the
+/// whole attempt): `None` if all may be dialed, else the first refusal and the refused
+/// answers (at most [`crate::audit::MAX_REFUSED_ADDRS`]). `airlock policy check --resolve`
+/// runs the same checks answer by answer.
+pub fn judge_answers(
+    policy: &crate::policy::Policy,
+    answers: &[IpAddr],
+    port: u16,
+    local: &crate::policy::LocalAddrs,
+) -> Option<(Decision, Vec<IpAddr>)> {
+    let mut first = None;
+    let mut refused = Vec::new();
+    for ip in answers {
+        if let Some(refusal) = policy.check_answer_port(*ip, port, local) {
+            first.get_or_insert(refusal);
+            if refused.len() < crate::audit::MAX_REFUSED_ADDRS {
+                refused.push(*ip);
+            }
         }
     }
-    Ok(answers)
+    first.map(|d| (d, refused))
 }
 
 /// A slot of the session's, then of the process's resolution cap (in that order, so one
@@ -170,6 +194,15 @@ pub async fn dial(
         None => "no address to connect to".to_owned(),
     };
     Err(Unreachable::ConnectFailed { detail, timed_out: false })
+}
+
+/// The SNI the agent's ClientHello carried, for an `sni_*` line (`None`: no hello, or one
+/// without SNI).
+pub fn seen_sni(seen: Option<&Peek>) -> Option<String> {
+    match seen {
+        Some(Peek::Hello { sni: Some(sni) }) => Some(sni.clone()),
+        _ => None,
+    }
 }
 
 /// The SNI rule of SECURITY §3, given what the agent sent after `200` (`None`: the ClientHello

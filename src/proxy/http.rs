@@ -146,7 +146,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
             Err(e) => audit_failed(&e, &target),
         };
     }
-    line.allowed = true;
+    respond::set_allowed(&mut line, &decision);
     if let Err(e) = s.audit.journal_open(&line) {
         return audit_failed(&e, &target);
     }
@@ -164,9 +164,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let upstream_req = match rebuild_request(req, &host, port, Arc::clone(&sent)) {
         Ok(r) => r,
         Err(msg) => {
-            line.allowed = false;
-            line.reason = Some(Reason::Malformed);
-            line.layer = Some(LayerKind::None);
+            respond::set_failure(&mut line, Reason::Malformed);
             return close_refused(s, &mut line, started, Status::Bad, &target, Some(&msg));
         }
     };
@@ -174,9 +172,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
         match hyper::client::conn::http1::handshake(TokioIo::new(upstream)).await {
             Ok(x) => x,
             Err(e) => {
-                line.allowed = false;
-                line.reason = Some(Reason::ConnectFailed);
-                line.layer = Some(LayerKind::None);
+                respond::set_failure(&mut line, Reason::ConnectFailed);
                 let d = e.to_string();
                 return close_refused(s, &mut line, started, Status::BadGateway, &target, Some(&d));
             }
@@ -189,9 +185,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     let resp = match sender.send_request(upstream_req).await {
         Ok(r) => r,
         Err(e) => {
-            line.allowed = false;
-            line.reason = Some(Reason::ConnectFailed);
-            line.layer = Some(LayerKind::None);
+            respond::set_failure(&mut line, Reason::ConnectFailed);
             let d = format!("upstream failed: {e}");
             return close_refused(s, &mut line, started, Status::BadGateway, &target, Some(&d));
         }

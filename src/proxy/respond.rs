@@ -74,9 +74,31 @@ pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &
 /// Marks `line` as refused by `d`.
 pub fn set_refusal(line: &mut AuditLine, d: &Decision) {
     line.allowed = false;
+    set_decision(line, d);
+}
+
+/// Marks `line` as allowed by `d`: `reason`, `layer`, `policy` and `rule` of the allowing
+/// entry, as docs/audit-format.md promises for allowed lines.
+pub fn set_allowed(line: &mut AuditLine, d: &Decision) {
+    line.allowed = true;
+    set_decision(line, d);
+}
+
+/// Marks `line` as refused for `reason` by no rule (caps, upstream failures, SNI, malformed
+/// input): `layer` `none`, and no `policy` or `rule` even if an entry had allowed the target.
+pub fn set_failure(line: &mut AuditLine, reason: Reason) {
+    line.allowed = false;
+    line.reason = Some(reason);
+    line.layer = Some(LayerKind::None);
+    line.policy = None;
+    line.rule = None;
+}
+
+fn set_decision(line: &mut AuditLine, d: &Decision) {
     line.reason = Some(d.reason);
     line.layer = Some(d.layer);
     line.policy = d.policy.clone();
+    line.rule = d.rule.clone();
 }
 
 /// Records on `line` why an allowed attempt never reached its upstream, and returns the status
@@ -86,22 +108,19 @@ pub fn set_unreachable<'a>(
     why: &'a Unreachable,
 ) -> (Status, Option<&'a str>) {
     match why {
-        Unreachable::Refused(d) => {
-            set_refusal(line, d);
+        Unreachable::Refused { decision, answers } => {
+            set_refusal(line, decision);
+            line.refused_addrs = Some(answers.iter().map(|ip| ip.to_string()).collect());
             (Status::Forbidden, None)
         }
         Unreachable::ResolveFailed { detail, timed_out }
         | Unreachable::ConnectFailed { detail, timed_out } => {
-            line.allowed = false;
-            line.reason = Some(why.reason());
-            line.layer = Some(LayerKind::None);
+            set_failure(line, why.reason());
             let status = if *timed_out { Status::GatewayTimeout } else { Status::BadGateway };
             (status, Some(detail.as_str()))
         }
         Unreachable::DnsLimit { detail } => {
-            line.allowed = false;
-            line.reason = Some(Reason::DnsLimit);
-            line.layer = Some(LayerKind::None);
+            set_failure(line, Reason::DnsLimit);
             (Status::Unavailable, Some(detail.as_str()))
         }
     }

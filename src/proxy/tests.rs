@@ -195,6 +195,13 @@ async fn allowed_tunnel_counts_bytes_and_records_addr() {
     assert_eq!(close.bytes_sent, Some(9));
     assert_eq!(close.bytes_recv, Some(9));
     assert_eq!(close.addr.as_deref(), Some(up.to_string().as_str()));
+    // Allowed lines name the allowing entry (docs/audit-format.md), journal record included.
+    for (_, l) in &lines {
+        assert_eq!(l.reason, Some(Reason::Allowed));
+        assert_eq!(l.layer, Some(LayerKind::Operator));
+        assert_eq!(l.policy.as_deref(), Some("test.toml"));
+        assert_eq!(l.rule.as_deref(), Some(entry.as_str()));
+    }
     assert_eq!(hits.load(Ordering::SeqCst), 1);
     assert_eq!(r.session.stats().bytes_sent, 9);
 }
@@ -218,7 +225,29 @@ async fn private_answer_refuses_and_never_dials() {
     let lines = r.sink.lines();
     assert_eq!(lines.iter().map(|(k, _)| *k).collect::<Vec<_>>(), ["open", "close"]);
     assert!(!lines[1].1.allowed);
+    // Only the refused answer is listed, and the allowing entry no longer decides.
+    assert_eq!(lines[1].1.refused_addrs.as_deref(), Some(&["127.0.0.3".to_owned()][..]));
+    assert_eq!(lines[1].1.reason, Some(Reason::PrivateAddress));
+    assert_eq!(lines[1].1.rule, None);
     assert_eq!(hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn refused_addrs_lists_at_most_eight_answers() {
+    let answers: Vec<String> = (10..30).map(|n| format!("127.0.1.{n}")).collect();
+    let r = rig(
+        &["many.test:9"],
+        &[],
+        &format!("many.test {}", answers.join(" ")),
+        MemSink::default(),
+        Limits::default(),
+    )
+    .await;
+    let (_s, head) = ask(r.addr, "CONNECT many.test:9 HTTP/1.1\r\n\r\n").await;
+    assert!(head.contains("X-Airlock-Reason: private_address"), "{head}");
+    let lines = r.sink.lines();
+    let refused = lines[1].1.refused_addrs.clone().unwrap();
+    assert_eq!(refused, answers[..crate::audit::MAX_REFUSED_ADDRS].to_vec());
 }
 
 #[tokio::test]

@@ -207,7 +207,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         return;
     };
 
-    line.allowed = true;
+    respond::set_allowed(&mut line, &decision);
     if let Err(e) = session.audit.journal_open(&line) {
         tracing::error!("cannot journal captured connection {}: {e}", line.id);
         reset(sock);
@@ -230,9 +230,8 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
     if !session.policy.skip_sni_peek(&host, port) {
         let seen = read_client_hello(session, &mut sock, &mut first).await;
         if let Err(reason) = guard::judge_sni(&host, seen.as_ref()) {
-            line.allowed = false;
-            line.reason = Some(reason);
-            line.layer = Some(LayerKind::None);
+            respond::set_failure(&mut line, reason);
+            line.sni = guard::seen_sni(seen.as_ref());
             finish(session, line, started, 0, 0, None);
             reset(sock);
             return;

@@ -207,9 +207,13 @@ fn sni_must_match_the_connect_host() {
     let reasons: Vec<_> = lines.iter().map(|l| l["reason"].as_str().unwrap_or("-")).collect();
     assert_eq!(reasons.iter().filter(|r| **r == "sni_mismatch").count(), 1, "{lines:#?}");
     assert_eq!(reasons.iter().filter(|r| **r == "sni_missing").count(), 2, "{lines:#?}");
-    for l in lines.iter().filter(|l| l["reason"].is_string()) {
+    for l in lines.iter().filter(|l| l["reason"].is_string() && l["reason"] != "allowed") {
         assert_eq!(l["allowed"], false);
         assert_eq!(l["bytes_sent"], 0, "nothing may be forwarded before the SNI check");
+        // No entry decided the refusal, so no `rule`; the SNI seen, when the hello had one.
+        assert!(l.get("rule").is_none(), "{l}");
+        let want_sni = if l["reason"] == "sni_mismatch" { Some("pastebin.com") } else { None };
+        assert_eq!(l.get("sni").and_then(|s| s.as_str()), want_sni, "{l}");
     }
     assert!(up.hits_at_least(1) >= 1);
 }
@@ -259,6 +263,16 @@ fn rebinding_and_mixed_answers_are_checked_every_time() {
         .collect();
     assert_eq!(refused.len(), 3, "{lines:#?}");
     assert!(refused.iter().all(|l| l["addr"].is_null()), "{refused:#?}");
+    // Each refusal lists exactly the answers the guard refused, never the good one.
+    let refused_addrs = |host: &str| -> Vec<String> {
+        let l = refused.iter().find(|l| l["host"] == host).unwrap();
+        l["refused_addrs"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect()
+    };
+    assert_eq!(refused_addrs("rebind.test"), ["127.0.1.18"]);
+    assert_eq!(refused_addrs("mixed.test"), ["127.0.1.20"]);
+    assert_eq!(refused_addrs("blk.test"), ["127.0.1.21"]);
+    let blocked = refused.iter().find(|l| l["host"] == "blk.test").unwrap();
+    assert_eq!(blocked["rule"], "127.0.1.21/32", "the block entry that refused: {blocked}");
 }
 
 #[test]

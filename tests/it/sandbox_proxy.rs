@@ -241,7 +241,7 @@ fn review_plane_hosts_are_refused_in_blocklist_mode() {
     assert_eq!(
         decided,
         vec![
-            want("other.test", true, ""), // allowed lines carry no reason
+            want("other.test", true, "allowed"), // allowed lines carry their reason
             want("review.test", false, "review_plane"),
             want("api.review.test", false, "review_plane"),
             want("review.test", false, "review_plane"),
