@@ -14,6 +14,9 @@ pub struct ExecArgs {
     /// The repo directory (default: the git top level of the working directory).
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
+    /// No summary of the session's refusals on stderr when it ends.
+    #[arg(long)]
+    pub quiet: bool,
     /// The command and its arguments, resolved inside the sandbox with its PATH.
     #[arg(
         required = true,
@@ -26,5 +29,6 @@ pub struct ExecArgs {
 
 /// Runs `airlock exec`.
 pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
-    launch::launch(args.repo.as_deref(), Launch::Command(args.command), ctx)
+    let report = launch::Report { quiet: args.quiet };
+    launch::launch(args.repo.as_deref(), Launch::Command(args.command), ctx, report)
 }

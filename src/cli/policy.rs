@@ -12,7 +12,9 @@ use serde::Serialize;
 use super::Context;
 use crate::config::{self, ConfigError, LayerDoc, Loaded, ParsedLayer, RepoFile, trust};
 use crate::paths::Paths;
-use crate::policy::{Decision, LayerKind, LocalAddrs, Mode, Reason, Verdict, parse_target};
+use crate::policy::{
+    Decision, EntryKind, LayerKind, LocalAddrs, Mode, Reason, Verdict, parse_target,
+};
 use crate::repo::Repo;
 
 /// Exit codes of `airlock policy check`.
@@ -30,6 +32,10 @@ pub enum PolicyCommand {
     Show(ShowArgs),
     /// Trust the repo's .airlock.toml as it is now (recorded by SHA-256)
     Trust(RepoArgs),
+    /// Add an allow entry to the repo (default) or user layer, keeping the file's comments
+    Allow(super::policy_edit::EditArgs),
+    /// Add a block entry to the repo (default) or user layer, keeping the file's comments
+    Deny(super::policy_edit::EditArgs),
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +72,8 @@ pub fn run(command: &PolicyCommand, ctx: &Context<'_>) -> i32 {
         PolicyCommand::Check(args) => check(args, ctx),
         PolicyCommand::Show(args) => show(args, ctx),
         PolicyCommand::Trust(args) => trust_cmd(args, ctx),
+        PolicyCommand::Allow(args) => super::policy_edit::run(args, EntryKind::Allow, ctx),
+        PolicyCommand::Deny(args) => super::policy_edit::run(args, EntryKind::Block, ctx),
     }
 }
 
@@ -393,6 +401,11 @@ fn show(args: &ShowArgs, ctx: &Context<'_>) -> i32 {
     }
     if let Some(file) = loaded.repo.as_ref().filter(|f| !f.trust.is_trusted()) {
         eprintln!("airlock: note: {}", file.trust.describe(&file.name, &file.repo_dir));
+        // What trusting it would change, so the review needs no other command.
+        if let Ok(parsed) = file.parse() {
+            let review = config::review::for_repo_file(paths, &setup.repo, file, &parsed);
+            eprint!("{}", review.render());
+        }
     }
     if args.json {
         print_json(&report);
@@ -566,6 +579,8 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
             file.name
         );
     }
+    let review = config::review::for_repo_file(&setup.paths, &setup.repo, &file, &parsed);
+    print!("{}", review.render());
     println!("trusting {} (sha256 {}):", file.name, file.digest);
     let doc = &parsed.doc;
     if let Some(mode) = doc.network.mode {
@@ -597,7 +612,7 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
             println!("  {label}: {}", items.join(", "));
         }
     }
-    match trust::trust(&setup.paths, &setup.repo, &file.digest) {
+    match trust::trust_content(&setup.paths, &setup.repo, &file.bytes) {
         Ok(_) => {
             let record = trust::record_path(&setup.paths, &setup.repo);
             println!("trusted; recorded in {}", config::display_path(&setup.paths, &record));

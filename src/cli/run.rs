@@ -14,6 +14,9 @@ pub struct RunArgs {
     /// The repo directory (default: the git top level of the working directory).
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
+    /// No summary of the session's refusals on stderr when it ends.
+    #[arg(long)]
+    pub quiet: bool,
     /// `claude` (default), `codex`, or the path of an agent program.
     #[arg(value_name = "AGENT", default_value = "claude")]
     pub agent: String,
@@ -24,5 +27,7 @@ pub struct RunArgs {
 
 /// Runs `airlock run`.
 pub fn run(args: RunArgs, ctx: &Context<'_>) -> i32 {
-    launch::launch(args.repo.as_deref(), Launch::Agent { agent: args.agent, args: args.args }, ctx)
+    let report = launch::Report { quiet: args.quiet };
+    let agent = Launch::Agent { agent: args.agent, args: args.args };
+    launch::launch(args.repo.as_deref(), agent, ctx, report)
 }

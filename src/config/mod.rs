@@ -13,6 +13,7 @@ mod diag;
 pub mod fsutil;
 pub mod identity;
 mod layer;
+pub mod review;
 pub mod trust;
 mod wire;
 

@@ -1,6 +1,8 @@
 //! Repo trust by content hash (DESIGN §4, like `direnv allow`): `airlock policy trust` records
 //! the SHA-256 of the repo's `.airlock.toml` in `~/.airlock/trust/<repo key>`; the file applies
 //! only while its bytes hash to the recorded digest. A cloned repo is untrusted (SECURITY §1).
+//! A copy of the trusted bytes is kept beside the record (`<repo key>.content`, 0600), so a
+//! later prompt can show a real diff against what was trusted.
 
 use std::path::{Path, PathBuf};
 
@@ -113,6 +115,31 @@ pub fn state(paths: &Paths, repo: &Repo, digest: &str) -> TrustState {
     }
 }
 
+/// `~/.airlock/trust/<repo key>.content`: the trusted bytes.
+pub fn content_path(paths: &Paths, repo: &Repo) -> PathBuf {
+    paths.trust_dir().join(format!("{}.content", repo.key()))
+}
+
+/// Records `bytes` as the trusted content of `repo`'s file: the record (by digest) and a copy
+/// of the bytes for later diffs.
+pub fn trust_content(paths: &Paths, repo: &Repo, bytes: &[u8]) -> Result<TrustRecord, TrustError> {
+    let path = content_path(paths, repo);
+    fsutil::private_dir(&paths.airlock_dir())
+        .and_then(|()| fsutil::write_private(&path, bytes))
+        .map_err(|source| TrustError::Write { path, source })?;
+    trust(paths, repo, &super::layer::digest(bytes))
+}
+
+/// The bytes that were last trusted for `repo`'s file, if a copy was kept and it still hashes
+/// to the recorded digest (trusts recorded before copies were kept have none).
+pub fn trusted_content(paths: &Paths, repo: &Repo) -> Option<Vec<u8>> {
+    let bytes = fsutil::read_private(&content_path(paths, repo)).ok()??;
+    let record = fsutil::read_private(&record_path(paths, repo)).ok()??;
+    let record: TrustRecord = toml::from_str(std::str::from_utf8(&record).ok()?).ok()?;
+    (record.digest == super::layer::digest(&bytes) && record.path == repo.config_file())
+        .then_some(bytes)
+}
+
 /// Records `digest` as the trusted content of `repo`'s file.
 pub fn trust(paths: &Paths, repo: &Repo, digest: &str) -> Result<TrustRecord, TrustError> {
     let trusted_at = crate::timefmt::rfc3339_ms(std::time::SystemTime::now());
@@ -148,7 +175,23 @@ mod tests {
         std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(matches!(state(&paths, &repo, "aa"), TrustState::BadRecord { .. }));
         std::fs::write(&rec, "garbage").unwrap();
+        assert_eq!(trusted_content(&paths, &repo), None);
         std::fs::set_permissions(&rec, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(matches!(state(&paths, &repo, "aa"), TrustState::BadRecord { .. }));
+    }
+
+    #[test]
+    fn trusted_content_is_kept_and_only_while_it_matches_the_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = Paths::with_home(tmp.path().join("home"));
+        std::fs::create_dir_all(tmp.path().join("r")).unwrap();
+        let repo = Repo::resolve(Some(&tmp.path().join("r")), tmp.path()).unwrap();
+        assert_eq!(trusted_content(&paths, &repo), None);
+        let rec = trust_content(&paths, &repo, b"[network]\n").unwrap();
+        assert!(state(&paths, &repo, &rec.digest).is_trusted());
+        assert_eq!(trusted_content(&paths, &repo).as_deref(), Some(&b"[network]\n"[..]));
+        // A record written without a copy (an older trust) leaves the copy stale: not used.
+        trust(&paths, &repo, "bb").unwrap();
+        assert_eq!(trusted_content(&paths, &repo), None);
     }
 }

@@ -59,11 +59,8 @@ impl TrustGate for ConfigGate {
             return Err(file.trust.describe(&file.name, &file.repo_dir));
         }
         let mut diff = format!("{}\n", file.trust.describe(&file.name, &file.repo_dir));
-        file.parse().map_err(|e| e.to_string())?;
-        diff.push_str("It would add to your effective policy:\n");
-        for line in String::from_utf8_lossy(&file.bytes).lines() {
-            diff.push_str(&format!("  + {line}\n"));
-        }
+        let parsed = file.parse().map_err(|e| e.to_string())?;
+        diff.push_str(&config::review::for_repo_file(paths, repo, &file, &parsed).render());
         Ok(Trust::Untrusted { diff })
     }
     fn trust(&self, paths: &Paths, repo: &Repo) -> Result<(), String> {
@@ -71,7 +68,9 @@ impl TrustGate for ConfigGate {
             .map_err(|e| e.to_string())?
             .ok_or_else(|| "the repo file disappeared".to_string())?;
         file.parse().map_err(|e| e.to_string())?;
-        config::trust::trust(paths, repo, &file.digest).map(|_| ()).map_err(|e| e.to_string())
+        config::trust::trust_content(paths, repo, &file.bytes)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
     fn load(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Prepared, String> {
         let identity = config::load_identity(paths).map_err(|e| e.to_string())?;

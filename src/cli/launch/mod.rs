@@ -12,6 +12,7 @@
 mod agent;
 mod bridge;
 mod gate;
+mod refusals;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -54,10 +55,17 @@ enum Target {
     Agent(Box<Resolved>, Vec<OsString>),
 }
 
+/// How a session reports on the host's stderr.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Report {
+    /// `--quiet`: no end-of-session refusal summary.
+    pub quiet: bool,
+}
+
 /// Runs a session with the production collaborators: the configuration gate and the daemon
 /// bridge.
-pub fn launch(repo_arg: Option<&Path>, launch: Launch, ctx: &Context<'_>) -> i32 {
-    run_with(repo_arg, launch, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+pub fn launch(repo_arg: Option<&Path>, launch: Launch, ctx: &Context<'_>, report: Report) -> i32 {
+    run_with(repo_arg, launch, ctx, report, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
 }
 
 /// A session (`exec` or `run`) with its collaborators injected.
@@ -65,6 +73,7 @@ pub fn run_with(
     repo_arg: Option<&Path>,
     launch: Launch,
     ctx: &Context<'_>,
+    report: Report,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
 ) -> i32 {
@@ -109,7 +118,7 @@ pub fn run_with(
                 ));
             }
             eprintln!(
-                "airlock: {} is new or changed. Effective difference:\n{diff}",
+                "airlock: {} is new or changed since you trusted it:\n{diff}",
                 file.display()
             );
             eprint!("Trust this file and continue? [y/N] ");
@@ -142,6 +151,9 @@ pub fn run_with(
     }
     let kernel = probe::probe(&HostFs::from_env(ctx.env));
     warn_once(&paths, &kernel.optional_warnings());
+    if prepared.identity.user_id.is_none() {
+        warn_unattributed_once(&paths, &repo);
+    }
     let session = match supervisor::new_session_id() {
         Ok(s) => s,
         Err(e) => return fail(e),
@@ -180,9 +192,19 @@ pub fn run_with(
             return fail(format!("refusing to bind the agent's files: {why}"));
         }
     }
+    // The date before the session starts: its lines are in files of that date or later.
+    let started = crate::timefmt::rfc3339_ms(std::time::SystemTime::now());
     match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
+            // The relay has restored the terminal by now (supervisor::run returns after it).
             report_sweep(&outcome.sweep, &req.session);
+            if !report.quiet {
+                let hints = refusals::Hints::for_repo(&req.repo.path, &ctx.cwd);
+                let dir = paths.logs_dir(&req.repo.name);
+                for line in refusals::report(&dir, &started[..10], &req.session, &hints) {
+                    eprintln!("{line}");
+                }
+            }
             if let Some(stopped) = &outcome.stopped {
                 // The daemon's words, escaped: they name a directory, which may carry any bytes.
                 eprintln!(
@@ -278,6 +300,21 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
     for w in &sweep.warnings {
         eprintln!("airlock: warning: {}", esc(w));
     }
+}
+
+/// An unattributed run's warning, once per repo (marker under ~/.airlock): its audit lines
+/// carry no `user_id`, so a review plane cannot say whose session it was.
+fn warn_unattributed_once(paths: &Paths, repo: &Repo) {
+    let marker = paths.airlock_dir().join(format!("warned-unattributed-{}", repo.key()));
+    if marker.exists() {
+        return;
+    }
+    eprintln!(
+        "airlock: warning: no `airlock login` on this machine: this session's audit lines carry          no user_id, so nobody can tell whose session it was; run `airlock login --email YOU`          (shown once for {})",
+        crate::audit::escape_for_terminal(&repo.path.display().to_string())
+    );
+    let _ = std::fs::create_dir_all(paths.airlock_dir());
+    let _ = std::fs::write(marker, repo.path.as_os_str().as_encoded_bytes());
 }
 
 /// Prints each optional-layer warning once per machine state (marker under ~/.airlock).
