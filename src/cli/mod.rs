@@ -7,6 +7,7 @@ pub mod identity;
 pub mod launch;
 pub mod policy;
 pub mod policy_edit;
+pub mod policy_resolve;
 pub mod quarantine;
 pub mod run;
 

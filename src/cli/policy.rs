@@ -1,8 +1,10 @@
 //! `airlock policy check | show | trust`: decide a target against the layers in force, show
 //! the effective policy, and trust a repo's `.airlock.toml` by content hash (DESIGN §4).
 //!
-//! `policy check` is pure: it never resolves a name. Exit codes (DESIGN §3): 0 allowed,
-//! 1 denied, 2 malformed target, 3 configuration error.
+//! `policy check` is pure: it never resolves a name, unless `--resolve` asks it to (then the
+//! answers go through the proxy's address guard, [`super::policy_resolve`]). Exit codes
+//! (DESIGN §3): 0 allowed, 1 denied, 2 malformed target, 3 configuration error, 4 the name did
+//! not resolve (`--resolve`).
 
 use std::path::PathBuf;
 
@@ -26,7 +28,7 @@ pub const EXIT_CONFIG: i32 = 3;
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
     /// Decide whether a target may be reached (exit 0 allowed, 1 denied, 2 malformed target,
-    /// 3 configuration error); never resolves names
+    /// 3 configuration error, 4 resolution failed); resolves names only with --resolve
     Check(CheckArgs),
     /// Show the effective policy: mode, each layer, trust state, shadowed entries, warnings
     Show(ShowArgs),
@@ -53,9 +55,14 @@ pub struct CheckArgs {
     pub target: String,
     #[command(flatten)]
     pub repo: RepoArgs,
-    /// Print {"verdict","host","port","rule","layer","policy","reason"} on stdout
+    /// Print {"verdict","host","port","rule","layer","policy","reason"} on stdout (with
+    /// --resolve also "answers": [{"addr","verdict","reason"}])
     #[arg(long)]
     pub json: bool,
+    /// Also resolve the name on this host and run each answer through the proxy's address
+    /// guard (exit 1 if any answer is refused, 4 if it does not resolve)
+    #[arg(long)]
+    pub resolve: bool,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +94,12 @@ struct CheckJson {
     layer: Option<&'static str>,
     policy: Option<String>,
     reason: Option<&'static str>,
+    /// `--resolve` only: each answer and the address guard's verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    answers: Option<Vec<super::policy_resolve::AnswerJson>>,
+    /// `--resolve` only: why the name did not resolve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolve_error: Option<String>,
 }
 
 /// The pieces every policy command needs.
@@ -137,6 +150,8 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
                     layer: Some(LayerKind::None.as_str()),
                     policy: None,
                     reason: Some(Reason::Malformed.as_str()),
+                    answers: None,
+                    resolve_error: None,
                 });
             }
             eprintln!("airlock: malformed target {:?}: {why}", args.target);
@@ -163,6 +178,16 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
     // Pure: no interface addresses are read and no name is resolved.
     let decision = built.policy.decide(&target.host, port, &LocalAddrs::default());
     let authority = target.host.authority(port);
+    // Only an allowed target is resolved, as the proxy does: a refused name never is.
+    let resolved = (args.resolve && decision.is_allowed()).then(|| {
+        super::policy_resolve::resolve_and_judge(&built.policy, &target.host, port, ctx.env)
+    });
+    let (answers, resolve_error) = match &resolved {
+        Some(Ok(a)) => (Some(a.clone()), None),
+        Some(Err(e)) => (Some(Vec::new()), Some(e.clone())),
+        None if args.resolve => (Some(Vec::new()), None),
+        None => (None, None),
+    };
     if args.json {
         print_json(&CheckJson {
             verdict: match decision.verdict {
@@ -175,11 +200,38 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
             layer: Some(decision.layer.as_str()),
             policy: decision.policy.clone(),
             reason: Some(decision.reason.as_str()),
+            answers: answers.clone(),
+            resolve_error: resolve_error.clone(),
         });
     } else {
         println!("{}", describe(&authority, &decision));
+        if args.resolve && !decision.is_allowed() {
+            println!("  not resolved: the policy refuses the name before any lookup");
+        }
+        for a in answers.iter().flatten() {
+            let why = if a.verdict == "allow" { String::new() } else { format!(" [{}]", a.reason) };
+            println!("  answer {}: {}{why}", a.addr, a.verdict);
+        }
     }
-    if decision.is_allowed() { EXIT_ALLOWED } else { EXIT_DENIED }
+    if let Some(e) = &resolve_error {
+        eprintln!("airlock: {e}");
+        return super::policy_resolve::EXIT_RESOLVE_FAILED;
+    }
+    let refused = answers.iter().flatten().any(|a| a.verdict != "allow");
+    let private: Vec<&str> = answers
+        .iter()
+        .flatten()
+        .filter(|a| a.reason == Reason::PrivateAddress.as_str())
+        .map(|a| a.addr.as_str())
+        .collect();
+    if !private.is_empty() {
+        eprintln!(
+            "airlock: the proxy would refuse {authority} (private_address); if it is meant to \
+             reach {}, add them to [network] allow_private (docs/configuration.md)",
+            private.join(", ")
+        );
+    }
+    if decision.is_allowed() && !refused { EXIT_ALLOWED } else { EXIT_DENIED }
 }
 
 fn print_json(value: &impl Serialize) {

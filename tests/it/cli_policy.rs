@@ -337,8 +337,17 @@ fn trust_records_are_private_and_keyed_by_repo() {
     let (world, repo, file) = world_with_repo(REPO_POLICY);
     trust(&world, &repo);
     let dir = world.home.join(".airlock/trust");
-    let entries: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let all: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    // Beside the record: the trusted bytes (for the next review's diff), private too.
+    let (copies, entries): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|p| p.extension().is_some_and(|e| e == "content"));
     assert_eq!(entries.len(), 1);
+    assert_eq!(copies.len(), 1);
+    assert_eq!(std::fs::read_to_string(&copies[0]).unwrap(), REPO_POLICY);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&copies[0]).unwrap().permissions().mode() & 0o777, 0o600);
+    }
     let name = entries[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("app-") && name.len() == "app-".len() + 8, "{name}");
     use std::os::unix::fs::PermissionsExt;

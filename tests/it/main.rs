@@ -11,6 +11,7 @@ mod audit_volume;
 mod capture;
 mod cli_identity;
 mod cli_policy;
+mod cli_policy_edit;
 mod daemon;
 mod daemon_units;
 mod harness;
