@@ -57,6 +57,8 @@ mod sandbox_limits;
 #[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
 #[cfg(feature = "test-hooks")]
+mod sandbox_refusals;
+#[cfg(feature = "test-hooks")]
 mod sandbox_setid;
 #[cfg(feature = "test-hooks")]
 mod sandbox_ssh;
