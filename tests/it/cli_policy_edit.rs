@@ -4,8 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::support::{Run, World};
 
 const COMMENTED: &str = "# our team's policy: keep this comment\n[network]\nallow = [\n  \"crates.io\", # rust\n  \"github.com\",\n]\n";
@@ -132,6 +130,7 @@ fn trust_review_is_a_real_diff_with_call_outs() {
 #[cfg(feature = "test-hooks")]
 mod resolve {
     use super::*;
+    use serde_json::Value;
 
     fn check(world: &World, repo: &Path, resolver: &Path, args: &[&str]) -> Run {
         world
