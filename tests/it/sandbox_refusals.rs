@@ -103,3 +103,53 @@ fn a_session_ends_with_what_was_refused_and_the_command_that_allows_it() {
     assert_eq!(run.stdout(), "upstream-ok\n", "{}", run.stderr());
     assert!(!run.stderr().contains("refused"), "nothing was refused: {}", run.stderr());
 }
+
+/// With the caller's terminal on a pty (the relay puts it in raw mode for the session), the
+/// summary comes after the session's output and after the terminal was restored: its newlines
+/// reach the terminal as `\r\n` (ONLCR is back on; in raw mode, with OPOST off, a bare `\n`
+/// would arrive and the lines would stair-step).
+#[test]
+fn the_summary_is_printed_after_the_terminal_is_restored() {
+    if !have("curl") {
+        assert!(!in_ci(), "curl is a CI prerequisite");
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("refusals-tty");
+    let resolver = world.write(world.tmp.path().join("resolver"), "");
+    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"base.test\"]\n");
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = world
+        .airlock(&repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args([
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "curl -s -m 10 -o /dev/null http://tty.test:81/; echo inside-done",
+        ])
+        .cmd;
+    cmd.stdin(slave.try_clone().unwrap()).stdout(slave.try_clone().unwrap()).stderr(slave);
+    let mut child = cmd.spawn().unwrap();
+    drop(cmd);
+    let master = std::fs::File::from(pty.master);
+    let terminal = crate::support::PtyOutput::read(&master);
+    let status = child.wait().unwrap();
+    let seen = String::from_utf8_lossy(&terminal.until_closed()).into_owned();
+    assert_eq!(status.code(), Some(0), "{seen:?}");
+    let done = seen.find("inside-done").unwrap_or_else(|| panic!("{seen:?}"));
+    let summary = seen.find("tty.test:81 not_allowed ×1").unwrap_or_else(|| panic!("{seen:?}"));
+    assert!(done < summary, "the summary follows the session's output: {seen:?}");
+    assert!(seen[summary..].contains("not_allowed ×1\r\n"), "cooked mode again: {seen:?}");
+    assert!(seen.contains("  airlock policy allow tty.test:81\r\n"), "{seen:?}");
+}
