@@ -121,8 +121,12 @@ fn terminal_settings_in_a_repo_file_are_refused_even_when_trusted() {
     let valid = "[network]\nallow = [\"example.test\"]\n";
     sb.world.write(&file, valid);
     sb.trust();
-    let record = std::fs::read_dir(sb.home().join(".airlock/trust")).unwrap().next().unwrap();
-    let record = record.unwrap().path();
+    // The record, not the copy of the trusted bytes kept beside it (`<key>.content`).
+    let record = std::fs::read_dir(sb.home().join(".airlock/trust"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_none_or(|e| e != "content"))
+        .unwrap();
     let trust_bytes = |bytes: &str| {
         let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(bytes.as_bytes()));
         let text = std::fs::read_to_string(&record).unwrap();
