@@ -269,6 +269,7 @@ pub(super) async fn handle_request(
         (Some(Some(_)), Request::SessionReregister(spec)) => {
             start_session(daemon, conn, *spec, true).await
         }
+        (Some(Some(_)), Request::SessionInbound(rec)) => record_inbound(conn, rec).await,
         (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
             Some(s) if s.id == end.session => {
                 end_session(daemon, &s, &end, None).await;
@@ -282,6 +283,35 @@ pub(super) async fn handle_request(
                 )
             }
         },
+    }
+}
+
+/// Writes the `inbound` line of one `--port` connection of the session this connection owns.
+/// Always answered with `inbound_recorded` (see [`protocol::SESSION_INBOUND`]).
+async fn record_inbound(conn: &ConnState, rec: protocol::InboundRecord) -> Response {
+    let refused = |why: String| {
+        tracing::warn!("session_inbound not recorded: {why}");
+        Response::InboundRecorded { session: rec.session.clone(), written: false, error: Some(why) }
+    };
+    if !conn.capabilities.contains(protocol::SESSION_INBOUND) {
+        return refused("session_inbound was not agreed on this connection".into());
+    }
+    let Some(session) = conn.session.as_ref().filter(|s| s.id == rec.session) else {
+        return refused(format!("session {:?} is not owned by this connection", rec.session));
+    };
+    let line = match super::inbound::line_for(&session.proxy, &rec) {
+        Ok(line) => line,
+        Err(why) => return refused(why),
+    };
+    let proxy = Arc::clone(&session.proxy);
+    match blocking(move || proxy.audit.append(&line).map_err(|e| e.to_string())).await {
+        Ok(Ok(())) => {
+            Response::InboundRecorded { session: rec.session, written: true, error: None }
+        }
+        Ok(Err(e)) | Err(e) => {
+            tracing::error!("cannot write the inbound audit line of {}: {e}", rec.listen);
+            refused(e)
+        }
     }
 }
 
