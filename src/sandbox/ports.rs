@@ -179,7 +179,8 @@ pub struct Published {
     pub listeners: Vec<Listener>,
     /// The per-session loopback address, when some `--port` has no HOST_IP.
     pub session_addr: Option<Ipv4Addr>,
-    _claim: Option<std::os::unix::net::UnixListener>,
+    /// The abstract socket claiming `session_addr` (dropped with the last accept thread).
+    claim: Option<std::os::unix::net::UnixListener>,
 }
 
 impl Published {
@@ -253,7 +254,7 @@ pub fn publish(specs: &[PortSpec], session: &str) -> Result<Published, PortsErro
     }
     let defaults: Vec<&PortSpec> = specs.iter().filter(|s| s.host_ip.is_none()).collect();
     if defaults.is_empty() {
-        return Ok(Published { listeners, session_addr: None, _claim: None });
+        return Ok(Published { listeners, session_addr: None, claim: None });
     }
     let start = session.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
     for i in 0..253u32 {
@@ -279,7 +280,7 @@ pub fn publish(specs: &[PortSpec], session: &str) -> Result<Published, PortsErro
             continue;
         }
         listeners.extend(bound);
-        return Ok(Published { listeners, session_addr: Some(ip), _claim: Some(held) });
+        return Ok(Published { listeners, session_addr: Some(ip), claim: Some(held) });
     }
     Err(PortsError::NoAddress(defaults.iter().map(|s| shown(s)).collect::<Vec<_>>().join(", ")))
 }
@@ -446,7 +447,13 @@ pub struct Service {
     wake: Vec<OwnedFd>,
     accepters: Vec<std::thread::JoinHandle<()>>,
     open: Arc<AtomicUsize>,
+    live: Live,
 }
+
+/// Dups of every relayed connection's sockets, by connection: shut down at the session's end
+/// so a host client that keeps its connection open (a browser's keep-alive) cannot hold back
+/// the connection's line past the end record.
+type Live = Arc<Mutex<std::collections::HashMap<u64, Vec<OwnedFd>>>>;
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -465,10 +472,11 @@ impl Service {
         let channel = Arc::new(channel);
         let stopping = Arc::new(AtomicBool::new(false));
         let open = Arc::new(AtomicUsize::new(0));
+        let live: Live = Arc::default();
         let mut wake = Vec::new();
         let mut accepters = Vec::new();
-        let Published { listeners, _claim, .. } = published;
-        let claim = Arc::new(_claim);
+        let Published { listeners, claim, .. } = published;
+        let claim = Arc::new(claim);
         for l in listeners {
             wake.push(OwnedFd::from(l.socket.try_clone()?));
             let ctx = Conn {
@@ -478,6 +486,7 @@ impl Service {
                 listen: l.listen,
                 port: l.port,
                 open: Arc::clone(&open),
+                live: Arc::clone(&live),
             };
             let (stopping, claim) = (Arc::clone(&stopping), Arc::clone(&claim));
             accepters.push(
@@ -489,10 +498,11 @@ impl Service {
                 )?,
             );
         }
-        Ok(Self { stopping, wake, accepters, open })
+        Ok(Self { stopping, wake, accepters, open, live })
     }
 
-    /// Stops accepting, then waits (at most `grace`) for open connections to be reported.
+    /// Stops accepting, gives open connections a moment to end by themselves, closes those
+    /// that did not, and waits (at most `grace` in all) until each is reported.
     pub fn finish(self, grace: Duration) {
         self.stopping.store(true, Ordering::SeqCst);
         for fd in &self.wake {
@@ -503,6 +513,16 @@ impl Service {
             let _ = t.join();
         }
         let deadline = Instant::now() + grace;
+        let settle = Instant::now() + grace / 4;
+        while self.open.load(Ordering::SeqCst) > 0 && Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if let Ok(live) = self.live.lock() {
+            for fd in live.values().flatten() {
+                let _ =
+                    nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            }
+        }
         while self.open.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -517,9 +537,11 @@ struct Conn {
     listen: SocketAddr,
     port: u16,
     open: Arc<AtomicUsize>,
+    live: Live,
 }
 
 fn accept_loop(listener: TcpListener, ctx: Conn, stopping: &AtomicBool) {
+    let mut next_id = 0u64;
     loop {
         let accepted = listener.accept();
         if stopping.load(Ordering::SeqCst) {
@@ -554,9 +576,14 @@ fn accept_loop(listener: TcpListener, ctx: Conn, stopping: &AtomicBool) {
             continue;
         }
         let c = ctx.clone();
+        let id = next_id;
+        next_id += 1;
         let spawned =
             std::thread::Builder::new().name("airlock-port-conn".into()).spawn(move || {
-                let record = c.relay(stream, peer, started);
+                let record = c.relay(id, stream, peer, started);
+                if let Ok(mut live) = c.live.lock() {
+                    live.remove(&id);
+                }
                 c.report.report(record);
                 c.open.fetch_sub(1, Ordering::SeqCst);
             });
@@ -592,12 +619,21 @@ impl Conn {
         }
     }
 
+    /// Keeps a dup of `stream` for [`Service::finish`].
+    fn track(&self, id: u64, stream: &TcpStream) {
+        if let (Ok(fd), Ok(mut live)) = (stream.try_clone(), self.live.lock()) {
+            live.entry(id).or_default().push(OwnedFd::from(fd));
+        }
+    }
+
     fn relay(
         &self,
+        id: u64,
         outside: TcpStream,
         peer: SocketAddr,
         started: (SystemTime, Instant),
     ) -> InboundRecord {
+        self.track(id, &outside);
         let inside = match self.channel.request(self.port) {
             Ok(s) => s,
             Err(e) => return self.record(peer, started, (0, 0), Some(("connect_failed", e))),
@@ -605,6 +641,7 @@ impl Conn {
         if let Err(e) = finish_connect(&inside, self.port) {
             return self.record(peer, started, (0, 0), Some(("connect_failed", e)));
         }
+        self.track(id, &inside);
         let (Ok(outside2), Ok(inside2)) = (outside.try_clone(), inside.try_clone()) else {
             return self.record(
                 peer,
@@ -795,5 +832,75 @@ mod tests {
         // Released with its holder.
         let c = publish(&[spec(None, 0, 80)], "session-a").unwrap();
         assert_eq!(c.session_addr.unwrap(), ia);
+    }
+
+    struct Collect(Mutex<Vec<InboundRecord>>);
+    impl InboundReport for Collect {
+        fn report(&self, record: InboundRecord) {
+            self.0.lock().unwrap().push(record);
+        }
+    }
+
+    #[test]
+    fn the_relay_serves_reports_and_closes_what_is_left_open_at_the_end() {
+        // "Inside": an echo-ish server that answers one line and keeps its connection open.
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = server.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut c in server.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    let n = c.read(&mut buf).unwrap_or(0);
+                    let _ = c.write_all(&buf[..n]);
+                    let _ = c.write_all(b"!");
+                    std::thread::sleep(Duration::from_secs(30)); // never closes by itself
+                });
+            }
+        });
+        let (ours, init) = pair();
+        nix::fcntl::fcntl(&init, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
+            .unwrap();
+        std::thread::spawn(move || {
+            loop {
+                let mut pfd = [nix::poll::PollFd::new(init.as_fd(), nix::poll::PollFlags::POLLIN)];
+                let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::NONE);
+                if !serve_request(init.as_fd(), &[port]) {
+                    return;
+                }
+            }
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let listen = listener.local_addr().unwrap();
+        let published = Published {
+            listeners: vec![Listener { listen, port, socket: listener }],
+            session_addr: None,
+            claim: None,
+        };
+        let collect = Arc::new(Collect(Mutex::new(Vec::new())));
+        let service = Service::start(
+            published,
+            Channel::new(ours).unwrap(),
+            "s1".into(),
+            Arc::clone(&collect) as Arc<dyn InboundReport>,
+        )
+        .unwrap();
+        let mut client = TcpStream::connect(listen).unwrap();
+        client.write_all(b"hello").unwrap();
+        let mut got = [0u8; 6];
+        client.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"hello!");
+        // The client keeps its connection open, like a browser; the end still reports it.
+        let t0 = Instant::now();
+        service.finish(Duration::from_secs(2));
+        assert!(t0.elapsed() < Duration::from_secs(3));
+        let records = collect.0.lock().unwrap().clone();
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!((r.port, r.bytes_to_sandbox, r.bytes_from_sandbox), (port, 5, 6), "{r:?}");
+        assert_eq!(r.listen, listen.to_string());
+        assert_eq!(r.peer, client.local_addr().unwrap().to_string());
+        assert!(r.refused.is_none(), "{r:?}");
+        // The listener is closed: nothing is accepted after the end.
+        assert!(TcpStream::connect(listen).is_err());
     }
 }
