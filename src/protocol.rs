@@ -701,6 +701,34 @@ mod tests {
     /// An empty `session_start` as the version-1 build encoded it (its daemon requires
     /// `config.review_servers`).
     const V1_EMPTY_SESSION_START: &str = r#"{"op":"session_start","repo":"","repo_path":"","config":{"user":null,"repo":null,"review_servers":[]},"identity":{},"airlock_version":"","command":[],"layers":[],"supervisor_pid":0}"#;
+    #[test]
+    fn session_inbound_and_its_answer_have_the_documented_shape() {
+        let rec = InboundRecord {
+            session: "s".into(),
+            ts: "2026-07-24T18:03:11.482Z".into(),
+            peer: "127.0.0.7:5000".into(),
+            listen: "127.0.0.7:3000".into(),
+            port: 3000,
+            bytes_to_sandbox: 1,
+            bytes_from_sandbox: 2,
+            duration_ms: 3,
+            refused: None,
+            error: None,
+        };
+        let json = serde_json::to_string(&Request::SessionInbound(rec.clone())).unwrap();
+        assert_eq!(
+            json,
+            r#"{"op":"session_inbound","session":"s","ts":"2026-07-24T18:03:11.482Z","peer":"127.0.0.7:5000","listen":"127.0.0.7:3000","port":3000,"bytes_to_sandbox":1,"bytes_from_sandbox":2,"duration_ms":3}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), Request::SessionInbound(rec));
+        let reply = Response::InboundRecorded { session: "s".into(), written: true, error: None };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"reply":"inbound_recorded","session":"s","written":true}"#
+        );
+        assert!(Capabilities::current().contains(SESSION_INBOUND));
+    }
+
     const V1_HELLO: &str =
         r#"{"op":"hello","protocol":{"min":1,"max":1},"client_version":"0.1.0"}"#;
     const V1_HELLO_REPLY: &str = r#"{"reply":"hello","version":1,"protocol":{"min":1,"max":1},"daemon_version":"0.1.0","pid":7,"boot":"b","sessions":0}"#;

@@ -363,6 +363,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn session_inbound_is_always_answered_and_written_only_for_the_owned_session() {
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        let rec = protocol::InboundRecord {
+            session: "s1".into(),
+            ts: "2026-07-24T18:03:11.482Z".into(),
+            peer: "127.0.0.1:5000".into(),
+            listen: "127.0.0.7:3000".into(),
+            port: 3000,
+            ..Default::default()
+        };
+        let written = |r: Response| match r {
+            Response::InboundRecorded { written, error, .. } => (written, error),
+            other => panic!("never an error reply: {other:?}"),
+        };
+        // Not agreed on this connection.
+        let mut conn = ConnState::default();
+        handle_request(&d, &mut conn, hello()).await;
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(rec.clone())).await;
+        assert!(written(r).1.unwrap().contains("not agreed"));
+        // Agreed, but the connection owns no session (or another one).
+        let offer = Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "test".into(),
+            capabilities: protocol::Capabilities::current(),
+        };
+        let mut conn = ConnState::default();
+        handle_request(&d, &mut conn, offer).await;
+        assert!(conn.capabilities.contains(protocol::SESSION_INBOUND));
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(rec.clone())).await;
+        assert!(written(r).1.unwrap().contains("not owned"));
+        conn.session = Some(crate::daemon::service::state::tests::session("s1", "t"));
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(rec.clone())).await;
+        assert_eq!(written(r), (true, None));
+        let bad = protocol::InboundRecord { listen: "nowhere".into(), ..rec };
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(bad)).await;
+        assert!(!written(r).0);
+    }
+
+    #[tokio::test]
     async fn hello_comes_first_and_only_once() {
         let home = tempfile::tempdir().unwrap();
         let d = daemon(home.path());
