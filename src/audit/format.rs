@@ -14,7 +14,7 @@ use super::{AuditError, AuditLine};
 /// No audit line is longer than this (bytes, including the newline).
 pub const MAX_LINE: usize = 8192;
 
-// Caps in escaped bytes. Their sum (6 946) plus field names, numbers and enums (< 600)
+// Caps in escaped bytes. Their sum (7 074) plus field names, numbers and enums (< 600)
 // stays under MAX_LINE; `caps_fit_max_line` checks it.
 const CAP_TS: usize = 40;
 const CAP_USER_ID: usize = 256;
@@ -39,6 +39,8 @@ const CAP_REFUSED_ADDR: usize = 46;
 /// `refused_addrs` as a whole: [`super::MAX_REFUSED_ADDRS`] answers, quotes and commas.
 #[cfg(test)]
 const CAP_REFUSED_ADDRS: usize = super::MAX_REFUSED_ADDRS * (CAP_REFUSED_ADDR + 3) + 2;
+const CAP_PEER: usize = 64;
+const CAP_LISTEN: usize = 64;
 #[cfg(test)]
 const CAPS_TOTAL: usize = CAP_TS
     + CAP_USER_ID
@@ -56,7 +58,9 @@ const CAPS_TOTAL: usize = CAP_TS
     + CAP_ANSWER
     + CAP_RULE
     + CAP_SNI
-    + CAP_REFUSED_ADDRS;
+    + CAP_REFUSED_ADDRS
+    + CAP_PEER
+    + CAP_LISTEN;
 
 /// Raw bytes from the wire (a CONNECT authority, a request target) as text for an audit line:
 /// invalid UTF-8 becomes U+FFFD, so nothing is dropped silently and the line stays valid JSON.
@@ -120,6 +124,8 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         && fits_opt(&line.rule, CAP_RULE)
         && fits_opt(&line.sni, CAP_SNI)
         && refused_addrs_fit(line.refused_addrs.as_deref())
+        && fits_opt(&line.peer, CAP_PEER)
+        && fits_opt(&line.listen, CAP_LISTEN)
     {
         return Cow::Borrowed(line);
     }
@@ -150,6 +156,8 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
             cut |= cap_str(a, CAP_REFUSED_ADDR);
         }
     }
+    cut |= cap_opt(&mut l.peer, CAP_PEER);
+    cut |= cap_opt(&mut l.listen, CAP_LISTEN);
     if cut {
         l.truncated = Some(true);
     }
@@ -311,6 +319,8 @@ pub(crate) mod tests {
             rule: Some("api.anthropic.com".into()),
             refused_addrs: None,
             sni: None,
+            peer: None,
+            listen: None,
         }
     }
 
@@ -349,6 +359,8 @@ pub(crate) mod tests {
             rule: Some(s.into()),
             refused_addrs: Some(vec![s.into(); 20]),
             sni: Some(s.into()),
+            peer: Some(s.into()),
+            listen: Some(s.into()),
         }
     }
 

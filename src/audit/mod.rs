@@ -110,6 +110,12 @@ pub struct AuditLine {
     /// `sni_mismatch` / `sni_missing` lines: the SNI the agent's ClientHello carried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sni: Option<String>,
+    /// `inbound` lines (`method: "INBOUND"`): the host-side client of a `--port`, `ip:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// `inbound` lines: the host address the client connected to, `ip:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 /// At most this many refused answers are listed in `refused_addrs`.
@@ -160,6 +166,8 @@ impl AuditLine {
             rule: None,
             refused_addrs: None,
             sni: None,
+            peer: None,
+            listen: None,
         }
     }
 }

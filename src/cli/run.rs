@@ -17,6 +17,11 @@ pub struct RunArgs {
     /// No summary of the session's refusals on stderr when it ends.
     #[arg(long)]
     pub quiet: bool,
+    /// Make a server listening inside on 127.0.0.1:PORT reachable from the host on
+    /// HOST_IP:HOSTPORT (default HOST_IP: this session's own 127.0.0.N, printed); repeatable.
+    /// Command line only, never from configuration.
+    #[arg(long = "port", value_name = "[HOST_IP:]HOSTPORT:PORT")]
+    pub ports: Vec<String>,
     /// `claude` (default), `codex`, or the path of an agent program.
     #[arg(value_name = "AGENT", default_value = "claude")]
     pub agent: String,
@@ -29,5 +34,5 @@ pub struct RunArgs {
 pub fn run(args: RunArgs, ctx: &Context<'_>) -> i32 {
     let report = launch::Report { quiet: args.quiet };
     let agent = Launch::Agent { agent: args.agent, args: args.args };
-    launch::launch(args.repo.as_deref(), agent, ctx, report)
+    launch::launch(args.repo.as_deref(), &args.ports, agent, ctx, report)
 }

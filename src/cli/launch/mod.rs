@@ -64,8 +64,19 @@ pub struct Report {
 
 /// Runs a session with the production collaborators: the configuration gate and the daemon
 /// bridge.
-pub fn launch(repo_arg: Option<&Path>, launch: Launch, ctx: &Context<'_>, report: Report) -> i32 {
-    run_with(repo_arg, launch, ctx, report, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+pub fn launch(
+    repo_arg: Option<&Path>,
+    ports: &[String],
+    launch: Launch,
+    ctx: &Context<'_>,
+    report: Report,
+) -> i32 {
+    let ports = match crate::sandbox::ports::PortSpec::parse_all(ports) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let make_bridge = &mut |prepared: &Prepared| bridge(ctx, prepared);
+    run_with(repo_arg, launch, ctx, report, &ConfigGate, make_bridge, ports)
 }
 
 /// A session (`exec` or `run`) with its collaborators injected.
@@ -76,6 +87,7 @@ pub fn run_with(
     report: Report,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
+    ports: Vec<crate::sandbox::ports::PortSpec>,
 ) -> i32 {
     let paths = match Paths::from_env(ctx.env) {
         Ok(p) => p,
@@ -174,6 +186,7 @@ pub fn run_with(
         agent: None,
         agent_version: None,
         terminal: prepared.terminal,
+        ports,
     };
     let mut bridge = make_bridge(&prepared);
     match target {
