@@ -45,7 +45,13 @@ pub fn summarize<'a>(lines: impl IntoIterator<Item = &'a AuditLine>, session: &s
     let mut groups: BTreeMap<Key, Group> = BTreeMap::new();
     let mut order: Vec<Key> = Vec::new();
     for line in lines {
-        if line.session != session || line.allowed || line.host.is_empty() {
+        // `INBOUND` lines are a host client's connections to a `--port`, not the agent's
+        // attempts to get out: nothing a policy entry changes.
+        if line.session != session
+            || line.allowed
+            || line.host.is_empty()
+            || line.method == "INBOUND"
+        {
             continue;
         }
         let Some(reason) = line.reason else { continue };
@@ -265,6 +271,10 @@ mod tests {
         private.refused_addrs = Some(vec!["10.0.0.5".into()]);
         lines.push(private.clone());
         lines.push(private);
+        lines.push(AuditLine {
+            method: "INBOUND".into(),
+            ..refused("127.0.0.1", Some(8080), Reason::ConnectFailed)
+        });
         let groups = summarize(&lines, "s1");
         let got: Vec<(String, Option<u16>, bool, Reason, u64)> =
             groups.iter().map(|g| (g.host.clone(), g.port, g.dns, g.reason, g.count)).collect();
