@@ -17,6 +17,7 @@ use crate::env::{Env, ProcessEnv};
 
 pub mod doctor;
 pub mod logs;
+pub mod man;
 pub mod service;
 pub mod status;
 
@@ -73,6 +74,8 @@ pub enum Command {
     Logout,
     /// Print a shell completion script
     Completions(completions::CompletionsArgs),
+    /// Print a man page, or write every page of airlock and airlockd (`--out DIR`)
+    Man(man::ManArgs),
     /// Run a command in the sandbox: no way out but Airlock's proxy.
     Exec(exec::ExecArgs),
     /// Run a coding agent (claude, codex, or a path) in the sandbox, with its per-repo home.
@@ -128,6 +131,7 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Whoami => identity::whoami(ctx),
         Command::Logout => identity::logout(ctx),
         Command::Completions(args) => completions::run(&args),
+        Command::Man(args) => man::run(&args),
         Command::Exec(args) => exec::run(args, ctx),
         Command::Run(args) => run::run(args, ctx),
         Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
