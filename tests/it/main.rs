@@ -61,5 +61,6 @@ mod sandbox_setid;
 mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+mod service_install;
 mod sshd;
 mod support;
