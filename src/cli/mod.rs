@@ -6,6 +6,7 @@ pub mod exec;
 pub mod identity;
 pub mod launch;
 pub mod policy;
+pub mod policy_init;
 pub mod quarantine;
 pub mod run;
 
