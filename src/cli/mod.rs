@@ -1,6 +1,7 @@
 //! The `airlock` command line: argument parsing (clap derive) and dispatch to one module per
 //! command. Each command returns its exit code; only `main` touches the process.
 
+pub mod agent;
 pub mod completions;
 pub mod exec;
 pub mod identity;
@@ -81,6 +82,9 @@ pub enum Command {
     Exec(exec::ExecArgs),
     /// Run a coding agent (claude, codex, or a path) in the sandbox, with its per-repo home.
     Run(run::RunArgs),
+    /// Manage what agents share across repos (import the host's existing login)
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     /// List, show and restore what the end of a session took out of the repo
     #[command(subcommand)]
     Quarantine(quarantine::QuarantineCommand),
@@ -135,6 +139,7 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Man(args) => man::run(&args),
         Command::Exec(args) => exec::run(args, ctx),
         Command::Run(args) => run::run(args, ctx),
+        Command::Agent(cmd) => agent::run(&cmd, ctx),
         Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
     }
 }
