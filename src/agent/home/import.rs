@@ -43,8 +43,10 @@ impl LoginSource {
                 return Err(HomeError::BadName { name: rel.to_string_lossy().into_owned() });
             };
             dir_path.push(part);
-            dir = super::beneath::open_dir(dir.as_fd(), part)
-                .map_err(|e| dir_err("open directory", &dir_path, e))?;
+            dir = super::beneath::open_dir(dir.as_fd(), part).map_err(|e| match e {
+                Errno::ENOENT => HomeError::NoLogin { path: base.join(rel) },
+                e => dir_err("open directory", &dir_path, e),
+            })?;
         }
         Ok(Self { dir, dir_path, name: name.as_os_str().to_owned() })
     }
