@@ -38,6 +38,8 @@ pub enum PolicyCommand {
     Allow(super::policy_edit::EditArgs),
     /// Add a block entry to the repo (default) or user layer, keeping the file's comments
     Deny(super::policy_edit::EditArgs),
+    /// Write a commented starting policy for an agent (the repo's .airlock.toml, or --layer user)
+    Init(super::policy_init::InitArgs),
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +83,7 @@ pub fn run(command: &PolicyCommand, ctx: &Context<'_>) -> i32 {
         PolicyCommand::Trust(args) => trust_cmd(args, ctx),
         PolicyCommand::Allow(args) => super::policy_edit::run(args, EntryKind::Allow, ctx),
         PolicyCommand::Deny(args) => super::policy_edit::run(args, EntryKind::Block, ctx),
+        PolicyCommand::Init(args) => super::policy_init::run(args, ctx),
     }
 }
 

@@ -12,6 +12,7 @@ mod capture;
 mod cli_identity;
 mod cli_policy;
 mod cli_policy_edit;
+mod cli_policy_init;
 mod daemon;
 mod daemon_units;
 mod harness;
@@ -48,6 +49,7 @@ mod review_support;
 mod review_validate;
 mod sandbox;
 mod sandbox_agent;
+mod sandbox_agent_login;
 mod sandbox_control;
 #[cfg(feature = "test-hooks")]
 mod sandbox_dns;
@@ -65,5 +67,6 @@ mod sandbox_setid;
 mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+mod service_install;
 mod sshd;
 mod support;
