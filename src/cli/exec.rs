@@ -14,6 +14,8 @@ pub struct ExecArgs {
     /// The repo directory (default: the git top level of the working directory).
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
+    #[command(flatten)]
+    pub session: launch::SessionOptions,
     /// The command and its arguments, resolved inside the sandbox with its PATH.
     #[arg(
         required = true,
@@ -26,5 +28,5 @@ pub struct ExecArgs {
 
 /// Runs `airlock exec`.
 pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
-    launch::launch(args.repo.as_deref(), Launch::Command(args.command), ctx)
+    launch::launch(args.repo.as_deref(), Launch::Command(args.command), &args.session, ctx)
 }

@@ -14,6 +14,8 @@ pub struct RunArgs {
     /// The repo directory (default: the git top level of the working directory).
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
+    #[command(flatten)]
+    pub session: launch::SessionOptions,
     /// `claude` (default), `codex`, or the path of an agent program.
     #[arg(value_name = "AGENT", default_value = "claude")]
     pub agent: String,
@@ -24,5 +26,6 @@ pub struct RunArgs {
 
 /// Runs `airlock run`.
 pub fn run(args: RunArgs, ctx: &Context<'_>) -> i32 {
-    launch::launch(args.repo.as_deref(), Launch::Agent { agent: args.agent, args: args.args }, ctx)
+    let target = Launch::Agent { agent: args.agent, args: args.args };
+    launch::launch(args.repo.as_deref(), target, &args.session, ctx)
 }

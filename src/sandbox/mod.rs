@@ -14,6 +14,8 @@
 //! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
 //!   into kept and held parts (pure: bytes in, bytes out).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
+//! - [`usermount`]: mounts a person chose (`[sandbox] mounts`, `--mount`) and every reason one
+//!   is refused; [`toolchain`]: what mounted toolchains and per-repo caches set inside.
 //! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox;
 //!   [`termfilter`]: the escape sequences the relay keeps from the caller's terminal.
 //!
@@ -36,3 +38,5 @@ pub mod seccomp;
 pub mod supervisor;
 pub mod sweep;
 pub mod termfilter;
+pub mod toolchain;
+pub mod usermount;

@@ -39,6 +39,10 @@ pub struct Prepared {
     pub layers: ClientLayers,
     /// What the relay lets reach the caller's terminal (managed and user `[terminal]`).
     pub terminal: TerminalPolicy,
+    /// `[sandbox] mounts` of the applied layers, with where each is written.
+    pub mounts: Vec<(String, crate::sandbox::usermount::Origin)>,
+    /// `[sandbox] cache` of the applied layers.
+    pub caches: Vec<String>,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -59,7 +63,23 @@ impl TrustGate for ConfigGate {
             return Err(file.trust.describe(&file.name, &file.repo_dir));
         }
         let mut diff = format!("{}\n", file.trust.describe(&file.name, &file.repo_dir));
-        file.parse().map_err(|e| e.to_string())?;
+        let parsed = file.parse().map_err(|e| e.to_string())?;
+        {
+            let doc = &parsed.doc;
+            // Mounts expose host trees: called out before the file's lines.
+            for m in &doc.sandbox.mounts {
+                diff.push_str(&format!(
+                    "It would mount {:?} into the sandbox ({})\n",
+                    m.text, m.at
+                ));
+            }
+            if !doc.sandbox.cache.is_empty() {
+                diff.push_str(&format!(
+                    "It would give the sandbox writable caches: {}\n",
+                    doc.sandbox.cache.join(", ")
+                ));
+            }
+        }
         diff.push_str("It would add to your effective policy:\n");
         for line in String::from_utf8_lossy(&file.bytes).lines() {
             diff.push_str(&format!("  + {line}\n"));
@@ -79,6 +99,7 @@ impl TrustGate for ConfigGate {
             config::load(paths, Some(repo), identity.as_ref()).map_err(|e| e.to_string())?;
         loaded.build_policy().map_err(|e| e.to_string())?;
         let extra = Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) };
+        let (mounts, caches) = config::sandbox_mounts(&loaded.applied());
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
@@ -87,6 +108,8 @@ impl TrustGate for ConfigGate {
                 .unwrap_or_default(),
             layers: loaded.client_layers(),
             terminal: config::terminal_policy(&loaded.applied()),
+            mounts,
+            caches,
         })
     }
 }

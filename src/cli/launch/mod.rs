@@ -12,6 +12,8 @@
 mod agent;
 mod bridge;
 mod gate;
+mod options;
+mod toolchains;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 pub use agent::{AgentBridge, AgentSession, prepare, resolve_agent};
 pub use bridge::{DaemonBridge, bridge};
 pub use gate::{ConfigGate, Prepared, Trust, TrustGate};
+pub use options::SessionOptions;
 
 use super::Context;
 use crate::agent::resolve::Resolved;
@@ -56,14 +59,20 @@ enum Target {
 
 /// Runs a session with the production collaborators: the configuration gate and the daemon
 /// bridge.
-pub fn launch(repo_arg: Option<&Path>, launch: Launch, ctx: &Context<'_>) -> i32 {
-    run_with(repo_arg, launch, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+pub fn launch(
+    repo_arg: Option<&Path>,
+    launch: Launch,
+    opts: &SessionOptions,
+    ctx: &Context<'_>,
+) -> i32 {
+    run_with(repo_arg, launch, opts, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
 }
 
 /// A session (`exec` or `run`) with its collaborators injected.
 pub fn run_with(
     repo_arg: Option<&Path>,
     launch: Launch,
+    opts: &SessionOptions,
     ctx: &Context<'_>,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
@@ -84,6 +93,10 @@ pub fn run_with(
             repo.path.display()
         ));
     }
+    let workdir = match toolchains::workdir(&repo, &ctx.cwd, opts.workdir.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
     // An agent that is not installed is reported before anything is asked or started.
     let target = match launch {
         Launch::Command(argv) => Target::Command(argv),
@@ -133,6 +146,10 @@ pub fn run_with(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    let chosen = match toolchains::judge(&paths, &repo, rules.clone(), &prepared, opts) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
     let (mut env, ignored) =
         senv::build(ctx.env, &repo.sandbox_path(), &prepared.identity, &prepared.extra);
     for name in ignored {
@@ -162,6 +179,8 @@ pub fn run_with(
         agent: None,
         agent_version: None,
         terminal: prepared.terminal,
+        mounts: chosen.mounts,
+        workdir: Some(workdir),
     };
     let mut bridge = make_bridge(&prepared);
     match target {
@@ -173,6 +192,8 @@ pub fn run_with(
             }
         }
     }
+    // After the agent's PATH: mounted toolchains come first.
+    chosen.env.apply(&mut env);
     req.env = env;
     // Agent trees come from PATH, i.e. from configuration: the same predicate as every bind.
     for (src, _) in &req.ro_binds {
