@@ -96,14 +96,21 @@ fn nvm_default(nvm: &Path) -> Option<String> {
     installed.pop().map(|(_, name)| name)
 }
 
-/// What the mounts and caches set inside. `home` is the caller's (canonical) home; `caches`
-/// are the `[sandbox] cache` entries with their mounts.
-pub fn tool_env(mounts: &[UserMount], home: &Path, caches: &[(String, UserMount)]) -> ToolEnv {
+/// What the mounts and caches set inside. `caches` are the `[sandbox] cache` entries with their mounts.
+pub fn tool_env(mounts: &[UserMount], caches: &[(String, UserMount)]) -> ToolEnv {
     let mut out = ToolEnv::default();
     let mut cargo_bin = false;
     for m in mounts {
-        let rel = m.src.strip_prefix(home).ok();
-        match rel.and_then(Path::to_str) {
+        // Known by their place in a home (any home: root's toolchain may be mounted for a
+        // test user too): `<home>/.rustup`, `<home>/.cargo/bin`, `<home>/.pyenv`, `<home>/.nvm`.
+        let name = m.src.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let parent = m.src.parent().and_then(Path::file_name).and_then(|n| n.to_str());
+        let known = match (parent, name) {
+            (Some(".cargo"), "bin") => Some(".cargo/bin"),
+            (_, ".rustup" | ".pyenv" | ".nvm") => Some(name),
+            _ => None,
+        };
+        match known {
             Some(".rustup") => out.set("RUSTUP_HOME", m.dst.clone()),
             Some(".cargo/bin") => {
                 cargo_bin = true;
@@ -267,7 +274,6 @@ mod tests {
                 m(&home.join(".cargo/bin"), "/opt/airlock/mounts/h/me/.cargo/bin"),
                 m(&home.join(".rustup"), "/opt/airlock/mounts/h/me/.rustup"),
             ],
-            home,
             &[],
         );
         assert_eq!(env.path, vec![PathBuf::from("/opt/airlock/mounts/h/me/.cargo/bin")]);
@@ -288,7 +294,7 @@ mod tests {
                 )
             })
             .collect();
-        let env = tool_env(&[m(&home.join(".cargo/bin"), "/x/bin")], home, &caches);
+        let env = tool_env(&[m(&home.join(".cargo/bin"), "/x/bin")], &caches);
         let var = |k: &str| env.vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
         assert_eq!(var("CARGO_HOME"), Some("/opt/airlock/cache/cargo".into()));
         assert_eq!(var("npm_config_cache"), Some("/opt/airlock/cache/npm".into()));
@@ -312,7 +318,6 @@ mod tests {
                 m(&home.join(".pyenv"), "/m/pyenv"),
                 m(&home.join(".nvm"), "/m/nvm"),
             ],
-            &home,
             &[],
         );
         let want: Vec<PathBuf> = [

@@ -61,5 +61,7 @@ mod sandbox_setid;
 mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+#[cfg(feature = "test-hooks")]
+mod sandbox_toolchains;
 mod sshd;
 mod support;

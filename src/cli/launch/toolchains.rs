@@ -54,8 +54,7 @@ pub fn judge(
     }
     let caches = toolchain::prepare_caches(rules.cache_dir(), &prepared.caches)
         .map_err(|e| format!("[sandbox] cache: cannot make the cache directory: {e}"))?;
-    let home = std::fs::canonicalize(paths.home()).unwrap_or_else(|_| paths.home().to_path_buf());
-    let env = toolchain::tool_env(&judged.mounts, &home, &caches);
+    let env = toolchain::tool_env(&judged.mounts, &caches);
     let mut mounts = judged.mounts;
     if let Some(m) = mounts.iter().find(|m| caches.iter().any(|(_, c)| c.dst == m.dst)) {
         return Err(format!(
