@@ -63,7 +63,9 @@ fn a_mounted_bin_dir_joins_path_read_only_at_the_mounts_root() {
 #[test]
 fn rustup_becomes_rustup_home_and_cargo_runs_inside() {
     let Some((bin, rustup)) = root_rust() else {
-        eprintln!("SKIP: root's rustup toolchain is not usable by this user");
+        // As another user root's toolchain is another user's home: the mount is refused.
+        let sb = Sandbox::new("rustyref");
+        refused(&sb, "/root/.cargo/bin", "/root");
         return;
     };
     let sb = Sandbox::new("rusty");
@@ -330,6 +332,93 @@ fn cargo_config_planted_in_the_cache_is_not_read_by_the_host_cargo() {
     let err = String::from_utf8_lossy(&host_cargo.stderr);
     assert!(!host_cargo.status.success(), "the host cargo ran the planted alias");
     assert!(err.contains("no such command"), "{err}");
+}
+
+/// Two steps for the caches every user can drive: a session plants an `.npmrc` and a `pip.conf`
+/// in its npm and pip caches; the host's `npm` and `pip`, run afterwards in the repo, never
+/// read them (the registry and index stay the defaults).
+#[test]
+fn npm_and_pip_config_planted_in_the_caches_is_not_read_by_the_host_tools() {
+    if !have("npm") || !have("python3") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("plant2");
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[sandbox]\ncache = [\"npm\", \"pip\"]\n",
+    );
+    world
+        .airlock(&repo)
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .args(["exec", "--", "sh", "-c"])
+        .args([
+            "echo registry=http://planted.test/ > $npm_config_cache/.npmrc; \
+             echo registry=http://planted.test/ > $npm_config_cache/npmrc; \
+             printf '[global]\\nindex-url = http://planted.test/simple\\n' > $PIP_CACHE_DIR/pip.conf",
+        ])
+        .run()
+        .expect_code(0);
+    let cache = std::fs::read_dir(world.home.join(".airlock/cache"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(cache.join("npm/.npmrc").exists() && cache.join("pip/pip.conf").exists());
+    let host_tool = |cmd: &str, args: &[&str]| {
+        let out = std::process::Command::new(cmd)
+            .args(args)
+            .current_dir(&repo)
+            .env_clear()
+            .env("HOME", &world.home)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap();
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    };
+    let npm = host_tool("/usr/bin/npm", &["config", "get", "registry"]);
+    assert!(!npm.contains("planted.test"), "the host npm read the planted config: {npm}");
+    assert!(npm.contains("registry.npmjs.org"), "{npm}");
+    let pip = host_tool("/usr/bin/python3", &["-m", "pip", "config", "list"]);
+    assert!(!pip.contains("planted.test"), "the host pip read the planted config: {pip}");
+}
+
+#[test]
+fn doctor_prints_the_exact_mounts_line_for_toolchains_under_the_home() {
+    let world = World::new();
+    let repo = world.repo("doc");
+    for d in [".cargo/bin", ".rustup", ".local/bin"] {
+        std::fs::create_dir_all(world.home.join(d)).unwrap();
+    }
+    let path = format!(
+        "{}:{}:/usr/bin:/bin",
+        world.home.join(".cargo/bin").display(),
+        world.home.join(".local/bin").display()
+    );
+    let run = world.airlock(&repo).env("PATH", &path).args(["doctor"]).run();
+    let out = run.stdout();
+    assert!(
+        out.contains(r#"mounts = ["~/.cargo/bin:ro", "~/.rustup:ro"] and, for faster builds, cache = ["cargo"]"#),
+        "{out}"
+    );
+    assert!(out.contains(r#"mounts = ["~/.local/bin:ro"]"#), "{out}");
+    assert!(out.contains(r#"all of them at once: [sandbox] mounts = ["~/.cargo/bin:ro", "~/.rustup:ro", "~/.local/bin:ro"]"#), "{out}");
+    // Once configured, the toolchain is reported as mounted, and the line works.
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[sandbox]\nmounts = [\"~/.local/bin:ro\"]\n",
+    );
+    let out = world.airlock(&repo).env("PATH", &path).args(["doctor"]).run().stdout();
+    assert!(out.contains("tools (~/.local/bin) is mounted"), "{out}");
+    world.write_executable(world.home.join(".local/bin/mytool"), "#!/bin/sh\necho mytool-ran\n");
+    let run = world
+        .airlock(&repo)
+        .hook("AIRLOCK_TEST_PROXY_BRIDGE", "hold")
+        .args(["exec", "--", "mytool"])
+        .run()
+        .expect_code(0);
+    assert_eq!(run.stdout(), "mytool-ran\n");
 }
 
 // ---- real builds through the proxy ------------------------------------------------------------

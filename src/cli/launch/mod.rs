@@ -23,6 +23,7 @@ pub use agent::{AgentBridge, AgentSession, prepare, resolve_agent};
 pub use bridge::{DaemonBridge, bridge};
 pub use gate::{ConfigGate, Prepared, Trust, TrustGate};
 pub use options::SessionOptions;
+pub use toolchains::rules as mount_rules;
 
 use super::Context;
 use crate::agent::resolve::Resolved;
