@@ -314,11 +314,6 @@ fn cargo_config_planted_in_the_cache_is_not_read_by_the_host_cargo() {
         .args(["printf '[alias]\\nplanted = \"version\"\\n[build]\\nrustc-wrapper = \"/bin/false\"\\n' > $CARGO_HOME/config.toml"])
         .run()
         .expect_code(0);
-    let planted: Vec<PathBuf> = std::fs::read_dir(world.home.join(".airlock/cache"))
-        .unwrap()
-        .map(|e| e.unwrap().path().join("cargo/config.toml"))
-        .collect();
-    assert!(planted.len() == 1 && planted[0].exists(), "{planted:?}");
     // The host's cargo, as the developer runs it: their HOME, their rustup.
     let host_cargo = std::process::Command::new(bin.join("cargo"))
         .current_dir(&repo)
@@ -332,6 +327,12 @@ fn cargo_config_planted_in_the_cache_is_not_read_by_the_host_cargo() {
     let err = String::from_utf8_lossy(&host_cargo.stderr);
     assert!(!host_cargo.status.success(), "the host cargo ran the planted alias");
     assert!(err.contains("no such command"), "{err}");
+    // It stays where the session wrote it: this repo's cargo cache.
+    let planted: Vec<PathBuf> = std::fs::read_dir(world.home.join(".airlock/cache"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("cargo/config.toml"))
+        .collect();
+    assert!(planted.len() == 1 && planted[0].exists(), "{planted:?}");
 }
 
 /// Two steps for the caches every user can drive: a session plants an `.npmrc` and a `pip.conf`
@@ -359,13 +360,6 @@ fn npm_and_pip_config_planted_in_the_caches_is_not_read_by_the_host_tools() {
         ])
         .run()
         .expect_code(0);
-    let cache = std::fs::read_dir(world.home.join(".airlock/cache"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    assert!(cache.join("npm/.npmrc").exists() && cache.join("pip/pip.conf").exists());
     let host_tool = |cmd: &str, args: &[&str]| {
         let out = std::process::Command::new(cmd)
             .args(args)
@@ -382,6 +376,13 @@ fn npm_and_pip_config_planted_in_the_caches_is_not_read_by_the_host_tools() {
     assert!(npm.contains("registry.npmjs.org"), "{npm}");
     let pip = host_tool("/usr/bin/python3", &["-m", "pip", "config", "list"]);
     assert!(!pip.contains("planted.test"), "the host pip read the planted config: {pip}");
+    let cache = std::fs::read_dir(world.home.join(".airlock/cache"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(cache.join("npm/.npmrc").exists() && cache.join("pip/pip.conf").exists());
 }
 
 #[test]
