@@ -381,6 +381,17 @@ impl MountRules {
         spec: &MountSpec,
         text: &str,
         origin: &Origin,
+    ) -> Result<UserMount, Box<MountRefused>> {
+        self.judge_unboxed(spec, text, origin).map_err(Box::new)
+    }
+
+    // The public `judge` boxes it; here the variants are built where each reason is found.
+    #[allow(clippy::result_large_err)]
+    fn judge_unboxed(
+        &self,
+        spec: &MountSpec,
+        text: &str,
+        origin: &Origin,
     ) -> Result<UserMount, MountRefused> {
         let o = origin.prefix();
         let s = text.to_owned();
@@ -671,9 +682,10 @@ mod tests {
         Fixture { _tmp: tmp, root, rules }
     }
 
+    #[allow(clippy::result_large_err)]
     fn judge(f: &Fixture, text: &str, origin: Origin) -> Result<UserMount, MountRefused> {
         let spec = parse(&text.replace("$R", &f.root.display().to_string())).unwrap();
-        f.rules.judge(&spec, text, &origin)
+        f.rules.judge(&spec, text, &origin).map_err(|e| *e)
     }
 
     #[test]
