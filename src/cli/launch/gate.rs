@@ -113,3 +113,38 @@ impl TrustGate for ConfigGate {
         })
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trust_prompt_names_each_mount_and_cache_of_the_repo_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let home = root.join("home");
+        std::fs::create_dir_all(home.join(".airlock")).unwrap();
+        std::fs::create_dir_all(root.join("app/.git")).unwrap();
+        std::fs::write(
+            root.join("app/.airlock.toml"),
+            "[sandbox]\nmounts = [\"/opt/tools\", \"~/.rustup:ro\"]\ncache = [\"cargo\"]\n",
+        )
+        .unwrap();
+        let paths = Paths::with_home(home);
+        let repo = Repo::resolve(Some(&root.join("app")), &root).unwrap();
+        let Trust::Untrusted { diff } = ConfigGate.check(&paths, &repo).unwrap() else {
+            panic!("a new repo file must be untrusted");
+        };
+        let file = root.join("app/.airlock.toml");
+        assert!(
+            diff.contains(&format!(
+                "It would mount \"/opt/tools\" into the sandbox ({}:2:11)",
+                file.display()
+            )),
+            "{diff}"
+        );
+        assert!(diff.contains("It would mount \"~/.rustup:ro\" into the sandbox"), "{diff}");
+        assert!(diff.contains("It would give the sandbox writable caches: cargo"), "{diff}");
+    }
+}
