@@ -243,6 +243,11 @@ pub enum MountRefused {
          cache ({cache}); use `[sandbox] cache`, or pass `--mount {spec}` on the command line"
     )]
     RwFromConfig { origin: String, spec: String, cache: PathBuf },
+    #[error(
+        "{origin} {spec:?} refused: {path} overlaps the repo {repo}, whose protected paths are \
+         read-only inside; a read-write mount there would bypass them, so mount it read-only"
+    )]
+    RwOverRepo { origin: String, spec: String, path: PathBuf, repo: PathBuf },
     #[error("{origin} {spec:?} refused: the in-sandbox path {dst} {why}")]
     Destination { origin: String, spec: String, dst: PathBuf, why: String },
 }
@@ -452,6 +457,14 @@ impl MountRules {
                 origin: o,
                 spec: s,
                 cache: self.cache.clone(),
+            });
+        }
+        if rw && (canon.starts_with(&self.repo) || self.repo.starts_with(&canon)) {
+            return Err(MountRefused::RwOverRepo {
+                origin: o,
+                spec: s,
+                path: canon,
+                repo: self.repo.clone(),
             });
         }
         match find_socket(&canon, WALK_LIMIT) {
@@ -810,6 +823,16 @@ mod tests {
             .unwrap();
         assert!(judged.mounts[0].rw);
         assert!(judged.warnings[0].contains("agent-written"), "{:?}", judged.warnings);
+    }
+
+    #[test]
+    fn rw_over_or_around_the_repo_is_refused_ro_is_not() {
+        let f = fixture();
+        for text in ["~/src/app/tools:/opt/t:rw", "~/src:/opt/src:rw"] {
+            let e = judge(&f, text, Origin::CommandLine).unwrap_err();
+            assert!(matches!(e, MountRefused::RwOverRepo { .. }), "{text}: {e:?}");
+        }
+        judge(&f, "~/src:/opt/src", Origin::CommandLine).unwrap();
     }
 
     #[test]
