@@ -16,6 +16,11 @@ pub struct RunArgs {
     pub repo: Option<PathBuf>,
     #[command(flatten)]
     pub session: launch::SessionOptions,
+    /// Make a server listening inside on 127.0.0.1:PORT reachable from the host on
+    /// HOST_IP:HOSTPORT (default HOST_IP: this session's own 127.0.0.N, printed); repeatable.
+    /// Command line only, never from configuration.
+    #[arg(long = "port", value_name = "[HOST_IP:]HOSTPORT:PORT")]
+    pub ports: Vec<String>,
     /// `claude` (default), `codex`, or the path of an agent program.
     #[arg(value_name = "AGENT", default_value = "claude")]
     pub agent: String,
@@ -27,5 +32,5 @@ pub struct RunArgs {
 /// Runs `airlock run`.
 pub fn run(args: RunArgs, ctx: &Context<'_>) -> i32 {
     let target = Launch::Agent { agent: args.agent, args: args.args };
-    launch::launch(args.repo.as_deref(), target, &args.session, ctx)
+    launch::launch(args.repo.as_deref(), &args.ports, target, &args.session, ctx)
 }

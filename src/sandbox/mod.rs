@@ -13,6 +13,8 @@
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
 //! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
 //!   into kept and held parts (pure: bytes in, bytes out).
+//! - [`ports`]: `--port`, a server inside reached from the host (listeners, init's side of
+//!   the channel, the relay).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
 //! - [`usermount`]: mounts a person chose (`[sandbox] mounts`, `--mount`) and every reason one
 //!   is refused; [`toolchain`]: what mounted toolchains and per-repo caches set inside.
@@ -30,6 +32,7 @@ pub mod gitptr;
 pub mod inside;
 pub mod landlock;
 pub mod mounts;
+pub mod ports;
 pub mod probe;
 pub mod protect;
 pub mod quarantine;

@@ -62,11 +62,16 @@ enum Target {
 /// bridge.
 pub fn launch(
     repo_arg: Option<&Path>,
+    ports: &[String],
     launch: Launch,
     opts: &SessionOptions,
     ctx: &Context<'_>,
 ) -> i32 {
-    run_with(repo_arg, launch, opts, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+    let ports = match crate::sandbox::ports::PortSpec::parse_all(ports) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    run_with(repo_arg, launch, opts, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared), ports)
 }
 
 /// A session (`exec` or `run`) with its collaborators injected.
@@ -77,6 +82,7 @@ pub fn run_with(
     ctx: &Context<'_>,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
+    ports: Vec<crate::sandbox::ports::PortSpec>,
 ) -> i32 {
     let paths = match Paths::from_env(ctx.env) {
         Ok(p) => p,
@@ -182,6 +188,7 @@ pub fn run_with(
         terminal: prepared.terminal,
         mounts: chosen.mounts,
         workdir: Some(workdir),
+        ports,
     };
     let mut bridge = make_bridge(&prepared);
     match target {
