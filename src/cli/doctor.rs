@@ -53,7 +53,7 @@ pub type Probe = fn(&Context<'_>) -> Vec<Check>;
 
 /// Every probe, in output order. The sandbox's kernel probes go at the end.
 pub const PROBES: &[Probe] =
-    &[service_manager, control_socket, identity, configuration, agents, kernel];
+    &[service_manager, control_socket, identity, configuration, agents, toolchains, kernel];
 
 /// Which agents `airlock run` would find, where they come from and where they appear inside.
 pub fn agents(ctx: &Context<'_>) -> Vec<Check> {
@@ -356,6 +356,81 @@ pub fn configuration(ctx: &Context<'_>) -> Vec<Check> {
             }
         }
         Err(e) => out.push(Check::fail("config", e.to_string(), "fix the file named above")),
+    }
+    out
+}
+
+/// Toolchains on the host `PATH` under the home: each is "command not found" inside unless
+/// mounted, so each gets the exact `[sandbox] mounts` line that makes it work (or the reason
+/// that line would be refused).
+pub fn toolchains(ctx: &Context<'_>) -> Vec<Check> {
+    use crate::sandbox::{toolchain, usermount};
+    let Ok(paths) = Paths::from_env(ctx.env) else { return Vec::new() };
+    let Some(path_var) = ctx.env.var_os("PATH") else { return Vec::new() };
+    let home = std::fs::canonicalize(paths.home()).unwrap_or_else(|_| paths.home().to_path_buf());
+    let found = toolchain::detect(&path_var, &home);
+    let repo = crate::repo::Repo::resolve(None, &ctx.cwd).ok();
+    let loaded = crate::config::load(&paths, repo.as_ref(), None).ok();
+    let configured: Vec<String> = loaded
+        .as_ref()
+        .map(|l| crate::config::sandbox_mounts(&l.applied()).0)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(text, _)| text)
+        .collect();
+    let rules = repo.as_ref().map(|r| {
+        let host = crate::hostpath::HostPathRules::for_user(&paths, ctx.env);
+        super::launch::mount_rules(&paths, r, host)
+    });
+    let mut out = Vec::new();
+    let mut missing: Vec<String> = Vec::new();
+    for f in found {
+        let shown = crate::config::display_path(&paths, &f.dir);
+        if f.mounts.iter().all(|m| configured.contains(m)) {
+            out.push(Check::ok("toolchain", format!("{} ({shown}) is mounted", f.what)));
+            continue;
+        }
+        let refusal = rules.as_ref().and_then(|rules| {
+            f.mounts.iter().find_map(|m| {
+                let spec = usermount::parse(m).ok()?;
+                rules.judge(&spec, m, &usermount::Origin::CommandLine).err()
+            })
+        });
+        if let Some(why) = refusal {
+            out.push(Check::warn(
+                "toolchain",
+                format!("{} ({shown}) on your PATH cannot be mounted: {why}", f.what),
+                "install the tools in a directory of their own and mount that",
+            ));
+            continue;
+        }
+        for m in &f.mounts {
+            if !missing.contains(m) {
+                missing.push(m.clone());
+            }
+        }
+        let cache = f
+            .cache
+            .map(|c| format!(" and, for faster builds, cache = [\"{c}\"]"))
+            .unwrap_or_default();
+        out.push(Check::warn(
+            "toolchain",
+            format!(
+                "{} ({shown}) on your PATH is not inside the sandbox (command not found there)",
+                f.what
+            ),
+            format!(
+                "add under [sandbox] in ~/.airlock/config.toml: {}{cache}",
+                toolchain::mounts_line(&f.mounts)
+            ),
+        ));
+    }
+    if missing.len() > 1 {
+        let all: Vec<String> = configured.iter().cloned().chain(missing).collect();
+        out.push(Check::ok(
+            "toolchain",
+            format!("all of them at once: [sandbox] {}", toolchain::mounts_line(&all)),
+        ));
     }
     out
 }

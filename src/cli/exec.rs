@@ -14,9 +14,8 @@ pub struct ExecArgs {
     /// The repo directory (default: the git top level of the working directory).
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
-    /// No summary of the session's refusals on stderr when it ends.
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub session: launch::SessionOptions,
     /// Make a server listening inside on 127.0.0.1:PORT reachable from the host on
     /// HOST_IP:HOSTPORT (default HOST_IP: this session's own 127.0.0.N, printed); repeatable.
     /// Command line only, never from configuration.
@@ -34,6 +33,11 @@ pub struct ExecArgs {
 
 /// Runs `airlock exec`.
 pub fn run(args: ExecArgs, ctx: &Context<'_>) -> i32 {
-    let report = launch::Report { quiet: args.quiet };
-    launch::launch(args.repo.as_deref(), &args.ports, Launch::Command(args.command), ctx, report)
+    launch::launch(
+        args.repo.as_deref(),
+        &args.ports,
+        Launch::Command(args.command),
+        &args.session,
+        ctx,
+    )
 }

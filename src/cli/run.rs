@@ -14,9 +14,8 @@ pub struct RunArgs {
     /// The repo directory (default: the git top level of the working directory).
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
-    /// No summary of the session's refusals on stderr when it ends.
-    #[arg(long)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub session: launch::SessionOptions,
     /// Make a server listening inside on 127.0.0.1:PORT reachable from the host on
     /// HOST_IP:HOSTPORT (default HOST_IP: this session's own 127.0.0.N, printed); repeatable.
     /// Command line only, never from configuration.
@@ -32,7 +31,6 @@ pub struct RunArgs {
 
 /// Runs `airlock run`.
 pub fn run(args: RunArgs, ctx: &Context<'_>) -> i32 {
-    let report = launch::Report { quiet: args.quiet };
-    let agent = Launch::Agent { agent: args.agent, args: args.args };
-    launch::launch(args.repo.as_deref(), &args.ports, agent, ctx, report)
+    let target = Launch::Agent { agent: args.agent, args: args.args };
+    launch::launch(args.repo.as_deref(), &args.ports, target, &args.session, ctx)
 }

@@ -18,6 +18,9 @@
 //! servers = ["https://review.corp.example"]
 //! [terminal]                    # managed and user layers only
 //! clipboard = "deny"            # or "allow" (OSC 52 writes; reads are always dropped)
+//! [sandbox]
+//! mounts = ["~/.cargo/bin:ro", "~/.rustup:ro", "/opt/tools"]   # HOST[:SANDBOX][:ro|:rw]
+//! cache = ["cargo", "npm", "pip"]                                # per-repo writable caches
 //! [audit]                       # managed and user layers only
 //! burst = 20                    # identical refusals written one by one per second (0: no limit)
 //! session_budget = "1GiB"       # audit bytes per session; past it the session is stopped
@@ -39,7 +42,8 @@ use super::diag::{Diagnostic, line_col, suggestion};
 use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
-const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review", "terminal", "audit"];
+const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review", "terminal", "audit", "sandbox"];
+const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
 const AUDIT_KEYS: &[&str] = &["burst", "session_budget", "min_free"];
 const NETWORK_KEYS: &[&str] = &["mode", "allow", "block", "allow_private"];
 const ENV_KEYS: &[&str] = &["pass"];
@@ -76,6 +80,27 @@ pub struct LayerDoc {
     /// `[audit]` (managed and user layers only).
     #[serde(default)]
     pub audit: AuditDoc,
+    /// `[sandbox]`: mounts and caches (the CLI's; never sent to the daemon).
+    #[serde(default)]
+    pub sandbox: SandboxDoc,
+}
+
+/// `[sandbox]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxDoc {
+    /// `mounts`: each spec as written, with where it is written.
+    #[serde(default)]
+    pub mounts: Vec<Located>,
+    /// `cache`: cache names ([`crate::sandbox::toolchain::CACHES`]).
+    #[serde(default)]
+    pub cache: Vec<String>,
+}
+
+/// A value as written and its `file:line:col` (for refusals made later, at launch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Located {
+    pub text: String,
+    pub at: String,
 }
 
 /// `[audit]`: bounds on a session's audit volume (`None` when the file is silent).
@@ -180,6 +205,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         review_servers: Vec::new(),
         terminal: TerminalDoc::default(),
         audit: AuditDoc::default(),
+        sandbox: SandboxDoc::default(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -294,7 +320,52 @@ impl Walker<'_> {
                         self.audit(t, doc);
                     }
                 }
+                "sandbox" => {
+                    if let Some(t) = self.table(value, "[sandbox]") {
+                        self.sandbox(t, doc);
+                    }
+                }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
+            }
+        }
+    }
+
+    fn sandbox(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        use crate::sandbox::{toolchain, usermount};
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "mounts" => {
+                    for (text, span) in self.strings(value, "sandbox.mounts") {
+                        match usermount::parse(&text) {
+                            Ok(_) => {
+                                let (line, col) = line_col(self.text, span.start);
+                                let at = format!("{}:{line}:{col}", self.name);
+                                doc.sandbox.mounts.push(Located { text, at });
+                            }
+                            Err(e) => self.error(span, e.to_string()),
+                        }
+                    }
+                }
+                "cache" => {
+                    let known = toolchain::cache_names();
+                    for (name, span) in self.strings(value, "sandbox.cache") {
+                        if known.contains(&name.as_str()) {
+                            if !doc.sandbox.cache.contains(&name) {
+                                doc.sandbox.cache.push(name);
+                            }
+                        } else {
+                            let hint = suggestion(&name, &known);
+                            self.error(
+                                span,
+                                format!(
+                                    "sandbox.cache has no cache {name:?} (known: {}); {hint}",
+                                    known.join(", ")
+                                ),
+                            );
+                        }
+                    }
+                }
+                _ => self.unknown(key, "[sandbox]", SANDBOX_KEYS),
             }
         }
     }
@@ -744,6 +815,30 @@ mod tests {
 
     fn repo_err(text: &str) -> String {
         errors(LayerKind::Repo, text)
+    }
+
+    #[test]
+    fn sandbox_mounts_and_caches_parse_with_their_locations() {
+        let text = "[sandbox]\nmounts = [\"~/.cargo/bin:ro\", \"/opt/tools\"]\ncache = [\"cargo\", \"npm\", \"cargo\"]\n";
+        let d = parse_layer(LayerKind::User, F, text.as_bytes()).unwrap().doc;
+        assert_eq!(d.sandbox.mounts[0].text, "~/.cargo/bin:ro");
+        assert_eq!(d.sandbox.mounts[0].at, format!("{F}:2:11"));
+        assert_eq!(d.sandbox.mounts[1].at, format!("{F}:2:30"));
+        assert_eq!(d.sandbox.cache, ["cargo", "npm"]);
+    }
+
+    #[test]
+    fn sandbox_errors_are_located_with_a_fix() {
+        let e = repo_err("[sandbox]\nmounts = [\"tools\"]\n");
+        assert!(e.starts_with(&format!("{F}:2:11: mount \"tools\"")), "{e}");
+        assert!(e.contains("must be absolute or start with ~/"), "{e}");
+        let e = repo_err("[sandbox]\ncache = [\"carg\"]\n");
+        assert!(e.starts_with(&format!("{F}:2:10: sandbox.cache has no cache \"carg\"")), "{e}");
+        assert!(e.contains("cargo"), "{e}");
+        let e = repo_err("[sandbox]\nmount = []\n");
+        assert!(e.contains("unknown key `mount` in [sandbox]"), "{e}");
+        let e = repo_err("[sandbox]\nmounts = \"/opt\"\n");
+        assert!(e.contains("sandbox.mounts must be an array of strings"), "{e}");
     }
 
     #[test]

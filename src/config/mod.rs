@@ -419,6 +419,27 @@ pub fn terminal_policy(layers: &[&LayerDoc]) -> TerminalPolicy {
     TerminalPolicy { clipboard }
 }
 
+/// `[sandbox] mounts` of the applied layers, each with where it is written, and the union of
+/// their `[sandbox] cache` names (the repo layer's only once it is trusted: it is applied then).
+pub fn sandbox_mounts(
+    layers: &[&LayerDoc],
+) -> (Vec<(String, crate::sandbox::usermount::Origin)>, Vec<String>) {
+    use crate::sandbox::usermount::Origin;
+    let mut mounts = Vec::new();
+    let mut caches: Vec<String> = Vec::new();
+    for doc in layers {
+        for m in &doc.sandbox.mounts {
+            mounts.push((m.text.clone(), Origin::Config(m.at.clone())));
+        }
+        for c in &doc.sandbox.cache {
+            if !caches.contains(c) {
+                caches.push(c.clone());
+            }
+        }
+    }
+    (mounts, caches)
+}
+
 /// A path as the user sees it: `~/…` under the home directory.
 pub fn display_path(paths: &Paths, path: &Path) -> String {
     match path.strip_prefix(paths.home()) {

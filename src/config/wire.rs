@@ -172,6 +172,8 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
             session_budget: doc.audit.session_budget,
             min_free: doc.audit.min_free,
         },
+        // The daemon never mounts anything: `[sandbox]` stays with the CLI.
+        sandbox: Default::default(),
     })
 }
 

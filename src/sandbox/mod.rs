@@ -16,6 +16,8 @@
 //! - [`ports`]: `--port`, a server inside reached from the host (listeners, init's side of
 //!   the channel, the relay).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
+//! - [`usermount`]: mounts a person chose (`[sandbox] mounts`, `--mount`) and every reason one
+//!   is refused; [`toolchain`]: what mounted toolchains and per-repo caches set inside.
 //! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox;
 //!   [`termfilter`]: the escape sequences the relay keeps from the caller's terminal.
 //!
@@ -39,3 +41,5 @@ pub mod seccomp;
 pub mod supervisor;
 pub mod sweep;
 pub mod termfilter;
+pub mod toolchain;
+pub mod usermount;

@@ -173,6 +173,9 @@ pub struct PlanInput<'a> {
     pub ro_binds: &'a [(PathBuf, PathBuf)],
     /// `(link, target)` symlinks made inside (`/opt/airlock/bin/claude` → the agent).
     pub symlinks: &'a [(PathBuf, PathBuf)],
+    /// Mounts a person chose and the per-repo caches, already judged
+    /// ([`super::usermount::MountRules`]): canonical sources, parents first.
+    pub user_mounts: &'a [super::usermount::UserMount],
 }
 
 fn root(p: &str) -> PathBuf {
@@ -369,6 +372,17 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
             rel,
             dst: dst.clone(),
             ro: true,
+            inside: false,
+        });
+    }
+    // Chosen mounts, opened the same way (a symlink swapped in since judging fails the bind).
+    for m in input.user_mounts {
+        let rel = m.src.strip_prefix("/").unwrap_or(&m.src).to_path_buf();
+        ops.push(Op::BindBeneath {
+            root: root("/"),
+            rel,
+            dst: m.dst.clone(),
+            ro: !m.rw,
             inside: false,
         });
     }
@@ -654,6 +668,7 @@ mod tests {
             home: &HomeMount::Tmpfs,
             ro_binds: &[],
             symlinks: &[],
+            user_mounts: &[],
         };
         plan(&input, &host())
     }
@@ -728,6 +743,66 @@ mod tests {
             ro: false,
             inside: false,
         }));
+        assert_eq!(ops.last(), Some(&Op::RemountRo { path: "/".into() }));
+    }
+
+    #[test]
+    fn chosen_mounts_are_bound_beneath_root_after_the_walls_and_before_the_final_remount() {
+        use crate::sandbox::usermount::UserMount;
+        let repo = Path::new("/home/u/src/pay");
+        let prot = protection(repo);
+        let mounts = [
+            UserMount { src: "/opt/tools".into(), dst: "/opt/tools".into(), rw: false },
+            UserMount {
+                src: "/h/.airlock/cache/k/cargo".into(),
+                dst: "/opt/airlock/cache/cargo".into(),
+                rw: true,
+            },
+        ];
+        let input = PlanInput {
+            repo_host: repo,
+            repo_sandbox: Path::new("/pay"),
+            hostname: "pay",
+            uid: 1000,
+            gid: 1000,
+            protection: &prot,
+            home: &HomeMount::Tmpfs,
+            ro_binds: &[],
+            symlinks: &[],
+            user_mounts: &mounts,
+        };
+        let ops = plan(&input, &host());
+        let tools = ops
+            .iter()
+            .position(|o| {
+                o == &Op::BindBeneath {
+                    root: "/".into(),
+                    rel: "opt/tools".into(),
+                    dst: "/opt/tools".into(),
+                    ro: true,
+                    inside: false,
+                }
+            })
+            .unwrap();
+        let cache = ops
+            .iter()
+            .position(|o| {
+                o == &Op::BindBeneath {
+                    root: "/".into(),
+                    rel: "h/.airlock/cache/k/cargo".into(),
+                    dst: "/opt/airlock/cache/cargo".into(),
+                    ro: false,
+                    inside: false,
+                }
+            })
+            .unwrap();
+        let hooks = ops
+            .iter()
+            .position(
+                |o| matches!(o, Op::BindBeneath { rel, .. } if rel == Path::new(".git/hooks")),
+            )
+            .unwrap();
+        assert!(hooks < tools && tools < cache && cache < ops.len() - 1);
         assert_eq!(ops.last(), Some(&Op::RemountRo { path: "/".into() }));
     }
 

@@ -88,6 +88,11 @@ pub struct Request {
     pub agent_version: Option<String>,
     /// What the pty relay lets reach the caller's terminal.
     pub terminal: TerminalPolicy,
+    /// Judged `[sandbox] mounts`/`--mount` trees and the per-repo caches
+    /// ([`super::usermount`]), parents first.
+    pub mounts: Vec<super::usermount::UserMount>,
+    /// The working directory inside (`None`: the repo root).
+    pub workdir: Option<PathBuf>,
     /// `--port` (command line only): servers inside made reachable from the host.
     pub ports: Vec<super::ports::PortSpec>,
 }
@@ -259,7 +264,12 @@ pub fn run(
     let taken: Vec<&Path> = std::iter::once(repo_sandbox.as_path())
         .chain(protection.external.iter().map(PathBuf::as_path))
         .collect();
-    let extra = req.ro_binds.iter().map(|(_, dst)| dst).chain(req.symlinks.iter().map(|(l, _)| l));
+    let extra = req
+        .ro_binds
+        .iter()
+        .map(|(_, dst)| dst)
+        .chain(req.symlinks.iter().map(|(l, _)| l))
+        .chain(req.mounts.iter().map(|m| &m.dst));
     for dst in extra {
         if let Some(t) = taken.iter().find(|t| overlaps(dst, t)) {
             return Err(SandboxError::Setup(format!(
@@ -282,6 +292,7 @@ pub fn run(
             home: &req.home,
             ro_binds: &req.ro_binds,
             symlinks: &req.symlinks,
+            user_mounts: &req.mounts,
         },
         &HostView::read(),
     );
@@ -358,10 +369,18 @@ pub fn run(
             })
             .collect::<Result<_, _>>()?,
         path_dirs,
-        cwd: repo_sandbox.clone(),
+        cwd: req.workdir.clone().unwrap_or_else(|| repo_sandbox.clone()),
         stdio: slots,
         winsize,
-        writable: mounts::writable_paths(&repo_sandbox, &protection.external),
+        writable: mounts::writable_paths(
+            &repo_sandbox,
+            &protection
+                .external
+                .iter()
+                .cloned()
+                .chain(req.mounts.iter().filter(|m| m.rw).map(|m| m.dst.clone()))
+                .collect::<Vec<_>>(),
+        ),
         landlock: kernel.landlock_abi.is_some(),
         cgroup_ns_at_leaf: leaf.is_some(),
         not_before: threshold.not_before,

@@ -67,6 +67,8 @@ mod sandbox_setid;
 mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+#[cfg(feature = "test-hooks")]
+mod sandbox_toolchains;
 mod service_install;
 mod sshd;
 mod support;

@@ -39,6 +39,10 @@ pub struct Prepared {
     pub layers: ClientLayers,
     /// What the relay lets reach the caller's terminal (managed and user `[terminal]`).
     pub terminal: TerminalPolicy,
+    /// `[sandbox] mounts` of the applied layers, with where each is written.
+    pub mounts: Vec<(String, crate::sandbox::usermount::Origin)>,
+    /// `[sandbox] cache` of the applied layers.
+    pub caches: Vec<String>,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -60,6 +64,22 @@ impl TrustGate for ConfigGate {
         }
         let mut diff = format!("{}\n", file.trust.describe(&file.name, &file.repo_dir));
         let parsed = file.parse().map_err(|e| e.to_string())?;
+        {
+            let doc = &parsed.doc;
+            // Mounts expose host trees: called out before the file's lines.
+            for m in &doc.sandbox.mounts {
+                diff.push_str(&format!(
+                    "It would mount {:?} into the sandbox ({})\n",
+                    m.text, m.at
+                ));
+            }
+            if !doc.sandbox.cache.is_empty() {
+                diff.push_str(&format!(
+                    "It would give the sandbox writable caches: {}\n",
+                    doc.sandbox.cache.join(", ")
+                ));
+            }
+        }
         diff.push_str(&config::review::for_repo_file(paths, repo, &file, &parsed).render());
         Ok(Trust::Untrusted { diff })
     }
@@ -78,6 +98,7 @@ impl TrustGate for ConfigGate {
             config::load(paths, Some(repo), identity.as_ref()).map_err(|e| e.to_string())?;
         loaded.build_policy().map_err(|e| e.to_string())?;
         let extra = Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) };
+        let (mounts, caches) = config::sandbox_mounts(&loaded.applied());
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
@@ -86,6 +107,43 @@ impl TrustGate for ConfigGate {
                 .unwrap_or_default(),
             layers: loaded.client_layers(),
             terminal: config::terminal_policy(&loaded.applied()),
+            mounts,
+            caches,
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trust_prompt_names_each_mount_and_cache_of_the_repo_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap();
+        let home = root.join("home");
+        std::fs::create_dir_all(home.join(".airlock")).unwrap();
+        std::fs::create_dir_all(root.join("app/.git")).unwrap();
+        std::fs::write(
+            root.join("app/.airlock.toml"),
+            "[sandbox]\nmounts = [\"/opt/tools\", \"~/.rustup:ro\"]\ncache = [\"cargo\"]\n",
+        )
+        .unwrap();
+        let paths = Paths::with_home(home);
+        let repo = Repo::resolve(Some(&root.join("app")), &root).unwrap();
+        let Trust::Untrusted { diff } = ConfigGate.check(&paths, &repo).unwrap() else {
+            panic!("a new repo file must be untrusted");
+        };
+        let file = root.join("app/.airlock.toml");
+        assert!(
+            diff.contains(&format!(
+                "It would mount \"/opt/tools\" into the sandbox ({}:2:11)",
+                file.display()
+            )),
+            "{diff}"
+        );
+        assert!(diff.contains("It would mount \"~/.rustup:ro\" into the sandbox"), "{diff}");
+        assert!(diff.contains("It would give the sandbox writable caches: cargo"), "{diff}");
     }
 }

@@ -12,7 +12,9 @@
 mod agent;
 mod bridge;
 mod gate;
+mod options;
 mod refusals;
+mod toolchains;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -21,6 +23,8 @@ use std::path::{Path, PathBuf};
 pub use agent::{AgentBridge, AgentSession, prepare, resolve_agent};
 pub use bridge::{DaemonBridge, bridge};
 pub use gate::{ConfigGate, Prepared, Trust, TrustGate};
+pub use options::SessionOptions;
+pub use toolchains::rules as mount_rules;
 
 use super::Context;
 use crate::agent::resolve::Resolved;
@@ -55,36 +59,28 @@ enum Target {
     Agent(Box<Resolved>, Vec<OsString>),
 }
 
-/// How a session reports on the host's stderr.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Report {
-    /// `--quiet`: no end-of-session refusal summary.
-    pub quiet: bool,
-}
-
 /// Runs a session with the production collaborators: the configuration gate and the daemon
 /// bridge.
 pub fn launch(
     repo_arg: Option<&Path>,
     ports: &[String],
     launch: Launch,
+    opts: &SessionOptions,
     ctx: &Context<'_>,
-    report: Report,
 ) -> i32 {
     let ports = match crate::sandbox::ports::PortSpec::parse_all(ports) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
-    let make_bridge = &mut |prepared: &Prepared| bridge(ctx, prepared);
-    run_with(repo_arg, launch, ctx, report, &ConfigGate, make_bridge, ports)
+    run_with(repo_arg, launch, opts, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared), ports)
 }
 
 /// A session (`exec` or `run`) with its collaborators injected.
 pub fn run_with(
     repo_arg: Option<&Path>,
     launch: Launch,
+    opts: &SessionOptions,
     ctx: &Context<'_>,
-    report: Report,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
     ports: Vec<crate::sandbox::ports::PortSpec>,
@@ -105,6 +101,10 @@ pub fn run_with(
             repo.path.display()
         ));
     }
+    let workdir = match toolchains::workdir(&repo, &ctx.cwd, opts.workdir.as_deref()) {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
     // An agent that is not installed is reported before anything is asked or started.
     let target = match launch {
         Launch::Command(argv) => Target::Command(argv),
@@ -154,6 +154,10 @@ pub fn run_with(
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    let chosen = match toolchains::judge(&paths, &repo, rules.clone(), &prepared, opts) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
     let (mut env, ignored) =
         senv::build(ctx.env, &repo.sandbox_path(), &prepared.identity, &prepared.extra);
     for name in ignored {
@@ -186,6 +190,8 @@ pub fn run_with(
         agent: None,
         agent_version: None,
         terminal: prepared.terminal,
+        mounts: chosen.mounts,
+        workdir: Some(workdir),
         ports,
     };
     let mut bridge = make_bridge(&prepared);
@@ -198,6 +204,8 @@ pub fn run_with(
             }
         }
     }
+    // After the agent's PATH: mounted toolchains come first.
+    chosen.env.apply(&mut env);
     req.env = env;
     // Agent trees come from PATH, i.e. from configuration: the same predicate as every bind.
     for (src, _) in &req.ro_binds {
@@ -211,7 +219,7 @@ pub fn run_with(
         Ok(outcome) => {
             // The relay has restored the terminal by now (supervisor::run returns after it).
             report_sweep(&outcome.sweep, &req.session);
-            if !report.quiet {
+            if !opts.quiet {
                 let hints = refusals::Hints::for_repo(&req.repo.path, &ctx.cwd);
                 let dir = paths.logs_dir(&req.repo.name);
                 for line in refusals::report(&dir, &started[..10], &req.session, &hints) {

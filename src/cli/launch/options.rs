@@ -1,0 +1,20 @@
+//! Options every session takes (`exec` and `run`): `--mount`, `-w/--workdir` and `--quiet`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct SessionOptions {
+    /// Mount a host tree inside: HOST[:SANDBOX][:ro|:rw] (read-only unless :rw; :rw makes the
+    /// tree agent-written). Repeatable. See `[sandbox] mounts` in docs/configuration.md.
+    #[arg(long = "mount", value_name = "HOST[:SANDBOX][:ro|:rw]")]
+    pub mounts: Vec<String>,
+    /// The working directory inside, as a host directory within the repo (default: the current
+    /// directory when it lies in the repo, else the repo root).
+    #[arg(short = 'w', long = "workdir", value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+    /// No summary of the session's refusals on stderr when it ends.
+    #[arg(long)]
+    pub quiet: bool,
+}
