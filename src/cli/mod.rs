@@ -17,6 +17,7 @@ use crate::env::{Env, ProcessEnv};
 
 pub mod doctor;
 pub mod logs;
+mod logs_sessions;
 pub mod service;
 pub mod status;
 

@@ -4,8 +4,8 @@
 //! The protocol owns its types; the mapping lives here so the protocol depends on nothing.
 
 use super::{
-    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, NetworkDoc, ReviewServer,
-    TerminalDoc,
+    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, LogsDoc, NetworkDoc,
+    ReviewServer, TerminalDoc,
 };
 use crate::policy::{LayerKind, Mode};
 use crate::protocol as wire;
@@ -122,6 +122,7 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
             session_budget: doc.audit.session_budget,
             min_free: doc.audit.min_free,
         },
+        logs: wire::LogsDoc { keep_secs: doc.logs.keep_secs },
     }
 }
 
@@ -172,6 +173,7 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
             session_budget: doc.audit.session_budget,
             min_free: doc.audit.min_free,
         },
+        logs: LogsDoc { keep_secs: doc.logs.keep_secs },
     })
 }
 

@@ -32,6 +32,7 @@ fn info(repo: &str) -> SessionInfo {
         session: "sess-1".into(),
         repo: repo.into(),
         repo_path: Some(format!("/src/{repo}")),
+        repo_key: None,
         user_id: Some("41f0c2aa".into()),
     }
 }
