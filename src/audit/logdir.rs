@@ -174,7 +174,8 @@ fn choose(
             Ok(Some(dir))
         }
         Some((dir, false)) if mode == Mode::Create => {
-            create_private_dir(&dir).map_err(|source| LogDirError::Io { path: dir.clone(), source })?;
+            create_private_dir(&dir)
+                .map_err(|source| LogDirError::Io { path: dir.clone(), source })?;
             record_owner(&dir, repo_path)?;
             Ok(Some(dir))
         }
@@ -226,9 +227,7 @@ pub fn all(root: &Path) -> Result<Vec<(PathBuf, Option<PathBuf>)>, LogDirError> 
             continue;
         }
         let path = match owner(&dir)? {
-            Owner::Path(p) if !p.is_empty() => {
-                Some(PathBuf::from(std::ffi::OsStr::from_bytes(&p)))
-            }
+            Owner::Path(p) if !p.is_empty() => Some(PathBuf::from(std::ffi::OsStr::from_bytes(&p))),
             _ => None,
         };
         out.push((dir, path));

@@ -50,7 +50,9 @@ pub fn parse_keep(s: &str) -> Result<Duration, String> {
     }
     let n: u64 = num.parse().map_err(|_| bad())?;
     if n == 0 {
-        return Err(format!("{s:?} would delete every log as soon as it is written; keep at least 1h"));
+        return Err(format!(
+            "{s:?} would delete every log as soon as it is written; keep at least 1h"
+        ));
     }
     // 100 000 years is "forever" for a log; larger numbers are typos.
     match n.checked_mul(secs).filter(|s| *s <= 100_000 * 365 * 86_400) {

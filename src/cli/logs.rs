@@ -159,14 +159,12 @@ fn parse_host_suffix(s: &str) -> Result<String, String> {
 }
 
 fn parse_reason(s: &str) -> Result<Reason, String> {
-    serde_json::from_value(serde_json::Value::String(s.trim().to_ascii_lowercase())).map_err(
-        |_| {
-            format!(
-                "{s:?} is not a reason code (like not_allowed, private_address, allowed); \
+    serde_json::from_value(serde_json::Value::String(s.trim().to_ascii_lowercase())).map_err(|_| {
+        format!(
+            "{s:?} is not a reason code (like not_allowed, private_address, allowed); \
                  docs/audit-format.md lists them all"
-            )
-        },
-    )
+        )
+    })
 }
 
 fn parse_method(s: &str) -> Result<String, String> {
@@ -405,8 +403,7 @@ fn logs(args: &LogsArgs, ctx: &Context<'_>) -> anyhow::Result<()> {
             if !args.follow {
                 break;
             }
-            if !waiting_said && out.shown == 0 && !followers.iter().any(|(_, f)| f.dir().is_dir())
-            {
+            if !waiting_said && out.shown == 0 && !followers.iter().any(|(_, f)| f.dir().is_dir()) {
                 eprintln!("airlock: waiting for the first audit line of {}", sources.describe());
                 waiting_said = true;
             }
@@ -687,17 +684,19 @@ mod tests {
         let line = sample(); // session s1, reason allowed, CONNECT
         let session = |s: &str| Filter { session: Some(s.into()), ..Filter::default() };
         assert!(session("s1").matches(&line) && !session("s2").matches(&line));
-        let reason = |r: &str| Filter { reason: Some(parse_reason(r).unwrap()), ..Filter::default() };
+        let reason =
+            |r: &str| Filter { reason: Some(parse_reason(r).unwrap()), ..Filter::default() };
         assert!(reason("allowed").matches(&line) && !reason("not_allowed").matches(&line));
-        assert!(reason("NOT_ALLOWED").matches(&AuditLine {
-            reason: Some(Reason::NotAllowed),
-            ..sample()
-        }));
+        assert!(
+            reason("NOT_ALLOWED")
+                .matches(&AuditLine { reason: Some(Reason::NotAllowed), ..sample() })
+        );
         let no_reason = AuditLine { reason: None, ..sample() };
         assert!(!reason("allowed").matches(&no_reason));
         let err = parse_reason("nope").unwrap_err();
         assert!(err.contains("docs/audit-format.md"), "{err}");
-        let method = |m: &str| Filter { method: Some(parse_method(m).unwrap()), ..Filter::default() };
+        let method =
+            |m: &str| Filter { method: Some(parse_method(m).unwrap()), ..Filter::default() };
         assert!(method("connect").matches(&line) && !method("GET").matches(&line));
         assert!(parse_method("GE T").is_err() && parse_method("").is_err());
     }

@@ -51,7 +51,9 @@ fn session_files(dir: &Path) -> io::Result<Vec<PathBuf>> {
             let name = e.file_name();
             let name = name.to_string_lossy();
             let date = name.strip_prefix("sessions-").and_then(|r| r.strip_suffix(".jsonl"));
-            date.is_some_and(|d| d.len() == 10 && d.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
+            date.is_some_and(|d| {
+                d.len() == 10 && d.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+            })
         })
         .map(|e| e.path())
         .collect();
@@ -177,7 +179,8 @@ pub(super) fn sessions(args: &SessionsArgs, ctx: &Context<'_>) -> anyhow::Result
         since.is_none_or(|s| t >= s) && until.is_none_or(|u| t < u)
     });
     let mut out = io::stdout().lock();
-    let written = if args.json { print_json(&mut out, &rows) } else { print_table(&mut out, &rows, all) };
+    let written =
+        if args.json { print_json(&mut out, &rows) } else { print_table(&mut out, &rows, all) };
     match written {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return Ok(()),
         other => other?,

@@ -26,7 +26,9 @@ pub const EXIT_NOT_RUNNING: i32 = 3;
 
 pub fn run(args: &StatusArgs, ctx: &Context<'_>) -> i32 {
     let endpoint = Endpoint::resolve(ctx.env);
-    let status = if args.no_start { endpoint.status_if_running().map(|s| s.ok_or(())) } else {
+    let status = if args.no_start {
+        endpoint.status_if_running().map(|s| s.ok_or(()))
+    } else {
         endpoint.status().map(Ok)
     };
     let status = match status {

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
 pub use layer::{
-    AuditDoc, Credential, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest, parse_layer,
-    parse_size,
+    AuditDoc, Credential, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest,
+    parse_layer, parse_size,
 };
 pub use trust::{TrustRecord, TrustState};
 

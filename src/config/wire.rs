@@ -4,8 +4,8 @@
 //! The protocol owns its types; the mapping lives here so the protocol depends on nothing.
 
 use super::{
-    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, LogsDoc, NetworkDoc,
-    ReviewServer, TerminalDoc,
+    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, LogsDoc, NetworkDoc, ReviewServer,
+    TerminalDoc,
 };
 use crate::policy::{LayerKind, Mode};
 use crate::protocol as wire;

@@ -100,8 +100,7 @@ pub async fn serve(
         .await
         .map_err(|source| StandaloneError::Listen { addr: proxy.listen, source })?;
     let bound = listener.local_addr().map_err(StandaloneError::LocalAddr)?;
-    let identity =
-        Identity {
+    let identity = Identity {
         repo: proxy.repo_name.clone(),
         repo_path: None,
         repo_key: None,

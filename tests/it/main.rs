@@ -53,6 +53,7 @@ mod sandbox_dns;
 mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]
 mod sandbox_limits;
+mod sandbox_logdir;
 #[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
 #[cfg(feature = "test-hooks")]
@@ -62,4 +63,5 @@ mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
 mod sshd;
+mod status_no_start;
 mod support;

@@ -197,7 +197,8 @@ fn prepare(
     let repo_path = std::path::Path::new(&spec.repo_path);
     let log_dir = audit::logdir::claim(&paths.logs_root(), &spec.repo, repo_path)
         .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
-    let dir_name = log_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let dir_name =
+        log_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if let Some(keep) = keep {
         apply_retention(&log_dir, keep);
     }
@@ -211,10 +212,11 @@ fn prepare(
     };
     // A new boot: this session's `seq` restarts at 1 under this instance's `boot`.
     // Below `[audit] min_free` the session does not start (no space, no traffic).
-    let sink = daemon.logs(&paths).session_sink_in(&dir_name, info, volume).map_err(|e| match e {
-        audit::AuditError::LowSpace { .. } => error(ErrorCode::Config, e.to_string()),
-        e => error(ErrorCode::Internal, e.to_string()),
-    })?;
+    let sink =
+        daemon.logs(&paths).session_sink_in(&dir_name, info, volume).map_err(|e| match e {
+            audit::AuditError::LowSpace { .. } => error(ErrorCode::Config, e.to_string()),
+            e => error(ErrorCode::Internal, e.to_string()),
+        })?;
     Ok(Prepared {
         spec,
         id,
