@@ -587,3 +587,29 @@ fn allowed_template() -> AuditLine {
     l.allowed = true;
     l
 }
+
+/// `[logs] keep` belongs to the managed and user layers: a repo file setting it is an error at
+/// its file, line and column (so a repo cannot erase its own trail); nonsense is too.
+#[test]
+fn logs_keep_in_a_repo_file_or_nonsense_is_a_config_error_with_its_position() {
+    let w = World::new();
+    let repo = w.repo("keeper");
+    w.write(repo.join(".airlock.toml"), "[network]\nallow = [\"a.test\"]\n[logs]\nkeep = \"1d\"\n");
+    let run = w.airlock(&repo).args(["policy", "show"]).run();
+    let out = run.stdout() + &run.stderr();
+    let at = format!(
+        "{}:3:2: [logs] is not allowed in the repo layer",
+        repo.join(".airlock.toml").display()
+    );
+    assert!(out.contains(&at), "{out}");
+    w.write(
+        w.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"a.test\"]\n[logs]\nkeep = \"3 months\"\n",
+    );
+    let run = w.airlock(&repo).args(["policy", "show"]).run();
+    let out = run.stdout() + &run.stderr();
+    assert!(
+        out.contains("config.toml:4:8: logs.keep: \"3 months\" is not a retention period"),
+        "{out}"
+    );
+}
