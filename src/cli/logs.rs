@@ -62,7 +62,7 @@ pub struct LogsArgs {
 pub enum LogsCommand {
     /// List sessions from the session records: start, end, duration, exit, agent, command
     /// (a repo named `sessions` is given with `--repo-name sessions` or `--repo DIR`)
-    Sessions(SessionsArgs),
+    Sessions(Box<SessionsArgs>),
 }
 
 /// Which checkout's log (shared by `airlock logs` and `airlock logs sessions`).
