@@ -1,6 +1,6 @@
 //! `airlock status`: whether airlockd is up (activating it where DESIGN §6 allows, never with
-//! `--no-start`), its version,
-//! binary, pid and uptime, and each session with its repo, user, tunnels and bytes.
+//! `--no-start`), its version, binary, pid and uptime, and each session with its repo, user,
+//! tunnels and bytes.
 
 use std::io::Write;
 

@@ -1,6 +1,6 @@
-//! Session records (DESIGN §5): `~/.airlock/logs/<repo>/sessions-<YYYY-MM-DD>.jsonl`, a start
-//! line (`id` = `<session>:start`) and an end line (`<session>:end`), each one `write(2)` on an
-//! `O_APPEND` file, written by the daemon.
+//! Session records (DESIGN §5): `sessions-<YYYY-MM-DD>.jsonl` in the checkout's log directory
+//! ([`crate::audit::logdir`]), a start line (`id` = `<session>:start`) and an end line
+//! (`<session>:end`), each one `write(2)` on an `O_APPEND` file, written by the daemon.
 
 use std::path::Path;
 

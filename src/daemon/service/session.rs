@@ -14,7 +14,6 @@ use super::state::{Daemon, Session, blocking, lock, now};
 use crate::audit::{self, FileAuditSink, SessionInfo};
 use crate::config::{BuiltPolicy, LayerDoc};
 use crate::daemon::records::{self, EndRecord, StartRecord};
-use crate::paths::Paths;
 use crate::policy::LocalAddrs;
 use crate::protocol::{ErrorCode, Response, SessionEnd, SessionSpec};
 use crate::proxy::{self, Limits, Resolver, SessionProxy};
@@ -149,7 +148,6 @@ fn session_sockets(
 struct Prepared {
     spec: SessionSpec,
     id: String,
-    paths: Paths,
     built: BuiltPolicy,
     policy_layers: Vec<String>,
     sockets: SessionSockets,
@@ -220,7 +218,6 @@ fn prepare(
     Ok(Prepared {
         spec,
         id,
-        paths,
         built,
         policy_layers,
         sockets,
@@ -242,7 +239,6 @@ fn prepare(
 fn write_start_record(
     daemon: &Daemon,
     session: &Session,
-    paths: &Paths,
     policy_digest: String,
     policy_layers: Vec<String>,
 ) -> Result<(), String> {
@@ -268,7 +264,6 @@ fn write_start_record(
         layers: &s.layers,
         listen: &session.listen,
     };
-    let _ = paths;
     records::append(&session.log_dir, &rec).map_err(|e| e.to_string())
 }
 
@@ -295,7 +290,6 @@ pub(super) async fn start_session(
     let Prepared {
         spec,
         id,
-        paths,
         built,
         policy_layers,
         sockets,
@@ -357,8 +351,7 @@ pub(super) async fn start_session(
     if !reregister {
         let (d, s) = (Arc::clone(daemon), Arc::clone(&session));
         let digest = format!("sha256:{policy_digest}");
-        let written =
-            blocking(move || write_start_record(&d, &s, &paths, digest, policy_layers)).await;
+        let written = blocking(move || write_start_record(&d, &s, digest, policy_layers)).await;
         if let Err(e) = written.and_then(|r| r) {
             lock(&daemon.sessions).remove(&id);
             return error(ErrorCode::Internal, e);
