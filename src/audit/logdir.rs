@@ -222,8 +222,8 @@ pub fn all(root: &Path) -> Result<Vec<(PathBuf, Option<PathBuf>)>, LogDirError> 
     let mut out = Vec::new();
     for entry in entries.flatten() {
         let dir = entry.path();
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        if !is_dir || entry.file_name().as_bytes().starts_with(b".") {
+        // `.lock` is a file; a repo name may itself start with a dot (`.dotfiles`).
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
         let path = match owner(&dir)? {
@@ -322,7 +322,9 @@ mod tests {
             assert_eq!(seen[k].get_or_insert(d.clone()), &d);
         }
         assert_ne!(seen[0], seen[1]);
+        std::fs::create_dir(root.join(".dotfiles")).unwrap();
         let listed = all(&root).unwrap();
-        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert_eq!(listed.len(), 3, "{listed:?}");
+        assert_eq!(listed[0], (root.join(".dotfiles"), None));
     }
 }
