@@ -54,6 +54,7 @@ mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]
 mod sandbox_limits;
 mod sandbox_logdir;
+mod sandbox_ports;
 #[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
 #[cfg(feature = "test-hooks")]
