@@ -19,6 +19,7 @@ fn bench(c: &mut Criterion) {
         session: "0123456789abcdef0123456789abcdef".into(),
         repo: "some-repo".into(),
         repo_path: Some("/home/dev/src/some-repo".into()),
+        repo_key: None,
         user_id: Some("41f0c2aa41f0c2aa".into()),
     };
     let sink = FileAuditSink::open(tmp.path().join("logs"), "bench-boot", info).unwrap();

@@ -68,6 +68,7 @@ fn main() {
         session: "bench-dns".into(),
         repo: "bench".into(),
         repo_path: None,
+        repo_key: None,
         user_id: Some("bench".into()),
     }));
     let session = Arc::new(SessionProxy::new(
@@ -77,7 +78,12 @@ fn main() {
         Arc::new(SystemResolver),
         Limits::default(),
         local_addrs(),
-        Identity { repo: "bench".into(), repo_path: None, user_id: Some("bench".into()) },
+        Identity {
+            repo: "bench".into(),
+            repo_path: None,
+            repo_key: None,
+            user_id: Some("bench".into()),
+        },
     ));
     let dns = rt.block_on(tokio::net::UdpSocket::bind("127.0.0.1:0")).unwrap();
     let dns_addr = dns.local_addr().unwrap();

@@ -79,6 +79,7 @@ fn start_session(
         session: format!("bench-{name}"),
         repo: name.into(),
         repo_path: None,
+        repo_key: None,
         user_id: Some("bench".into()),
     };
     let sink: Arc<dyn AuditSink> = Arc::new(FileAuditSink::with_volume(log, info, volume));
@@ -88,7 +89,12 @@ fn start_session(
         Arc::new(Fixed(UPSTREAM_IP.parse().unwrap())),
         Limits::default(),
         local_addrs(),
-        Identity { repo: name.into(), repo_path: None, user_id: Some("bench".into()) },
+        Identity {
+            repo: name.into(),
+            repo_path: None,
+            repo_key: None,
+            user_id: Some("bench".into()),
+        },
     ));
     let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = l.local_addr().unwrap();

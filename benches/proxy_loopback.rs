@@ -62,6 +62,7 @@ fn start_sessions(
             session: format!("bench-{i}"),
             repo: "bench".into(),
             repo_path: None,
+            repo_key: None,
             user_id: Some("bench".into()),
         }));
         let session = Arc::new(SessionProxy::new(
@@ -70,7 +71,12 @@ fn start_sessions(
             Arc::new(Fixed("127.0.0.2".parse().unwrap())),
             limits.clone(),
             local.clone(),
-            Identity { repo: "bench".into(), repo_path: None, user_id: Some("bench".into()) },
+            Identity {
+                repo: "bench".into(),
+                repo_path: None,
+                repo_key: None,
+                user_id: Some("bench".into()),
+            },
         ));
         let l = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
         addrs.push(l.local_addr().unwrap());
@@ -215,6 +221,7 @@ fn transparent(runs: usize, total: usize) {
         session: "bench-capture".into(),
         repo: "bench".into(),
         repo_path: None,
+        repo_key: None,
         user_id: Some("bench".into()),
     }));
     let session = Arc::new(SessionProxy::new(
@@ -223,7 +230,12 @@ fn transparent(runs: usize, total: usize) {
         Arc::new(Fixed("127.0.0.2".parse().unwrap())),
         Limits { max_tunnels: 100_000, ..Limits::default() },
         local_addrs(),
-        Identity { repo: "bench".into(), repo_path: None, user_id: Some("bench".into()) },
+        Identity {
+            repo: "bench".into(),
+            repo_path: None,
+            repo_key: None,
+            user_id: Some("bench".into()),
+        },
     ));
     let l = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", capture_port))).unwrap();
     let (tx, rx) = tokio::sync::watch::channel(false);

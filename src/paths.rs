@@ -85,7 +85,9 @@ impl Paths {
         self.airlock_dir().join("logs")
     }
 
-    /// `~/.airlock/logs/<repo>/`: audit, journal and session files of one repo.
+    /// `~/.airlock/logs/<name>/`, a log directory by name (the standalone proxy's default, or
+    /// `airlock logs --repo-name`). A checkout's own directory is chosen by
+    /// [`crate::audit::logdir`], which every session and `airlock logs` use.
     pub fn logs_dir(&self, repo_name: &str) -> PathBuf {
         self.logs_root().join(repo_name)
     }

@@ -399,6 +399,23 @@ pub struct LayerDoc {
     /// daemons and clients see the same documents as before.
     #[serde(default, skip_serializing_if = "AuditDoc::is_empty")]
     pub audit: AuditDoc,
+    /// `[logs]` (managed and user layers only); omitted when the file is silent.
+    #[serde(default, skip_serializing_if = "LogsDoc::is_empty")]
+    pub logs: LogsDoc,
+}
+
+/// `[logs]`: log retention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsDoc {
+    /// `keep`, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_secs: Option<u64>,
+}
+
+impl LogsDoc {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// `[audit]`: the session's audit-volume bounds (sizes in bytes).
@@ -760,6 +777,7 @@ mod tests {
             review_servers: vec!["https://review.corp.example".into()],
             terminal: TerminalDoc { clipboard: Some(Clipboard::Allow) },
             audit: AuditDoc::default(),
+            logs: LogsDoc::default(),
         };
         SessionSpec {
             session: None,

@@ -2,8 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 /// Names that collide with a sandbox mount; such repos are mounted at `/workspace/<name>`.
 const RESERVED_NAMES: &[&str] = &[
     "usr", "etc", "proc", "dev", "tmp", "home", "bin", "sbin", "run", "sys", "var", "opt", "root",
@@ -80,8 +78,7 @@ impl Repo {
     /// Name + 8 hex of a SHA-256 of the canonical path: keys per-repo state that must not
     /// collide between two checkouts with the same basename (agent homes, trust records).
     pub fn key(&self) -> String {
-        let digest = Sha256::digest(self.path.as_os_str().as_encoded_bytes());
-        format!("{}-{}", self.name, &hex::encode(digest)[..8])
+        crate::audit::logdir::repo_key(&self.name, &self.path)
     }
 
     /// The repo's policy file.

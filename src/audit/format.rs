@@ -14,7 +14,7 @@ use super::{AuditError, AuditLine};
 /// No audit line is longer than this (bytes, including the newline).
 pub const MAX_LINE: usize = 8192;
 
-// Caps in escaped bytes. Their sum (7 074) plus field names, numbers and enums (< 600)
+// Caps in escaped bytes. Their sum (7 346) plus field names, numbers and enums (< 600)
 // stays under MAX_LINE; `caps_fit_max_line` checks it.
 const CAP_TS: usize = 40;
 const CAP_USER_ID: usize = 256;
@@ -26,6 +26,8 @@ const CAP_SESSION: usize = 128;
 const CAP_BOOT: usize = 128;
 const CAP_ADDR: usize = 64;
 const CAP_REPO_PATH: usize = 1024;
+/// A sanitized name (at most 255 bytes, a file name) plus `-` and 8 hex digits.
+const CAP_REPO_KEY: usize = 272;
 const CAP_URL: usize = 2048;
 const CAP_POLICY: usize = 1024;
 const CAP_QTYPE: usize = 16;
@@ -52,6 +54,7 @@ const CAPS_TOTAL: usize = CAP_TS
     + CAP_BOOT
     + CAP_ADDR
     + CAP_REPO_PATH
+    + CAP_REPO_KEY
     + CAP_URL
     + CAP_POLICY
     + CAP_QTYPE
@@ -117,6 +120,7 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         && fits(&line.boot, CAP_BOOT)
         && fits_opt(&line.addr, CAP_ADDR)
         && fits_opt(&line.repo_path, CAP_REPO_PATH)
+        && fits_opt(&line.repo_key, CAP_REPO_KEY)
         && fits_opt(&line.url, CAP_URL)
         && fits_opt(&line.policy, CAP_POLICY)
         && fits_opt(&line.qtype, CAP_QTYPE)
@@ -141,6 +145,7 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
     cut |= cap_str(&mut l.boot, CAP_BOOT);
     cut |= cap_opt(&mut l.addr, CAP_ADDR);
     cut |= cap_opt(&mut l.repo_path, CAP_REPO_PATH);
+    cut |= cap_opt(&mut l.repo_key, CAP_REPO_KEY);
     cut |= cap_opt(&mut l.url, CAP_URL);
     cut |= cap_opt(&mut l.policy, CAP_POLICY);
     cut |= cap_opt(&mut l.qtype, CAP_QTYPE);
@@ -304,6 +309,7 @@ pub(crate) mod tests {
             port: Some(443),
             addr: Some("127.0.0.2:443".into()),
             repo_path: Some("/home/u/some-repo".into()),
+            repo_key: Some("some-repo-0a1b2c3d".into()),
             url: None,
             status: None,
             reason: Some(Reason::Allowed),
@@ -343,6 +349,7 @@ pub(crate) mod tests {
             port: Some(u16::MAX),
             addr: Some(s.into()),
             repo_path: Some(s.into()),
+            repo_key: Some(s.into()),
             url: Some(s.into()),
             status: Some(u16::MAX),
             reason: Some(Reason::ManagedNotAllowed),

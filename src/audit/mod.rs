@@ -12,7 +12,9 @@ use crate::policy::{LayerKind, Reason};
 mod files;
 mod format;
 mod journal;
+pub mod logdir;
 mod reader;
+pub mod retention;
 mod settle;
 pub mod volume;
 mod writer;
@@ -63,6 +65,9 @@ pub struct AuditLine {
     pub addr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repo_path: Option<String>,
+    /// The checkout's repo key (`<repo>-<8 hex>`): tells two checkouts of one name apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_key: Option<String>,
     /// Plain-HTTP requests: the absolute-form target (length-capped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
@@ -151,6 +156,7 @@ impl AuditLine {
             port,
             addr: None,
             repo_path: None,
+            repo_key: None,
             url: None,
             status: None,
             reason: None,
@@ -341,7 +347,7 @@ mod tests {
         let value = serde_json::to_value(&line).unwrap_or_default();
         let fields = value.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
         let fields = fields.unwrap_or_default();
-        assert_eq!(fields.len(), 31, "{fields:?}");
+        assert_eq!(fields.len(), 32, "{fields:?}");
         for field in fields {
             assert!(FORMAT_DOC.contains(&format!("| `{field}` |")), "{field} undocumented");
         }

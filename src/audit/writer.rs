@@ -260,7 +260,8 @@ impl LogRegistry {
         &self.boot
     }
 
-    /// The live log of `repo` (a validated repo name), opening it if needed. Blocking (file
+    /// The live log of the directory `repo` under the root (a validated repo name, or the
+    /// name [`super::logdir::claim`] chose), opening it if needed. Blocking (file
     /// I/O): async callers run it on `spawn_blocking`.
     pub fn repo_log(&self, repo: &str) -> Result<Arc<RepoLog>, AuditError> {
         let previous = {
@@ -313,7 +314,19 @@ impl LogRegistry {
         info: SessionInfo,
         volume: Volume,
     ) -> Result<FileAuditSink, AuditError> {
-        let log = self.repo_log(&info.repo)?;
+        let dir = info.repo.clone();
+        self.session_sink_in(&dir, info, volume)
+    }
+
+    /// Like [`LogRegistry::session_sink_with`], writing to `root/<dir_name>` — the checkout's
+    /// directory as [`super::logdir::claim`] chose it.
+    pub fn session_sink_in(
+        &self,
+        dir_name: &str,
+        info: SessionInfo,
+        volume: Volume,
+    ) -> Result<FileAuditSink, AuditError> {
+        let log = self.repo_log(dir_name)?;
         let free = super::volume::free_bytes(log.dir())
             .map_err(|source| AuditError::Read { path: log.dir().to_owned(), source })?;
         if free < volume.min_free {
@@ -336,6 +349,8 @@ pub struct SessionInfo {
     pub repo: String,
     /// The repo's host path (audit `repo_path`).
     pub repo_path: Option<String>,
+    /// The checkout's repo key (audit `repo_key`).
+    pub repo_key: Option<String>,
     /// Omitted for unattributed runs.
     pub user_id: Option<String>,
 }
@@ -541,6 +556,7 @@ impl FileAuditSink {
             user_id: self.info.user_id.clone(),
             repo: self.info.repo.clone(),
             repo_path: self.info.repo_path.clone(),
+            repo_key: self.info.repo_key.clone(),
             ..AuditLine::attempt(rfc3339_ms(self.log.now()), self.stamp(), host, port, method)
         }
     }
@@ -660,6 +676,7 @@ pub(crate) mod tests {
             session: "sess".into(),
             repo: "some-repo".into(),
             repo_path: Some("/src/some-repo".into()),
+            repo_key: Some("some-repo-0a1b2c3d".into()),
             user_id: Some("u1".into()),
         }
     }

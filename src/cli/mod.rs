@@ -21,6 +21,7 @@ use crate::env::{Env, ProcessEnv};
 
 pub mod doctor;
 pub mod logs;
+mod logs_sessions;
 pub mod man;
 pub mod service;
 pub mod status;

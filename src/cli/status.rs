@@ -1,5 +1,6 @@
-//! `airlock status`: whether airlockd is up (activating it where DESIGN §6 allows), its version,
-//! binary, pid and uptime, and each session with its repo, user, tunnels and bytes.
+//! `airlock status`: whether airlockd is up (activating it where DESIGN §6 allows, never with
+//! `--no-start`), its version, binary, pid and uptime, and each session with its repo, user,
+//! tunnels and bytes.
 
 use std::io::Write;
 
@@ -13,12 +14,34 @@ pub struct StatusArgs {
     /// Print the daemon's status as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Never start airlockd to answer: if it is not running, say so and exit 3 (with a
+    /// service manager, its service state is asked instead of its socket)
+    #[arg(long)]
+    pub no_start: bool,
 }
+
+/// `status --no-start` when airlockd is not running (the LSB "program is not running" code,
+/// as `systemctl status` uses it).
+pub const EXIT_NOT_RUNNING: i32 = 3;
 
 pub fn run(args: &StatusArgs, ctx: &Context<'_>) -> i32 {
     let endpoint = Endpoint::resolve(ctx.env);
-    let status = match endpoint.status() {
-        Ok(s) => s,
+    let status = if args.no_start {
+        endpoint.status_if_running().map(|s| s.ok_or(()))
+    } else {
+        endpoint.status().map(Ok)
+    };
+    let status = match status {
+        Ok(Ok(s)) => s,
+        Ok(Err(())) => {
+            let path = endpoint.socket.path.display();
+            if args.json {
+                println!("{}", serde_json::json!({ "running": false, "socket": path.to_string() }));
+            } else {
+                println!("airlockd is not running (socket {path}; not started: --no-start)");
+            }
+            return EXIT_NOT_RUNNING;
+        }
         Err(err) => {
             eprintln!("airlock: {err}");
             return err.exit_code();

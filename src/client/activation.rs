@@ -84,6 +84,31 @@ pub fn decide_activation(env: &dyn Env, socket: &SocketPath) -> Activation {
     if serves_path { Activation::ServiceManager { unit } } else { Activation::OneShot }
 }
 
+/// Whether the service manager reports the daemon's service running, asked without touching
+/// its socket (a connection would start it): `systemctl --user is-active airlock.service`, or
+/// `launchctl print` of the LaunchAgent showing `state = running`. A manager that cannot be
+/// asked counts as "not running": `status --no-start` must never be the one that starts it.
+pub fn service_is_active() -> bool {
+    let mut cmd = if cfg!(target_os = "macos") {
+        let mut c = std::process::Command::new("launchctl");
+        c.arg("print").arg(format!("gui/{}/{LAUNCHD_LABEL}", nix::unistd::getuid()));
+        c
+    } else {
+        let mut c = std::process::Command::new("systemctl");
+        c.args(["--user", "is-active", "airlock.service"]);
+        c
+    };
+    cmd.stdin(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+    match cmd.output() {
+        Ok(out) if cfg!(target_os = "macos") => {
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("state = running")
+        }
+        // `is-active` exits 0 only for an active unit.
+        Ok(out) => out.status.success(),
+        Err(_) => false,
+    }
+}
+
 /// `airlockd` next to the running `airlock` binary first, then on `PATH`.
 pub fn find_daemon() -> Option<PathBuf> {
     let beside =

@@ -210,6 +210,53 @@ impl Endpoint {
     pub fn status(&self) -> Result<StatusReply, ClientError> {
         self.connect()?.status()
     }
+
+    /// `status --no-start`: the daemon's status if it is running, `None` if it is not — and
+    /// never a daemon started to answer. A socket a service manager holds would start the
+    /// service on `connect(2)`, so the manager is asked first; the one-shot activator is never
+    /// called; an older daemon is never asked to quit.
+    pub fn status_if_running(&self) -> Result<Option<StatusReply>, ClientError> {
+        if let Activation::ServiceManager { .. } = &self.activation
+            && !super::activation::service_is_active()
+        {
+            return Ok(None);
+        }
+        if self.socket.path.parent().is_some_and(Path::exists) {
+            check_dir(self.socket.dir())?;
+        }
+        let start = Instant::now();
+        loop {
+            let last = match self.try_hello()? {
+                Ok(mut client) if client.version.is_some() => return client.status().map(Some),
+                Ok(client) if client.daemon_protocol.min > self.protocol.max => {
+                    return Err(ClientError::DaemonNewer {
+                        version: client.daemon_version,
+                        theirs: client.daemon_protocol,
+                        ours: self.protocol,
+                    });
+                }
+                Ok(client) => {
+                    return Err(ClientError::NoSharedVersion {
+                        version: client.daemon_version,
+                        theirs: client.daemon_protocol,
+                        ours: self.protocol,
+                    });
+                }
+                Err(Attempt::Dead(_)) => return Ok(None),
+                // A daemon that is stopping (or handing over): ask again briefly.
+                Err(Attempt::Retry(why)) => why,
+            };
+            if start.elapsed() > Duration::from_secs(2) {
+                return Err(ClientError::Timeout {
+                    path: self.socket.path.clone(),
+                    secs: 2,
+                    last,
+                    log: self.daemon_log.clone().unwrap_or_else(|| "the daemon's stderr".into()),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 fn is_retryable(e: &io::Error) -> bool {

@@ -25,6 +25,8 @@
 //! burst = 20                    # identical refusals written one by one per second (0: no limit)
 //! session_budget = "1GiB"       # audit bytes per session; past it the session is stopped
 //! min_free = "256MiB"           # free space the log's file system keeps; below it, no traffic
+//! [logs]                        # managed and user layers only
+//! keep = "90d"                  # delete whole dated log files older than this (d or h)
 //! ```
 
 use std::collections::BTreeMap;
@@ -42,8 +44,10 @@ use super::diag::{Diagnostic, line_col, suggestion};
 use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
-const TOP_KEYS: &[&str] = &["network", "env", "mcp", "review", "terminal", "audit", "sandbox"];
+const TOP_KEYS: &[&str] =
+    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
+const LOGS_KEYS: &[&str] = &["keep"];
 const AUDIT_KEYS: &[&str] = &["burst", "session_budget", "min_free"];
 const NETWORK_KEYS: &[&str] = &["mode", "allow", "block", "allow_private"];
 const ENV_KEYS: &[&str] = &["pass"];
@@ -83,6 +87,9 @@ pub struct LayerDoc {
     /// `[sandbox]`: mounts and caches (the CLI's; never sent to the daemon).
     #[serde(default)]
     pub sandbox: SandboxDoc,
+    /// `[logs]` (managed and user layers only).
+    #[serde(default)]
+    pub logs: LogsDoc,
 }
 
 /// `[sandbox]`.
@@ -101,6 +108,14 @@ pub struct SandboxDoc {
 pub struct Located {
     pub text: String,
     pub at: String,
+}
+
+/// `[logs]`: log retention (`None` when the file is silent: logs are kept forever).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogsDoc {
+    /// `keep`, in seconds.
+    #[serde(default)]
+    pub keep_secs: Option<u64>,
 }
 
 /// `[audit]`: bounds on a session's audit volume (`None` when the file is silent).
@@ -206,6 +221,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         terminal: TerminalDoc::default(),
         audit: AuditDoc::default(),
         sandbox: SandboxDoc::default(),
+        logs: LogsDoc::default(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -325,6 +341,22 @@ impl Walker<'_> {
                         self.sandbox(t, doc);
                     }
                 }
+                "logs" => {
+                    if !matches!(self.kind, LayerKind::Managed | LayerKind::User) {
+                        self.error(
+                            key.span(),
+                            format!(
+                                "[logs] is not allowed in the {} layer: log retention may only \
+                                 be set in ~/.airlock/config.toml or the managed policy \
+                                 (/etc/airlock/policy.toml), so a repo cannot erase its own \
+                                 audit trail; move it there",
+                                self.kind
+                            ),
+                        );
+                    } else if let Some(t) = self.table(value, "[logs]") {
+                        self.logs(t, doc);
+                    }
+                }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
             }
         }
@@ -396,6 +428,27 @@ impl Walker<'_> {
                 }
                 "min_free" => doc.audit.min_free = self.size(value, "audit.min_free"),
                 _ => self.unknown(key, "[audit]", AUDIT_KEYS),
+            }
+        }
+    }
+
+    fn logs(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "keep" => match value.get_ref() {
+                    DeValue::String(s) => match crate::audit::retention::parse_keep(s) {
+                        Ok(d) => doc.logs.keep_secs = Some(d.as_secs()),
+                        Err(e) => self.error(value.span(), format!("logs.keep: {e}")),
+                    },
+                    other => self.error(
+                        value.span(),
+                        format!(
+                            "logs.keep must be a string like \"90d\" or \"36h\", found {}",
+                            other.type_str()
+                        ),
+                    ),
+                },
+                _ => self.unknown(key, "[logs]", LOGS_KEYS),
             }
         }
     }
@@ -1000,6 +1053,34 @@ OTHER = "literal"
         assert!(
             e.starts_with("/r/.airlock.toml:2:12: review.servers entry \"ftp://x.test\""),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn logs_keep_is_for_managed_and_user_layers_only() {
+        assert_eq!(
+            repo_err("[network]\nallow = [\"a.test\"]\n[logs]\nkeep = \"1d\"\n"),
+            "/r/.airlock.toml:3:2: [logs] is not allowed in the repo layer: log retention may \
+             only be set in ~/.airlock/config.toml or the managed policy \
+             (/etc/airlock/policy.toml), so a repo cannot erase its own audit trail; move it there"
+        );
+        for kind in [LayerKind::Managed, LayerKind::User] {
+            let doc = parse_layer(kind, F, b"[logs]\nkeep = \"90d\"\n").unwrap().doc;
+            assert_eq!(doc.logs, LogsDoc { keep_secs: Some(90 * 86_400) });
+        }
+        let user = |t: &str| errors(LayerKind::User, t);
+        assert_eq!(
+            user("[logs]\nkeep = \"soon\"\n"),
+            "/r/.airlock.toml:2:8: logs.keep: \"soon\" is not a retention period: write a whole \
+             number of days or hours, like \"90d\" or \"36h\""
+        );
+        assert_eq!(
+            user("[logs]\nkeep = 90\n"),
+            "/r/.airlock.toml:2:8: logs.keep must be a string like \"90d\" or \"36h\", found integer"
+        );
+        assert_eq!(
+            user("[logs]\nkepe = \"1d\"\n"),
+            "/r/.airlock.toml:2:1: unknown key `kepe` in [logs]; did you mean `keep`?"
         );
     }
 

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
 pub use layer::{
-    AuditDoc, Credential, LayerDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest, parse_layer,
-    parse_size,
+    AuditDoc, Credential, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest,
+    parse_layer, parse_size,
 };
 pub use trust::{TrustRecord, TrustState};
 
@@ -400,6 +400,15 @@ pub fn audit_volume(layers: &[&LayerDoc]) -> crate::audit::volume::Volume {
         out.min_free = doc.min_free.unwrap_or(out.min_free);
     }
     out
+}
+
+/// `[logs] keep` from the applied layers: managed and user only (a document of another kind
+/// claiming it is ignored); a managed value pins it, else the user's; `None` keeps forever.
+pub fn logs_keep(layers: &[&LayerDoc]) -> Option<std::time::Duration> {
+    let said = |kind: LayerKind| {
+        layers.iter().filter(move |d| d.kind == kind).find_map(|d| d.logs.keep_secs)
+    };
+    said(LayerKind::Managed).or_else(|| said(LayerKind::User)).map(std::time::Duration::from_secs)
 }
 
 /// What the terminal filter lets through, from the applied layers' `[terminal]`: managed and

@@ -4,7 +4,7 @@
 //! The protocol owns its types; the mapping lives here so the protocol depends on nothing.
 
 use super::{
-    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, NetworkDoc, ReviewServer,
+    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, LogsDoc, NetworkDoc, ReviewServer,
     TerminalDoc,
 };
 use crate::policy::{LayerKind, Mode};
@@ -122,6 +122,7 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
             session_budget: doc.audit.session_budget,
             min_free: doc.audit.min_free,
         },
+        logs: wire::LogsDoc { keep_secs: doc.logs.keep_secs },
     }
 }
 
@@ -174,6 +175,7 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
         },
         // The daemon never mounts anything: `[sandbox]` stays with the CLI.
         sandbox: Default::default(),
+        logs: LogsDoc { keep_secs: doc.logs.keep_secs },
     })
 }
 

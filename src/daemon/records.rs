@@ -1,6 +1,6 @@
-//! Session records (DESIGN §5): `~/.airlock/logs/<repo>/sessions-<YYYY-MM-DD>.jsonl`, a start
-//! line (`id` = `<session>:start`) and an end line (`<session>:end`), each one `write(2)` on an
-//! `O_APPEND` file, written by the daemon.
+//! Session records (DESIGN §5): `sessions-<YYYY-MM-DD>.jsonl` in the checkout's log directory
+//! ([`crate::audit::logdir`]), a start line (`id` = `<session>:start`) and an end line
+//! (`<session>:end`), each one `write(2)` on an `O_APPEND` file, written by the daemon.
 
 use std::path::Path;
 
@@ -23,6 +23,8 @@ pub struct StartRecord<'a> {
     pub email: Option<&'a str>,
     pub repo: &'a str,
     pub repo_path: &'a str,
+    /// The checkout's repo key (`<repo>-<8 hex>`).
+    pub repo_key: &'a str,
     pub command: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<&'a str>,
@@ -48,6 +50,7 @@ pub struct EndRecord<'a> {
     pub session: &'a str,
     pub boot: &'a str,
     pub repo: &'a str,
+    pub repo_key: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,6 +89,7 @@ mod tests {
             session: "s",
             boot: "b",
             repo: "r",
+            repo_key: "r-0a1b2c3d",
             user_id: None,
             exit_status: Some(3),
             transcripts: &[],

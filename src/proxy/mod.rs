@@ -193,6 +193,8 @@ impl Default for Limits {
 pub struct Identity {
     pub repo: String,
     pub repo_path: Option<String>,
+    /// The checkout's repo key (audit `repo_key`).
+    pub repo_key: Option<String>,
     pub user_id: Option<String>,
 }
 

@@ -61,6 +61,7 @@ pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &
         user_id: session.identity.user_id.clone(),
         repo: session.identity.repo.clone(),
         repo_path: session.identity.repo_path.clone(),
+        repo_key: session.identity.repo_key.clone(),
         ..AuditLine::attempt(
             rfc3339_ms(SystemTime::now()),
             session.audit.stamp(),

@@ -80,6 +80,7 @@ pub async fn serve(
         session: crate::audit::new_id(),
         repo: proxy.repo_name.clone(),
         repo_path: None,
+        repo_key: None,
         user_id: proxy.user_id.clone(),
     };
     // Opening the log settles journals left by writers that died (their tunnels become
@@ -99,8 +100,12 @@ pub async fn serve(
         .await
         .map_err(|source| StandaloneError::Listen { addr: proxy.listen, source })?;
     let bound = listener.local_addr().map_err(StandaloneError::LocalAddr)?;
-    let identity =
-        Identity { repo: proxy.repo_name.clone(), repo_path: None, user_id: proxy.user_id };
+    let identity = Identity {
+        repo: proxy.repo_name.clone(),
+        repo_path: None,
+        repo_key: None,
+        user_id: proxy.user_id,
+    };
     // Kept current by the rtnetlink watcher for as long as the proxy runs.
     let local = tokio::task::spawn_blocking(super::hostaddrs::watched)
         .await

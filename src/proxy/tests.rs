@@ -100,7 +100,7 @@ async fn rig(
         Arc::new(FileResolver::from_text(resolver).unwrap()),
         limits,
         local_addrs(),
-        Identity { repo: "r".into(), repo_path: None, user_id: Some("u1".into()) },
+        Identity { repo: "r".into(), repo_path: None, repo_key: None, user_id: Some("u1".into()) },
     ));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -605,7 +605,7 @@ async fn rig_resolving(
         resolver,
         limits,
         local_addrs(),
-        Identity { repo: "r".into(), repo_path: None, user_id: Some("u1".into()) },
+        Identity { repo: "r".into(), repo_path: None, repo_key: None, user_id: Some("u1".into()) },
     ));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();

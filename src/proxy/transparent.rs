@@ -390,7 +390,7 @@ mod tests {
                 // Two connections at a time, so the over-cap answer can be tried below.
                 Limits { max_connections: 2, ..Limits::default() },
                 crate::proxy::local_addrs(),
-                Identity { repo: "r".into(), repo_path: None, user_id: None },
+                Identity { repo: "r".into(), repo_path: None, repo_key: None, user_id: None },
             ));
             let l = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
             let (_tx, rx) = watch::channel(false);

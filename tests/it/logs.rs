@@ -32,6 +32,7 @@ fn info(repo: &str) -> SessionInfo {
         session: "sess-1".into(),
         repo: repo.into(),
         repo_path: Some(format!("/src/{repo}")),
+        repo_key: None,
         user_id: Some("41f0c2aa".into()),
     }
 }
@@ -330,4 +331,285 @@ fn sigkilled_writer_is_settled_exactly_once() {
     let table = w.airlock(&repo).args(["logs"]).run().expect_code(0).stdout();
     let row = table.lines().find(|r| r.contains("held-0.test")).unwrap();
     assert!(row.contains("INTR") && !table.contains("OPEN"), "{table}");
+}
+
+/// The canonical path of `p` and a newline: what `.repo-path` holds.
+fn repo_path_text(p: &Path) -> String {
+    format!("{}\n", std::fs::canonicalize(p).unwrap().display())
+}
+
+fn json_hosts(w: &World, cwd: &Path, args: &[&str]) -> Vec<String> {
+    let run = w.airlock(cwd).args(["logs", "--json"]).args(args).run().expect_code(0);
+    run.stdout()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| v["host"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn session_reason_method_and_until_filters() {
+    let w = World::new();
+    let (repo, dir, _sink, _open) = populated(&w);
+    // A second session in the same checkout: one plain-HTTP GET refused by a block entry.
+    let other = FileAuditSink::open(
+        &dir,
+        "boot-b",
+        SessionInfo { session: "sess-2".into(), ..info("some-repo") },
+    )
+    .unwrap();
+    let mut get = other.line("get.example", Some(80), "GET");
+    get.reason = Some(Reason::Blocked);
+    get.layer = Some(LayerKind::User);
+    get.duration_ms = Some(0);
+    other.append(&get).unwrap();
+    let hosts = |args: &[&str]| json_hosts(&w, &repo, args);
+    assert_eq!(hosts(&["--session", "sess-2"]), ["get.example"]);
+    assert_eq!(
+        hosts(&["--session", "sess-1", "--denied"]),
+        ["old.example", "pastebin.com", "evil.example"]
+    );
+    assert!(hosts(&["--session", "nope"]).is_empty());
+    assert_eq!(hosts(&["--reason", "blocked"]), ["old.example", "get.example"]);
+    assert_eq!(hosts(&["--reason", "not_allowed"]), ["pastebin.com", "evil.example"]);
+    assert_eq!(hosts(&["--method", "get"]), ["get.example"]);
+    assert_eq!(hosts(&["--method", "CONNECT", "--allowed"]).len(), 3);
+    // --until: exclusive, a date is its midnight, a duration is that long ago.
+    assert_eq!(hosts(&["--until", "2021-01-01"]), ["old.example"]);
+    assert_eq!(hosts(&["--until", "1h"]), ["old.example"]);
+    assert!(hosts(&["--until", "2020-01-01"]).is_empty());
+    assert_eq!(hosts(&["--since", "2020-01-01", "--until", "2020-01-02"]), ["old.example"]);
+    assert_eq!(
+        hosts(&["--since", "2h", "--until", "2099-01-01", "--reason", "blocked"]),
+        ["get.example"]
+    );
+    // Nonsense is refused by name.
+    let bad = w.airlock(&repo).args(["logs", "--reason", "bogus"]).run().expect_code(2);
+    assert!(bad.stderr().contains("is not a reason code"), "{}", bad.stderr());
+    let bad = w.airlock(&repo).args(["logs", "--until", "soonish"]).run().expect_code(2);
+    assert!(bad.stderr().contains("RFC 3339"), "{}", bad.stderr());
+    let bad = w.airlock(&repo).args(["logs", "--method", "G T"]).run().expect_code(2);
+    assert!(bad.stderr().contains("not a method"), "{}", bad.stderr());
+    let bad = w.airlock(&repo).args(["logs", "--all-repos", "--repo-name", "x"]).run();
+    assert!(bad.expect_code(2).stderr().contains("--all-repos"));
+}
+
+#[test]
+fn a_directory_from_before_repo_path_is_adopted_by_the_first_checkout_only() {
+    let w = World::new();
+    let (repo, dir, _sink, _open) = populated(&w);
+    assert!(!dir.join(".repo-path").exists());
+    assert_eq!(json_hosts(&w, &repo, &["--host", "pastebin.com"]), ["pastebin.com"]);
+    assert_eq!(std::fs::read_to_string(dir.join(".repo-path")).unwrap(), repo_path_text(&repo));
+    // Another checkout with the same name sees none of it, and a reader creates nothing.
+    let other = w.repo("elsewhere/some-repo");
+    let run = w.airlock(&other).args(["logs"]).run().expect_code(0);
+    assert!(run.stdout().is_empty(), "{}", run.stdout());
+    assert!(run.stderr().contains("no audit log for repo some-repo"), "{}", run.stderr());
+    let mut names: Vec<String> = std::fs::read_dir(w.home.join(".airlock/logs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".lock", "some-repo"]);
+    // The first checkout keeps it.
+    assert_eq!(json_hosts(&w, &repo, &["--host", "pastebin.com"]), ["pastebin.com"]);
+}
+
+#[test]
+fn logs_sessions_joins_start_and_end_records() {
+    let w = World::new();
+    // A repo literally named `sessions`: flags name it; the bare word is the subcommand.
+    let repo = w.repo("sessions");
+    let dir = logs_dir(&w, "sessions");
+    w.write(dir.join(".repo-path"), &repo_path_text(&repo));
+    w.write(
+        dir.join("sessions-2026-07-24.jsonl"),
+        concat!(
+            r#"{"id":"s1:start","kind":"start","ts":"2026-07-24T18:00:00.000Z","session":"s1","boot":"b","repo":"sessions","repo_key":"sessions-0a1b2c3d","repo_path":"/x","command":["claude","-p","hi"],"agent":"claude"}"#,
+            "\n",
+            r#"{"id":"s1:end","kind":"end","ts":"2026-07-24T18:02:03.000Z","session":"s1","boot":"b","repo":"sessions","repo_key":"sessions-0a1b2c3d","exit_status":0,"tunnels":1,"bytes_sent":2,"bytes_recv":3}"#,
+            "\n",
+            r#"{"id":"s2:start","kind":"start","ts":"2026-07-24T23:59:00.000Z","session":"s2","boot":"b","repo":"sessions","command":["sh"]}"#,
+            "\n",
+        ),
+    );
+    w.write(
+        dir.join("sessions-2026-07-25.jsonl"),
+        concat!(
+            r#"{"id":"s2:end","kind":"end","ts":"2026-07-25T00:01:00.000Z","session":"s2","boot":"b2","repo":"sessions","end_reason":"supervisor_lost","tunnels":0,"bytes_sent":0,"bytes_recv":0}"#,
+            "\n",
+            r#"{"id":"s3:start","kind":"start","ts":"2026-07-25T09:00:00.000Z","session":"s3","boot":"b2","repo":"sessions","command":["codex"],"agent":"codex"}"#,
+            "\n",
+        ),
+    );
+    let sessions = |args: &[&str]| -> Vec<serde_json::Value> {
+        let run = w.airlock(&repo).args(["logs", "sessions", "--json"]).args(args).run();
+        run.expect_code(0).stdout().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    let all = sessions(&[]);
+    let ids: Vec<&str> = all.iter().map(|s| s["session"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["s1", "s2", "s3"]);
+    assert_eq!(all[0]["duration_ms"], 123_000);
+    assert_eq!(all[0]["exit_status"], 0);
+    assert_eq!(all[0]["agent"], "claude");
+    assert_eq!(all[0]["command"], serde_json::json!(["claude", "-p", "hi"]));
+    assert_eq!(all[0]["repo_key"], "sessions-0a1b2c3d");
+    assert_eq!(all[1]["end_reason"], "supervisor_lost");
+    assert_eq!(all[1]["duration_ms"], 120_000);
+    assert!(all[2]["end"].is_null() && all[2]["exit_status"].is_null());
+    let ids = |args: &[&str]| -> Vec<String> {
+        sessions(args).iter().map(|s| s["session"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(ids(&["--session", "s2"]), ["s2"]);
+    assert_eq!(ids(&["--since", "2026-07-24T20:00:00Z"]), ["s2", "s3"]);
+    assert_eq!(ids(&["--until", "2026-07-25"]), ["s1", "s2"]);
+    // The table: exit code, end reason, or `open`.
+    let table = w.airlock(&repo).args(["logs", "sessions"]).run().expect_code(0).stdout();
+    let rows: Vec<&str> = table.lines().collect();
+    assert!(rows[0].starts_with("SESSION") && rows[0].contains("EXIT"), "{table}");
+    assert!(rows[1].contains("2m03s") && rows[1].contains("claude -p hi"), "{table}");
+    assert!(rows[2].contains("supervisor_lost"), "{table}");
+    assert!(rows[3].contains("open") && rows[3].contains("codex"), "{table}");
+    // `--repo-name sessions` is the repo, and the listing is of its audit lines (none).
+    let run = w.airlock(w.tmp.path()).args(["logs", "--repo-name", "sessions"]).run();
+    let run = run.expect_code(0);
+    assert_eq!(data_rows(&run.stdout()).len(), 0, "{}", run.stdout());
+    assert!(run.stderr().contains("no matching entries"), "{}", run.stderr());
+    let by_name = w.airlock(w.tmp.path()).args(["logs", "sessions", "--repo-name", "sessions"]);
+    assert_eq!(data_rows(&by_name.run().expect_code(0).stdout()).len(), 3);
+}
+
+/// `[logs] keep`, applied by the daemon when a session starts: whole dated files older than
+/// the window go; a file an unsettled journal entry needs stays until that entry is settled;
+/// journals (a live writer's, with an entry in flight) are never deleted.
+#[cfg(feature = "test-hooks")] // the test-only `airlock __audit-hold`
+#[test]
+fn retention_deletes_old_dated_files_only_and_keeps_journals() {
+    use crate::harness::{Harness, Options};
+    let w = World::new();
+    let repo = w.repo("kept");
+    w.write(
+        w.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[logs]\nkeep = \"2d\"\n",
+    );
+    let dir = logs_dir(&w, "kept");
+    w.write(dir.join(".repo-path"), &repo_path_text(&repo));
+    let day = |days_ago: u64| utc_date(SystemTime::now() - Duration::from_secs(days_ago * 86_400));
+    let old_line = "{\"note\":\"old\"}\n";
+    for name in [
+        "audit-2020-01-01.jsonl".to_owned(),
+        "sessions-2020-01-01.jsonl".to_owned(),
+        "audit-2020-01-02.jsonl".to_owned(),
+        format!("audit-{}.jsonl", day(4)),
+        format!("sessions-{}.jsonl", day(1)),
+        format!("audit-{}.jsonl", day(1)),
+    ] {
+        w.write(dir.join(name), old_line);
+    }
+    // A live writer with a tunnel in flight.
+    let mut child = KillOnDrop(
+        Command::new(bin("airlock"))
+            .args(["__audit-hold", "--boot", "liveboot", "--open", "1", "--log-dir"])
+            .arg(&dir)
+            .env_clear()
+            .env("HOME", &w.home)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let rx = line_reader(&mut child.0);
+    let held = rx.recv_timeout(PATIENCE).unwrap();
+    assert_eq!(rx.recv_timeout(PATIENCE).unwrap(), "ready");
+    let h = Harness::start(&w, Options::default());
+    let up = w.airlock(&repo).env("AIRLOCK_SOCKET", h.socket()).args(["status"]).run();
+    up.expect_code(0);
+    // A dead writer's journal with an entry of 2020-01-02 still open, written once the live
+    // writer and the daemon have started (each settles dead journals as it starts).
+    let mut pending = AuditLine { ts: "2020-01-02T10:00:00.000Z".into(), ..allowed_template() };
+    pending.id = "dead-1".into();
+    let rec = airlock::audit::JournalRecord::Open { id: "dead-1".into(), line: Box::new(pending) };
+    let rec = format!("{}\n", serde_json::to_string(&rec).unwrap());
+    w.write(dir.join("journal-deadboot.jsonl"), &rec);
+    let session = || {
+        let run = w.airlock(&repo).env("AIRLOCK_SOCKET", h.socket()).args(["exec", "--", "true"]);
+        let run = run.run();
+        assert_eq!(run.code(), 0, "{}\n{}", run.stderr(), h.log());
+    };
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+
+    // First session: 2020-01-01 goes; 2020-01-02 and later are needed by the open entry.
+    session();
+    let now = names();
+    assert!(!now.contains(&"audit-2020-01-01.jsonl".to_owned()), "{now:?}");
+    assert!(!now.contains(&"sessions-2020-01-01.jsonl".to_owned()), "{now:?}");
+    assert!(now.contains(&"audit-2020-01-02.jsonl".to_owned()), "{now:?}");
+    assert!(now.contains(&format!("audit-{}.jsonl", day(4))), "{now:?}");
+    // That session's start settled the dead journal (after retention ran).
+    assert!(!now.contains(&"journal-deadboot.jsonl".to_owned()), "{now:?}");
+    let settled = std::fs::read_to_string(today_file(&dir)).unwrap();
+    assert!(settled.contains("\"id\":\"dead-1\"") && settled.contains("interrupted"), "{settled}");
+
+    // Second session: nothing holds the old days any more.
+    session();
+    let now = names();
+    assert!(!now.contains(&"audit-2020-01-02.jsonl".to_owned()), "{now:?}");
+    assert!(!now.contains(&format!("audit-{}.jsonl", day(4))), "{now:?}");
+    for kept in [
+        format!("audit-{}.jsonl", day(1)),
+        format!("sessions-{}.jsonl", day(1)),
+        format!("audit-{}.jsonl", day(0)),
+        format!("sessions-{}.jsonl", day(0)),
+        "journal-liveboot.jsonl".to_owned(),
+        ".repo-path".to_owned(),
+    ] {
+        assert!(now.contains(&kept), "{kept} was deleted: {now:?}");
+    }
+    // The live writer's tunnel is still shown in flight.
+    let shown = w.airlock(&repo).args(["logs", "--json", "--allowed"]).run().expect_code(0);
+    assert!(shown.stdout().contains(&held), "{}", shown.stdout());
+    drop(child);
+}
+
+#[cfg(feature = "test-hooks")]
+fn allowed_template() -> AuditLine {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = FileAuditSink::open(dir.path(), "tmpl", info("kept")).unwrap();
+    let mut l = sink.line("pending.example", Some(443), "CONNECT");
+    l.allowed = true;
+    l
+}
+
+/// `[logs] keep` belongs to the managed and user layers: a repo file setting it is an error at
+/// its file, line and column (so a repo cannot erase its own trail); nonsense is too.
+#[test]
+fn logs_keep_in_a_repo_file_or_nonsense_is_a_config_error_with_its_position() {
+    let w = World::new();
+    let repo = w.repo("keeper");
+    w.write(repo.join(".airlock.toml"), "[network]\nallow = [\"a.test\"]\n[logs]\nkeep = \"1d\"\n");
+    let run = w.airlock(&repo).args(["policy", "show"]).run();
+    let out = run.stdout() + &run.stderr();
+    let at = format!(
+        "{}:3:2: [logs] is not allowed in the repo layer",
+        repo.join(".airlock.toml").display()
+    );
+    assert!(out.contains(&at), "{out}");
+    w.write(
+        w.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"a.test\"]\n[logs]\nkeep = \"3 months\"\n",
+    );
+    let run = w.airlock(&repo).args(["policy", "show"]).run();
+    let out = run.stdout() + &run.stderr();
+    assert!(
+        out.contains("config.toml:4:8: logs.keep: \"3 months\" is not a retention period"),
+        "{out}"
+    );
 }

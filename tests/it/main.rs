@@ -56,6 +56,7 @@ mod sandbox_dns;
 mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]
 mod sandbox_limits;
+mod sandbox_logdir;
 mod sandbox_ports;
 #[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
@@ -71,4 +72,5 @@ mod sandbox_terminal;
 mod sandbox_toolchains;
 mod service_install;
 mod sshd;
+mod status_no_start;
 mod support;

@@ -221,9 +221,18 @@ pub fn run_with(
             report_sweep(&outcome.sweep, &req.session);
             if !opts.quiet {
                 let hints = refusals::Hints::for_repo(&req.repo.path, &ctx.cwd);
-                let dir = paths.logs_dir(&req.repo.name);
-                for line in refusals::report(&dir, &started[..10], &req.session, &hints) {
-                    eprintln!("{line}");
+                // The same lookup the daemon's writer used (one checkout per directory).
+                let root = paths.logs_root();
+                match crate::audit::logdir::locate(&root, &req.repo.name, &req.repo.path) {
+                    Ok(Some(dir)) => {
+                        for line in refusals::report(&dir, &started[..10], &req.session, &hints) {
+                            eprintln!("{line}");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        eprintln!("airlock: warning: cannot list this session's refusals: {e}")
+                    }
                 }
             }
             if let Some(stopped) = &outcome.stopped {

@@ -5,6 +5,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -13,7 +14,6 @@ use super::state::{Daemon, Session, blocking, lock, now};
 use crate::audit::{self, FileAuditSink, SessionInfo};
 use crate::config::{BuiltPolicy, LayerDoc};
 use crate::daemon::records::{self, EndRecord, StartRecord};
-use crate::paths::Paths;
 use crate::policy::LocalAddrs;
 use crate::protocol::{ErrorCode, Response, SessionEnd, SessionSpec};
 use crate::proxy::{self, Limits, Resolver, SessionProxy};
@@ -31,7 +31,7 @@ fn valid_session_id(id: &str) -> bool {
 fn session_policy(
     managed: Option<&LayerDoc>,
     spec: &SessionSpec,
-) -> Result<(BuiltPolicy, Vec<String>, crate::audit::volume::Volume), String> {
+) -> Result<(BuiltPolicy, Vec<String>, crate::audit::volume::Volume, Option<Duration>), String> {
     let client = crate::config::ClientLayers::from_wire(&spec.config).map_err(|e| e.to_string())?;
     let built = client.build_policy(managed).map_err(|e| e.to_string())?;
     let layers = managed
@@ -43,7 +43,21 @@ fn session_policy(
     // `[audit]`: the managed layer as the daemon read it, the user layer as the client sent
     // it (a repo document claiming `[audit]` is ignored by `audit_volume`).
     let docs: Vec<&LayerDoc> = managed.into_iter().chain(client.user.as_ref()).collect();
-    Ok((built, layers, crate::config::audit_volume(&docs)))
+    Ok((built, layers, crate::config::audit_volume(&docs), crate::config::logs_keep(&docs)))
+}
+
+/// `[logs] keep`, applied to the checkout's directory as its session starts; a failure is
+/// logged and never stops the session (nothing is deleted that should not be).
+fn apply_retention(dir: &std::path::Path, keep: Duration) {
+    let published = audit::retention::published_through(dir);
+    match audit::retention::apply(dir, keep, std::time::SystemTime::now(), &published) {
+        Ok(r) => {
+            for path in &r.deleted {
+                tracing::info!("[logs] keep: deleted {}", path.display());
+            }
+        }
+        Err(e) => tracing::warn!("[logs] keep: cannot apply retention in {}: {e}", dir.display()),
+    }
 }
 
 /// The validated sockets of one session, ready to serve (docs/security.md). `proxy` is always
@@ -134,7 +148,6 @@ fn session_sockets(
 struct Prepared {
     spec: SessionSpec,
     id: String,
-    paths: Paths,
     built: BuiltPolicy,
     policy_layers: Vec<String>,
     sockets: SessionSockets,
@@ -142,6 +155,8 @@ struct Prepared {
     resolver: Arc<dyn Resolver>,
     sink: FileAuditSink,
     local: Arc<proxy::hostaddrs::HostAddrs>,
+    log_dir: std::path::PathBuf,
+    repo_key: String,
 }
 
 /// Every check and every file touched before a session can be served, in the order the errors
@@ -171,26 +186,38 @@ fn prepare(
         }
         (None, false) => audit::new_id(),
     };
-    let (built, policy_layers, volume) =
+    let (built, policy_layers, volume, keep) =
         session_policy(managed.as_ref(), &spec).map_err(|e| error(ErrorCode::Config, e))?;
     let (sockets, listen) = session_sockets(&spec.sockets, capable, fds)?;
     let resolver = daemon.resolver().map_err(|e| error(ErrorCode::Config, e))?;
+    // The checkout's own directory under ~/.airlock/logs (docs/audit-format.md, Files): the one
+    // choice every reader and writer makes through `logdir`.
+    let repo_path = std::path::Path::new(&spec.repo_path);
+    let log_dir = audit::logdir::claim(&paths.logs_root(), &spec.repo, repo_path)
+        .map_err(|e| error(ErrorCode::Internal, e.to_string()))?;
+    let dir_name =
+        log_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if let Some(keep) = keep {
+        apply_retention(&log_dir, keep);
+    }
+    let repo_key = audit::logdir::repo_key(&spec.repo, repo_path);
     let info = SessionInfo {
         session: id.clone(),
         repo: spec.repo.clone(),
         repo_path: Some(spec.repo_path.clone()),
+        repo_key: Some(repo_key.clone()),
         user_id: spec.identity.user_id.clone(),
     };
     // A new boot: this session's `seq` restarts at 1 under this instance's `boot`.
     // Below `[audit] min_free` the session does not start (no space, no traffic).
-    let sink = daemon.logs(&paths).session_sink_with(info, volume).map_err(|e| match e {
-        audit::AuditError::LowSpace { .. } => error(ErrorCode::Config, e.to_string()),
-        e => error(ErrorCode::Internal, e.to_string()),
-    })?;
+    let sink =
+        daemon.logs(&paths).session_sink_in(&dir_name, info, volume).map_err(|e| match e {
+            audit::AuditError::LowSpace { .. } => error(ErrorCode::Config, e.to_string()),
+            e => error(ErrorCode::Internal, e.to_string()),
+        })?;
     Ok(Prepared {
         spec,
         id,
-        paths,
         built,
         policy_layers,
         sockets,
@@ -203,6 +230,8 @@ fn prepare(
             cell.refresh_unless_watched();
             cell
         },
+        log_dir,
+        repo_key,
     })
 }
 
@@ -210,7 +239,6 @@ fn prepare(
 fn write_start_record(
     daemon: &Daemon,
     session: &Session,
-    paths: &Paths,
     policy_digest: String,
     policy_layers: Vec<String>,
 ) -> Result<(), String> {
@@ -225,6 +253,7 @@ fn write_start_record(
         email: s.identity.email.as_deref(),
         repo: &s.repo,
         repo_path: &s.repo_path,
+        repo_key: &session.repo_key,
         command: &s.command,
         agent: s.agent.as_deref(),
         agent_version: s.agent_version.as_deref(),
@@ -235,7 +264,7 @@ fn write_start_record(
         layers: &s.layers,
         listen: &session.listen,
     };
-    records::append(&paths.logs_dir(&s.repo), &rec).map_err(|e| e.to_string())
+    records::append(&session.log_dir, &rec).map_err(|e| e.to_string())
 }
 
 pub(super) async fn start_session(
@@ -258,8 +287,19 @@ pub(super) async fn start_session(
         Ok(Err(resp)) => return resp,
         Err(e) => return error(ErrorCode::Internal, e),
     };
-    let Prepared { spec, id, paths, built, policy_layers, sockets, listen, resolver, sink, local } =
-        prepared;
+    let Prepared {
+        spec,
+        id,
+        built,
+        policy_layers,
+        sockets,
+        listen,
+        resolver,
+        sink,
+        local,
+        log_dir,
+        repo_key,
+    } = prepared;
     let SessionSockets {
         proxy: listener,
         dns_udp,
@@ -286,6 +326,7 @@ pub(super) async fn start_session(
             proxy::Identity {
                 repo: spec.repo.clone(),
                 repo_path: Some(spec.repo_path.clone()),
+                repo_key: Some(repo_key.clone()),
                 user_id: spec.identity.user_id.clone(),
             },
         )
@@ -301,6 +342,8 @@ pub(super) async fn start_session(
         stopped,
         spec,
         udp_log: std::sync::Mutex::new(None),
+        log_dir,
+        repo_key,
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
         return error(ErrorCode::Session, e);
@@ -308,8 +351,7 @@ pub(super) async fn start_session(
     if !reregister {
         let (d, s) = (Arc::clone(daemon), Arc::clone(&session));
         let digest = format!("sha256:{policy_digest}");
-        let written =
-            blocking(move || write_start_record(&d, &s, &paths, digest, policy_layers)).await;
+        let written = blocking(move || write_start_record(&d, &s, digest, policy_layers)).await;
         if let Err(e) = written.and_then(|r| r) {
             lock(&daemon.sessions).remove(&id);
             return error(ErrorCode::Internal, e);
@@ -401,6 +443,7 @@ pub(super) async fn end_session(
             session: &s.id,
             boot: &d.boot,
             repo: &s.spec.repo,
+            repo_key: &s.repo_key,
             user_id: s.spec.identity.user_id.as_deref(),
             exit_status: end.exit_status,
             transcripts: &end.transcripts,
@@ -411,13 +454,8 @@ pub(super) async fn end_session(
             bytes_sent: stats.bytes_sent,
             bytes_recv: stats.bytes_recv,
         };
-        match d.paths() {
-            Ok(paths) => {
-                if let Err(e) = records::append(&paths.logs_dir(&s.spec.repo), &rec) {
-                    tracing::error!("{e}");
-                }
-            }
-            Err(e) => tracing::error!("cannot write the end record of {}: {e}", s.id),
+        if let Err(e) = records::append(&s.log_dir, &rec) {
+            tracing::error!("cannot write the end record of {}: {e}", s.id);
         }
     })
     .await;
@@ -434,7 +472,7 @@ pub(super) mod tests {
     use super::*;
 
     pub(crate) fn policy_for(spec: &SessionSpec) -> Result<(BuiltPolicy, Vec<String>), String> {
-        session_policy(None, spec).map(|(b, l, _)| (b, l))
+        session_policy(None, spec).map(|(b, l, _, _)| (b, l))
     }
 
     #[test]
@@ -465,7 +503,7 @@ pub(super) mod tests {
                 .into(),
             ..Default::default()
         };
-        let (built, layers, _) = session_policy(Some(&managed), &spec).unwrap();
+        let (built, layers, _, _) = session_policy(Some(&managed), &spec).unwrap();
         assert_eq!(
             layers,
             [
@@ -473,7 +511,7 @@ pub(super) mod tests {
                 format!("~/.airlock/config.toml@sha256:{}", user.digest)
             ]
         );
-        let (without, _, _) = session_policy(None, &spec).unwrap();
+        let (without, _, _, _) = session_policy(None, &spec).unwrap();
         assert_ne!(built.policy.digest(), without.policy.digest());
     }
 }

@@ -36,6 +36,11 @@ pub struct Session {
     /// The task reading the sandbox's refused-UDP reports, if it sent the log socket: the
     /// session's end waits (bounded) for it to report what the kernel still holds.
     pub(super) udp_log: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The checkout's log directory ([`crate::audit::logdir::claim`]): its session records go
+    /// there, beside its audit lines.
+    pub log_dir: std::path::PathBuf,
+    /// The checkout's repo key (`repo_key` of its lines and records).
+    pub repo_key: String,
 }
 
 impl Session {
@@ -397,7 +402,7 @@ pub(super) mod tests {
             Arc::new(SystemResolver),
             proxy::Limits::default(),
             Default::default(),
-            proxy::Identity { repo: "r".into(), repo_path: None, user_id: None },
+            proxy::Identity { repo: "r".into(), repo_path: None, repo_key: None, user_id: None },
         ));
         Arc::new(Session {
             spec: spec(),
@@ -408,6 +413,8 @@ pub(super) mod tests {
             shutdown: watch::channel(false).0,
             stopped: watch::channel(None).1,
             udp_log: std::sync::Mutex::new(None),
+            log_dir: std::path::PathBuf::from("/nonexistent/logs/r"),
+            repo_key: "r-00000000".into(),
         })
     }
 
