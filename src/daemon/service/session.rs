@@ -519,4 +519,51 @@ pub(super) mod tests {
         let (without, _, _) = session_policy(&cache, None, &spec, false).unwrap();
         assert_ne!(built.digest(), without.digest());
     }
+
+    #[test]
+    fn layers_by_digest_need_the_capability_and_give_the_same_policy_as_documents() {
+        let text = "[network]\nallow = [\"b.test\"]\n";
+        let user = crate::config::parse_layer(
+            crate::policy::LayerKind::User,
+            "~/.airlock/config.toml",
+            text.as_bytes(),
+        )
+        .unwrap()
+        .doc;
+        let by_docs = SessionSpec {
+            config: (&crate::config::ClientLayers {
+                user: Some(user.clone()),
+                ..Default::default()
+            })
+                .into(),
+            ..Default::default()
+        };
+        let mut by_content = SessionSpec::default();
+        by_content.config.sources = vec![crate::protocol::LayerSource {
+            kind: crate::protocol::LayerKind::User,
+            name: "~/.airlock/config.toml".into(),
+            digest: user.digest.clone(),
+            text: Some(text.into()),
+        }];
+        let cache = Default::default();
+        let code = |r: Result<_, Response>| match r {
+            Err(Response::Error { code, .. }) => code,
+            other => panic!("expected an error, got {other:?}"),
+        };
+        // Not agreed at hello: refused, not silently treated as "no layers".
+        assert_eq!(code(session_policy(&cache, None, &by_content, false)), ErrorCode::Protocol);
+        // Documents and sources at once: ambiguous, refused.
+        let mut both = by_content.clone();
+        both.config.user = by_docs.config.user.clone();
+        assert_eq!(code(session_policy(&cache, None, &both, true)), ErrorCode::Protocol);
+        let (a, la, _) = session_policy(&cache, None, &by_docs, false).unwrap();
+        let (b, lb, _) = session_policy(&cache, None, &by_content, true).unwrap();
+        assert_eq!((a.digest(), la), (b.digest(), lb));
+        // The digest alone now finds the parsed layer; an unknown one asks for the text.
+        let mut bare = by_content.clone();
+        bare.config.sources[0].text = None;
+        assert!(session_policy(&cache, None, &bare, true).is_ok());
+        bare.config.sources[0].digest = crate::config::digest(b"other");
+        assert_eq!(code(session_policy(&cache, None, &bare, true)), ErrorCode::UnknownLayer);
+    }
 }
