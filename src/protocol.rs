@@ -98,9 +98,16 @@ pub struct Capabilities(BTreeSet<String>);
 impl Capabilities {
     /// What this build offers.
     pub fn current() -> Self {
-        [SESSION_SOCKETS, CAPTURE_TCP6, CAPTURE_UDP_LOG, SESSION_STOP, SESSION_INBOUND]
-            .into_iter()
-            .collect()
+        [
+            SESSION_SOCKETS,
+            CAPTURE_TCP6,
+            CAPTURE_UDP_LOG,
+            SESSION_STOP,
+            SESSION_INBOUND,
+            LAYER_DIGESTS,
+        ]
+        .into_iter()
+        .collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -153,6 +160,14 @@ pub const CAPTURE_UDP_LOG: &str = "capture_udp_log";
 /// connection when `[audit] session_budget` or `[audit] min_free` stops the session. Without
 /// it the stopped session keeps running with every attempt refused (`503`) until it ends.
 pub const SESSION_STOP: &str = "session_stop";
+
+/// Capability `layer_digests`: `session_start`/`session_reregister` may name the user and repo
+/// layers by content ([`PolicyLayers::sources`]) instead of sending parsed documents: a source
+/// without `text` refers to a layer the daemon parsed before; one the daemon does not hold is
+/// refused with [`ErrorCode::UnknownLayer`] and the client resends the request with every
+/// source's `text`. The daemon keys what it holds by the SHA-256 it computes itself over the
+/// text, so a changed file is a new key and is never served from an older parse.
+pub const LAYER_DIGESTS: &str = "layer_digests";
 
 /// Capability `session_inbound`: the supervisor may send [`Request::SessionInbound`] (one per
 /// connection through a `--port`), answered by [`Response::InboundRecorded`]. Without it the
@@ -294,6 +309,9 @@ pub enum ErrorCode {
     Session,
     /// The daemon is stopping; retry with the next instance.
     Stopping,
+    /// Under [`LAYER_DIGESTS`]: a layer source without text names a digest the daemon does not
+    /// hold (it restarted, or evicted it); resend the request with every source's text.
+    UnknownLayer,
     /// Anything else on the daemon's side.
     Internal,
 }
@@ -361,6 +379,34 @@ pub struct PolicyLayers {
     /// `[review] servers`, the identity's `server`); always blocked.
     #[serde(default)]
     pub review_servers: Vec<ReviewServer>,
+    /// Under [`LAYER_DIGESTS`] only: the user and repo layers by content (then `user` and
+    /// `repo` are `null`). Empty: the documents above are the layers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<LayerSource>,
+}
+
+/// One layer file by content (capability [`LAYER_DIGESTS`]): which layer, the file as the user
+/// sees it, the lowercase hex SHA-256 of its bytes, and (when the daemon may not hold it) the
+/// file's text. The daemon parses the text itself, as the client did.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerSource {
+    pub kind: LayerKind,
+    pub name: String,
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl std::fmt::Debug for LayerSource {
+    // The text may hold literal `[mcp]` credentials: never in logs or panics.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerSource")
+            .field("kind", &self.kind)
+            .field("name", &self.name)
+            .field("digest", &self.digest)
+            .field("text_bytes", &self.text.as_ref().map(String::len))
+            .finish()
+    }
 }
 
 /// Which configuration layer a document or rule belongs to.
@@ -791,6 +837,7 @@ mod tests {
                     layer: LayerKind::User,
                     policy: "~/.airlock/config.toml".into(),
                 }],
+                sources: vec![],
             },
             identity: IdentityInfo { email: Some("a@b.c".into()), ..Default::default() },
             agent: Some("claude".into()),
@@ -900,6 +947,49 @@ mod tests {
             end,
             Request::SessionEnd(SessionEnd { session: "s".into(), ..Default::default() })
         );
+    }
+
+    #[test]
+    fn layer_sources_are_an_optional_field_behind_their_capability() {
+        assert!(Capabilities::current().contains(LAYER_DIGESTS));
+        // Without sources the layers encode exactly as before (see the version-1 tests).
+        let json = serde_json::to_value(PolicyLayers::default()).unwrap();
+        assert!(json.get("sources").is_none(), "{json}");
+        let layers = PolicyLayers {
+            sources: vec![LayerSource {
+                kind: LayerKind::User,
+                name: "~/.airlock/config.toml".into(),
+                digest: "ab".into(),
+                text: None,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&layers).unwrap(),
+            r#"{"user":null,"repo":null,"review_servers":[],"sources":[{"kind":"user","name":"~/.airlock/config.toml","digest":"ab"}]}"#
+        );
+        let back: PolicyLayers = serde_json::from_str(
+            r#"{"user":null,"repo":null,"review_servers":[],"sources":[{"kind":"repo","name":"r","digest":"cd","text":"[network]\n"}],"later":1}"#,
+        )
+        .unwrap();
+        assert_eq!(back.sources[0].text.as_deref(), Some("[network]\n"));
+        let err = Response::Error { code: ErrorCode::UnknownLayer, message: "m".into() };
+        assert_eq!(
+            serde_json::to_string(&err).unwrap(),
+            r#"{"reply":"error","code":"unknown_layer","message":"m"}"#
+        );
+    }
+
+    #[test]
+    fn layer_source_texts_never_reach_debug_output() {
+        let source = LayerSource {
+            kind: LayerKind::User,
+            name: "~/.airlock/config.toml".into(),
+            digest: "ab".into(),
+            text: Some("[mcp.x]\nK = \"s3cret\"\n".into()),
+        };
+        let shown = format!("{source:?}");
+        assert!(!shown.contains("s3cret") && shown.contains("text_bytes"), "{shown}");
     }
 
     #[test]

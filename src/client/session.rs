@@ -66,9 +66,16 @@ impl std::fmt::Debug for SessionHandle {
     }
 }
 
+/// The user and repo layers as parsed documents, from a session spec that names them by
+/// content ([`protocol::PolicyLayers::sources`]): what a daemon without the `layer_digests`
+/// capability needs instead. Supplied by the caller (the CLI parses; this module does not).
+pub type Documents =
+    Arc<dyn Fn(&protocol::PolicyLayers) -> Result<protocol::PolicyLayers, String> + Send + Sync>;
+
 fn register(
     endpoint: &Endpoint,
     spec: &SessionSpec,
+    documents: Option<&Documents>,
     sockets: &Handover,
     reregister: bool,
 ) -> Result<(Client, String, String), ClientError> {
@@ -84,12 +91,37 @@ fn register(
         Vec::new()
     };
     let fds: Vec<_> = all.into_iter().map(|(_, fd)| fd).collect();
-    let req = if reregister {
-        Request::SessionReregister(Box::new(spec))
-    } else {
-        Request::SessionStart(Box::new(spec))
+    // Layers by content: first by digest alone (the daemon parsed them for an earlier session),
+    // with their text only when it does not hold them. A daemon without the capability gets
+    // parsed documents, as every daemon before it did.
+    let mut texts = None;
+    if !spec.config.sources.is_empty() {
+        if client.capabilities.contains(protocol::LAYER_DIGESTS) {
+            let mut bare = spec.config.sources.clone();
+            for source in &mut bare {
+                source.text = None;
+            }
+            texts = Some(std::mem::replace(&mut spec.config.sources, bare));
+        } else {
+            let documents = documents.ok_or_else(|| {
+                ClientError::Unexpected(
+                    "airlockd does not take layers by digest and no documents were given".into(),
+                )
+            })?;
+            spec.config = documents(&spec.config).map_err(ClientError::Unexpected)?;
+        }
+    }
+    let request = |spec: &SessionSpec| {
+        let spec = Box::new(spec.clone());
+        if reregister { Request::SessionReregister(spec) } else { Request::SessionStart(spec) }
     };
-    match client.call(&req, &fds)? {
+    let mut reply = client.call(&request(&spec), &fds)?;
+    let unknown = matches!(reply, Response::Error { code: ErrorCode::UnknownLayer, .. });
+    if unknown && let Some(texts) = texts {
+        spec.config.sources = texts;
+        reply = client.call(&request(&spec), &fds)?;
+    }
+    match reply {
         Response::SessionStarted { session, boot, .. } => Ok((client, session, boot)),
         Response::Error { code, message } => Err(ClientError::Refused { code, message }),
         other => Err(ClientError::Unexpected(format!("{other:?}"))),
@@ -131,14 +163,26 @@ impl SessionHandle {
     /// managed layer, writes the start record and serves the proxy and resolver on them.
     pub fn start(
         endpoint: Endpoint,
+        spec: SessionSpec,
+        sockets: impl Into<Handover>,
+    ) -> Result<Self, ClientError> {
+        Self::start_with_documents(endpoint, spec, None, sockets)
+    }
+
+    /// [`SessionHandle::start`] for a spec whose layers travel by content
+    /// (`spec.config.sources`): `documents` turns them into parsed documents for a daemon
+    /// without the `layer_digests` capability (this one or the next instance).
+    pub fn start_with_documents(
+        endpoint: Endpoint,
         mut spec: SessionSpec,
+        documents: Option<Documents>,
         sockets: impl Into<Handover>,
     ) -> Result<Self, ClientError> {
         let listener: Handover = sockets.into();
         if spec.airlock_version.is_empty() {
             spec.airlock_version = env!("CARGO_PKG_VERSION").into();
         }
-        let (client, id, boot) = register(&endpoint, &spec, &listener, false)?;
+        let (client, id, boot) = register(&endpoint, &spec, documents.as_ref(), &listener, false)?;
         spec.session = Some(id.clone());
         let reader = client.stream.try_clone().map_err(|e| ClientError::Frame(e.into()))?;
         let _ = reader.set_read_timeout(None);
@@ -157,7 +201,7 @@ impl SessionHandle {
         let stop = Stop { shared: Arc::clone(&shared), fd: stop_w };
         std::thread::Builder::new()
             .name(format!("airlock-session-{id}"))
-            .spawn(move || watch(endpoint, spec, listener, reader, sh, bt, tx, stop))
+            .spawn(move || watch(endpoint, spec, documents, listener, reader, sh, bt, tx, stop))
             .map_err(|e| ClientError::Frame(e.into()))?;
         Ok(Self { id, shared, replies: rx, boots, stop_r })
     }
@@ -287,6 +331,7 @@ impl Stop {
 fn watch(
     endpoint: Endpoint,
     spec: SessionSpec,
+    documents: Option<Documents>,
     listener: Handover,
     mut reader: UnixStream,
     shared: Arc<Mutex<Shared>>,
@@ -345,7 +390,7 @@ fn watch(
         // The daemon went away (crash, kill -9, SIGTERM): re-register with the next instance.
         let mut backoff = Duration::from_millis(10);
         loop {
-            match register(&endpoint, &spec, &listener, true) {
+            match register(&endpoint, &spec, documents.as_ref(), &listener, true) {
                 Ok((client, _, boot)) => {
                     let Ok(r) = client.stream.try_clone() else { return };
                     let _ = r.set_read_timeout(None);

@@ -9,6 +9,7 @@
 //! documents plus the review-plane hosts into the evaluator, with the same code in the CLI
 //! (`policy check`), the daemon and the standalone proxy ([`load_operator`]).
 
+pub mod cache;
 mod diag;
 pub mod fsutil;
 pub mod identity;
@@ -28,6 +29,7 @@ pub use layer::{
     parse_layer, parse_size,
 };
 pub use trust::{TrustRecord, TrustState};
+pub use wire::{documents_from_sources, review_servers_from_wire};
 
 use crate::paths::Paths;
 use crate::policy::{self, Host, LayerKind, Policy, PolicyError, PolicyWarning, ReviewHost};
@@ -94,26 +96,37 @@ impl ClientLayers {
     /// Builds the evaluator from the managed layer (read by the caller) and these documents.
     /// Documents claiming the wrong kind are rejected: a client cannot pose as managed.
     pub fn build_policy(&self, managed: Option<&LayerDoc>) -> Result<BuiltPolicy, ConfigError> {
-        let mut layers = Vec::new();
-        for (doc, kind) in [(managed, LayerKind::Managed), (self.user.as_ref(), LayerKind::User)]
-            .into_iter()
-            .chain([(self.repo.as_ref(), LayerKind::Repo)])
-        {
-            if let Some(doc) = doc {
-                if doc.kind != kind {
-                    return Err(ConfigError::Policy(format!(
-                        "layer document {} claims kind {} where {kind} was expected",
-                        doc.name, doc.kind
-                    )));
-                }
-                layers.push(doc);
-            }
-        }
-        let mut review: Vec<ReviewServer> = managed.map(review_servers_of).unwrap_or_default();
-        review
-            .extend(self.review_servers.iter().filter(|r| r.layer != LayerKind::Managed).cloned());
-        build_policy(&layers, &review)
+        build_client_policy(managed, self.user.as_ref(), self.repo.as_ref(), &self.review_servers)
     }
+}
+
+/// [`ClientLayers::build_policy`] over borrowed documents (the daemon's cache holds them shared).
+/// Documents claiming the wrong kind are rejected: a client cannot pose as managed, and a
+/// review server the client attributes to the managed layer is ignored (the daemon reads that
+/// layer's servers itself).
+pub fn build_client_policy(
+    managed: Option<&LayerDoc>,
+    user: Option<&LayerDoc>,
+    repo: Option<&LayerDoc>,
+    client_review: &[ReviewServer],
+) -> Result<BuiltPolicy, ConfigError> {
+    let mut layers = Vec::new();
+    for (doc, kind) in
+        [(managed, LayerKind::Managed), (user, LayerKind::User), (repo, LayerKind::Repo)]
+    {
+        if let Some(doc) = doc {
+            if doc.kind != kind {
+                return Err(ConfigError::Policy(format!(
+                    "layer document {} claims kind {} where {kind} was expected",
+                    doc.name, doc.kind
+                )));
+            }
+            layers.push(doc);
+        }
+    }
+    let mut review: Vec<ReviewServer> = managed.map(review_servers_of).unwrap_or_default();
+    review.extend(client_review.iter().filter(|r| r.layer != LayerKind::Managed).cloned());
+    build_policy(&layers, &review)
 }
 
 /// The evaluator and the warnings building it raised.
@@ -229,29 +242,77 @@ pub fn load(
     repo: Option<&Repo>,
     identity: Option<&Identity>,
 ) -> Result<Loaded, ConfigError> {
-    let managed = load_file(LayerKind::Managed, paths.managed_policy(), paths)?;
-    let user = load_file(LayerKind::User, &paths.user_config(), paths)?;
+    read_layers(paths, repo)?.parse(paths, identity)
+}
+
+/// The layer files' bytes, read once (so a digest and a parse are always of the same bytes),
+/// each with the name the user sees; the repo file with its trust state.
+#[derive(Debug, Clone)]
+pub struct RawLayers {
+    pub managed: Option<(String, Vec<u8>)>,
+    pub user: Option<(String, Vec<u8>)>,
+    /// Not yet parsed, even when trusted.
+    pub repo: Option<RepoFile>,
+}
+
+/// Reads the layer files without parsing them (see [`RawLayers::parse`]).
+pub fn read_layers(paths: &Paths, repo: Option<&Repo>) -> Result<RawLayers, ConfigError> {
+    let read = |path: &Path| {
+        let name = display_path(paths, path);
+        match fsutil::read_config(path, true) {
+            Ok(Some(bytes)) => Ok(Some((name, bytes))),
+            Ok(None) => Ok(None),
+            Err(source) => Err(ConfigError::Read { file: name, source }),
+        }
+    };
+    let managed = read(paths.managed_policy())?;
+    let user = read(&paths.user_config())?;
     let repo = match repo {
-        Some(repo) => load_repo_file(paths, repo)?,
+        Some(repo) => read_repo_file(paths, repo),
         None => None,
     };
-    let mut review_servers = Vec::new();
-    for p in [managed.as_ref(), user.as_ref()].into_iter().flatten() {
-        review_servers.extend(review_servers_of(&p.doc));
+    Ok(RawLayers { managed, user, repo })
+}
+
+impl RawLayers {
+    /// Parses what was read: the managed and user layers, and the repo file when trusted.
+    pub fn parse(self, paths: &Paths, identity: Option<&Identity>) -> Result<Loaded, ConfigError> {
+        let parse = |kind: LayerKind, file: &Option<(String, Vec<u8>)>| {
+            file.as_ref().map(|(name, bytes)| parse_layer(kind, name, bytes)).transpose()
+        };
+        let managed = parse(LayerKind::Managed, &self.managed)?;
+        let user = parse(LayerKind::User, &self.user)?;
+        let mut repo = self.repo;
+        if let Some(file) = repo.as_mut().filter(|f| f.trust.is_trusted()) {
+            file.parsed = Some(file.parse()?);
+        }
+        let mut review_servers = Vec::new();
+        for p in [managed.as_ref(), user.as_ref()].into_iter().flatten() {
+            review_servers.extend(review_servers_of(&p.doc));
+        }
+        if let Some(server) = identity_server(paths, identity)? {
+            review_servers.push(server);
+        }
+        Ok(Loaded { managed, user, repo, review_servers })
     }
-    if let Some(server) = identity.and_then(|i| i.server.as_ref()) {
-        review_host(server).map_err(|reason| ConfigError::ReviewServer {
-            server: server.clone(),
-            file: display_path(paths, &paths.identity_file()),
-            reason,
-        })?;
-        review_servers.push(ReviewServer {
-            server: server.clone(),
-            layer: LayerKind::User,
-            policy: display_path(paths, &paths.identity_file()),
-        });
-    }
-    Ok(Loaded { managed, user, repo, review_servers })
+}
+
+/// The identity's review-plane server, checked.
+fn identity_server(
+    paths: &Paths,
+    identity: Option<&Identity>,
+) -> Result<Option<ReviewServer>, ConfigError> {
+    let Some(server) = identity.and_then(|i| i.server.as_ref()) else { return Ok(None) };
+    review_host(server).map_err(|reason| ConfigError::ReviewServer {
+        server: server.clone(),
+        file: display_path(paths, &paths.identity_file()),
+        reason,
+    })?;
+    Ok(Some(ReviewServer {
+        server: server.clone(),
+        layer: LayerKind::User,
+        policy: display_path(paths, &paths.identity_file()),
+    }))
 }
 
 /// Reads the identity file (`None` when not logged in); a file others may read is an error.
@@ -279,11 +340,20 @@ pub fn load_operator(path: &Path) -> Result<ParsedLayer, ConfigError> {
 /// as a regular file of bounded size. A file that cannot be read that way is reported as
 /// unusable (never trusted, never applied) rather than failing the command.
 pub fn load_repo_file(paths: &Paths, repo: &Repo) -> Result<Option<RepoFile>, ConfigError> {
+    let Some(mut file) = read_repo_file(paths, repo) else { return Ok(None) };
+    if file.trust.is_trusted() {
+        file.parsed = Some(file.parse()?);
+    }
+    Ok(Some(file))
+}
+
+/// [`load_repo_file`] without the parse.
+fn read_repo_file(paths: &Paths, repo: &Repo) -> Option<RepoFile> {
     let path = repo.config_file();
     let name = display_path(paths, &path);
     let (bytes, unreadable) = match fsutil::read_config(&path, false) {
         Ok(Some(bytes)) => (bytes, None),
-        Ok(None) => return Ok(None),
+        Ok(None) => return None,
         Err(e) => (Vec::new(), Some(e.to_string())),
     };
     let digest = digest(&bytes);
@@ -291,7 +361,7 @@ pub fn load_repo_file(paths: &Paths, repo: &Repo) -> Result<Option<RepoFile>, Co
         None => trust::state(paths, repo, &digest),
         Some(reason) => TrustState::Unreadable { reason: reason.clone() },
     };
-    let mut file = RepoFile {
+    Some(RepoFile {
         path,
         name,
         repo_dir: repo.path.clone(),
@@ -300,11 +370,7 @@ pub fn load_repo_file(paths: &Paths, repo: &Repo) -> Result<Option<RepoFile>, Co
         trust,
         unreadable,
         parsed: None,
-    };
-    if file.trust.is_trusted() {
-        file.parsed = Some(file.parse()?);
-    }
-    Ok(Some(file))
+    })
 }
 
 fn load_file(

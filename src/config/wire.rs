@@ -25,6 +25,7 @@ impl From<&ClientLayers> for wire::PolicyLayers {
                     policy: r.policy.clone(),
                 })
                 .collect(),
+            sources: Vec::new(),
         }
     }
 }
@@ -36,17 +37,52 @@ impl ClientLayers {
         Ok(Self {
             user: layers.user.as_ref().map(layer_from_wire).transpose()?,
             repo: layers.repo.as_ref().map(layer_from_wire).transpose()?,
-            review_servers: layers
-                .review_servers
-                .iter()
-                .map(|r| ReviewServer {
-                    server: r.server.clone(),
-                    layer: kind_from_wire(r.layer),
-                    policy: r.policy.clone(),
-                })
-                .collect(),
+            review_servers: review_servers_from_wire(&layers.review_servers),
         })
     }
+}
+
+/// The same layers as documents, for a daemon without the `layer_digests` capability: every
+/// source's text parsed as its layer (the form every daemon accepts).
+pub fn documents_from_sources(
+    layers: &wire::PolicyLayers,
+) -> Result<wire::PolicyLayers, ConfigError> {
+    let mut out = wire::PolicyLayers {
+        review_servers: layers.review_servers.clone(),
+        user: layers.user.clone(),
+        repo: layers.repo.clone(),
+        sources: Vec::new(),
+    };
+    for source in &layers.sources {
+        let kind = kind_from_wire(source.kind);
+        let text = source.text.as_deref().ok_or_else(|| {
+            ConfigError::Policy(format!("layer source {} has no text to send", source.name))
+        })?;
+        let doc = layer_to_wire(&super::parse_layer(kind, &source.name, text.as_bytes())?.doc);
+        match kind {
+            LayerKind::User => out.user = Some(doc),
+            LayerKind::Repo => out.repo = Some(doc),
+            other => {
+                return Err(ConfigError::Policy(format!(
+                    "layer source {} claims kind {other}",
+                    source.name
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The review-plane servers a client sent.
+pub fn review_servers_from_wire(servers: &[wire::ReviewServer]) -> Vec<ReviewServer> {
+    servers
+        .iter()
+        .map(|r| ReviewServer {
+            server: r.server.clone(),
+            layer: kind_from_wire(r.layer),
+            policy: r.policy.clone(),
+        })
+        .collect()
 }
 
 fn kind_to_wire(kind: LayerKind) -> wire::LayerKind {
@@ -242,5 +278,32 @@ mod tests {
         };
         assert_eq!(decide("allowed.test"), crate::policy::Verdict::Allow);
         assert_eq!(decide("other.test"), crate::policy::Verdict::Deny);
+    }
+
+    #[test]
+    fn sources_become_the_documents_an_older_daemon_expects() {
+        let repo = "[network]\nallow = [\"=pypi.org\"]\n";
+        let source = |kind, name: &str, text: &str| wire::LayerSource {
+            kind,
+            name: name.into(),
+            digest: crate::config::digest(text.as_bytes()),
+            text: Some(text.into()),
+        };
+        let by_content = wire::PolicyLayers {
+            user: None,
+            repo: None,
+            review_servers: wire::PolicyLayers::from(&layers()).review_servers,
+            sources: vec![
+                source(wire::LayerKind::User, "~/.airlock/config.toml", USER),
+                source(wire::LayerKind::Repo, "/src/app/.airlock.toml", repo),
+            ],
+        };
+        let docs = documents_from_sources(&by_content).unwrap();
+        assert!(docs.sources.is_empty());
+        assert_eq!(docs, wire::PolicyLayers::from(&layers()));
+        // A source whose text is gone cannot be turned into a document.
+        let mut bare = by_content;
+        bare.sources[0].text = None;
+        assert!(documents_from_sources(&bare).is_err());
     }
 }

@@ -3,7 +3,9 @@
 
 use super::Prepared;
 use crate::cli::Context;
-use crate::client::{Endpoint, SessionHandle, SessionOutcome};
+use std::sync::Arc;
+
+use crate::client::{Documents, Endpoint, SessionHandle, SessionOutcome};
 use crate::env::Env;
 use crate::protocol::{IdentityInfo, SessionSpec};
 use crate::sandbox::bridge::{BridgeError, ProxyBridge, SessionEnd, SessionInfo, Stopped};
@@ -35,7 +37,11 @@ impl ProxyBridge for DaemonBridge {
             session: Some(info.session.clone()),
             repo: info.repo_name.clone(),
             repo_path: info.repo_path.display().to_string(),
-            config: (&self.prepared.layers).into(),
+            config: if self.prepared.by_content.sources.is_empty() {
+                (&self.prepared.layers).into()
+            } else {
+                self.prepared.by_content.clone()
+            },
             identity: IdentityInfo {
                 email: self.prepared.identity.email.clone(),
                 user_id: self.prepared.identity.user_id.clone(),
@@ -50,7 +56,11 @@ impl ProxyBridge for DaemonBridge {
             // Filled by the client per connection (only under `session_sockets`).
             sockets: Vec::new(),
         };
-        let handle = SessionHandle::start(endpoint, spec, sockets)
+        // For a daemon without `layer_digests`: the layers parsed from the same texts.
+        let documents: Documents = Arc::new(|layers| {
+            crate::config::documents_from_sources(layers).map_err(|e| e.to_string())
+        });
+        let handle = SessionHandle::start_with_documents(endpoint, spec, Some(documents), sockets)
             .map_err(|e| BridgeError(e.to_string()))?;
         self.handle = Some(handle);
         Ok(())

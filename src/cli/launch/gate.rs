@@ -35,8 +35,12 @@ pub struct Prepared {
     pub identity: IdentityEnv,
     /// The identity's review-plane server, if any.
     pub server: Option<String>,
-    /// The user layer and the trusted repo layer, sent to the daemon.
+    /// The user layer and the trusted repo layer as documents, when they were parsed (empty
+    /// when they came from the layer cache; the daemon gets `by_content`).
     pub layers: ClientLayers,
+    /// The same layers by content (`config::cache`): what the daemon is sent, by digest under
+    /// `layer_digests`, else parsed from these texts into documents. Empty: send `layers`.
+    pub by_content: crate::protocol::PolicyLayers,
     /// What the relay lets reach the caller's terminal (managed and user `[terminal]`).
     pub terminal: TerminalPolicy,
     /// `[sandbox] mounts` of the applied layers, with where each is written.
@@ -94,19 +98,34 @@ impl TrustGate for ConfigGate {
     }
     fn load(&self, paths: &Paths, repo: &Repo, host: &dyn Env) -> Result<Prepared, String> {
         let identity = config::load_identity(paths).map_err(|e| e.to_string())?;
-        let loaded =
-            config::load(paths, Some(repo), identity.as_ref()).map_err(|e| e.to_string())?;
-        loaded.build_policy().map_err(|e| e.to_string())?;
-        let extra = Extra { pass: Vec::new(), vars: config::sandbox_env(&loaded.applied(), host) };
-        let (mounts, caches) = config::sandbox_mounts(&loaded.applied());
+        // Parsed and built (the policy must build) only when the cache holds no entry for
+        // exactly these files (config::cache).
+        let session = config::cache::load_session(paths, repo, identity.as_ref())
+            .map_err(|e| e.to_string())?;
+        let applied: Vec<&config::LayerDoc> = session.slim.iter().collect();
+        let extra = Extra { pass: Vec::new(), vars: config::sandbox_env(&applied, host) };
+        let terminal = config::terminal_policy(&applied);
+        let by_content = crate::protocol::PolicyLayers {
+            user: None,
+            repo: None,
+            review_servers: crate::protocol::PolicyLayers::from(&ClientLayers {
+                review_servers: session.review_servers.clone(),
+                ..Default::default()
+            })
+            .review_servers,
+            sources: session.sources.clone(),
+        };
+        let layers = session.loaded.as_ref().map(|l| l.client_layers()).unwrap_or_default();
+        let (mounts, caches) = config::sandbox_mounts(&applied);
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
             identity: identity
                 .map(|i| IdentityEnv { user_id: Some(i.user_id), email: Some(i.email) })
                 .unwrap_or_default(),
-            layers: loaded.client_layers(),
-            terminal: config::terminal_policy(&loaded.applied()),
+            layers,
+            by_content,
+            terminal,
             mounts,
             caches,
         })

@@ -10,13 +10,15 @@
 //! Files: [`state`] (the shared daemon state, idle accounting, the session table, the managed
 //! layer cache), [`accept`] (the accept loop and the drain), [`connection`] (one control
 //! connection and request dispatch), [`session`] (starting and ending sessions), [`inbound`] (the
-//! `inbound` audit line of a `--port` connection). File I/O,
+//! `inbound` audit line of a `--port` connection), [`layers`] (parsed layers and built policies
+//! by content digest). File I/O,
 //! config parsing and `getifaddrs` never run on the async workers: they go to
 //! `spawn_blocking` ([`state::blocking`]).
 
 mod accept;
 mod connection;
 mod inbound;
+mod layers;
 mod session;
 mod state;
 

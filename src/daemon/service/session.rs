@@ -10,11 +10,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::connection::{ConnState, error};
+use super::layers;
 use super::state::{Daemon, Session, blocking, lock, now};
 use crate::audit::{self, FileAuditSink, SessionInfo};
-use crate::config::{BuiltPolicy, LayerDoc};
+use crate::config::LayerDoc;
 use crate::daemon::records::{self, EndRecord, StartRecord};
-use crate::policy::LocalAddrs;
+use crate::policy::{LocalAddrs, Policy};
 use crate::protocol::{ErrorCode, Response, SessionEnd, SessionSpec};
 use crate::proxy::{self, Limits, Resolver, SessionProxy};
 use crate::sys::fdpass;
@@ -26,24 +27,56 @@ fn valid_session_id(id: &str) -> bool {
 }
 
 /// The one place a request's configuration becomes policy: the daemon's managed layer (read by
-/// the daemon, so the client cannot drop it) over the client's user and repo layers. Returns
-/// the built policy and `name@sha256:<digest>` of each layer in force, for the start record.
+/// the daemon, so the client cannot drop it) over the client's user and repo layers — sent as
+/// documents, or by content under `layer_digests` (`digests`), then parsed and built through
+/// the daemon's digest-keyed cache ([`super::layers`]). Returns the built policy and
+/// `name@sha256:<digest>` of each layer in force, for the start record.
 fn session_policy(
+    cache: &std::sync::Mutex<layers::LayerCache>,
     managed: Option<&LayerDoc>,
     spec: &SessionSpec,
-) -> Result<(BuiltPolicy, Vec<String>, crate::audit::volume::Volume, Option<Duration>), String> {
-    let client = crate::config::ClientLayers::from_wire(&spec.config).map_err(|e| e.to_string())?;
-    let built = client.build_policy(managed).map_err(|e| e.to_string())?;
-    let layers = managed
+    digests: bool,
+) -> Result<(Arc<Policy>, Vec<String>, crate::audit::volume::Volume, Option<Duration>), Response> {
+    let config = |e: String| error(ErrorCode::Config, e);
+    let layers = &spec.config;
+    let (policy, user, repo) = if layers.sources.is_empty() {
+        let client =
+            crate::config::ClientLayers::from_wire(layers).map_err(|e| config(e.to_string()))?;
+        let built = client.build_policy(managed).map_err(|e| config(e.to_string()))?;
+        (Arc::new(built.policy), client.user.map(Arc::new), client.repo.map(Arc::new))
+    } else {
+        if !digests {
+            return Err(error(
+                ErrorCode::Protocol,
+                "session_start names its layers by digest but the layer_digests capability is not in force on this connection; offer it in hello",
+            ));
+        }
+        if layers.user.is_some() || layers.repo.is_some() {
+            return Err(error(
+                ErrorCode::Protocol,
+                "session_start sends layer documents and layer sources; send one or the other",
+            ));
+        }
+        let resolved = layers::resolve(cache, &layers.sources).map_err(|e| match e {
+            layers::SourceError::Unknown(_) => error(ErrorCode::UnknownLayer, e.to_string()),
+            layers::SourceError::Invalid(m) => error(ErrorCode::Protocol, m),
+            layers::SourceError::Config(e) => config(e.to_string()),
+        })?;
+        let review = crate::config::review_servers_from_wire(&layers.review_servers);
+        let shared = layers::policy(cache, managed, &resolved, &review)
+            .map_err(|e| config(e.to_string()))?;
+        (Arc::clone(&shared.policy), resolved.user, resolved.repo)
+    };
+    let names = managed
         .into_iter()
-        .chain(client.user.as_ref())
-        .chain(client.repo.as_ref())
+        .chain(user.as_deref())
+        .chain(repo.as_deref())
         .map(|l| format!("{}@sha256:{}", l.name, l.digest))
         .collect();
     // `[audit]`: the managed layer as the daemon read it, the user layer as the client sent
     // it (a repo document claiming `[audit]` is ignored by `audit_volume`).
-    let docs: Vec<&LayerDoc> = managed.into_iter().chain(client.user.as_ref()).collect();
-    Ok((built, layers, crate::config::audit_volume(&docs), crate::config::logs_keep(&docs)))
+    let docs: Vec<&LayerDoc> = managed.into_iter().chain(user.as_deref()).collect();
+    Ok((policy, names, crate::config::audit_volume(&docs), crate::config::logs_keep(&docs)))
 }
 
 /// `[logs] keep`, applied to the checkout's directory as its session starts; a failure is
@@ -148,7 +181,7 @@ fn session_sockets(
 struct Prepared {
     spec: SessionSpec,
     id: String,
-    built: BuiltPolicy,
+    built: Arc<Policy>,
     policy_layers: Vec<String>,
     sockets: SessionSockets,
     listen: String,
@@ -164,9 +197,10 @@ struct Prepared {
 /// audit log's settlement and journal, `getifaddrs` (first session, or without the watcher).
 fn prepare(
     daemon: &Daemon,
-    spec: SessionSpec,
+    mut spec: SessionSpec,
     fds: Vec<OwnedFd>,
     capable: bool,
+    digests: bool,
     reregister: bool,
 ) -> Result<Prepared, Response> {
     // The managed layer is read here, by the daemon, for every session: the client cannot drop
@@ -187,7 +221,11 @@ fn prepare(
         (None, false) => audit::new_id(),
     };
     let (built, policy_layers, volume, keep) =
-        session_policy(managed.as_ref(), &spec).map_err(|e| error(ErrorCode::Config, e))?;
+        session_policy(&daemon.layer_cache, managed.as_ref(), &spec, digests)?;
+    // The texts were parsed (or were not needed): the session keeps only their digests.
+    for source in &mut spec.config.sources {
+        source.text = None;
+    }
     let (sockets, listen) = session_sockets(&spec.sockets, capable, fds)?;
     let resolver = daemon.resolver().map_err(|e| error(ErrorCode::Config, e))?;
     // The checkout's own directory under ~/.airlock/logs (docs/audit-format.md, Files): the one
@@ -281,12 +319,14 @@ pub(super) async fn start_session(
     }
     let fds = std::mem::take(&mut conn.fds);
     let capable = conn.capabilities.contains(crate::protocol::SESSION_SOCKETS);
+    let digests = conn.capabilities.contains(crate::protocol::LAYER_DIGESTS);
     let d = Arc::clone(daemon);
-    let prepared = match blocking(move || prepare(&d, spec, fds, capable, reregister)).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(resp)) => return resp,
-        Err(e) => return error(ErrorCode::Internal, e),
-    };
+    let prepared =
+        match blocking(move || prepare(&d, spec, fds, capable, digests, reregister)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(resp)) => return resp,
+            Err(e) => return error(ErrorCode::Internal, e),
+        };
     let Prepared {
         spec,
         id,
@@ -313,12 +353,12 @@ pub(super) async fn start_session(
         Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
     };
     // The effective policy's digest (mode, entries, review hosts — not display names).
-    let policy_digest = built.policy.digest();
+    let policy_digest = built.digest();
     let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
     let stopped = sink.on_stop();
     let proxy = Arc::new(
         SessionProxy::new(
-            Arc::new(built.policy),
+            built,
             Arc::new(sink),
             resolver,
             limits,
@@ -471,8 +511,10 @@ pub(super) async fn end_session(
 pub(super) mod tests {
     use super::*;
 
-    pub(crate) fn policy_for(spec: &SessionSpec) -> Result<(BuiltPolicy, Vec<String>), String> {
-        session_policy(None, spec).map(|(b, l, _, _)| (b, l))
+    pub(crate) fn policy_for(spec: &SessionSpec) -> Result<(Arc<Policy>, Vec<String>), String> {
+        session_policy(&Default::default(), None, spec, false)
+            .map(|(b, l, _, _)| (b, l))
+            .map_err(|r| format!("{r:?}"))
     }
 
     #[test]
@@ -503,7 +545,8 @@ pub(super) mod tests {
                 .into(),
             ..Default::default()
         };
-        let (built, layers, _, _) = session_policy(Some(&managed), &spec).unwrap();
+        let cache = Default::default();
+        let (built, layers, _, _) = session_policy(&cache, Some(&managed), &spec, false).unwrap();
         assert_eq!(
             layers,
             [
@@ -511,7 +554,54 @@ pub(super) mod tests {
                 format!("~/.airlock/config.toml@sha256:{}", user.digest)
             ]
         );
-        let (without, _, _, _) = session_policy(None, &spec).unwrap();
-        assert_ne!(built.policy.digest(), without.policy.digest());
+        let (without, _, _, _) = session_policy(&cache, None, &spec, false).unwrap();
+        assert_ne!(built.digest(), without.digest());
+    }
+
+    #[test]
+    fn layers_by_digest_need_the_capability_and_give_the_same_policy_as_documents() {
+        let text = "[network]\nallow = [\"b.test\"]\n";
+        let user = crate::config::parse_layer(
+            crate::policy::LayerKind::User,
+            "~/.airlock/config.toml",
+            text.as_bytes(),
+        )
+        .unwrap()
+        .doc;
+        let by_docs = SessionSpec {
+            config: (&crate::config::ClientLayers {
+                user: Some(user.clone()),
+                ..Default::default()
+            })
+                .into(),
+            ..Default::default()
+        };
+        let mut by_content = SessionSpec::default();
+        by_content.config.sources = vec![crate::protocol::LayerSource {
+            kind: crate::protocol::LayerKind::User,
+            name: "~/.airlock/config.toml".into(),
+            digest: user.digest.clone(),
+            text: Some(text.into()),
+        }];
+        let cache = Default::default();
+        let code = |r: Result<_, Response>| match r {
+            Err(Response::Error { code, .. }) => code,
+            other => panic!("expected an error, got {other:?}"),
+        };
+        // Not agreed at hello: refused, not silently treated as "no layers".
+        assert_eq!(code(session_policy(&cache, None, &by_content, false)), ErrorCode::Protocol);
+        // Documents and sources at once: ambiguous, refused.
+        let mut both = by_content.clone();
+        both.config.user = by_docs.config.user.clone();
+        assert_eq!(code(session_policy(&cache, None, &both, true)), ErrorCode::Protocol);
+        let (a, la, _, _) = session_policy(&cache, None, &by_docs, false).unwrap();
+        let (b, lb, _, _) = session_policy(&cache, None, &by_content, true).unwrap();
+        assert_eq!((a.digest(), la), (b.digest(), lb));
+        // The digest alone now finds the parsed layer; an unknown one asks for the text.
+        let mut bare = by_content.clone();
+        bare.config.sources[0].text = None;
+        assert!(session_policy(&cache, None, &bare, true).is_ok());
+        bare.config.sources[0].digest = crate::config::digest(b"other");
+        assert_eq!(code(session_policy(&cache, None, &bare, true)), ErrorCode::UnknownLayer);
     }
 }

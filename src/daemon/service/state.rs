@@ -212,6 +212,8 @@ pub struct Daemon {
     /// The managed layer as last read, keyed by the file's identity and change time, so every
     /// request sees a fixed file at once without re-parsing an unchanged one.
     managed: Mutex<ManagedCache>,
+    /// Parsed user and repo layers and built policies by content digest (`layer_digests`).
+    pub(super) layer_cache: Mutex<super::layers::LayerCache>,
     binary: String,
     last_status: Mutex<String>,
 }
@@ -243,6 +245,7 @@ impl Daemon {
             running_proxies: AtomicUsize::new(0),
             logs: Mutex::new(None),
             managed: Mutex::new(None),
+            layer_cache: Mutex::default(),
             binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
             last_status: Mutex::new(notify::describe(0, 0)),
         })
@@ -394,10 +397,9 @@ pub(super) mod tests {
     }
 
     pub(crate) fn session(id: &str, started_at: &str) -> Arc<Session> {
-        let (built, _) = super::super::session::tests::policy_for(&spec()).unwrap();
-        let policy = built.policy;
+        let (policy, _) = super::super::session::tests::policy_for(&spec()).unwrap();
         let proxy = Arc::new(SessionProxy::new(
-            Arc::new(policy),
+            policy,
             Arc::new(NullSink),
             Arc::new(SystemResolver),
             proxy::Limits::default(),
