@@ -81,6 +81,15 @@ pub enum Op {
     Devpts {
         path: PathBuf,
     },
+    /// Cover `root/rel` (a file in the tree being built, reached without following symlinks)
+    /// with a bind of a symlink to `target`, made as `scratch` in the setup root, which the
+    /// sandbox never sees ([`super::gitconfig`]).
+    BindSymlink {
+        target: PathBuf,
+        root: PathBuf,
+        rel: PathBuf,
+        scratch: String,
+    },
     /// Make an existing sandbox path (already a mount) read-only.
     RemountRo {
         path: PathBuf,
@@ -173,6 +182,8 @@ pub struct PlanInput<'a> {
     pub ro_binds: &'a [(PathBuf, PathBuf)],
     /// `(link, target)` symlinks made inside (`/opt/airlock/bin/claude` → the agent).
     pub symlinks: &'a [(PathBuf, PathBuf)],
+    /// Git configs shown through a symlink into a private writable copy instead of read-only.
+    pub git_configs: &'a [super::gitconfig::Redirect],
 }
 
 fn root(p: &str) -> PathBuf {
@@ -353,7 +364,28 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
             inside: true,
         });
     }
+    for r in input.git_configs {
+        ops.push(Op::Dir { path: r.inside_dir.clone(), mode: 0o755 });
+        ops.push(Op::BindBeneath {
+            root: r.private_dir.clone(),
+            rel: PathBuf::new(),
+            dst: r.inside_dir.clone(),
+            ro: false,
+            inside: false,
+        });
+    }
     for item in &prot.listed {
+        if let Some(i) = input.git_configs.iter().position(|r| r.host_file() == item.host_path())
+            && matches!(item.state, State::File)
+        {
+            ops.push(Op::BindSymlink {
+                target: input.git_configs[i].link_target(),
+                root: to_sandbox(&item.root),
+                rel: item.rel.clone(),
+                scratch: format!("gitconfig-{i}"),
+            });
+            continue;
+        }
         if matches!(item.state, State::Dir | State::File) {
             let dst = to_sandbox(&item.host_path());
             let root = to_sandbox(&item.root);
@@ -566,6 +598,15 @@ fn apply(op: &Op) -> io::Result<()> {
                 Some("newinstance,ptmxmode=0666,mode=0620"),
             )
         }
+        Op::BindSymlink { target, root, rel, scratch } => {
+            // The setup root ("/" until the final pivot) holds the link; a bind of it outlives
+            // that root (mount(2) pins the dentry), and only the bind is visible inside.
+            let link = Path::new("/").join(scratch);
+            std::os::unix::fs::symlink(target, &link).map_err(|e| err("symlink", &link, e))?;
+            let src = open_file_path(&link)?;
+            let dst_fd = open_beneath(&at(NEWROOT, root), rel)?;
+            do_mount(Some(&fd_path(&src)), &fd_path(&dst_fd), None, MsFlags::MS_BIND, None)
+        }
         Op::RemountRo { path } => remount_ro(&at(NEWROOT, path)),
     }
 }
@@ -654,6 +695,7 @@ mod tests {
             home: &HomeMount::Tmpfs,
             ro_binds: &[],
             symlinks: &[],
+            git_configs: &[],
         };
         plan(&input, &host())
     }

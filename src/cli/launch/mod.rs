@@ -272,6 +272,9 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
              with `airlock quarantine restore {session} [PATH]`"
         );
     }
+    for m in &sweep.git_config_merged {
+        eprintln!("airlock: merged the session's git config changes into {}", esc(m));
+    }
     for p in &sweep.setuid_stripped {
         eprintln!("airlock: stripped setuid/setgid bits from {}", shown(p));
     }
