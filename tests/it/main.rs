@@ -50,6 +50,8 @@ mod sandbox_agent;
 mod sandbox_control;
 #[cfg(feature = "test-hooks")]
 mod sandbox_dns;
+#[cfg(feature = "test-hooks")]
+mod sandbox_gitconfig;
 mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]
 mod sandbox_limits;
