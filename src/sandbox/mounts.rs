@@ -774,6 +774,54 @@ mod tests {
     }
 
     #[test]
+    fn a_redirected_git_config_is_a_bound_symlink_into_its_writable_private_copy() {
+        let repo = Path::new("/home/u/proj");
+        let mut prot = protection(repo);
+        prot.listed.push(listed(repo, ".git/config", State::File));
+        let redirect = crate::sandbox::gitconfig::Redirect {
+            root: repo.to_path_buf(),
+            rel: PathBuf::from(".git/config"),
+            private_dir: PathBuf::from("/home/u/.airlock/quarantine/s/.gitconfig-work/0"),
+            inside_dir: PathBuf::from("/opt/airlock/git/0"),
+        };
+        let home = HomeMount::Tmpfs;
+        let ops = plan(
+            &PlanInput {
+                repo_host: repo,
+                repo_sandbox: Path::new("/proj"),
+                hostname: "proj",
+                uid: 1000,
+                gid: 1000,
+                protection: &prot,
+                home: &home,
+                ro_binds: &[],
+                symlinks: &[],
+                git_configs: std::slice::from_ref(&redirect),
+            },
+            &host(),
+        );
+        assert!(ops.contains(&Op::BindBeneath {
+            root: redirect.private_dir.clone(),
+            rel: PathBuf::new(),
+            dst: redirect.inside_dir.clone(),
+            ro: false,
+            inside: false,
+        }));
+        assert!(ops.contains(&Op::BindSymlink {
+            target: PathBuf::from("/opt/airlock/git/0/config"),
+            root: PathBuf::from("/proj"),
+            rel: PathBuf::from(".git/config"),
+            scratch: "gitconfig-0".into(),
+        }));
+        // Never also a read-only bind of the file, which git could not rename over.
+        assert!(!ops.iter().any(|op| matches!(op, Op::BindBeneath { rel, .. }
+            if rel == Path::new(".git/config"))));
+        // The other protected paths are unchanged.
+        assert!(ops.iter().any(|op| matches!(op, Op::BindBeneath { rel, ro: true, .. }
+            if rel == Path::new(".git/hooks"))));
+    }
+
+    #[test]
     fn proc_knobs_are_covered_and_tmp_is_size_limited() {
         let ops = ops();
         assert!(ops.iter().any(|o| matches!(o, Op::BindBeneath { rel, ro: true, .. }

@@ -293,7 +293,17 @@ fn a_changed_url_of_an_existing_remote_is_held_without_a_terminal_and_restore_ap
     let session = only_session(&sb);
     let held = held_keys(&sb, &session);
     assert!(held.contains(&"remote.origin.url".into()), "{held:?}");
-    // Restoring the url replaces it: still exactly one url.
+    // `show` previews the replacement, and restoring it replaces the url: still exactly one.
+    let show = sb
+        .world
+        .airlock(&sb.repo)
+        .args(["quarantine", "show", &session, "git-config:remote.origin.url"])
+        .run()
+        .expect_code(0);
+    let preview = show.stdout();
+    let origin_line = format!("url = {}", origin.display());
+    assert!(preview.lines().any(|l| l.starts_with('-') && l.contains(&origin_line)), "{preview}");
+    assert!(preview.lines().any(|l| l.starts_with('+') && l.contains("evil.git")), "{preview}");
     sb.world
         .airlock(&sb.repo)
         .args(["quarantine", "restore", &session, "git-config:remote.origin.url"])
