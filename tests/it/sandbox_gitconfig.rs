@@ -291,6 +291,9 @@ fn a_changed_url_of_an_existing_remote_is_held_without_a_terminal_and_restore_ap
     assert!(get_all(&sb, "remote.origin.pushurl").is_empty(), "{}", host_config(&sb));
     assert!(err.contains("not confirmed on a terminal"), "{err}");
     let session = only_session(&sb);
+    // The report names the exact command that applies it.
+    let apply = format!("airlock quarantine restore {session} git-config:remote.origin.url");
+    assert!(err.contains(&apply), "{err}");
     let held = held_keys(&sb, &session);
     assert!(held.contains(&"remote.origin.url".into()), "{held:?}");
     // `show` previews the replacement, and restoring it replaces the url: still exactly one.
@@ -375,6 +378,7 @@ fn a_host_file_changed_during_the_session_holds_the_whole_change() {
     assert_eq!(get_all(&sb, "core.abbrev"), ["12"], "the host's own change was lost");
     assert!(get_all(&sb, "user.name").is_empty(), "{}", host_config(&sb));
     assert!(err.contains("changed during the session"), "{err}");
+    assert!(err.contains("nothing of the session's git config was merged"), "{err}");
     let held = held_keys(&sb, &only_session(&sb));
     assert_eq!(held, ["user.name"]);
 }

@@ -252,10 +252,9 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
                     item.keys.iter().map(|k| esc(&k.key).into_owned()).collect();
                 let what =
                     if keys.is_empty() { "the whole change".to_string() } else { keys.join(", ") };
-                eprintln!(
-                    "airlock: held back {what} in {at} ({}); the rest of the change is kept",
-                    item.why
-                );
+                // A note says what became of the rest (a git config merge may have kept none).
+                let rest = note.unwrap_or_else(|| "the rest of the change is kept".into());
+                eprintln!("airlock: held back {what} in {at} ({}); {rest}", item.why);
             }
             how => eprintln!(
                 "airlock: quarantined {at} ({}, {}) → {}{}",
