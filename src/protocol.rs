@@ -28,6 +28,11 @@
 //! [`Response::SessionStopped`] on a session's connection, between replies: the session hit an
 //! audit bound and its supervisor is to end the sandbox. A client without the capability never
 //! sees it (an older client would take it for the reply to its `session_end`).
+//!
+//! Under the [`SESSION_INBOUND`] capability the supervisor may send [`Request::SessionInbound`]
+//! on its session's connection, one per closed `--port` connection; the daemon writes the
+//! `inbound` audit line and always answers [`Response::InboundRecorded`] (never `error`, which
+//! a supervisor waiting for `session_ended` would take for its answer).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -93,7 +98,9 @@ pub struct Capabilities(BTreeSet<String>);
 impl Capabilities {
     /// What this build offers.
     pub fn current() -> Self {
-        [SESSION_SOCKETS, CAPTURE_TCP6, CAPTURE_UDP_LOG, SESSION_STOP].into_iter().collect()
+        [SESSION_SOCKETS, CAPTURE_TCP6, CAPTURE_UDP_LOG, SESSION_STOP, SESSION_INBOUND]
+            .into_iter()
+            .collect()
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -147,6 +154,11 @@ pub const CAPTURE_UDP_LOG: &str = "capture_udp_log";
 /// it the stopped session keeps running with every attempt refused (`503`) until it ends.
 pub const SESSION_STOP: &str = "session_stop";
 
+/// Capability `session_inbound`: the supervisor may send [`Request::SessionInbound`] (one per
+/// connection through a `--port`), answered by [`Response::InboundRecorded`]. Without it the
+/// CLI refuses `--port`: an older daemon would not audit the connections.
+pub const SESSION_INBOUND: &str = "session_inbound";
+
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
 /// Test hook (feature `test-hooks`): the client's protocol range, `MIN-MAX`.
@@ -178,6 +190,34 @@ pub enum Request {
     SessionEnd(SessionEnd),
     /// Version skew only: asks an older daemon to exit if it is idle. Stable forever.
     QuitIfIdle,
+    /// Under [`SESSION_INBOUND`]: one connection through a `--port` is over; the daemon
+    /// writes its `inbound` audit line.
+    SessionInbound(InboundRecord),
+}
+
+/// One inbound connection through a `--port`, as the supervisor saw it (the `inbound` audit
+/// line of docs/audit-format.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboundRecord {
+    pub session: String,
+    /// When the connection was accepted, RFC 3339 UTC with milliseconds.
+    pub ts: String,
+    /// The host-side client, `ip:port`.
+    pub peer: String,
+    /// The host address it connected to, `ip:port`.
+    pub listen: String,
+    /// The sandbox port (on `127.0.0.1` inside).
+    pub port: u16,
+    pub bytes_to_sandbox: u64,
+    pub bytes_from_sandbox: u64,
+    pub duration_ms: u64,
+    /// Set when the connection never reached the server inside: the audit reason code
+    /// (`connect_failed`, `connection_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// Why, for the supervisor's own log (not written to the audit line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Daemon → client.
@@ -215,6 +255,14 @@ pub enum Response {
         reason: String,
         /// What happened and what to do, for the user's terminal.
         message: String,
+    },
+    /// Reply to `session_inbound` (capability [`SESSION_INBOUND`]): whether the line was
+    /// written, and if not why.
+    InboundRecorded {
+        session: String,
+        written: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
     },
     /// Reply to `quit_if_idle`; stable forever.
     QuitIfIdle {
@@ -653,6 +701,34 @@ mod tests {
     /// An empty `session_start` as the version-1 build encoded it (its daemon requires
     /// `config.review_servers`).
     const V1_EMPTY_SESSION_START: &str = r#"{"op":"session_start","repo":"","repo_path":"","config":{"user":null,"repo":null,"review_servers":[]},"identity":{},"airlock_version":"","command":[],"layers":[],"supervisor_pid":0}"#;
+    #[test]
+    fn session_inbound_and_its_answer_have_the_documented_shape() {
+        let rec = InboundRecord {
+            session: "s".into(),
+            ts: "2026-07-24T18:03:11.482Z".into(),
+            peer: "127.0.0.7:5000".into(),
+            listen: "127.0.0.7:3000".into(),
+            port: 3000,
+            bytes_to_sandbox: 1,
+            bytes_from_sandbox: 2,
+            duration_ms: 3,
+            refused: None,
+            error: None,
+        };
+        let json = serde_json::to_string(&Request::SessionInbound(rec.clone())).unwrap();
+        assert_eq!(
+            json,
+            r#"{"op":"session_inbound","session":"s","ts":"2026-07-24T18:03:11.482Z","peer":"127.0.0.7:5000","listen":"127.0.0.7:3000","port":3000,"bytes_to_sandbox":1,"bytes_from_sandbox":2,"duration_ms":3}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), Request::SessionInbound(rec));
+        let reply = Response::InboundRecorded { session: "s".into(), written: true, error: None };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"reply":"inbound_recorded","session":"s","written":true}"#
+        );
+        assert!(Capabilities::current().contains(SESSION_INBOUND));
+    }
+
     const V1_HELLO: &str =
         r#"{"op":"hello","protocol":{"min":1,"max":1},"client_version":"0.1.0"}"#;
     const V1_HELLO_REPLY: &str = r#"{"reply":"hello","version":1,"protocol":{"min":1,"max":1},"daemon_version":"0.1.0","pid":7,"boot":"b","sessions":0}"#;

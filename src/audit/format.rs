@@ -14,7 +14,7 @@ use super::{AuditError, AuditLine};
 /// No audit line is longer than this (bytes, including the newline).
 pub const MAX_LINE: usize = 8192;
 
-// Caps in escaped bytes. Their sum (5 968) plus field names, numbers and enums (< 600)
+// Caps in escaped bytes. Their sum (6 096) plus field names, numbers and enums (< 600)
 // stays under MAX_LINE; `caps_fit_max_line` checks it.
 const CAP_TS: usize = 40;
 const CAP_USER_ID: usize = 256;
@@ -30,6 +30,8 @@ const CAP_URL: usize = 2048;
 const CAP_POLICY: usize = 1024;
 const CAP_QTYPE: usize = 16;
 const CAP_ANSWER: usize = 64;
+const CAP_PEER: usize = 64;
+const CAP_LISTEN: usize = 64;
 #[cfg(test)]
 const CAPS_TOTAL: usize = CAP_TS
     + CAP_USER_ID
@@ -44,7 +46,9 @@ const CAPS_TOTAL: usize = CAP_TS
     + CAP_URL
     + CAP_POLICY
     + CAP_QTYPE
-    + CAP_ANSWER;
+    + CAP_ANSWER
+    + CAP_PEER
+    + CAP_LISTEN;
 
 /// Raw bytes from the wire (a CONNECT authority, a request target) as text for an audit line:
 /// invalid UTF-8 becomes U+FFFD, so nothing is dropped silently and the line stays valid JSON.
@@ -105,6 +109,8 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         && fits_opt(&line.policy, CAP_POLICY)
         && fits_opt(&line.qtype, CAP_QTYPE)
         && fits_opt(&line.answer, CAP_ANSWER)
+        && fits_opt(&line.peer, CAP_PEER)
+        && fits_opt(&line.listen, CAP_LISTEN)
     {
         return Cow::Borrowed(line);
     }
@@ -124,6 +130,8 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
     cut |= cap_opt(&mut l.policy, CAP_POLICY);
     cut |= cap_opt(&mut l.qtype, CAP_QTYPE);
     cut |= cap_opt(&mut l.answer, CAP_ANSWER);
+    cut |= cap_opt(&mut l.peer, CAP_PEER);
+    cut |= cap_opt(&mut l.listen, CAP_LISTEN);
     if cut {
         l.truncated = Some(true);
     }
@@ -272,6 +280,8 @@ pub(crate) mod tests {
             capture: None,
             qtype: None,
             answer: None,
+            peer: None,
+            listen: None,
         }
     }
 
@@ -307,6 +317,8 @@ pub(crate) mod tests {
             capture: Some(crate::audit::Capture::Transparent),
             qtype: Some(s.into()),
             answer: Some(s.into()),
+            peer: Some(s.into()),
+            listen: Some(s.into()),
         }
     }
 

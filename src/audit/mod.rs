@@ -100,6 +100,12 @@ pub struct AuditLine {
     /// `SERVFAIL`, `REFUSED` or `FORMERR`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
+    /// `inbound` lines (`method: "INBOUND"`): the host-side client of a `--port`, `ip:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// `inbound` lines: the host address the client connected to, `ip:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 /// The `capture` field of an audit line.
@@ -144,6 +150,8 @@ impl AuditLine {
             capture: None,
             qtype: None,
             answer: None,
+            peer: None,
+            listen: None,
         }
     }
 }

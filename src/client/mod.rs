@@ -21,7 +21,7 @@ pub use activation::{
 };
 pub use connection::Client;
 pub use endpoint::Endpoint;
-pub use session::{SessionHandle, SessionOutcome, SessionStop};
+pub use session::{InboundReporter, SessionHandle, SessionOutcome, SessionStop};
 pub use socket::{SocketPath, SocketSource, check_dir};
 
 use crate::protocol::{ErrorCode, FrameError, VersionRange};

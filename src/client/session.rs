@@ -32,6 +32,9 @@ struct Shared {
     abandoned: bool,
     /// The daemon's `session_stopped` (capability `session_stop`), once it came.
     stopped: Option<SessionStop>,
+    /// Encoded `session_inbound` requests whose write failed (the daemon was gone): sent to
+    /// the next instance right after re-registering, before a pending `session_end`.
+    pending_inbound: Vec<Vec<u8>>,
 }
 
 /// The daemon stopped the session (`[audit] session_budget` or `min_free`): its audit reason
@@ -144,6 +147,7 @@ impl SessionHandle {
             pending_end: None,
             abandoned: false,
             stopped: None,
+            pending_inbound: Vec::new(),
         }));
         let boots = Arc::new(Mutex::new(vec![boot]));
         let (tx, rx) = mpsc::channel();
@@ -162,6 +166,16 @@ impl SessionHandle {
     /// [`SessionHandle::stopped`] says why); the supervisor polls it beside the sandbox's stdio.
     pub fn stop_fd(&self) -> io::Result<OwnedFd> {
         self.stop_r.try_clone()
+    }
+
+    /// Where the supervisor reports `--port` connections, when the daemon agreed to
+    /// `session_inbound`; `None` otherwise (the caller then refuses `--port`).
+    pub fn inbound_reporter(&self) -> Option<InboundReporter> {
+        let s = self.shared.lock().ok()?;
+        s.client
+            .capabilities
+            .contains(protocol::SESSION_INBOUND)
+            .then(|| InboundReporter { shared: Arc::clone(&self.shared) })
     }
 
     /// The daemon's `session_stopped`, if it came.
@@ -221,6 +235,36 @@ impl Drop for SessionHandle {
     }
 }
 
+/// Sends `session_inbound` records on the session's connection (capability
+/// `session_inbound`); the daemon writes the `inbound` lines. A record whose write fails (the
+/// daemon is being replaced) is kept and sent after re-registration.
+#[derive(Clone)]
+pub struct InboundReporter {
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl std::fmt::Debug for InboundReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InboundReporter")
+    }
+}
+
+impl InboundReporter {
+    pub fn send(&self, record: protocol::InboundRecord) {
+        let bytes = match protocol::encode(&Request::SessionInbound(record)) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("cannot encode an inbound connection's record: {e}");
+                return;
+            }
+        };
+        let Ok(mut s) = self.shared.lock() else { return };
+        if !s.pending_inbound.is_empty() || s.client.stream.write_all(&bytes).is_err() {
+            s.pending_inbound.push(bytes);
+        }
+    }
+}
+
 /// Where the watcher records a `session_stopped` and wakes the supervisor.
 struct Stop {
     shared: Arc<Mutex<Shared>>,
@@ -268,6 +312,16 @@ fn watch(
                         stop.record(reason, message);
                         continue;
                     }
+                    // The answer to a `session_inbound`, never to `session_end`.
+                    if let Response::InboundRecorded { written, error, .. } = resp {
+                        if !written {
+                            tracing::warn!(
+                                "airlockd did not write an inbound connection's audit line: {}",
+                                error.unwrap_or_default()
+                            );
+                        }
+                        continue;
+                    }
                     let ending = shared.lock().map(|s| s.pending_end.is_some()).unwrap_or(true);
                     if !ending {
                         continue;
@@ -302,6 +356,9 @@ fn watch(
                     }
                     let Ok(mut s) = shared.lock() else { return };
                     s.client = client;
+                    for bytes in std::mem::take(&mut s.pending_inbound) {
+                        let _ = s.client.stream.write_all(&bytes);
+                    }
                     if let Some(bytes) = s.pending_end.clone() {
                         let _ = s.client.stream.write_all(&bytes);
                     }

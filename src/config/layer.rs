@@ -214,6 +214,18 @@ impl Walker<'_> {
 
     fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, section: &str, known: &[&str]) {
         let k = key.get_ref();
+        if matches!(k.as_ref(), "port" | "ports") {
+            // Publishing a port opens the host's browser to the agent: only the person at the
+            // command line decides that (docs/security.md, "Ports").
+            self.error(
+                key.span(),
+                format!(
+                    "`{k}` in {section}: ports cannot be published from a configuration file; \
+                     pass `--port [HOST_IP:]HOSTPORT:PORT` to `airlock exec`/`airlock run`"
+                ),
+            );
+            return;
+        }
         self.error(key.span(), format!("unknown key `{k}` in {section}; {}", suggestion(k, known)));
     }
 

@@ -58,6 +58,11 @@ pub trait ProxyBridge {
     fn stopped(&self) -> Option<Stopped> {
         None
     }
+    /// Where `--port` connections are reported for their `inbound` audit lines, once the
+    /// session started. `None`: this bridge cannot audit them, so `--port` is refused.
+    fn inbound(&self) -> Option<std::sync::Arc<dyn super::ports::InboundReport>> {
+        None
+    }
 }
 
 /// The proxy's side stopped the session: its audit reason code and the message for the user.

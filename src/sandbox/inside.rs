@@ -3,8 +3,8 @@
 //! forwards signals to it, reaps orphans and exits with the command's status.
 //!
 //! Any setup failure is written to the error pipe and ends the process with 125; the host-side
-//! supervisor prints it. The command itself never sees the control socket, the error pipe or
-//! any fd of the host beyond its three relayed stdio descriptors.
+//! supervisor prints it. The command itself never sees the control socket, the error pipe, the
+//! `--port` channel or any fd of the host beyond its three relayed stdio descriptors.
 
 use std::ffi::CString;
 use std::io::{self, Write};
@@ -52,6 +52,9 @@ pub struct Inherited {
     pub errpipe: OwnedFd,
     /// The pipe end for each [`Slot::Pipe`] of `Spec::stdio`.
     pub stdio: [Option<OwnedFd>; 3],
+    /// Init's end of the `--port` channel (`super::ports`), when ports are published: kept
+    /// by PID 1 only, never by the command.
+    pub ports: Option<OwnedFd>,
 }
 
 /// Everything the inside needs, prepared by the supervisor before the fork.
@@ -76,16 +79,19 @@ pub struct Spec {
     /// the end sweep tells the agent's changes from the host's by ctime (see `sweep`).
     pub not_before: super::sweep::Stamp,
     pub seccomp: BpfProgram,
+    /// The sandbox ports published with `--port`: the only ones init dials for the host.
+    pub ports: Vec<u16>,
 }
 
 /// Runs inside the child made by `fork_into_namespaces`; never returns.
-pub fn run(spec: &Spec, fds: Inherited) -> ! {
+pub fn run(spec: &Spec, mut fds: Inherited) -> ! {
     match setup_and_start(spec, &fds) {
         Ok(child) => {
+            let ports = fds.ports.take().map(|fd| (fd, spec.ports.clone()));
             // The command has its copies: pipes see EOF when it exits, and the supervisor's
             // error-pipe read ends.
             drop(fds);
-            init_loop(child)
+            init_loop(child, ports)
         }
         Err(e) => {
             let mut f = std::fs::File::from(fds.errpipe);
@@ -202,6 +208,7 @@ fn isolate_fds(fds: &Inherited) -> io::Result<()> {
     drop(null);
     let mut keep = vec![0, 1, 2, fds.control.as_raw_fd(), fds.errpipe.as_raw_fd()];
     keep.extend(fds.stdio.iter().flatten().map(AsRawFd::as_raw_fd));
+    keep.extend(fds.ports.iter().map(AsRawFd::as_raw_fd));
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
@@ -420,30 +427,74 @@ pub fn forwarded_signals() -> SigSet {
 }
 
 /// PID 1: wait for signals (they are blocked, inherited from the supervisor), forward them,
-/// reap everything, and leave with the command's status.
-fn init_loop(child: Pid) -> ! {
+/// reap everything, and leave with the command's status. With ports published it also answers
+/// the supervisor's `--port` requests ([`super::ports::serve_request`]), waiting for both with
+/// poll(2) on a signalfd(2).
+fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
     let set = forwarded_signals();
+    let sigfd = ports.as_ref().and_then(|_| {
+        nix::sys::signalfd::SignalFd::with_flags(
+            &set,
+            nix::sys::signalfd::SfdFlags::SFD_NONBLOCK | nix::sys::signalfd::SfdFlags::SFD_CLOEXEC,
+        )
+        .ok()
+    });
+    let (Some(sigfd), Some((channel, declared))) = (sigfd, ports) else {
+        // No ports (or no signalfd: the channel is then closed, and the host side reports
+        // each connection as failed).
+        loop {
+            match set.wait() {
+                Ok(sig) => on_signal(child, sig),
+                Err(_) => continue,
+            }
+        }
+    };
+    let mut channel = Some(channel);
     loop {
-        let sig = match set.wait() {
-            Ok(sig) => sig,
-            Err(_) => continue,
-        };
-        if sig == Signal::SIGCHLD {
-            loop {
-                match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                    Ok(WaitStatus::StillAlive) | Err(_) => break,
-                    Ok(status) => {
-                        if status.pid() == Some(child)
-                            && let Some(code) = exit_code(status)
-                        {
-                            sysx::exit_now(code);
-                        }
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut pfds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        if let Some(c) = &channel {
+            pfds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
+        }
+        if poll(&mut pfds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        let ready = |i: usize| pfds.get(i).and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
+        let (signals, request) = (ready(0), ready(1));
+        if request
+            && let Some(c) = &channel
+            && !super::ports::serve_request(c.as_fd(), &declared)
+        {
+            channel = None; // the supervisor is gone
+        }
+        if signals {
+            while let Ok(Some(info)) = sigfd.read_signal() {
+                if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
+                    on_signal(child, sig);
+                }
+            }
+        }
+    }
+}
+
+/// One signal as init handles it: SIGCHLD reaps (and ends init with the command's status),
+/// others go to the command.
+fn on_signal(child: Pid, sig: Signal) {
+    if sig == Signal::SIGCHLD {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(status) => {
+                    if status.pid() == Some(child)
+                        && let Some(code) = exit_code(status)
+                    {
+                        sysx::exit_now(code);
                     }
                 }
             }
-        } else if sig != Signal::SIGWINCH {
-            let _ = nix::sys::signal::kill(child, sig);
         }
+    } else if sig != Signal::SIGWINCH {
+        let _ = nix::sys::signal::kill(child, sig);
     }
 }
 

@@ -14,6 +14,8 @@
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
 //! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
 //!   into kept and held parts (pure: bytes in, bytes out).
+//! - [`ports`]: `--port`, a server inside reached from the host (listeners, init's side of
+//!   the channel, the relay).
 //! - [`cgroup`]: the per-session cgroup v2 leaf and its limits.
 //! - [`env`]: the environment inside; [`relay`]: stdio between the caller and the sandbox;
 //!   [`termfilter`]: the escape sequences the relay keeps from the caller's terminal.
@@ -30,6 +32,7 @@ pub mod gitptr;
 pub mod inside;
 pub mod landlock;
 pub mod mounts;
+pub mod ports;
 pub mod probe;
 pub mod protect;
 pub mod quarantine;

@@ -45,6 +45,8 @@ pub enum SandboxError {
     Setup(String),
     #[error("the proxy could not take the session: {0}")]
     Bridge(String),
+    #[error("{0}")]
+    Ports(#[from] super::ports::PortsError),
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -87,6 +89,8 @@ pub struct Request {
     pub agent_version: Option<String>,
     /// What the pty relay lets reach the caller's terminal.
     pub terminal: TerminalPolicy,
+    /// `--port` (command line only): servers inside made reachable from the host.
+    pub ports: Vec<super::ports::PortSpec>,
 }
 
 /// The result of a session.
@@ -319,6 +323,25 @@ pub fn run(
         socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
             .map_err(|e| io_ctx("socketpair")(e.into()))?;
     let (err_r, err_w) = pipe()?;
+    // `--port`: the host listeners exist before the sandbox does, and init gets its end of a
+    // channel of its own (non-blocking there: init never waits on the host).
+    let published = if req.ports.is_empty() {
+        None
+    } else {
+        Some(super::ports::publish(&req.ports, &req.session)?)
+    };
+    let (ports_ours, ports_init) = match &published {
+        None => (None, None),
+        Some(_) => {
+            let (ours, init) =
+                socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+                    .map_err(|e| io_ctx("socketpair")(e.into()))?;
+            // Each end is its own open file description: only init's becomes non-blocking.
+            nix::fcntl::fcntl(&init, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))
+                .map_err(|e| io_ctx("the port channel")(e.into()))?;
+            (Some(ours), Some(init))
+        }
+    };
 
     let path_dirs = req
         .env
@@ -354,6 +377,7 @@ pub fn run(
         cgroup_ns_at_leaf: leaf.is_some(),
         not_before: threshold.not_before,
         seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
+        ports: published.as_ref().map(super::ports::Published::sandbox_ports).unwrap_or_default(),
     };
 
     // A root caller's supplementary groups would stay with the sandbox (setgroups is denied
@@ -386,7 +410,12 @@ pub fn run(
         // The child's copies of these are the inside's own from here on (fork(2)).
         Ok(Forked::Child) => inside::run(
             &spec,
-            inside::Inherited { control: child_control, errpipe: err_w, stdio: child_ends },
+            inside::Inherited {
+                control: child_control,
+                errpipe: err_w,
+                stdio: child_ends,
+                ports: ports_init,
+            },
         ),
         Ok(Forked::Parent(pid)) => pid,
         Err(e) => {
@@ -405,6 +434,7 @@ pub fn run(
     drop(child_control);
     drop(err_w);
     drop(child_ends);
+    drop(ports_init);
 
     // The listener arrives once init has built the walls up to Landlock; the session is
     // registered while init drops capabilities, installs seccomp and starts the command
@@ -484,6 +514,22 @@ pub fn run(
         });
     }
 
+    let ports = match (published, ports_ours) {
+        (Some(published), Some(channel)) => {
+            match start_ports(published, channel, &req.session, &*bridge) {
+                Ok(service) => Some(service),
+                Err(e) => {
+                    let _ = kill(child, Signal::SIGKILL);
+                    let _ = waitpid(child, None);
+                    let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+                    bridge.end(&SessionEnd { exit_code: 125, ..SessionEnd::default() });
+                    return Err(e);
+                }
+            }
+        }
+        _ => None,
+    };
+
     let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(|e| io_ctx("signalfd")(e.into()))?;
     let mut pumps = build_pumps(&tty, our_ends, master.as_ref(), req.terminal)?;
@@ -510,6 +556,11 @@ pub fn run(
     {
         eprintln!("airlock: warning: {e}");
     }
+    // Every inbound connection's line before the end record (the sandbox is gone, so the
+    // relays are ending).
+    if let Some(service) = ports {
+        service.finish(PORTS_GRACE);
+    }
     let report = end_of_session(req, &protection, since, &mut git_configs);
     bridge.end(&SessionEnd {
         exit_code,
@@ -519,6 +570,32 @@ pub fn run(
     });
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
     Ok(Outcome { exit_code, sweep: report, landlock, stopped })
+}
+
+/// How long the end of a session waits for `--port` relays to report.
+const PORTS_GRACE: Duration = Duration::from_secs(2);
+
+/// The `--port` relay, once the bridge said it can audit it; tells the user where to connect.
+fn start_ports(
+    published: super::ports::Published,
+    channel: OwnedFd,
+    session: &str,
+    bridge: &dyn ProxyBridge,
+) -> Result<super::ports::Service, SandboxError> {
+    let Some(report) = bridge.inbound() else {
+        return Err(SandboxError::Bridge(
+            "--port needs an airlockd that audits inbound connections (capability \
+             `session_inbound`), and the running one does not; restart it with this version \
+             (`airlock service install`, or stop the old airlockd) or run without --port"
+                .into(),
+        ));
+    };
+    for line in published.announcement() {
+        eprintln!("airlock: {line}");
+    }
+    let channel = super::ports::Channel::new(channel).map_err(io_ctx("the port channel"))?;
+    super::ports::Service::start(published, channel, session.to_string(), report)
+        .map_err(io_ctx("starting the port relay"))
 }
 
 /// Removes the session's placeholders on every way out of [`run`] (idempotent: the sweep

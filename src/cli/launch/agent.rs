@@ -172,6 +172,10 @@ impl ProxyBridge for AgentBridge {
         self.inner.stopped()
     }
 
+    fn inbound(&self) -> Option<std::sync::Arc<dyn crate::sandbox::ports::InboundReport>> {
+        self.inner.inbound()
+    }
+
     fn end(&mut self, end: &SessionEnd) {
         let s = &self.session;
         let back = s.home.copy_back(&s.copied_in);

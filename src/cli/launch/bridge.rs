@@ -73,6 +73,11 @@ impl ProxyBridge for DaemonBridge {
         Some(Stopped { reason: s.reason, message: s.message })
     }
 
+    fn inbound(&self) -> Option<std::sync::Arc<dyn crate::sandbox::ports::InboundReport>> {
+        let reporter = self.handle.as_ref()?.inbound_reporter()?;
+        Some(std::sync::Arc::new(Reporter(reporter)))
+    }
+
     fn end(&mut self, end: &SessionEnd) {
         if let Some(handle) = self.handle.take() {
             let outcome = SessionOutcome {
@@ -85,6 +90,14 @@ impl ProxyBridge for DaemonBridge {
                 eprintln!("airlock: warning: recording the session end with airlockd: {e}");
             }
         }
+    }
+}
+
+struct Reporter(crate::client::InboundReporter);
+
+impl crate::sandbox::ports::InboundReport for Reporter {
+    fn report(&self, record: crate::protocol::InboundRecord) {
+        self.0.send(record);
     }
 }
 

@@ -56,8 +56,12 @@ enum Target {
 
 /// Runs a session with the production collaborators: the configuration gate and the daemon
 /// bridge.
-pub fn launch(repo_arg: Option<&Path>, launch: Launch, ctx: &Context<'_>) -> i32 {
-    run_with(repo_arg, launch, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared))
+pub fn launch(repo_arg: Option<&Path>, ports: &[String], launch: Launch, ctx: &Context<'_>) -> i32 {
+    let ports = match crate::sandbox::ports::PortSpec::parse_all(ports) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    run_with(repo_arg, launch, ctx, &ConfigGate, &mut |prepared| bridge(ctx, prepared), ports)
 }
 
 /// A session (`exec` or `run`) with its collaborators injected.
@@ -67,6 +71,7 @@ pub fn run_with(
     ctx: &Context<'_>,
     gate: &dyn TrustGate,
     make_bridge: &mut dyn FnMut(&Prepared) -> Box<dyn ProxyBridge>,
+    ports: Vec<crate::sandbox::ports::PortSpec>,
 ) -> i32 {
     let paths = match Paths::from_env(ctx.env) {
         Ok(p) => p,
@@ -162,6 +167,7 @@ pub fn run_with(
         agent: None,
         agent_version: None,
         terminal: prepared.terminal,
+        ports,
     };
     let mut bridge = make_bridge(&prepared);
     match target {

@@ -269,6 +269,7 @@ pub(super) async fn handle_request(
         (Some(Some(_)), Request::SessionReregister(spec)) => {
             start_session(daemon, conn, *spec, true).await
         }
+        (Some(Some(_)), Request::SessionInbound(rec)) => record_inbound(conn, rec).await,
         (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
             Some(s) if s.id == end.session => {
                 end_session(daemon, &s, &end, None).await;
@@ -282,6 +283,35 @@ pub(super) async fn handle_request(
                 )
             }
         },
+    }
+}
+
+/// Writes the `inbound` line of one `--port` connection of the session this connection owns.
+/// Always answered with `inbound_recorded` (see [`protocol::SESSION_INBOUND`]).
+async fn record_inbound(conn: &ConnState, rec: protocol::InboundRecord) -> Response {
+    let refused = |why: String| {
+        tracing::warn!("session_inbound not recorded: {why}");
+        Response::InboundRecorded { session: rec.session.clone(), written: false, error: Some(why) }
+    };
+    if !conn.capabilities.contains(protocol::SESSION_INBOUND) {
+        return refused("session_inbound was not agreed on this connection".into());
+    }
+    let Some(session) = conn.session.as_ref().filter(|s| s.id == rec.session) else {
+        return refused(format!("session {:?} is not owned by this connection", rec.session));
+    };
+    let line = match super::inbound::line_for(&session.proxy, &rec) {
+        Ok(line) => line,
+        Err(why) => return refused(why),
+    };
+    let proxy = Arc::clone(&session.proxy);
+    match blocking(move || proxy.audit.append(&line).map_err(|e| e.to_string())).await {
+        Ok(Ok(())) => {
+            Response::InboundRecorded { session: rec.session, written: true, error: None }
+        }
+        Ok(Err(e)) | Err(e) => {
+            tracing::error!("cannot write the inbound audit line of {}: {e}", rec.listen);
+            refused(e)
+        }
     }
 }
 
@@ -330,6 +360,46 @@ mod tests {
         let d = daemon(home.path());
         handle_request(&d, &mut conn, hello()).await;
         assert!(!conn.capabilities.contains(protocol::SESSION_STOP));
+    }
+
+    #[tokio::test]
+    async fn session_inbound_is_always_answered_and_written_only_for_the_owned_session() {
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        let rec = protocol::InboundRecord {
+            session: "s1".into(),
+            ts: "2026-07-24T18:03:11.482Z".into(),
+            peer: "127.0.0.1:5000".into(),
+            listen: "127.0.0.7:3000".into(),
+            port: 3000,
+            ..Default::default()
+        };
+        let written = |r: Response| match r {
+            Response::InboundRecorded { written, error, .. } => (written, error),
+            other => panic!("never an error reply: {other:?}"),
+        };
+        // Not agreed on this connection.
+        let mut conn = ConnState::default();
+        handle_request(&d, &mut conn, hello()).await;
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(rec.clone())).await;
+        assert!(written(r).1.unwrap().contains("not agreed"));
+        // Agreed, but the connection owns no session (or another one).
+        let offer = Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "test".into(),
+            capabilities: protocol::Capabilities::current(),
+        };
+        let mut conn = ConnState::default();
+        handle_request(&d, &mut conn, offer).await;
+        assert!(conn.capabilities.contains(protocol::SESSION_INBOUND));
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(rec.clone())).await;
+        assert!(written(r).1.unwrap().contains("not owned"));
+        conn.session = Some(crate::daemon::service::state::tests::session("s1", "t"));
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(rec.clone())).await;
+        assert_eq!(written(r), (true, None));
+        let bad = protocol::InboundRecord { listen: "nowhere".into(), ..rec };
+        let r = handle_request(&d, &mut conn, Request::SessionInbound(bad)).await;
+        assert!(!written(r).0);
     }
 
     #[tokio::test]

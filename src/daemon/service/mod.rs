@@ -9,12 +9,14 @@
 //!
 //! Files: [`state`] (the shared daemon state, idle accounting, the session table, the managed
 //! layer cache), [`accept`] (the accept loop and the drain), [`connection`] (one control
-//! connection and request dispatch), [`session`] (starting and ending sessions). File I/O,
+//! connection and request dispatch), [`session`] (starting and ending sessions), [`inbound`] (the
+//! `inbound` audit line of a `--port` connection). File I/O,
 //! config parsing and `getifaddrs` never run on the async workers: they go to
 //! `spawn_blocking` ([`state::blocking`]).
 
 mod accept;
 mod connection;
+mod inbound;
 mod session;
 mod state;
 
