@@ -1,11 +1,13 @@
 //! The `airlock` command line: argument parsing (clap derive) and dispatch to one module per
 //! command. Each command returns its exit code; only `main` touches the process.
 
+pub mod agent;
 pub mod completions;
 pub mod exec;
 pub mod identity;
 pub mod launch;
 pub mod policy;
+pub mod policy_init;
 pub mod quarantine;
 pub mod run;
 
@@ -17,6 +19,7 @@ use crate::env::{Env, ProcessEnv};
 
 pub mod doctor;
 pub mod logs;
+pub mod man;
 pub mod service;
 pub mod status;
 
@@ -73,10 +76,15 @@ pub enum Command {
     Logout,
     /// Print a shell completion script
     Completions(completions::CompletionsArgs),
+    /// Print a man page, or write every page of airlock and airlockd (`--out DIR`)
+    Man(man::ManArgs),
     /// Run a command in the sandbox: no way out but Airlock's proxy.
     Exec(exec::ExecArgs),
     /// Run a coding agent (claude, codex, or a path) in the sandbox, with its per-repo home.
     Run(run::RunArgs),
+    /// Manage what agents share across repos (import the host's existing login)
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     /// List, show and restore what the end of a session took out of the repo
     #[command(subcommand)]
     Quarantine(quarantine::QuarantineCommand),
@@ -128,8 +136,10 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Whoami => identity::whoami(ctx),
         Command::Logout => identity::logout(ctx),
         Command::Completions(args) => completions::run(&args),
+        Command::Man(args) => man::run(&args),
         Command::Exec(args) => exec::run(args, ctx),
         Command::Run(args) => run::run(args, ctx),
+        Command::Agent(cmd) => agent::run(&cmd, ctx),
         Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
     }
 }

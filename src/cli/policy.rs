@@ -30,6 +30,8 @@ pub enum PolicyCommand {
     Show(ShowArgs),
     /// Trust the repo's .airlock.toml as it is now (recorded by SHA-256)
     Trust(RepoArgs),
+    /// Write a commented starting policy for an agent (the repo's .airlock.toml, or --layer user)
+    Init(super::policy_init::InitArgs),
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +68,7 @@ pub fn run(command: &PolicyCommand, ctx: &Context<'_>) -> i32 {
         PolicyCommand::Check(args) => check(args, ctx),
         PolicyCommand::Show(args) => show(args, ctx),
         PolicyCommand::Trust(args) => trust_cmd(args, ctx),
+        PolicyCommand::Init(args) => super::policy_init::run(args, ctx),
     }
 }
 

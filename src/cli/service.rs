@@ -1,7 +1,12 @@
 //! `airlock service install | uninstall | status [--dry-run]`: writes (or removes) the user
 //! service for airlockd — systemd user units enabled with `systemctl --user`, or a per-user
-//! LaunchAgent bootstrapped with `launchctl bootstrap gui/$UID` — printing every file it writes
-//! and every command it runs. `--dry-run` prints the same and touches nothing.
+//! LaunchAgent bootstrapped with `launchctl bootstrap gui/$UID` — plus the man pages and the
+//! bash, zsh and fish completions of both binaries, printing every file it writes and every
+//! command it runs. `--dry-run` prints the same and touches nothing.
+//!
+//! Install is all or nothing: it first checks that the service manager answers, then writes
+//! every file, then runs the manager's commands; if anything fails after the first write, every
+//! file it wrote is removed again (or given back its previous contents) before it exits.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -53,10 +58,13 @@ pub enum ServiceCommand {
 }
 
 /// A file the installer writes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Planned {
     pub path: PathBuf,
     pub contents: String,
+    /// Only the path is printed (man pages and completion scripts); units and plists are
+    /// printed whole, since they are what an admin reviews.
+    pub path_only: bool,
 }
 
 /// Renders the systemd units with `ExecStart=` pointing at `airlockd`.
@@ -112,9 +120,84 @@ fn fill_strings(value: &mut plist::Value, fill: &dyn Fn(&str) -> Option<String>)
 }
 
 struct Plan {
-    manager: Manager,
     files: Vec<Planned>,
     commands: Vec<Vec<String>>,
+}
+
+/// `$XDG_DATA_HOME` when set and absolute (XDG Base Directory spec), else `~/.local/share`.
+fn data_home(ctx: &Context<'_>, paths: &Paths) -> PathBuf {
+    xdg_dir(ctx, "XDG_DATA_HOME").unwrap_or_else(|| paths.home().join(".local/share"))
+}
+
+/// `$XDG_CONFIG_HOME` when set and absolute, else `~/.config`.
+fn config_home(ctx: &Context<'_>, paths: &Paths) -> PathBuf {
+    xdg_dir(ctx, "XDG_CONFIG_HOME").unwrap_or_else(|| paths.home().join(".config"))
+}
+
+fn xdg_dir(ctx: &Context<'_>, var: &str) -> Option<PathBuf> {
+    ctx.env.var(var).map(PathBuf::from).filter(|p| p.is_absolute())
+}
+
+/// Where the user's man pages go: `$XDG_DATA_HOME/man/man1` (man-db searches
+/// `~/.local/share/man` for a user whose `PATH` has `~/.local/bin`; otherwise add it to
+/// `MANPATH`).
+pub fn man_dir(ctx: &Context<'_>, paths: &Paths) -> PathBuf {
+    data_home(ctx, paths).join("man/man1")
+}
+
+/// The completion script locations each shell loads for one user: bash-completion's
+/// `$XDG_DATA_HOME/bash-completion/completions/NAME`, fish's `$XDG_CONFIG_HOME/fish/completions/
+/// NAME.fish`, and for zsh (which has no per-user default) `$XDG_DATA_HOME/zsh/site-functions/
+/// _NAME`, a directory to add to `fpath`.
+fn completion_files(ctx: &Context<'_>, paths: &Paths) -> Vec<Planned> {
+    use super::completions::{Binary, script};
+    use clap_complete::Shell;
+    let data = data_home(ctx, paths);
+    let config = config_home(ctx, paths);
+    let mut out = Vec::new();
+    for binary in Binary::ALL {
+        let name = binary.name();
+        for (shell, path) in [
+            (Shell::Bash, data.join("bash-completion/completions").join(name)),
+            (Shell::Zsh, data.join("zsh/site-functions").join(format!("_{name}"))),
+            (Shell::Fish, config.join("fish/completions").join(format!("{name}.fish"))),
+        ] {
+            let contents = String::from_utf8_lossy(&script(binary, shell)).into_owned();
+            out.push(Planned { path, contents, path_only: true });
+        }
+    }
+    out
+}
+
+/// The man pages and completion scripts `service install` writes beside the service.
+fn doc_files(ctx: &Context<'_>, paths: &Paths) -> Result<Vec<Planned>, String> {
+    let dir = man_dir(ctx, paths);
+    let pages = super::man::all_pages().map_err(|e| format!("cannot render the man pages: {e}"))?;
+    let mut out: Vec<Planned> = pages
+        .into_iter()
+        .map(|p| Planned { path: dir.join(p.file_name), contents: p.roff, path_only: true })
+        .collect();
+    out.extend(completion_files(ctx, paths));
+    Ok(out)
+}
+
+/// The read-only command that shows the service manager answers, run before anything is
+/// written.
+fn preflight_command(manager: Manager) -> Vec<String> {
+    match manager {
+        Manager::Systemd => svec(&["systemctl", "--user", "show-environment"]),
+        Manager::Launchd => vec!["launchctl".into(), "print".into(), format!("gui/{}", uid())],
+    }
+}
+
+fn no_manager_hint(manager: Manager) -> &'static str {
+    match manager {
+        Manager::Systemd => {
+            "no systemd user manager is reachable (containers and CI have none); the CLI's \
+             one-shot activator starts airlockd on demand instead"
+        }
+        Manager::Launchd => "run it from a logged-in GUI session",
+    }
 }
 
 fn uid() -> u32 {
@@ -122,12 +205,7 @@ fn uid() -> u32 {
 }
 
 fn systemd_user_dir(ctx: &Context<'_>, paths: &Paths) -> PathBuf {
-    ctx.env
-        .var("XDG_CONFIG_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .unwrap_or_else(|| paths.home().join(".config"))
-        .join("systemd/user")
+    config_home(ctx, paths).join("systemd/user")
 }
 
 fn launch_agent_path(paths: &Paths) -> PathBuf {
@@ -138,15 +216,33 @@ fn plan_install(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Result<Pl
     let airlockd = client::find_daemon()
         .ok_or("airlockd was found neither next to airlock nor on PATH; install it first")?;
     let airlockd = std::fs::canonicalize(&airlockd).unwrap_or(airlockd);
+    let mut plan = plan_service(manager, ctx, paths, &airlockd)?;
+    plan.files.extend(doc_files(ctx, paths)?);
+    Ok(plan)
+}
+
+fn plan_service(
+    manager: Manager,
+    ctx: &Context<'_>,
+    paths: &Paths,
+    airlockd: &Path,
+) -> Result<Plan, String> {
     Ok(match manager {
         Manager::Systemd => {
             let dir = systemd_user_dir(ctx, paths);
-            let (socket, service) = render_systemd(&airlockd);
+            let (socket, service) = render_systemd(airlockd);
             Plan {
-                manager,
                 files: vec![
-                    Planned { path: dir.join("airlock.socket"), contents: socket },
-                    Planned { path: dir.join("airlock.service"), contents: service },
+                    Planned {
+                        path: dir.join("airlock.socket"),
+                        contents: socket,
+                        ..Planned::default()
+                    },
+                    Planned {
+                        path: dir.join("airlock.service"),
+                        contents: service,
+                        ..Planned::default()
+                    },
                 ],
                 commands: vec![
                     svec(&["systemctl", "--user", "daemon-reload"]),
@@ -157,30 +253,30 @@ fn plan_install(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Result<Pl
         Manager::Launchd => {
             let plist = launch_agent_path(paths);
             let socket = SocketPath::resolve(ctx.env).path;
-            let contents = render_launchd_user(&airlockd, &socket, &paths.daemon_log())?;
+            let contents = render_launchd_user(airlockd, &socket, &paths.daemon_log())?;
             Plan {
-                manager,
                 commands: vec![vec![
                     "launchctl".into(),
                     "bootstrap".into(),
                     format!("gui/{}", uid()),
                     plist.display().to_string(),
                 ]],
-                files: vec![Planned { path: plist, contents }],
+                files: vec![Planned { path: plist, contents, ..Planned::default() }],
             }
         }
     })
 }
 
+/// The service files `uninstall` removes and `status` reports (the man pages and completions
+/// are added by `uninstall` itself).
 fn plan_uninstall(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Plan {
     match manager {
         Manager::Systemd => {
             let dir = systemd_user_dir(ctx, paths);
             Plan {
-                manager,
                 files: vec![
-                    Planned { path: dir.join("airlock.socket"), contents: String::new() },
-                    Planned { path: dir.join("airlock.service"), contents: String::new() },
+                    Planned { path: dir.join("airlock.socket"), ..Planned::default() },
+                    Planned { path: dir.join("airlock.service"), ..Planned::default() },
                 ],
                 commands: vec![
                     svec(&[
@@ -196,8 +292,7 @@ fn plan_uninstall(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Plan {
             }
         }
         Manager::Launchd => Plan {
-            manager,
-            files: vec![Planned { path: launch_agent_path(paths), contents: String::new() }],
+            files: vec![Planned { path: launch_agent_path(paths), ..Planned::default() }],
             commands: vec![vec![
                 "launchctl".into(),
                 "bootout".into(),
@@ -218,6 +313,121 @@ fn run_command(cmd: &[String]) -> Result<(), String> {
         Ok(s) => Err(format!("`{}` failed ({s})", cmd.join(" "))),
         Err(e) => Err(format!("cannot run `{}`: {e}", cmd.join(" "))),
     }
+}
+
+/// Runs `cmd` with its output captured (a check, not a step the user needs to watch); the
+/// error carries its stderr.
+fn run_quiet(cmd: &[String]) -> Result<(), String> {
+    let Some((prog, args)) = cmd.split_first() else { return Ok(()) };
+    match Command::new(prog).args(args).stdin(std::process::Stdio::null()).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let err = err.trim();
+            let detail = if err.is_empty() { o.status.to_string() } else { err.to_owned() };
+            Err(format!("`{}` failed: {detail}", cmd.join(" ")))
+        }
+        Err(e) => Err(format!("cannot run `{}`: {e}", cmd.join(" "))),
+    }
+}
+
+/// What a path held before install replaced it, so a failed install can give it back.
+#[derive(Debug)]
+enum Previous {
+    Absent,
+    File { bytes: Vec<u8>, mode: u32 },
+    Symlink(PathBuf),
+}
+
+/// The files and directories one install has written so far, undone in reverse on failure.
+#[derive(Debug, Default)]
+struct Written {
+    files: Vec<(PathBuf, Previous)>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Written {
+    /// Creates `dir` and its missing ancestors (0755), remembering each one it made.
+    fn create_dirs(&mut self, dir: &Path) -> std::io::Result<()> {
+        let mut missing = Vec::new();
+        let mut at = Some(dir);
+        while let Some(d) = at {
+            if std::fs::symlink_metadata(d).is_ok() {
+                break;
+            }
+            missing.push(d.to_path_buf());
+            at = d.parent();
+        }
+        for d in missing.into_iter().rev() {
+            std::fs::DirBuilder::new().mode(0o755).create(&d)?;
+            self.dirs.push(d);
+        }
+        Ok(())
+    }
+
+    /// Writes `f` as a temp file renamed over its path (a symlink there is replaced, not
+    /// written through), after recording what the path held.
+    fn write(&mut self, f: &Planned) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(parent) = f.path.parent() {
+            self.create_dirs(parent)?;
+        }
+        let previous = match std::fs::symlink_metadata(&f.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Previous::Absent,
+            Err(e) => return Err(e),
+            Ok(m) if m.file_type().is_symlink() => Previous::Symlink(std::fs::read_link(&f.path)?),
+            Ok(m) if m.is_file() => Previous::File {
+                bytes: std::fs::read(&f.path)?,
+                mode: m.permissions().mode() & 0o7777,
+            },
+            Ok(_) => {
+                return Err(std::io::Error::other(
+                    "something other than a file is there; move it away and run again",
+                ));
+            }
+        };
+        let tmp = temp_beside(&f.path);
+        let res = std::fs::write(&tmp, &f.contents)
+            .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
+            .and_then(|()| std::fs::rename(&tmp, &f.path));
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        res?;
+        self.files.push((f.path.clone(), previous));
+        Ok(())
+    }
+
+    /// Undoes every write, newest first: files get back what they held (or are removed),
+    /// directories this install created are removed when empty. Returns what could not be
+    /// undone.
+    fn undo(self) -> Vec<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut failed = Vec::new();
+        for (path, previous) in self.files.into_iter().rev() {
+            let res = match previous {
+                Previous::Absent => std::fs::remove_file(&path),
+                Previous::File { bytes, mode } => std::fs::write(&path, bytes).and_then(|()| {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                }),
+                Previous::Symlink(target) => std::fs::remove_file(&path)
+                    .and_then(|()| std::os::unix::fs::symlink(target, &path)),
+            };
+            if let Err(e) = res {
+                failed.push(format!("{}: {e}", path.display()));
+            }
+        }
+        for dir in self.dirs.into_iter().rev() {
+            // Not empty means something else was put there meanwhile: leave it.
+            let _ = std::fs::remove_dir(&dir);
+        }
+        failed
+    }
+}
+
+fn temp_beside(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.airlock-tmp-{}", std::process::id()))
 }
 
 pub fn run(cmd: &ServiceCommand, ctx: &Context<'_>) -> i32 {
@@ -244,49 +454,71 @@ fn install(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
             return 125;
         }
     };
+    // Prerequisites before the first write: without a service manager that answers, nothing
+    // is installed at all (SECURITY: no half-written service a later login would pick up).
+    let check = preflight_command(manager);
+    if a.dry_run {
+        println!("# would check: {}", check.join(" "));
+    } else if let Err(e) = run_quiet(&check) {
+        eprintln!("airlock: {e}; {}; nothing was written", no_manager_hint(manager));
+        return 125;
+    }
     let verb = if a.dry_run { "would write" } else { "writing" };
+    let mut written = Written::default();
     for f in &plan.files {
         println!("# {verb} {}", f.path.display());
-        print!("{}", f.contents);
-        if !a.dry_run {
-            let res = f
-                .path
-                .parent()
-                .map_or(Ok(()), |d| {
-                    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(d)
-                })
-                .and_then(|()| std::fs::write(&f.path, &f.contents));
-            if let Err(e) = res {
-                eprintln!("airlock: cannot write {}: {e}", f.path.display());
-                return 125;
-            }
+        if !f.path_only {
+            print!("{}", f.contents);
+        }
+        if !a.dry_run
+            && let Err(e) = written.write(f)
+        {
+            eprintln!("airlock: cannot write {}: {e}", f.path.display());
+            return undo_install(written, manager);
         }
     }
-    run_plan_commands(&plan, a.dry_run)
-}
-
-fn run_plan_commands(plan: &Plan, dry_run: bool) -> i32 {
-    let verb = if dry_run { "would run" } else { "running" };
+    let verb = if a.dry_run { "would run" } else { "running" };
     for c in &plan.commands {
         println!("# {verb}: {}", c.join(" "));
-        if !dry_run && let Err(e) = run_command(c) {
-            let hint = match plan.manager {
-                Manager::Systemd => {
-                    "no systemd user manager is reachable (containers and CI have none); the \
-                         CLI's one-shot activator starts airlockd on demand instead"
-                }
-                Manager::Launchd => "run it from a logged-in GUI session",
-            };
-            eprintln!("airlock: {e}; {hint}");
-            return 125;
+        if !a.dry_run
+            && let Err(e) = run_command(c)
+        {
+            eprintln!("airlock: {e}; {}", no_manager_hint(manager));
+            return undo_install(written, manager);
         }
     }
     0
 }
 
+/// Takes back a failed install's files; exit 125 either way.
+fn undo_install(written: Written, manager: Manager) -> i32 {
+    let count = written.files.len();
+    let failed = written.undo();
+    if failed.is_empty() {
+        eprintln!(
+            "airlock: took back the {count} files this install had written; nothing is installed"
+        );
+    } else {
+        eprintln!("airlock: could not take back every file this install wrote; remove these:");
+        for f in &failed {
+            eprintln!("airlock:   {f}");
+        }
+    }
+    // The manager may have read the units already; let it forget them (best effort: it may be
+    // exactly what failed).
+    if manager == Manager::Systemd {
+        let _ = run_quiet(&svec(&["systemctl", "--user", "daemon-reload"]));
+    }
+    125
+}
+
 fn uninstall(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
     let manager = a.manager.unwrap_or_else(Manager::native);
-    let plan = plan_uninstall(manager, ctx, paths);
+    let mut plan = plan_uninstall(manager, ctx, paths);
+    match doc_files(ctx, paths) {
+        Ok(docs) => plan.files.extend(docs),
+        Err(e) => eprintln!("airlock: warning: {e}; the man pages are left in place"),
+    }
     let verb = if a.dry_run { "would run" } else { "running" };
     let mut code = 0;
     for c in &plan.commands {
@@ -301,7 +533,7 @@ fn uninstall(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
     }
     let verb = if a.dry_run { "would remove" } else { "removing" };
     for f in &plan.files {
-        if f.path.exists() {
+        if std::fs::symlink_metadata(&f.path).is_ok() {
             println!("# {verb} {}", f.path.display());
             if !a.dry_run
                 && let Err(e) = std::fs::remove_file(&f.path)

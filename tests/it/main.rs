@@ -11,6 +11,7 @@ mod audit_volume;
 mod capture;
 mod cli_identity;
 mod cli_policy;
+mod cli_policy_init;
 mod daemon;
 mod daemon_units;
 mod harness;
@@ -47,6 +48,7 @@ mod review_support;
 mod review_validate;
 mod sandbox;
 mod sandbox_agent;
+mod sandbox_agent_login;
 mod sandbox_control;
 #[cfg(feature = "test-hooks")]
 mod sandbox_dns;
@@ -64,5 +66,6 @@ mod sandbox_setid;
 mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+mod service_install;
 mod sshd;
 mod support;

@@ -336,7 +336,7 @@ fn merge_shared(
     merged.to_bytes(room).unwrap_or_else(as_is)
 }
 
-fn format_name(format: CredentialFormat) -> &'static str {
+pub(super) fn format_name(format: CredentialFormat) -> &'static str {
     match format {
         CredentialFormat::ClaudeOauth => {
             "a Claude Code credential (JSON with `claudeAiOauth.accessToken`)"

@@ -4,8 +4,9 @@
 //! Owns: creating the home and its layout directories and the synthesized `.gitconfig` (here),
 //! credential copy-in before a session and copy-back after it ([`credentials`]: both sides
 //! share the formats and the zeroized buffers), the transcript snapshot and hashes recorded at
-//! session end ([`transcripts`]), and the descriptor-relative file operations all of them use
-//! (`beneath`).
+//! session end ([`transcripts`]), copying a login the host already has into the shared store
+//! ([`import`], `airlock agent import-login`), and the descriptor-relative file operations all
+//! of them use (`beneath`).
 //!
 //! The home is written by the agent, and the agent is the adversary: it may plant symlinks,
 //! FIFOs, huge files or hard links, and a concurrent session of the same repo may still be
@@ -17,6 +18,7 @@
 
 mod beneath;
 pub mod credentials;
+pub mod import;
 pub mod transcripts;
 
 use std::ffi::OsStr;
@@ -87,6 +89,11 @@ pub enum HomeError {
     TooLarge { path: PathBuf, cap: u64 },
     #[error("{path} does not parse as {what}; remove it and sign in again inside `airlock run`")]
     BadCredential { path: PathBuf, what: &'static str },
+    #[error(
+        "no login at {path}: sign in on the host first (run the agent there once), or name the \
+         file with --from"
+    )]
+    NoLogin { path: PathBuf },
     #[error(
         "the git {field} {value:?} contains a newline or other control character, which cannot \
          go in .gitconfig; fix it in ~/.airlock/identity.toml"

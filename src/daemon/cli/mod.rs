@@ -50,6 +50,8 @@ pub enum DaemonCommand {
     /// Manage review-plane users and tokens.
     #[command(subcommand)]
     Admin(review::AdminCommand),
+    /// Print a shell completion script for airlockd.
+    Completions(crate::cli::completions::CompletionsArgs),
 }
 
 /// Runs what `cli` asks for; returns the process exit code.
@@ -58,6 +60,10 @@ pub fn run(cli: DaemonCli) -> i32 {
         Some(DaemonCommand::Proxy(args)) => proxy::main(args, &crate::env::ProcessEnv),
         Some(DaemonCommand::Review(args)) => review::run_review(args),
         Some(DaemonCommand::Admin(cmd)) => review::run_admin(review::AdminArgs { command: cmd }),
+        Some(DaemonCommand::Completions(args)) => crate::cli::completions::print_script(
+            crate::cli::completions::Binary::Airlockd,
+            args.shell,
+        ),
         None => run_service(&cli),
     }
 }
