@@ -148,7 +148,14 @@ fn show(item: &Item, selector: Option<&str>) {
                 .filter(|k| only_key.is_none_or(|o| k.key.eq_ignore_ascii_case(o)))
                 .cloned()
                 .collect();
-            match kind.map(|k| codekeys::restore(k, &cur, &keys)) {
+            let preview = |k| {
+                if item.git_config && item.replaces_values {
+                    codekeys::restore_git_replacing(&cur, &keys)
+                } else {
+                    codekeys::restore(k, &cur, &keys)
+                }
+            };
+            match kind.map(preview) {
                 Some(Ok(restored)) => (cur, restored, "restore would change"),
                 _ => return,
             }

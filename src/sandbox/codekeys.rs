@@ -836,6 +836,9 @@ struct GitDoc {
     entries: Vec<GitEntry>,
     /// `(section, subsection, byte offset just past the line)` for every header and entry.
     line_ends: Vec<(String, Option<String>, usize)>,
+    /// For each entry, the bytes it occupies: from the start of its line (or from its name, when
+    /// a section header shares the line) to just past its last line (continuations included).
+    spans: Vec<std::ops::Range<usize>>,
 }
 
 #[derive(Debug)]
@@ -929,6 +932,161 @@ pub fn git_config_values_any_sub(bytes: &[u8], section: &str, name: &str) -> Vec
         .collect()
 }
 
+/// A git config key as git compares it: section and name lower-cased, the subsection as written
+/// (`[section.sub]`'s legacy subsection is lower-cased, as git reads it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GitKey {
+    pub section: String,
+    pub sub: Option<String>,
+    pub name: String,
+}
+
+impl GitKey {
+    /// `section.name` or `section.sub.name`.
+    pub fn dotted(&self) -> String {
+        match &self.sub {
+            Some(sub) => format!("{}.{sub}.{}", self.section, self.name),
+            None => format!("{}.{}", self.section, self.name),
+        }
+    }
+
+    fn of(e: &GitEntry) -> Self {
+        Self { section: e.section.clone(), sub: e.sub.clone(), name: e.name.clone() }
+    }
+}
+
+/// The entries of a git config file in file order: key and value (`None` for a bare key, which
+/// git reads as true). Errors name the line and what git would not read the same way.
+pub fn git_config_entries(bytes: &[u8]) -> Result<Vec<(GitKey, Option<String>)>, String> {
+    if bytes.len() > MAX_BYTES {
+        return Err(format!("over {MAX_BYTES} bytes"));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())?;
+    let doc = parse_git(text).map_err(|e| e.to_string())?;
+    Ok(doc.entries.iter().map(|e| (GitKey::of(e), e.value.clone())).collect())
+}
+
+/// A git value as [`HeldKey::value`] spells it (as it would follow `=`).
+pub fn git_held_value(value: Option<&str>) -> String {
+    render_git_value(value)
+}
+
+/// Whether a url-like value (a remote's `url`/`pushurl`, a branch's `remote`) is one git only
+/// fetches from: not `<helper>::<address>` (`ext::` runs a shell command, `fd::` talks over
+/// inherited fds), no leading `-` (read as an option), and when it has a `scheme://`, one git
+/// implements itself; any other scheme runs `git-remote-<scheme>` (gitremote-helpers(7)).
+pub fn git_url_is_fetch_only(value: Option<&str>) -> bool {
+    let Some(v) = value else { return false };
+    if !plain_url(Some(v)) || v.contains(['\n', '\0']) {
+        return false;
+    }
+    match v.split_once("://") {
+        None => true,
+        Some((scheme, _)) => matches!(
+            scheme.to_ascii_lowercase().as_str(),
+            "http" | "https" | "ssh" | "git" | "file" | "git+ssh" | "ssh+git"
+        ),
+    }
+}
+
+/// Sets every value of `key` in the git config text `current` to `values` (none: the key is
+/// removed), keeping every other byte: the first of its lines gets the new values, its other
+/// lines go; a key not yet present goes under the last header of its section, or into a new
+/// section at the end. The result is parsed again and must read as `current` with exactly this
+/// change, or this is an error (nothing is written half-way).
+pub fn git_set(
+    current: &str,
+    key: &GitKey,
+    values: &[Option<String>],
+) -> Result<String, CodeKeysError> {
+    let file = ConfigKind::GitConfig.file();
+    let unparsable = |e: GitSyntax| CodeKeysError::Unparsable { file, detail: e.to_string() };
+    let doc = parse_git(current).map_err(unparsable)?;
+    let lines: String = values.iter().map(|v| render_entry(&key.name, v.as_deref())).collect();
+    let mine: Vec<usize> =
+        (0..doc.entries.len()).filter(|&i| GitKey::of(&doc.entries[i]) == *key).collect();
+    let candidates: Vec<String> = if let Some(&first) = mine.first() {
+        let mut text = String::with_capacity(current.len() + lines.len());
+        let mut at = 0;
+        for &i in &mine {
+            let span = &doc.spans[i];
+            text.push_str(&current[at..span.start]);
+            if i == first {
+                // A name sharing its line with a header starts mid-line.
+                if span.start > 0 && !current[..span.start].ends_with('\n') && !lines.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&lines);
+            }
+            at = span.end;
+        }
+        text.push_str(&current[at..]);
+        vec![text]
+    } else if values.is_empty() {
+        return Ok(current.to_owned());
+    } else {
+        let mut out = Vec::new();
+        if let Some(at) = doc
+            .line_ends
+            .iter()
+            .rev()
+            .find(|(s, sub, _)| *s == key.section && *sub == key.sub)
+            .map(|(_, _, end)| *end)
+        {
+            let sep = if at > 0 && !current[..at].ends_with('\n') { "\n" } else { "" };
+            out.push(format!("{}{sep}{lines}{}", &current[..at], &current[at..]));
+        }
+        let sep = if current.is_empty() || current.ends_with('\n') { "" } else { "\n" };
+        let header = render_header(&key.section, key.sub.as_deref());
+        out.push(format!("{current}{sep}{header}{lines}"));
+        out
+    };
+    let expected = |entries: &[GitEntry]| -> bool {
+        let others = |es: &[GitEntry]| -> Vec<GitEntry> {
+            es.iter().filter(|e| GitKey::of(e) != *key).cloned().collect()
+        };
+        let now: Vec<Option<String>> =
+            entries.iter().filter(|e| GitKey::of(e) == *key).map(|e| e.value.clone()).collect();
+        others(entries) == others(&doc.entries) && now == values
+    };
+    candidates.into_iter().find(|c| parse_git(c).is_ok_and(|d| expected(&d.entries))).ok_or_else(
+        || CodeKeysError::Unparsable {
+            file,
+            detail: format!("setting `{}` would not read back as intended", key.dotted()),
+        },
+    )
+}
+
+/// Like [`restore`] for a git config, but each held key's values *replace* the key's current
+/// ones (a remote's changed url, held until confirmed, must not become a second url).
+pub fn restore_git_replacing(current: &[u8], held: &[HeldKey]) -> Result<Vec<u8>, CodeKeysError> {
+    let file = ConfigKind::GitConfig.file();
+    let mut text =
+        std::str::from_utf8(current).map_err(|_| CodeKeysError::NotText { file })?.to_owned();
+    let mut keys: Vec<(GitKey, Vec<Option<String>>)> = Vec::new();
+    for h in held {
+        let (section, sub, name) = split_git_key(&h.key).ok_or_else(|| CodeKeysError::BadKey {
+            file,
+            key: h.key.clone(),
+            detail: "expected `section.name` or `section.subsection.name`".to_owned(),
+        })?;
+        let value = parse_held_git_value(&h.value).map_err(|detail| CodeKeysError::BadValue {
+            file,
+            key: h.key.clone(),
+            detail,
+        })?;
+        let key = GitKey { section, sub, name };
+        match keys.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, values)) => values.push(value),
+            None => keys.push((key, vec![value])),
+        }
+    }
+    for (key, values) in &keys {
+        text = git_set(&text, key, values)?;
+    }
+    Ok(text.into_bytes())
+}
+
 /// Parses git-config(1) syntax: `[section]`, `[section "sub"]` (`\"` and `\\` escape, any other
 /// backslash is dropped), legacy `[section.sub]` (lower-cased, as git does), `name = value`, a bare
 /// `name`, values with `"` quoting, `\n \t \b \\ \"` escapes and backslash-newline continuation,
@@ -939,7 +1097,7 @@ fn parse_git(text: &str) -> Result<GitDoc, GitSyntax> {
     let bytes = text.as_bytes();
     let start = if bytes.starts_with(b"\xef\xbb\xbf") { 3 } else { 0 };
     let mut cur = Cursor { bytes, pos: start, line: 1, eof: false };
-    let mut doc = GitDoc { entries: Vec::new(), line_ends: Vec::new() };
+    let mut doc = GitDoc { entries: Vec::new(), line_ends: Vec::new(), spans: Vec::new() };
     let mut section: Option<(String, Option<String>)> = None;
     let mut comment = false;
     loop {
@@ -971,7 +1129,15 @@ fn parse_git(text: &str) -> Result<GitDoc, GitSyntax> {
         let Some((sec, sub)) = &section else {
             return Err(cur.err("a key before any [section]"));
         };
+        let key_start = cur.pos - 1;
+        let line_start = bytes[..key_start].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let start = if bytes[line_start..key_start].iter().all(|&b| is_blank(b)) {
+            line_start
+        } else {
+            key_start
+        };
         let (name, value) = parse_entry(&mut cur, c)?;
+        doc.spans.push(start..cur.line_end());
         doc.line_ends.push((sec.clone(), sub.clone(), cur.line_end()));
         doc.entries.push(GitEntry { section: sec.clone(), sub: sub.clone(), name, value });
     }
@@ -2354,6 +2520,40 @@ experimental = true
                     prop_assert!(back.contains(&e), "{:?} missing", e);
                 }
             }
+        }
+
+        /// Setting a key in any spelling of a file changes exactly that key, and setting the
+        /// old values back reads as the original file.
+        #[test]
+        fn git_set_changes_exactly_one_key_in_any_spelling(
+            entries in prop::collection::vec(git_entry(), 0..8),
+            target in git_entry(),
+            values in prop::collection::vec(prop::option::of("[ -~\\t\\né]{0,10}"), 0..3),
+            styles in prop::collection::vec(any::<u8>(), 1..8),
+        ) {
+            let text = spell(&entries, &styles);
+            let key = GitKey::of(&target);
+            let out = git_set(&text, &key, &values).unwrap();
+            let got = git_entries(&out);
+            let mine: Vec<Option<String>> =
+                got.iter().filter(|e| GitKey::of(e) == key).map(|e| e.value.clone()).collect();
+            prop_assert_eq!(&mine, &values);
+            let others = |es: &[GitEntry]| -> Vec<GitEntry> {
+                es.iter().filter(|e| GitKey::of(e) != key).cloned().collect()
+            };
+            prop_assert_eq!(others(&got), others(&git_entries(&text)));
+            let old: Vec<Option<String>> = git_entries(&text)
+                .iter()
+                .filter(|e| GitKey::of(e) == key)
+                .map(|e| e.value.clone())
+                .collect();
+            let back = git_set(&out, &key, &old).unwrap();
+            let again: Vec<Option<String>> = git_entries(&back)
+                .iter()
+                .filter(|e| GitKey::of(e) == key)
+                .map(|e| e.value.clone())
+                .collect();
+            prop_assert_eq!(again, old);
         }
 
         #[test]

@@ -8,7 +8,8 @@
 //! - What a session leaves behind (SECURITY §7): [`gitptr`] judges git pointers against
 //!   `airlock policy trust`'s record; [`protect`] lists, pins and placeholders the paths the host
 //!   runs later; [`sweep`] judges everything that changed at the end; [`quarantine`] stores
-//!   what it takes and gives it back.
+//!   what it takes and gives it back; [`gitconfig`] gives git a private writable copy of each
+//!   protected `config` and merges it back through an allowlist.
 //! - [`seccomp`], [`landlock`]: the filters; [`probe`]: what the kernel offers (also
 //!   `airlock doctor`'s kernel lines via [`probe::report`]).
 //! - [`codekeys`]: which keys of host-read config files can run code; splits an agent's edit
@@ -27,6 +28,7 @@ pub mod bridge;
 pub mod cgroup;
 pub mod codekeys;
 pub mod env;
+pub mod gitconfig;
 pub mod gitindex;
 pub mod gitptr;
 pub mod inside;

@@ -81,6 +81,15 @@ pub enum Op {
     Devpts {
         path: PathBuf,
     },
+    /// Cover `root/rel` (a file in the tree being built, reached without following symlinks)
+    /// with a bind of a symlink to `target`, made as `scratch` in the setup root, which the
+    /// sandbox never sees ([`super::gitconfig`]).
+    BindSymlink {
+        target: PathBuf,
+        root: PathBuf,
+        rel: PathBuf,
+        scratch: String,
+    },
     /// Make an existing sandbox path (already a mount) read-only.
     RemountRo {
         path: PathBuf,
@@ -176,6 +185,8 @@ pub struct PlanInput<'a> {
     /// Mounts a person chose and the per-repo caches, already judged
     /// ([`super::usermount::MountRules`]): canonical sources, parents first.
     pub user_mounts: &'a [super::usermount::UserMount],
+    /// Git configs shown through a symlink into a private writable copy instead of read-only.
+    pub git_configs: &'a [super::gitconfig::Redirect],
 }
 
 fn root(p: &str) -> PathBuf {
@@ -356,7 +367,28 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
             inside: true,
         });
     }
+    for r in input.git_configs {
+        ops.push(Op::Dir { path: r.inside_dir.clone(), mode: 0o755 });
+        ops.push(Op::BindBeneath {
+            root: r.private_dir.clone(),
+            rel: PathBuf::new(),
+            dst: r.inside_dir.clone(),
+            ro: false,
+            inside: false,
+        });
+    }
     for item in &prot.listed {
+        if let Some(i) = input.git_configs.iter().position(|r| r.host_file() == item.host_path())
+            && matches!(item.state, State::File)
+        {
+            ops.push(Op::BindSymlink {
+                target: input.git_configs[i].link_target(),
+                root: to_sandbox(&item.root),
+                rel: item.rel.clone(),
+                scratch: format!("gitconfig-{i}"),
+            });
+            continue;
+        }
         if matches!(item.state, State::Dir | State::File) {
             let dst = to_sandbox(&item.host_path());
             let root = to_sandbox(&item.root);
@@ -580,6 +612,15 @@ fn apply(op: &Op) -> io::Result<()> {
                 Some("newinstance,ptmxmode=0666,mode=0620"),
             )
         }
+        Op::BindSymlink { target, root, rel, scratch } => {
+            // The setup root ("/" until the final pivot) holds the link; a bind of it outlives
+            // that root (mount(2) pins the dentry), and only the bind is visible inside.
+            let link = Path::new("/").join(scratch);
+            std::os::unix::fs::symlink(target, &link).map_err(|e| err("symlink", &link, e))?;
+            let src = open_file_path(&link)?;
+            let dst_fd = open_beneath(&at(NEWROOT, root), rel)?;
+            do_mount(Some(&fd_path(&src)), &fd_path(&dst_fd), None, MsFlags::MS_BIND, None)
+        }
         Op::RemountRo { path } => remount_ro(&at(NEWROOT, path)),
     }
 }
@@ -669,6 +710,7 @@ mod tests {
             ro_binds: &[],
             symlinks: &[],
             user_mounts: &[],
+            git_configs: &[],
         };
         plan(&input, &host())
     }
@@ -770,6 +812,7 @@ mod tests {
             ro_binds: &[],
             symlinks: &[],
             user_mounts: &mounts,
+            git_configs: &[],
         };
         let ops = plan(&input, &host());
         let tools = ops
@@ -804,6 +847,55 @@ mod tests {
             .unwrap();
         assert!(hooks < tools && tools < cache && cache < ops.len() - 1);
         assert_eq!(ops.last(), Some(&Op::RemountRo { path: "/".into() }));
+    }
+
+    #[test]
+    fn a_redirected_git_config_is_a_bound_symlink_into_its_writable_private_copy() {
+        let repo = Path::new("/home/u/proj");
+        let mut prot = protection(repo);
+        prot.listed.push(listed(repo, ".git/config", State::File));
+        let redirect = crate::sandbox::gitconfig::Redirect {
+            root: repo.to_path_buf(),
+            rel: PathBuf::from(".git/config"),
+            private_dir: PathBuf::from("/home/u/.airlock/quarantine/s/.gitconfig-work/0"),
+            inside_dir: PathBuf::from("/opt/airlock/git/0"),
+        };
+        let home = HomeMount::Tmpfs;
+        let ops = plan(
+            &PlanInput {
+                repo_host: repo,
+                repo_sandbox: Path::new("/proj"),
+                hostname: "proj",
+                uid: 1000,
+                gid: 1000,
+                protection: &prot,
+                home: &home,
+                ro_binds: &[],
+                symlinks: &[],
+                git_configs: std::slice::from_ref(&redirect),
+                user_mounts: &[],
+            },
+            &host(),
+        );
+        assert!(ops.contains(&Op::BindBeneath {
+            root: redirect.private_dir.clone(),
+            rel: PathBuf::new(),
+            dst: redirect.inside_dir.clone(),
+            ro: false,
+            inside: false,
+        }));
+        assert!(ops.contains(&Op::BindSymlink {
+            target: PathBuf::from("/opt/airlock/git/0/config"),
+            root: PathBuf::from("/proj"),
+            rel: PathBuf::from(".git/config"),
+            scratch: "gitconfig-0".into(),
+        }));
+        // Never also a read-only bind of the file, which git could not rename over.
+        assert!(!ops.iter().any(|op| matches!(op, Op::BindBeneath { rel, .. }
+            if rel == Path::new(".git/config"))));
+        // The other protected paths are unchanged.
+        assert!(ops.iter().any(|op| matches!(op, Op::BindBeneath { rel, ro: true, .. }
+            if rel == Path::new(".git/hooks"))));
     }
 
     #[test]

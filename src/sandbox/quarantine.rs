@@ -90,6 +90,10 @@ pub struct Item {
     /// For [`How::HeldKeys`] of a git config (`git-config:<key>` items).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub git_config: bool,
+    /// For a git config's held keys: restoring replaces each key's values instead of adding
+    /// them (a remote's changed url, see [`super::gitconfig`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replaces_values: bool,
     /// What did not work, or was left out of the copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -228,6 +232,7 @@ impl Store {
             stored: None,
             keys: Vec::new(),
             git_config: false,
+            replaces_values: false,
             note: None,
             restored_at: None,
         }
@@ -419,10 +424,20 @@ impl Store {
             stored: stored.map(|()| self.dir.join("items").join(&store_name)),
             keys,
             git_config,
+            replaces_values: false,
             note: None,
             restored_at: None,
         };
         self.record(item)
+    }
+
+    /// Marks a held-keys item as replacing the keys' values when restored.
+    pub fn mark_replacing(&mut self, mut item: Item) -> Item {
+        item.replaces_values = true;
+        if let Some(recorded) = self.manifest.items.iter_mut().find(|i| i.id == item.id) {
+            recorded.replaces_values = true;
+        }
+        item
     }
 
     /// Adds a note (what the user should do about it) to an item this store recorded.
@@ -627,9 +642,12 @@ fn restore_one(
                 .filter(|k| only_key.is_none_or(|o| k.key.eq_ignore_ascii_case(o)))
                 .cloned()
                 .collect();
-            let restored = codekeys::restore(kind, &current, &keys).map_err(|e| {
-                QuarantineError::Keys(format!("{}: {e}", item.host_path().display()))
-            })?;
+            let restored = if item.git_config && item.replaces_values {
+                codekeys::restore_git_replacing(&current, &keys)
+            } else {
+                codekeys::restore(kind, &current, &keys)
+            }
+            .map_err(|e| QuarantineError::Keys(format!("{}: {e}", item.host_path().display())))?;
             fsat::write_replace(parent_fd.as_fd(), name.as_os_str(), &restored, 0o644)
                 .map_err(io_at(&item.host_path()))?;
             let names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
@@ -809,6 +827,7 @@ mod tests {
                 stored: None,
                 keys: vec![HeldKey { key: "core.fsmonitor".into(), value: "x".into() }],
                 git_config: true,
+                replaces_values: false,
                 note: None,
                 restored_at: None,
             }],

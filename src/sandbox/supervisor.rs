@@ -19,6 +19,7 @@ use nix::unistd::{Pid, isatty};
 
 use super::bridge::{ProxyBridge, SessionEnd, SessionInfo};
 use super::cgroup::{self, Leaf};
+use super::gitconfig;
 use super::gitptr;
 use super::inside::{self, Slot, Spec};
 use super::mounts::{self, HostView, PlanInput};
@@ -257,6 +258,12 @@ pub fn run(
     let since = threshold.since;
     // Whatever happens from here on, this session's placeholders do not outlive it.
     let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
+    // Private writable copies of the git configs (removed when this is dropped).
+    let (mut git_configs, warnings) =
+        gitconfig::prepare(&protection, &req.quarantine_dir.join(gitconfig::WORK_DIR));
+    for w in warnings {
+        eprintln!("airlock: warning: {w}");
+    }
     let repo_sandbox = req.repo.sandbox_path();
     // Nothing extra may be mounted over (or under) the repo or an external git dir, which are
     // bound read-write: a mount point made there would land in the host tree.
@@ -293,6 +300,7 @@ pub fn run(
             ro_binds: &req.ro_binds,
             symlinks: &req.symlinks,
             user_mounts: &req.mounts,
+            git_configs: &git_configs.redirects,
         },
         &HostView::read(),
     );
@@ -380,7 +388,10 @@ pub fn run(
                 .cloned()
                 .chain(req.mounts.iter().filter(|m| m.rw).map(|m| m.dst.clone()))
                 .collect::<Vec<_>>(),
-        ),
+        )
+        .into_iter()
+        .chain(git_configs.writable())
+        .collect(),
         landlock: kernel.landlock_abi.is_some(),
         cgroup_ns_at_leaf: leaf.is_some(),
         not_before: threshold.not_before,
@@ -569,7 +580,7 @@ pub fn run(
     if let Some(service) = ports {
         service.finish(PORTS_GRACE);
     }
-    let report = end_of_session(req, &protection, since);
+    let report = end_of_session(req, &protection, since, &mut git_configs);
     bridge.end(&SessionEnd {
         exit_code,
         quarantined: report.items.iter().map(to_protocol).collect(),
@@ -629,14 +640,24 @@ fn home_path(home: &mounts::HomeMount) -> Option<PathBuf> {
     }
 }
 
-fn end_of_session(req: &Request, protection: &Protection, since: sweep::Stamp) -> Report {
+fn end_of_session(
+    req: &Request,
+    protection: &Protection,
+    since: sweep::Stamp,
+    git_configs: &mut gitconfig::Session,
+) -> Report {
     let home = home_path(&req.home);
     let mut store =
         quarantine::Store::new(req.quarantine_dir.clone(), &req.session, &req.repo.path);
-    let report = sweep::run(
+    let mut report = sweep::run(
         &sweep::Sweep { repo: &req.repo.path, prot: protection, home, since },
         &mut store,
     );
+    // After the sweep, which would otherwise judge the merged file as the agent's change.
+    let merged = git_configs.finish(&mut store, &req.session, &mut gitconfig::ask_on_terminal);
+    report.items.extend(merged.items);
+    report.git_config_merged = merged.merged;
+    report.warnings.extend(merged.warnings);
     if let Err(e) = store.save() {
         eprintln!("airlock: warning: writing the quarantine manifest: {e}");
     }

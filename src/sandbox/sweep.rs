@@ -180,6 +180,8 @@ pub struct Report {
     pub entries: u64,
     pub unreadable: Vec<PathBuf>,
     pub warnings: Vec<String>,
+    /// Git config changes merged into host files ([`super::gitconfig`]): `<file>: key, …`.
+    pub git_config_merged: Vec<String>,
     pub elapsed: Duration,
     /// Changed indexes found by the walk, judged after it (see [`judge_index`]).
     indexes: Vec<PathBuf>,

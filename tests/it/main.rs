@@ -54,6 +54,8 @@ mod sandbox_control;
 #[cfg(feature = "test-hooks")]
 mod sandbox_dns;
 #[cfg(feature = "test-hooks")]
+mod sandbox_gitconfig;
+#[cfg(feature = "test-hooks")]
 mod sandbox_layer_digests;
 mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]

@@ -603,13 +603,12 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     let marker = sb.world.tmp.path().join("PLANTED-RAN");
     let hook = format!("#!/bin/sh\ntouch {}\n", marker.display());
     // Every protected path, present or absent at the start, is unusable inside: present ones
-    // are read-only binds, absent top-level ones are read-only placeholders.
+    // are read-only binds, absent top-level ones are read-only placeholders. (`.git/config` is
+    // writable as a private copy merged back through an allowlist: `sandbox_gitconfig`.)
     let script = format!(
         "cd /prot; r=''; \
          printf '{hook}' > .git/hooks/post-checkout 2>/dev/null && r=\"$r hook\"; \
          chmod +x .git/hooks/post-checkout 2>/dev/null; \
-         echo '[core]' >> .git/config 2>/dev/null && r=\"$r config\"; \
-         git config core.hooksPath /tmp 2>/dev/null && r=\"$r hookspath\"; \
          echo 'allow=[\"*\"]' >> .airlock.toml 2>/dev/null && r=\"$r airlock\"; \
          echo '{{}}' > .claude/settings.json 2>/dev/null && r=\"$r claude\"; \
          mv .git .git-away 2>/dev/null && r=\"$r mvgit\"; \

@@ -777,12 +777,17 @@ fn a_submodule_named_with_a_slash_is_protected_like_any_other() {
     let hook = toucher(&marker);
     let script = format!(
         "cd $AIRLOCK_REPO; r=''; \
-         printf '\\tfsmonitor = \"{hook}\"\\n' >> .git/modules/libs/foo/config 2>/dev/null && r=\"$r config\"; \
+         git -C libs/foo config core.fsmonitor '{hook}' >/dev/null 2>&1; \
          printf '#!/bin/sh\\n{hook}\\n' > .git/modules/libs/foo/hooks/post-checkout 2>/dev/null && r=\"$r hook\"; \
          mv .git/modules/libs .git/modules/away 2>/dev/null && r=\"$r mv\"; echo result:$r"
     );
-    let out = sb.exec(&["sh", "-c", &script]).run().expect_code(0).stdout();
+    let run = sb.exec(&["sh", "-c", &script]).run().expect_code(0);
+    let out = run.stdout();
     assert!(out.contains("result:\n"), "the submodule's git dir was writable: {out}");
+    // Its config is a private copy inside (`sandbox_gitconfig`): the key is held, never merged.
+    let config = std::fs::read_to_string(sb.repo.join(".git/modules/libs/foo/config")).unwrap();
+    assert!(!config.contains("fsmonitor"), "{config}");
+    assert!(run.stderr().contains("held back core.fsmonitor"), "{}", run.stderr());
     host_git(&sb.repo, sb.home(), &["status", "--short"]);
     assert!(!marker.exists());
 }

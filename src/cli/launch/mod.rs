@@ -304,10 +304,9 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
                     item.keys.iter().map(|k| esc(&k.key).into_owned()).collect();
                 let what =
                     if keys.is_empty() { "the whole change".to_string() } else { keys.join(", ") };
-                eprintln!(
-                    "airlock: held back {what} in {at} ({}); the rest of the change is kept",
-                    item.why
-                );
+                // A note says what became of the rest (a git config merge may have kept none).
+                let rest = note.unwrap_or_else(|| "the rest of the change is kept".into());
+                eprintln!("airlock: held back {what} in {at} ({}); {rest}", item.why);
             }
             how => eprintln!(
                 "airlock: quarantined {at} ({}, {}) → {}{}",
@@ -323,6 +322,9 @@ fn report_sweep(sweep: &crate::sandbox::sweep::Report, session: &str) {
             "airlock: review with `airlock quarantine show {session}`; take back what was yours \
              with `airlock quarantine restore {session} [PATH]`"
         );
+    }
+    for m in &sweep.git_config_merged {
+        eprintln!("airlock: merged the session's git config changes into {}", esc(m));
     }
     for p in &sweep.setuid_stripped {
         eprintln!("airlock: stripped setuid/setgid bits from {}", shown(p));
