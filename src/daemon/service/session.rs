@@ -26,17 +26,22 @@ fn valid_session_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// What a session takes from its layers: the built policy, `name@sha256:<digest>` of each layer,
+/// the `[audit]` volume bounds and `[logs] keep`.
+type SessionPolicy = (Arc<Policy>, Vec<String>, crate::audit::volume::Volume, Option<Duration>);
+
 /// The one place a request's configuration becomes policy: the daemon's managed layer (read by
 /// the daemon, so the client cannot drop it) over the client's user and repo layers — sent as
 /// documents, or by content under `layer_digests` (`digests`), then parsed and built through
 /// the daemon's digest-keyed cache ([`super::layers`]). Returns the built policy and
-/// `name@sha256:<digest>` of each layer in force, for the start record.
+/// `name@sha256:<digest>` of each layer in force, for the start record, the `[audit]` volume
+/// bounds and `[logs] keep` ([`SessionPolicy`]).
 fn session_policy(
     cache: &std::sync::Mutex<layers::LayerCache>,
     managed: Option<&LayerDoc>,
     spec: &SessionSpec,
     digests: bool,
-) -> Result<(Arc<Policy>, Vec<String>, crate::audit::volume::Volume, Option<Duration>), Response> {
+) -> Result<SessionPolicy, Response> {
     let config = |e: String| error(ErrorCode::Config, e);
     let layers = &spec.config;
     let (policy, user, repo) = if layers.sources.is_empty() {
