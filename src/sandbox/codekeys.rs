@@ -1065,16 +1065,7 @@ pub fn restore_git_replacing(current: &[u8], held: &[HeldKey]) -> Result<Vec<u8>
         std::str::from_utf8(current).map_err(|_| CodeKeysError::NotText { file })?.to_owned();
     let mut keys: Vec<(GitKey, Vec<Option<String>>)> = Vec::new();
     for h in held {
-        let (section, sub, name) = split_git_key(&h.key).ok_or_else(|| CodeKeysError::BadKey {
-            file,
-            key: h.key.clone(),
-            detail: "expected `section.name` or `section.subsection.name`".to_owned(),
-        })?;
-        let value = parse_held_git_value(&h.value).map_err(|detail| CodeKeysError::BadValue {
-            file,
-            key: h.key.clone(),
-            detail,
-        })?;
+        let GitEntry { section, sub, name, value } = held_git_entry(h)?;
         let key = GitKey { section, sub, name };
         match keys.iter_mut().find(|(k, _)| *k == key) {
             Some((_, values)) => values.push(value),
@@ -1458,17 +1449,7 @@ fn git_restore(current: &str, held: &[HeldKey]) -> Result<String, CodeKeysError>
     let unparsable = |e: GitSyntax| CodeKeysError::Unparsable { file, detail: e.to_string() };
     let mut text = current.to_owned();
     for h in held {
-        let (section, sub, name) = split_git_key(&h.key).ok_or_else(|| CodeKeysError::BadKey {
-            file,
-            key: h.key.clone(),
-            detail: "expected `section.name` or `section.subsection.name`".to_owned(),
-        })?;
-        let value = parse_held_git_value(&h.value).map_err(|detail| CodeKeysError::BadValue {
-            file,
-            key: h.key.clone(),
-            detail,
-        })?;
-        let entry = GitEntry { section, sub, name, value };
+        let entry = held_git_entry(h)?;
         let doc = parse_git(&text).map_err(unparsable)?;
         let line = render_entry(&entry.name, entry.value.as_deref());
         let under = doc
@@ -1510,6 +1491,22 @@ fn inserted_once(old: &[GitEntry], new: &[GitEntry], entry: &GitEntry) -> bool {
 }
 
 /// Parses [`HeldKey::value`] for git: empty = a bare key, otherwise exactly one value.
+/// A held key and value as the quarantine manifest spells them, parsed back into an entry.
+fn held_git_entry(h: &HeldKey) -> Result<GitEntry, CodeKeysError> {
+    let file = ConfigKind::GitConfig.file();
+    let (section, sub, name) = split_git_key(&h.key).ok_or_else(|| CodeKeysError::BadKey {
+        file,
+        key: h.key.clone(),
+        detail: "expected `section.name` or `section.subsection.name`".to_owned(),
+    })?;
+    let value = parse_held_git_value(&h.value).map_err(|detail| CodeKeysError::BadValue {
+        file,
+        key: h.key.clone(),
+        detail,
+    })?;
+    Ok(GitEntry { section, sub, name, value })
+}
+
 fn parse_held_git_value(text: &str) -> Result<Option<String>, String> {
     if text.is_empty() {
         return Ok(None);
