@@ -696,23 +696,35 @@ mod tests {
         }
     }
 
-    fn ops() -> Vec<Op> {
-        let repo = Path::new("/home/u/src/pay");
-        let prot = protection(repo);
+    /// The plan for an `exec` session (tmpfs home, no agent binds) of the repo at `repo`, shown
+    /// as `/<name>`.
+    fn plan_for(
+        repo: &Path,
+        name: &str,
+        prot: &Protection,
+        user_mounts: &[crate::sandbox::usermount::UserMount],
+        git_configs: &[crate::sandbox::gitconfig::Redirect],
+    ) -> Vec<Op> {
+        let repo_sandbox = Path::new("/").join(name);
         let input = PlanInput {
             repo_host: repo,
-            repo_sandbox: Path::new("/pay"),
-            hostname: "pay",
+            repo_sandbox: &repo_sandbox,
+            hostname: name,
             uid: 1000,
             gid: 1000,
-            protection: &prot,
+            protection: prot,
             home: &HomeMount::Tmpfs,
             ro_binds: &[],
             symlinks: &[],
-            user_mounts: &[],
-            git_configs: &[],
+            user_mounts,
+            git_configs,
         };
         plan(&input, &host())
+    }
+
+    fn ops() -> Vec<Op> {
+        let repo = Path::new("/home/u/src/pay");
+        plan_for(repo, "pay", &protection(repo), &[], &[])
     }
 
     #[test]
@@ -801,20 +813,7 @@ mod tests {
                 rw: true,
             },
         ];
-        let input = PlanInput {
-            repo_host: repo,
-            repo_sandbox: Path::new("/pay"),
-            hostname: "pay",
-            uid: 1000,
-            gid: 1000,
-            protection: &prot,
-            home: &HomeMount::Tmpfs,
-            ro_binds: &[],
-            symlinks: &[],
-            user_mounts: &mounts,
-            git_configs: &[],
-        };
-        let ops = plan(&input, &host());
+        let ops = plan_for(repo, "pay", &prot, &mounts, &[]);
         let tools = ops
             .iter()
             .position(|o| {
@@ -860,23 +859,7 @@ mod tests {
             private_dir: PathBuf::from("/home/u/.airlock/quarantine/s/.gitconfig-work/0"),
             inside_dir: PathBuf::from("/opt/airlock/git/0"),
         };
-        let home = HomeMount::Tmpfs;
-        let ops = plan(
-            &PlanInput {
-                repo_host: repo,
-                repo_sandbox: Path::new("/proj"),
-                hostname: "proj",
-                uid: 1000,
-                gid: 1000,
-                protection: &prot,
-                home: &home,
-                ro_binds: &[],
-                symlinks: &[],
-                git_configs: std::slice::from_ref(&redirect),
-                user_mounts: &[],
-            },
-            &host(),
-        );
+        let ops = plan_for(repo, "proj", &prot, &[], std::slice::from_ref(&redirect));
         assert!(ops.contains(&Op::BindBeneath {
             root: redirect.private_dir.clone(),
             rel: PathBuf::new(),
