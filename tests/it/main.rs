@@ -73,6 +73,7 @@ mod sandbox_setid;
 mod sandbox_ssh;
 #[cfg(feature = "test-hooks")]
 mod sandbox_terminal;
+mod sandbox_token_hidden;
 #[cfg(feature = "test-hooks")]
 mod sandbox_toolchains;
 mod service_install;

@@ -251,9 +251,9 @@ fn self_signed_ca_needs_cacert_which_is_stored_and_used() {
         .run()
         .expect_code(0);
     let (c, k) = (cert.display().to_string(), key.display().to_string());
+    let token = user_with_token(&world, &store, "tls@example.test", "member");
     let server =
         Server::start_scheme(&world, &store, &["--tls-cert", &c, "--tls-key", &k], "https");
-    let token = user_with_token(&world, &store, "tls@example.test", "member");
     let dir = world.home.join(".airlock");
 
     // Without --cacert: a TLS trust error saying what to do; nothing written.
