@@ -10,7 +10,7 @@
 //!        policy/ (canonicalize, match, verdict; pure) ◄── proxy/ (CONNECT, HTTP, resolver, guard)
 //!                                                                           ▼
 //!                                                  audit/ (journal, JSONL writer, reader)
-//! review/ (ingest, store, detect)
+//! review/ (ingest, store, detect)          remote/ (the host-side review-plane client)
 //! ```
 //!
 //! `unsafe` lives only in [`sys`]; the compiler enforces it (`unsafe_code` is denied elsewhere).
