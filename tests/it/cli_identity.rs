@@ -96,6 +96,15 @@ fn identity_server_is_a_review_plane_host() {
     let run = world.airlock(&repo).args(["policy", "check", "--json", "review.corp.test"]).run();
     assert_eq!(run.code(), 1, "{}", run.stderr());
     assert!(run.stdout().contains("\"reason\":\"review_plane\""), "{}", run.stdout());
-    let who = world.airlock(&repo).args(["whoami"]).run().expect_code(0).stdout();
+    let who = world.airlock(&repo).args(["whoami", "--offline"]).run().expect_code(0).stdout();
     assert!(who.contains("server: https://review.corp.test"), "{who}");
+    // A server identity without its token file (`airlock login --server` writes both):
+    // whoami says the token is missing and how to log in again, without any connection.
+    let run = world.airlock(&repo).args(["whoami"]).run().expect_code(1);
+    assert!(run.stdout().contains("token: missing"), "{}", run.stdout());
+    assert!(
+        run.stderr().contains("airlock login --server https://review.corp.test"),
+        "{}",
+        run.stderr()
+    );
 }
