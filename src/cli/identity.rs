@@ -244,7 +244,7 @@ mod prompt {
 
     impl<F: AsFd> Drop for Restore<'_, F> {
         fn drop(&mut self) {
-            let _ = termios::tcsetattr(self.fd, SetArg::TCSAFLUSH, &self.saved);
+            let _ = termios::tcsetattr(self.fd, SetArg::TCSADRAIN, &self.saved);
         }
     }
 
@@ -258,11 +258,13 @@ mod prompt {
             .remove(LocalFlags::ECHO | LocalFlags::ECHONL | LocalFlags::ICANON | LocalFlags::ISIG);
         raw.control_chars[libc::VMIN] = 1;
         raw.control_chars[libc::VTIME] = 0;
+        // Echo off before the prompt shows: what is typed after seeing it is never echoed
+        // (and TCSAFLUSH cannot discard it).
+        termios::tcsetattr(fd, SetArg::TCSAFLUSH, &raw).map_err(std::io::Error::from)?;
+        let guard = Restore { fd: &fd, saved };
         let mut stderr = std::io::stderr();
         let _ = write!(stderr, "{prompt}");
         let _ = stderr.flush();
-        termios::tcsetattr(fd, SetArg::TCSAFLUSH, &raw).map_err(std::io::Error::from)?;
-        let guard = Restore { fd: &fd, saved };
         let mut buf = Zeroizing::new(Vec::with_capacity(super::token::MAX_TOKEN_BYTES + 1));
         let mut lock = stdin.lock();
         let result = loop {

@@ -369,3 +369,61 @@ fn sessions_after_login_carry_the_servers_user_id() {
     assert_eq!(records.len(), 2, "{records:#?}");
     assert!(records.iter().all(|r| r["user_id"] == user_id.as_str()), "{records:#?}");
 }
+
+/// `airlock login --server URL` on a terminal, with the master side of a pty.
+fn login_on_a_terminal(world: &World, base: &str, typed: &[u8]) -> (Run, String, bool) {
+    use nix::sys::termios::{LocalFlags, tcgetattr};
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = std::fs::File::from(pty.slave);
+    let mut cmd = Command::new(bin("airlock"));
+    cmd.current_dir(world.tmp.path())
+        .env_clear()
+        .env("HOME", &world.home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["login", "--server", base])
+        .stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(slave.try_clone().unwrap()));
+    let child = cmd.spawn().unwrap();
+    drop(cmd);
+    let master = std::fs::File::from(pty.master);
+    let mut terminal = crate::support::PtyOutput::read(&master);
+    terminal.wait_for(b"review server token: ");
+    (&master).write_all(typed).unwrap();
+    let output = child.wait_with_output().unwrap();
+    // Echo is back on once login has exited, whichever way it ended.
+    let echo = tcgetattr(&slave).unwrap().local_flags.contains(LocalFlags::ECHO);
+    drop(slave);
+    let seen = String::from_utf8_lossy(&terminal.until_closed()).into_owned();
+    (Run { output }, seen, echo)
+}
+
+#[test]
+fn the_terminal_prompt_does_not_echo_and_ctrl_c_restores_the_terminal() {
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("store"));
+    let token = user_with_token(&world, &store, "tty@example.test", "member");
+    let server = Server::start(&world, &store, &[]);
+
+    // Ctrl-C at the prompt: cancelled, nothing written, echo restored.
+    let (run, seen, echo) = login_on_a_terminal(&world, &server.base, b"alk_half\x03");
+    assert_eq!(run.code(), 1, "{seen}");
+    assert!(seen.contains("cancelled; nothing was saved"), "{seen:?}");
+    assert!(!seen.contains("alk_half"), "typed text was echoed: {seen:?}");
+    assert!(echo, "echo was left off after Ctrl-C");
+    assert!(!world.home.join(".airlock/token").exists());
+
+    // Typed (with a correction), then Enter: logged in, the token never echoed.
+    let mut typed = b"x\x7f".to_vec();
+    typed.extend_from_slice(token.as_bytes());
+    typed.push(b'\r');
+    let (run, seen, echo) = login_on_a_terminal(&world, &server.base, &typed);
+    assert_eq!(run.code(), 0, "{seen}\n{}", run.stdout());
+    assert!(run.stdout().contains("logged in to"), "{}", run.stdout());
+    assert!(!seen.contains(&token) && !seen.contains(&token[..12]), "echoed: {seen:?}");
+    assert!(echo, "echo was left off after the prompt");
+    assert_eq!(
+        std::fs::read_to_string(world.home.join(".airlock/token")).unwrap(),
+        format!("{token}\n")
+    );
+}
