@@ -1,7 +1,7 @@
 //! Security: the review-plane token never enters a session (issue 16; SECURITY §5). After a
-//! real `airlock login --server`, a real `airlock exec` session searches everything it can
-//! read for the token: every readable regular file under `/` (outside `/proc` and `/sys`), its
-//! environment, `/proc/self/{environ,cmdline,maps,mountinfo,status}` and the `environ` and
+//! real `airlock login --server`, a real `airlock exec` session and an `airlock run` session
+//! (a stand-in agent with its agent home) each search everything they can read for the
+//! token: every readable regular file under `/` (outside `/proc` and `/sys`), the environment, `/proc/self/{environ,cmdline,maps,mountinfo,status}` and the `environ` and
 //! `cmdline` of every process it can see. The token is handed to the search reversed (so it
 //! is in no argv, environment or file the test made), and a canary planted in the repo must be
 //! found, which shows the search reads what it claims to. On the host, `airlockd` (the
@@ -128,6 +128,10 @@ fn the_token_is_nowhere_a_session_can_read() {
     let repo = world.repo("app");
     let canary = format!("canary-{}", rand_hex(16));
     world.write(repo.join("notes/canary.txt"), &format!("{canary}\n"));
+    // A stand-in `claude` (runs its argument as a script), for an `airlock run` session with
+    // an agent home and the shared agent store.
+    let fakebin = world.home.join(".local/bin");
+    world.write_executable(fakebin.join("claude"), "#!/bin/sh\nexec /bin/sh -c \"$1\"\n");
     let h = Harness::start(&world, Options::default());
     // A background process, so the session sees more than the search's own processes.
     let script = format!(
@@ -136,27 +140,34 @@ fn the_token_is_nowhere_a_session_can_read() {
         reversed(&token),
         reversed(&canary)
     );
-    let run = world
-        .airlock(&repo)
-        .env("AIRLOCK_SOCKET", h.socket())
-        .args(["exec", "--", "sh", "-c", &script])
-        .run();
-    assert_eq!(run.code(), 0, "{}\n{}\n{}", run.stdout(), run.stderr(), h.log());
-    let out = run.stdout();
-    eprintln!("{out}");
-    let hits: Vec<&str> = out.lines().filter(|l| l.starts_with("HIT ")).collect();
-    // The search works: it finds the canary in the repo (and only there).
-    assert!(
-        hits.iter().any(|l| l.starts_with("HIT canary ") && l.ends_with("/notes/canary.txt")),
-        "the canary was not found, so the search proves nothing:\n{out}"
-    );
-    let searched: usize = out
-        .lines()
-        .find_map(|l| l.strip_prefix("SEARCHED ")?.strip_suffix(" files")?.parse().ok())
-        .unwrap_or_else(|| panic!("no SEARCHED line:\n{out}\n{}", run.stderr()));
-    assert!(searched > 100, "only {searched} files visible?\n{out}");
-    let leaks: Vec<&&str> = hits.iter().filter(|l| !l.starts_with("HIT canary ")).collect();
-    assert!(leaks.is_empty(), "the token is readable inside the session: {leaks:#?}");
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", fakebin.display());
+    for (what, args) in [
+        ("airlock exec", vec!["exec", "--", "sh", "-c", script.as_str()]),
+        ("airlock run claude", vec!["run", "claude", "--", script.as_str()]),
+    ] {
+        let run = world
+            .airlock(&repo)
+            .env("AIRLOCK_SOCKET", h.socket())
+            .env("PATH", &path)
+            .args(&args)
+            .run();
+        assert_eq!(run.code(), 0, "{what}: {}\n{}\n{}", run.stdout(), run.stderr(), h.log());
+        let out = run.stdout();
+        eprintln!("{what}:\n{out}");
+        let hits: Vec<&str> = out.lines().filter(|l| l.starts_with("HIT ")).collect();
+        // The search works: it finds the canary in the repo.
+        assert!(
+            hits.iter().any(|l| l.starts_with("HIT canary ") && l.ends_with("/notes/canary.txt")),
+            "{what}: the canary was not found, so the search proves nothing:\n{out}"
+        );
+        let searched: usize = out
+            .lines()
+            .find_map(|l| l.strip_prefix("SEARCHED ")?.strip_suffix(" files")?.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no SEARCHED line:\n{out}\n{}", run.stderr()));
+        assert!(searched > 100, "{what}: only {searched} files visible?\n{out}");
+        let leaks: Vec<&&str> = hits.iter().filter(|l| !l.starts_with("HIT canary ")).collect();
+        assert!(leaks.is_empty(), "{what}: the token is readable inside the session: {leaks:#?}");
+    }
 
     // On the host: the session daemon never holds the token (environment, argv), and no file
     // under ~/.airlock but the token file (logs, session records, daemon log) holds it.
