@@ -135,7 +135,9 @@ fn the_token_is_nowhere_a_session_can_read() {
     let h = Harness::start(&world, Options::default());
     // A background process, so the session sees more than the search's own processes.
     let script = format!(
-        "sleep 60 & python3 -c '{}' {} {}; kill $!",
+        // The search's status is the session's (a slow search outliving the sleep made
+        // `kill` fail the session once).
+        "sleep 600 & python3 -c '{}' {} {}; rc=$?; kill $! 2>/dev/null; exit $rc",
         SEARCH.replace('\'', "'\\''"),
         reversed(&token),
         reversed(&canary)
