@@ -21,12 +21,24 @@ pub enum PublishedThrough {
     Through(String),
 }
 
-/// The seam for `[publish]` (a later issue): how far the log directory `dir` has been
-/// published. Without a `[publish]` section nothing waits for publication, so this answers
-/// [`PublishedThrough::Everything`]; once publishing exists, it must answer from the
-/// publisher's own progress record, and retention then never deletes an unpublished line.
-pub fn published_through(_dir: &Path) -> PublishedThrough {
-    PublishedThrough::Everything
+/// How far the log directory `dir` (`~/.airlock/logs/<name>/`) has been published, from the
+/// publisher's progress record (`~/.airlock/publish/state.json`, [`crate::publish::state`]):
+/// without a review-plane login nothing waits for publication ([`PublishedThrough::Everything`]);
+/// with one, the latest UTC date whose files (and every earlier one) are published to their
+/// end, so retention never deletes an unpublished line. Reads no token.
+pub fn published_through(dir: &Path) -> PublishedThrough {
+    // `~/.airlock/logs/<name>` → `~/.airlock`.
+    let Some(airlock_dir) = dir.parent().and_then(Path::parent) else {
+        return PublishedThrough::Everything;
+    };
+    if !crate::publish::state::logged_in(airlock_dir) {
+        return PublishedThrough::Everything;
+    }
+    match crate::publish::state::published_through_date(airlock_dir, dir) {
+        Some(date) => PublishedThrough::Through(date),
+        // Nothing published yet: every dated file is later than this.
+        None => PublishedThrough::Through("0000-00-00".into()),
+    }
 }
 
 /// `keep` as written: a whole number followed by `d` (days) or `h` (hours), at least `1h`.
