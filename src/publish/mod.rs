@@ -245,6 +245,11 @@ pub async fn publish_async<S: Sink>(
     Ok(engine.report)
 }
 
+/// Whether `--since` leaves a line with this ts out.
+fn skip_by_since(since: Option<OffsetDateTime>, ts: &str) -> bool {
+    since.is_some_and(|since| envelope::parse_ts(ts).is_some_and(|t| t < since))
+}
+
 /// State keys are absolute paths.
 fn key(p: &Path) -> String {
     p.to_string_lossy().into_owned()
@@ -554,36 +559,39 @@ impl<'a, S: Sink> Engine<'a, S> {
                 codex_session: reading.codex_session.as_deref(),
                 airlock_session,
             };
-            let built = envelope::build(&ctx, text);
-            reading.consumed(&line);
-            let built = match built {
+            let built = match envelope::build(&ctx, text) {
                 Ok(b) => b,
                 Err(e) => {
+                    reading.consumed(&line);
                     if !self.opts.dry_run {
                         self.refuse(fidx, offset, &e)?;
                     }
                     continue;
                 }
             };
+            let skip = self.opts.dry_run || skip_by_since(self.opts.since, &built.ts);
+            if self.opts.dry_run && !skip_by_since(self.opts.since, &built.ts) {
+                dry.lines += 1;
+                dry.bytes += n as u64;
+                self.report.items += 1;
+            }
+            if !skip {
+                // `reading` still stands before this line: a batch sealed here checkpoints
+                // up to, not including, it.
+                self.push(
+                    Meta { file: fidx, offset, id: built.id.clone() },
+                    &built.text,
+                    Some(&reading),
+                )
+                .await?;
+            }
             if built.codex_session.is_some() {
                 reading.codex_session.clone_from(&built.codex_session);
             }
             if envelope::parse_ts(&built.ts).is_some() {
-                reading.last_ts = Some(built.ts.clone());
+                reading.last_ts = Some(built.ts);
             }
-            if let Some(since) = self.opts.since
-                && envelope::parse_ts(&built.ts).is_some_and(|t| t < since)
-            {
-                continue;
-            }
-            if self.opts.dry_run {
-                dry.lines += 1;
-                dry.bytes += n as u64;
-                self.report.items += 1;
-                continue;
-            }
-            self.push(Meta { file: fidx, offset, id: built.id }, &built.text, Some(&reading))
-                .await?;
+            reading.consumed(&line);
         }
         if self.opts.dry_run {
             if dry.lines > 0 {
@@ -964,4 +972,262 @@ fn hash_prefix(home: &Path, rel: &Path, bytes: u64) -> Result<(u64, String), Str
         got += n as u64;
     }
     Ok((got, format!("sha256:{}", hex::encode(h.finalize()))))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::fs;
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    /// Answers like the review plane's dedup: same (source, id) and payload → duplicate,
+    /// different payload → conflict. Can fail the n-th post.
+    #[derive(Default)]
+    struct Mem {
+        stored: Mutex<HashMap<(String, String), Vec<String>>>,
+        events: Mutex<Vec<serde_json::Value>>,
+        posts: Mutex<u32>,
+        fail_at: Option<u32>,
+        concurrency: Option<usize>,
+    }
+
+    impl Sink for Mem {
+        fn concurrency(&self) -> Option<usize> {
+            self.concurrency
+        }
+        async fn post(&self, gz: bytes::Bytes, _items: usize) -> Result<Reply, SinkError> {
+            let n = {
+                let mut p = self.posts.lock().unwrap();
+                *p += 1;
+                *p
+            };
+            if self.fail_at == Some(n) {
+                return Err(SinkError::Fatal { message: "boom".into() });
+            }
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut text).unwrap();
+            let mut results = Vec::new();
+            let mut stored = self.stored.lock().unwrap();
+            for (index, line) in text.lines().enumerate() {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                let k = (
+                    v["source"].as_str().unwrap().to_owned(),
+                    v["id"].as_str().unwrap().to_owned(),
+                );
+                let payload = v["payload"].to_string();
+                let e = stored.entry(k).or_default();
+                let status = if e.is_empty() {
+                    "created"
+                } else if e.contains(&payload) {
+                    "duplicate"
+                } else {
+                    "conflict"
+                };
+                if status != "duplicate" {
+                    e.push(payload);
+                    self.events.lock().unwrap().push(v);
+                }
+                let code = match status {
+                    "created" => 201,
+                    "duplicate" => 200,
+                    _ => 409,
+                };
+                results.push(ItemResult { index, status: status.into(), code, error: None });
+            }
+            Ok(Reply { concurrency: Some(2), results })
+        }
+    }
+
+    struct T {
+        _tmp: tempfile::TempDir,
+        paths: Paths,
+        logs: PathBuf,
+        proj: PathBuf,
+    }
+
+    fn world() -> T {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = Paths::with_home(tmp.path().to_owned());
+        let logs = paths.logs_root().join("r");
+        fs::create_dir_all(&logs).unwrap();
+        let proj = paths.airlock_dir().join("agent/claude/r-12345678/.claude/projects/-work-r");
+        fs::create_dir_all(&proj).unwrap();
+        T { _tmp: tmp, paths, logs, proj }
+    }
+
+    fn opts() -> PublishOptions {
+        PublishOptions {
+            scope: Scope::All,
+            since: None,
+            dry_run: false,
+            deadline: None,
+            progress: false,
+        }
+    }
+
+    fn audit(id: u32) -> String {
+        format!(
+            "{{\"ts\":\"2026-07-24T18:03:{:02}.000Z\",\"repo\":\"r\",\"host\":\"h{id}\",\"method\":\"CONNECT\",\"allowed\":false,\"id\":\"e{id}\",\"session\":\"s\",\"boot\":\"b\",\"seq\":{id},\"reason\":\"not_allowed\"}}\n",
+            id % 60
+        )
+    }
+
+    fn append(p: &Path, s: &str) {
+        fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .unwrap()
+            .write_all(s.as_bytes())
+            .unwrap();
+    }
+
+    #[test]
+    fn publishes_appends_and_skips_unchanged() {
+        let t = world();
+        let a = t.logs.join("audit-2026-07-24.jsonl");
+        append(&a, &(1..=3).map(audit).collect::<String>());
+        let c = t.proj.join("s1.jsonl");
+        append(
+            &c,
+            "{\"type\":\"user\",\"uuid\":\"u1\",\"timestamp\":\"2026-07-24T18:00:00.000Z\"}\n{\"type\":\"summary\",\"leafUuid\":\"u1\"}\n{\"type\":\"user\",\"uu",
+        );
+        let sink = Mem::default();
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!((r.created, r.duplicate, r.files), (5, 0, 2), "{r:?}");
+        // Transcripts first.
+        let ev = sink.events.lock().unwrap().clone();
+        assert_eq!(ev[0]["source"], "claude");
+        assert_eq!(ev[1]["id"], "-work-r/s1.jsonl:67");
+        assert_eq!(ev[1]["ts_inferred"], true);
+        assert_eq!(ev[1]["ts"], "2026-07-24T18:00:00.000Z");
+        assert_eq!(ev[2]["source"], "egress");
+        // Nothing changed: nothing read, nothing posted.
+        let posts = *sink.posts.lock().unwrap();
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!((r.files, r.unchanged, r.items), (0, 2, 0));
+        assert_eq!(*sink.posts.lock().unwrap(), posts);
+        // The partial line completes; an audit line is appended.
+        append(&c, "id\":\"u2\",\"timestamp\":\"2026-07-24T18:01:00.000Z\"}\n");
+        append(&a, &audit(4));
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!((r.created, r.duplicate, r.files), (2, 0, 2), "{r:?}");
+        assert_eq!(sink.events.lock().unwrap().len(), 7);
+    }
+
+    #[test]
+    fn a_rewritten_transcript_is_reread_and_reported() {
+        let t = world();
+        let c = t.proj.join("s1.jsonl");
+        append(
+            &c,
+            "{\"type\":\"summary\",\"summary\":\"a\"}\n{\"type\":\"summary\",\"summary\":\"b\"}\n",
+        );
+        let sink = Mem::default();
+        publish(&t.paths, &sink, &opts()).unwrap();
+        // Replaced: the first line kept, the second changed (same offset-based id).
+        fs::write(
+            &c,
+            "{\"type\":\"summary\",\"summary\":\"a\"}\n{\"type\":\"summary\",\"summary\":\"c\"}\n",
+        )
+        .unwrap();
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!((r.created, r.duplicate, r.conflict), (0, 1, 1), "{r:?}");
+        assert_eq!(r.rewritten, [".claude/projects/-work-r/s1.jsonl"]);
+        let rj = fs::read_to_string(rejected::path(&t.paths.airlock_dir())).unwrap();
+        let rj: serde_json::Value = serde_json::from_str(rj.lines().next().unwrap()).unwrap();
+        assert_eq!(rj["id"], "-work-r/s1.jsonl:33");
+        assert_eq!(rj["code"], 409);
+        assert_eq!(rj["status"], "conflict");
+        // Truncated below the offset: re-read from 0, all duplicates.
+        fs::write(&c, "{\"type\":\"summary\",\"summary\":\"a\"}\n").unwrap();
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!((r.created, r.duplicate, r.conflict), (0, 1, 0), "{r:?}");
+    }
+
+    #[test]
+    fn a_failure_keeps_the_acknowledged_prefix_and_the_rerun_fills_the_gap() {
+        let t = world();
+        let a = t.logs.join("audit-2026-07-24.jsonl");
+        append(&a, &(1..=2500).map(audit).collect::<String>());
+        // Three batches, two in flight; the second post fails.
+        let sink = Mem { fail_at: Some(2), concurrency: Some(2), ..Default::default() };
+        let e = publish(&t.paths, &sink, &opts()).unwrap_err();
+        assert!(e.to_string().contains("boom"), "{e}");
+        let st = State::load(&t.paths.airlock_dir()).unwrap();
+        let off = st.files.get(&key(&a)).map_or(0, |f| f.offset);
+        let first_batch: u64 = (1..=1000).map(|i| audit(i).len() as u64).sum();
+        assert_eq!(off, first_batch);
+        let sink2 =
+            Mem { stored: Mutex::new(sink.stored.lock().unwrap().clone()), ..Default::default() };
+        let r = publish(&t.paths, &sink2, &opts()).unwrap();
+        assert_eq!(r.created + r.duplicate, 1500, "{r:?}");
+        assert_eq!(sink2.stored.lock().unwrap().len(), 2500);
+    }
+
+    #[test]
+    fn since_and_dry_run_advance_nothing() {
+        let t = world();
+        let a = t.logs.join("audit-2026-07-24.jsonl");
+        append(&a, &(1..=3).map(audit).collect::<String>());
+        let sink = Mem::default();
+        let mut o = opts();
+        o.dry_run = true;
+        let r = publish(&t.paths, &sink, &o).unwrap();
+        assert_eq!((r.items, *sink.posts.lock().unwrap()), (3, 0));
+        assert_eq!(r.would_send[0].lines, 3);
+        let mut o = opts();
+        o.since = Some(envelope::parse_ts("2026-07-24T18:03:02Z").unwrap());
+        let r = publish(&t.paths, &sink, &o).unwrap();
+        assert_eq!(r.created, 2);
+        assert!(State::load(&t.paths.airlock_dir()).unwrap().files.is_empty());
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!((r.created, r.duplicate), (1, 2));
+    }
+
+    #[test]
+    fn a_passed_deadline_stops_cleanly() {
+        let t = world();
+        append(&t.logs.join("audit-2026-07-24.jsonl"), &audit(1));
+        let mut o = opts();
+        o.deadline = Some(Instant::now());
+        let r = publish(&t.paths, &Mem::default(), &o).unwrap();
+        assert!(r.incomplete);
+        assert_eq!(r.created, 0);
+    }
+
+    #[test]
+    fn session_end_records_link_transcripts_and_send_transcript_file_items() {
+        let t = world();
+        let c = t.proj.join("s1.jsonl");
+        let l1 = "{\"type\":\"user\",\"uuid\":\"u1\",\"timestamp\":\"2026-07-24T18:00:00.000Z\"}\n";
+        append(&c, l1);
+        let later =
+            "{\"type\":\"user\",\"uuid\":\"u2\",\"timestamp\":\"2026-07-24T18:00:01.000Z\"}\n";
+        append(&c, later);
+        let rel = ".claude/projects/-work-r/s1.jsonl";
+        let end = serde_json::json!({"id":"S1:end","kind":"end","ts":"2026-07-24T18:05:00.000Z","session":"S1",
+            "transcripts":[{"path": c.to_string_lossy(), "file": rel, "bytes": l1.len(), "sha256": state::sha(l1.as_bytes())}]});
+        append(&t.logs.join("sessions-2026-07-24.jsonl"), &format!("{end}\n"));
+        let sink = Mem::default();
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!(r.created, 4, "{r:?}");
+        let ev = sink.events.lock().unwrap().clone();
+        assert_eq!(ev[0]["airlock_session"], "S1");
+        assert_eq!(ev[1]["airlock_session"], serde_json::Value::Null);
+        assert_eq!(ev[2]["type"], "transcript.file");
+        assert_eq!(ev[2]["payload"]["sha256"], state::sha(l1.as_bytes()));
+        assert_eq!(ev[2]["payload"]["bytes"], l1.len());
+        assert_eq!(ev[3]["id"], "S1:end");
+        // Not sent again once the end record is acknowledged.
+        append(
+            &c,
+            "{\"type\":\"user\",\"uuid\":\"u3\",\"timestamp\":\"2026-07-24T18:00:02.000Z\"}\n",
+        );
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!(r.items, 1);
+    }
 }
