@@ -32,6 +32,7 @@ pub mod policy;
 pub mod protocol;
 pub mod proxy;
 pub mod publish;
+pub mod remote;
 pub mod repo;
 pub mod review;
 pub mod sandbox;

@@ -72,11 +72,11 @@ pub enum Command {
     /// Check targets against the network policy, show it, trust a repo's .airlock.toml
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
-    /// Save a local identity (email + stable user id) for audit attribution
+    /// Log in to a review server (`--server URL`), or save a local identity (`--email`)
     Login(identity::LoginArgs),
-    /// Show the identity in use
-    Whoami,
-    /// Remove the identity file
+    /// Show the identity in use and whether the review-server token still works
+    Whoami(identity::WhoamiArgs),
+    /// Remove the identity file and the review-server token
     Logout,
     /// Print a shell completion script
     Completions(completions::CompletionsArgs),
@@ -139,7 +139,7 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::ProbeCapture => crate::sandbox::probe::capture_probe_child(),
         Command::Policy(cmd) => policy::run(&cmd, ctx),
         Command::Login(args) => identity::login(&args, ctx),
-        Command::Whoami => identity::whoami(ctx),
+        Command::Whoami(args) => identity::whoami(&args, ctx),
         Command::Logout => identity::logout(ctx),
         Command::Completions(args) => completions::run(&args),
         Command::Man(args) => man::run(&args),

@@ -16,9 +16,14 @@ pub struct Identity {
     pub email: String,
     /// Locally generated (`u_` + 16 hex) by `login --email`, or the review plane's id later.
     pub user_id: String,
-    /// The review plane this identity logged in to (server-backed login comes later).
+    /// The review plane this identity logged in to (`airlock login --server`), normalized
+    /// as `scheme://host:port`; its token is `~/.airlock/token`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+    /// The role the server reported at login (`member`, `reviewer`, `admin`), shown by
+    /// `airlock whoami --offline`; the server decides, this copy is only for display.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +113,7 @@ pub fn login_email(paths: &Paths, email: &str) -> Result<Identity, IdentityError
         Some(old) if old.email.eq_ignore_ascii_case(email) && old.server.is_none() => old.user_id,
         _ => local_user_id(email),
     };
-    let identity = Identity { email: email.to_owned(), user_id, server: None };
+    let identity = Identity { email: email.to_owned(), user_id, server: None, role: None };
     fsutil::private_dir(&paths.airlock_dir())
         .map_err(|source| IdentityError::Write { path: paths.airlock_dir(), source })?;
     write(&path, &identity)?;

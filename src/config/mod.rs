@@ -623,6 +623,7 @@ mod tests {
             email: "a@b.test".into(),
             user_id: "u_1".into(),
             server: Some("https://r3.corp.test:8443".into()),
+            role: None,
         };
         let loaded = load(&f.paths, Some(&f.repo), Some(&identity)).unwrap();
         let client = loaded.client_layers();
@@ -692,8 +693,12 @@ mod tests {
     #[test]
     fn bad_identity_servers_are_config_errors() {
         let f = fixture();
-        let identity =
-            Identity { email: "a@b.test".into(), user_id: "u".into(), server: Some("a..b".into()) };
+        let identity = Identity {
+            email: "a@b.test".into(),
+            user_id: "u".into(),
+            server: Some("a..b".into()),
+            role: None,
+        };
         let err = load(&f.paths, None, Some(&identity)).unwrap_err();
         assert!(err.to_string().contains("~/.airlock/identity.toml"), "{err}");
     }
