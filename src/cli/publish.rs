@@ -138,12 +138,12 @@ pub fn run(args: &PublishArgs, ctx: &Context<'_>) -> i32 {
 }
 
 /// The review-plane client of `airlock login --server`; `None` without a login.
-// TODO(merge helper-remote): `crate::remote::Client::from_login`.
-fn client(paths: &Paths) -> anyhow::Result<Option<publish::NullSink>> {
-    if !publish::state::logged_in(&paths.airlock_dir()) {
-        return Ok(None);
+fn client(paths: &Paths) -> anyhow::Result<Option<crate::remote::Client>> {
+    match crate::remote::Client::from_login(paths) {
+        Ok(c) => Ok(Some(c)),
+        Err(crate::remote::RemoteError::NotLoggedIn) => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    anyhow::bail!("the review-plane client is not available in this build")
 }
 
 fn print_report(r: &PublishReport, args: &PublishArgs) {

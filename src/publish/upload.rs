@@ -79,6 +79,35 @@ impl Sink for NullSink {
     }
 }
 
+/// The review plane (`airlock login --server`): `POST /api/v1/events`.
+impl Sink for crate::remote::Client {
+    async fn post(&self, gz: Bytes, _items: usize) -> Result<Reply, SinkError> {
+        use crate::remote::RemoteError;
+        match self.post_events(gz).await {
+            Ok(r) => Ok(Reply {
+                concurrency: r.ingest_concurrency,
+                results: r
+                    .results
+                    .into_iter()
+                    .map(|i| ItemResult {
+                        index: i.index,
+                        status: i.status,
+                        code: i.code,
+                        error: i.error,
+                    })
+                    .collect(),
+            }),
+            Err(RemoteError::Retry { status, after, message, .. }) => {
+                Err(SinkError::Retry { status, after, message })
+            }
+            Err(e @ RemoteError::Unauthorized { .. }) => {
+                Err(SinkError::Unauthorized { message: e.to_string() })
+            }
+            Err(e) => Err(SinkError::Fatal { message: e.to_string() }),
+        }
+    }
+}
+
 /// Why a batch could not be delivered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UploadError {
