@@ -251,15 +251,15 @@ pub fn build(ctx: &LineCtx<'_>, line: &[u8]) -> Result<Built, LineError> {
     // The payload is the line's own text: it parsed as JSON, so it is valid UTF-8.
     let raw = std::str::from_utf8(line).map_err(|e| LineError::NotJson(e.to_string()))?;
     let raw = raw.trim_end_matches('\r');
-    let text = if head.len() + PAYLOAD.len() + raw.len() + 1 <= ITEM_MAX {
+    // `+ 1`: the closing brace.
+    let text = if head.len() + PAYLOAD.len() + raw.len() < ITEM_MAX {
         format!("{head}{PAYLOAD}{raw}}}")
     } else {
         let value: Value =
             serde_json::from_str(raw).map_err(|e| LineError::NotJson(e.to_string()))?;
         let elided_len = |el: &[Elided]| serde_json::to_string(el).map(|t| t.len()).unwrap_or(0);
         let fits = |p: &str, el: &[Elided]| {
-            head.len() + "\"elided\":,".len() + elided_len(el) + PAYLOAD.len() + p.len() + 1
-                <= ITEM_MAX
+            head.len() + "\"elided\":,".len() + elided_len(el) + PAYLOAD.len() + p.len() < ITEM_MAX
         };
         let (payload, el) = elide(value, &fits).ok_or(LineError::TooLarge)?;
         let el = serde_json::to_string(&el).map_err(|_| LineError::TooLarge)?;

@@ -483,16 +483,13 @@ impl<'a, S: Sink> Engine<'a, S> {
             codex_session: None,
         };
         if let Some(p) = prior.filter(|p| p.offset > 0) {
-            match resume_check(&file, &p, dev, inode, size) {
-                Some(window) => {
-                    reading.pos = p.offset;
-                    reading.window = window;
-                    reading.last_ts = p.last_ts.clone();
-                    reading.codex_session = p.codex_session.clone();
-                }
-                // Truncated or replaced: from the start; unchanged lines come back
-                // `duplicate`, changed ones `conflict` (reported as rewritten).
-                None => {}
+            // Truncated or replaced (no match): from the start; unchanged lines come back
+            // `duplicate`, changed ones `conflict` (reported as rewritten).
+            if let Some(window) = resume_check(&file, &p, dev, inode, size) {
+                reading.pos = p.offset;
+                reading.window = window;
+                reading.last_ts = p.last_ts.clone();
+                reading.codex_session = p.codex_session.clone();
             }
         }
         let info = FileInfo {

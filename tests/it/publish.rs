@@ -16,8 +16,10 @@ use crate::review_support::{PgDb, Server, StoreSel, all_events, user_with_token}
 use crate::support::{Run, World, bin};
 
 fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts").join(name))
-        .unwrap()
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts").join(name),
+    )
+    .unwrap()
 }
 
 fn airlock_stdin(world: &World, cwd: &Path, args: &[&str], stdin: &str) -> Run {
@@ -77,7 +79,8 @@ impl Plane {
         a.extend_from_slice(args);
         let run = self.publish(&a);
         assert_eq!(run.code(), 0, "stdout:\n{}\nstderr:\n{}", run.stdout(), run.stderr());
-        serde_json::from_str(run.stdout().trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout()))
+        serde_json::from_str(run.stdout().trim())
+            .unwrap_or_else(|e| panic!("{e}: {}", run.stdout()))
     }
 
     fn events(&self, query: &str) -> Vec<Value> {
@@ -85,11 +88,19 @@ impl Plane {
     }
 
     fn claude_projects(&self) -> PathBuf {
-        self.world.home.join(".airlock/agent/claude").join(&self.key).join(".claude/projects/-work-app")
+        self.world
+            .home
+            .join(".airlock/agent/claude")
+            .join(&self.key)
+            .join(".claude/projects/-work-app")
     }
 
     fn codex_sessions(&self) -> PathBuf {
-        self.world.home.join(".airlock/agent/codex").join(&self.key).join(".codex/sessions/2026/03/04")
+        self.world
+            .home
+            .join(".airlock/agent/codex")
+            .join(&self.key)
+            .join(".codex/sessions/2026/03/04")
     }
 
     fn write(&self, path: &Path, bytes: &[u8]) {
@@ -161,8 +172,10 @@ fn transcripts_round_trip(p: &Plane) {
     let mut want_codex = BTreeSet::new();
     let mut lines = 0u64;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts");
-    let mut names: Vec<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
     for name in &names {
         let bytes = fixture(name);
@@ -186,11 +199,18 @@ fn transcripts_round_trip(p: &Plane) {
     }
     assert_eq!(r["files"], names.len(), "{r}");
     assert_eq!(r["rejected"], 0, "{r}");
-    assert_eq!(r["created"].as_u64().unwrap() + r["duplicate"].as_u64().unwrap() + r["conflict"].as_u64().unwrap(), lines, "{r}");
+    assert_eq!(
+        r["created"].as_u64().unwrap()
+            + r["duplicate"].as_u64().unwrap()
+            + r["conflict"].as_u64().unwrap(),
+        lines,
+        "{r}"
+    );
     let claude = p.events("&source=claude");
     assert_eq!(ids(&claude), want_claude);
     // The subagent file's lines (isSidechain) are there, verbatim.
-    let sub_ids = claude_ids("-work-app/s-main/subagents/agent-1.jsonl", &fixture("claude-subagent.jsonl"));
+    let sub_ids =
+        claude_ids("-work-app/s-main/subagents/agent-1.jsonl", &fixture("claude-subagent.jsonl"));
     let sub = claude.iter().find(|e| e["id"] == sub_ids[0].as_str()).unwrap();
     assert_eq!(sub["payload"]["isSidechain"], true, "{sub}");
     let codex = p.events("&source=codex");
@@ -209,8 +229,10 @@ fn transcripts_round_trip(p: &Plane) {
     let r = p.publish_json(&[]);
     assert_eq!((r["files"].as_u64(), r["created"].as_u64()), (Some(1), Some(2)), "{r}");
     assert_eq!(p.events("&source=claude").len(), before + 2);
-    let want: BTreeSet<String> = claude_ids("-work-app/claude-truncated.jsonl", &bytes).into_iter().collect();
-    let got: BTreeSet<String> = ids(&p.events("&source=claude")).intersection(&want).cloned().collect();
+    let want: BTreeSet<String> =
+        claude_ids("-work-app/claude-truncated.jsonl", &bytes).into_iter().collect();
+    let got: BTreeSet<String> =
+        ids(&p.events("&source=claude")).intersection(&want).cloned().collect();
     assert_eq!(got, want);
 
     // Replaced: the last line rewritten at the same offset → conflict, reported, rejected.jsonl.
@@ -222,17 +244,31 @@ fn transcripts_round_trip(p: &Plane) {
     assert_eq!(run.code(), 0, "{}", run.stderr());
     let r: Value = serde_json::from_str(run.stdout().trim()).unwrap();
     assert_eq!(r["conflict"], 1, "{r}");
-    assert!(run.stderr().contains("rewritten transcript .claude/projects/-work-app/claude-truncated.jsonl"), "{}", run.stderr());
-    let rejected = std::fs::read_to_string(p.world.home.join(".airlock/publish/rejected.jsonl")).unwrap();
+    assert!(
+        run.stderr()
+            .contains("rewritten transcript .claude/projects/-work-app/claude-truncated.jsonl"),
+        "{}",
+        run.stderr()
+    );
+    let rejected =
+        std::fs::read_to_string(p.world.home.join(".airlock/publish/rejected.jsonl")).unwrap();
     let rj: Value = serde_json::from_str(rejected.lines().last().unwrap()).unwrap();
-    assert_eq!((rj["code"].as_u64(), rj["status"].as_str(), rj["source"].as_str()), (Some(409), Some("conflict"), Some("claude")), "{rj}");
+    assert_eq!(
+        (rj["code"].as_u64(), rj["status"].as_str(), rj["source"].as_str()),
+        (Some(409), Some("conflict"), Some("claude")),
+        "{rj}"
+    );
     assert!(rj["id"].as_str().unwrap().starts_with("-work-app/claude-truncated.jsonl:"), "{rj}");
 
     // Truncated to its first line: read again from 0, a duplicate.
     let first = bytes.split_inclusive(|b| *b == b'\n').next().unwrap().to_vec();
     std::fs::write(&trunc, &first).unwrap();
     let r = p.publish_json(&[]);
-    assert_eq!((r["created"].as_u64(), r["duplicate"].as_u64(), r["conflict"].as_u64()), (Some(0), Some(1), Some(0)), "{r}");
+    assert_eq!(
+        (r["created"].as_u64(), r["duplicate"].as_u64(), r["conflict"].as_u64()),
+        (Some(0), Some(1), Some(0)),
+        "{r}"
+    );
 }
 
 #[test]
@@ -260,14 +296,23 @@ fn a_real_sessions_audit_lines_and_records_are_published_and_counted() {
         return;
     }
     let p = Plane::embedded();
-    p.world.write(p.world.home.join(".airlock/config.toml"), "[network]\nallow = [\"example.test\"]\n");
+    p.world.write(
+        p.world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n",
+    );
     let h = Harness::start(&p.world, Options::default());
     for _ in 0..2 {
         let run = p
             .world
             .airlock(&p.repo)
             .env("AIRLOCK_SOCKET", h.socket())
-            .args(["exec", "--", "sh", "-c", "curl -s -o /dev/null -m 5 http://denied.test/; echo done"])
+            .args([
+                "exec",
+                "--",
+                "sh",
+                "-c",
+                "curl -s -o /dev/null -m 5 http://denied.test/; echo done",
+            ])
             .run();
         assert_eq!(run.code(), 0, "{}\n{}\n{}", run.stdout(), run.stderr(), h.log());
     }
@@ -295,7 +340,10 @@ fn a_real_sessions_audit_lines_and_records_are_published_and_counted() {
     let egress = p.events("&source=egress");
     assert_eq!(egress.len(), audit.len(), "{r}");
     assert_eq!(ids(&egress), audit.iter().map(|a| a["id"].as_str().unwrap().to_owned()).collect());
-    assert!(egress.iter().all(|e| e["type"] == "denied" || e["type"] == "http" || e["type"] == "dns"), "{egress:#?}");
+    assert!(
+        egress.iter().all(|e| e["type"] == "denied" || e["type"] == "http" || e["type"] == "dns"),
+        "{egress:#?}"
+    );
     let sessions = p.events("&source=session");
     let tf: Vec<&Value> = sessions.iter().filter(|e| e["type"] == "transcript.file").collect();
     assert_eq!(tf.len(), 1, "{sessions:#?}");
@@ -326,7 +374,10 @@ fn a_symlink_planted_in_an_agent_home_is_never_followed() {
     let p = Plane::embedded();
     let secret = p.world.tmp.path().join("outside/secret.jsonl");
     let marker = "SECRET-7f3a9c-never-published";
-    p.write(&secret, format!("{{\"type\":\"user\",\"uuid\":\"s1\",\"message\":\"{marker}\"}}\n").as_bytes());
+    p.write(
+        &secret,
+        format!("{{\"type\":\"user\",\"uuid\":\"s1\",\"message\":\"{marker}\"}}\n").as_bytes(),
+    );
     let proj = p.claude_projects();
     p.write(&proj.join("real.jsonl"), &fixture("claude-happy-path.jsonl"));
     std::os::unix::fs::symlink(&secret, proj.join("evil.jsonl")).unwrap();
@@ -337,9 +388,13 @@ fn a_symlink_planted_in_an_agent_home_is_never_followed() {
     let run = p.publish(&[]);
     assert_eq!(run.code(), 0, "{}", run.stderr());
     assert!(run.stderr().contains("evil.jsonl: a symlink, never followed"), "{}", run.stderr());
-    assert!(run.stderr().contains("rollout-evil.jsonl: a symlink, never followed"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("rollout-evil.jsonl: a symlink, never followed"),
+        "{}",
+        run.stderr()
+    );
     let all = p.events("");
-    assert!(!all.is_empty());
+    assert!(!all.is_empty(), "{}", run.stderr());
     let dump = serde_json::to_string(&all).unwrap();
     assert!(!dump.contains(marker), "the symlink's target reached the server");
     assert!(!dump.contains("\"s1\""));
@@ -379,13 +434,22 @@ fn refused_lines_and_items_are_kept_in_rejected_jsonl() {
     let good = r#"{"ts":"2026-07-24T18:03:12.905Z","repo":"app","host":"h","method":"CONNECT","allowed":false,"id":"e-1","session":"s","boot":"b","seq":1,"reason":"not_allowed"}"#;
     // Not JSON: refused before sending. A NUL in `id`: refused by the server (400).
     let nul = r#"{"ts":"2026-07-24T18:03:12.905Z","repo":"app","host":"h","method":"CONNECT","allowed":false,"id":"e-\u0000","session":"s","boot":"b","seq":2,"reason":"not_allowed"}"#;
-    std::fs::write(dir.join("audit-2026-07-24.jsonl"), format!("{good}\n{{\"id\": broken\n{nul}\n")).unwrap();
+    std::fs::write(
+        dir.join("audit-2026-07-24.jsonl"),
+        format!("{good}\n{{\"id\": broken\n{nul}\n"),
+    )
+    .unwrap();
     let r = p.publish_json(&[]);
     assert_eq!((r["created"].as_u64(), r["rejected"].as_u64()), (Some(1), Some(2)), "{r}");
-    let rejected = std::fs::read_to_string(p.world.home.join(".airlock/publish/rejected.jsonl")).unwrap();
+    let rejected =
+        std::fs::read_to_string(p.world.home.join(".airlock/publish/rejected.jsonl")).unwrap();
     let rows: Vec<Value> = rejected.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 2, "{rejected}");
-    assert_eq!((rows[0]["code"].as_u64(), rows[0]["status"].as_str()), (Some(0), Some("refused")), "{rejected}");
+    assert_eq!(
+        (rows[0]["code"].as_u64(), rows[0]["status"].as_str()),
+        (Some(0), Some("refused")),
+        "{rejected}"
+    );
     assert_eq!(rows[1]["code"], 400, "{rejected}");
     for row in &rows {
         for k in ["ts", "file", "offset", "id", "source", "code", "status", "error"] {
