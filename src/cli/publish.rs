@@ -3,6 +3,7 @@
 //! bar on a terminal, a one-line summary otherwise, or the `--json` object). The work is
 //! [`crate::publish`]; docs/publish.md is the user's reference.
 
+use std::cell::OnceCell;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -106,20 +107,16 @@ pub fn run(args: &PublishArgs, ctx: &Context<'_>) -> i32 {
         // A dry run reads and counts only: no login, no network.
         publish::publish(&paths, &publish::NullSink, &opts)
     } else {
-        match client(&paths) {
-            Ok(Some(client)) => publish::publish(&paths, &client, &opts),
-            Ok(None) => {
-                eprintln!(
-                    "airlock: not logged in to a review server; run `airlock login --server URL` \
-                     first (see docs/publish.md)"
-                );
-                return NOT_LOGGED_IN;
-            }
-            Err(e) => {
-                eprintln!("airlock: {e}");
-                return 1;
-            }
+        if !publish::state::server_login(&paths.airlock_dir()) {
+            eprintln!(
+                "airlock: not logged in to a review server; run `airlock login --server URL` \
+                 first (see docs/publish.md)"
+            );
+            return NOT_LOGGED_IN;
         }
+        // Built at the first upload: a run where nothing changed makes no connection and
+        // loads no TLS roots.
+        publish::publish(&paths, &LazyClient { paths: &paths, client: OnceCell::new() }, &opts)
     };
     match result {
         Ok(report) => {
@@ -137,12 +134,27 @@ pub fn run(args: &PublishArgs, ctx: &Context<'_>) -> i32 {
     }
 }
 
-/// The review-plane client of `airlock login --server`; `None` without a login.
-fn client(paths: &Paths) -> anyhow::Result<Option<crate::remote::Client>> {
-    match crate::remote::Client::from_login(paths) {
-        Ok(c) => Ok(Some(c)),
-        Err(crate::remote::RemoteError::NotLoggedIn) => Ok(None),
-        Err(e) => Err(e.into()),
+/// The review-plane client of `airlock login --server`, made when first needed.
+struct LazyClient<'a> {
+    paths: &'a Paths,
+    client: OnceCell<crate::remote::Client>,
+}
+
+impl publish::Sink for LazyClient<'_> {
+    async fn post(
+        &self,
+        gz: bytes::Bytes,
+        items: usize,
+    ) -> Result<publish::Reply, publish::SinkError> {
+        let client = match self.client.get() {
+            Some(c) => c,
+            None => {
+                let c = crate::remote::Client::from_login(self.paths)
+                    .map_err(|e| publish::SinkError::Fatal { message: e.to_string() })?;
+                self.client.get_or_init(|| c)
+            }
+        };
+        client.post(gz, items).await
     }
 }
 

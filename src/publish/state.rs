@@ -182,6 +182,17 @@ pub fn logged_in(airlock_dir: &Path) -> bool {
     toml::from_str::<toml::Table>(&text).is_ok_and(|t| t.contains_key("server"))
 }
 
+/// Whether `airlock login --server` left both a server in the identity and a token file
+/// (what the review-plane client needs). Reads neither the token's bytes nor the network.
+pub fn server_login(airlock_dir: &Path) -> bool {
+    let token = std::fs::symlink_metadata(airlock_dir.join("token")).is_ok();
+    let server = std::fs::read_to_string(airlock_dir.join("identity.toml"))
+        .ok()
+        .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
+        .is_some_and(|t| t.get("server").is_some_and(|s| s.is_str()));
+    token && server
+}
+
 /// How far the dated files of the log directory `log_dir` are published, from `state.json`:
 /// the latest UTC date D such that every `audit-<date>` and `sessions-<date>` file with date
 /// ≤ D is published to its end. `None`: nothing is; the caller then keeps every file.
