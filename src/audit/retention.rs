@@ -277,4 +277,32 @@ mod tests {
         assert_eq!(r.deleted, vec![d.join("audit-2026-01-05.jsonl")]);
         assert_eq!(published_through(d), PublishedThrough::Everything);
     }
+
+    #[test]
+    fn with_a_server_login_only_published_days_go() {
+        let tmp = tempfile::tempdir().unwrap();
+        let air = tmp.path().join(".airlock");
+        let dir = air.join("logs/r");
+        std::fs::create_dir_all(&dir).unwrap();
+        touch(&dir, "audit-2026-01-01.jsonl");
+        touch(&dir, "audit-2026-01-02.jsonl");
+        assert_eq!(published_through(&dir), PublishedThrough::Everything);
+        std::fs::write(
+            air.join("identity.toml"),
+            "email = \"a@b\"\nuser_id = \"u\"\nserver = \"https://r.test:8443\"\n",
+        )
+        .unwrap();
+        assert_eq!(published_through(&dir), PublishedThrough::Through("0000-00-00".into()));
+        let mut st = crate::publish::state::State::default();
+        st.files.insert(
+            dir.join("audit-2026-01-01.jsonl").to_string_lossy().into_owned(),
+            crate::publish::state::FileState { offset: 3, ..Default::default() },
+        );
+        st.save(&air).unwrap();
+        assert_eq!(published_through(&dir), PublishedThrough::Through("2026-01-01".into()));
+        let r = apply(&dir, Duration::from_secs(DAY), at("2026-02-01"), &published_through(&dir))
+            .unwrap();
+        assert_eq!(r.deleted, [dir.join("audit-2026-01-01.jsonl")]);
+        assert_eq!(r.held, 1);
+    }
 }

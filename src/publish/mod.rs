@@ -187,7 +187,7 @@ pub async fn publish_async<S: Sink>(
         progress: None,
     };
     if todo.is_empty() {
-        engine.warn_cleanup(&disc.claude_homes, &disc.files, &[]);
+        engine.warn_cleanup(&disc.claude_homes, &disc.files);
         return Ok(engine.report);
     }
     if opts.progress && !opts.dry_run {
@@ -240,8 +240,7 @@ pub async fn publish_async<S: Sink>(
         Err(Stop::Deadline) => engine.report.incomplete = true,
         Err(Stop::Error(e)) => return Err(e),
     }
-    let unsent: Vec<PathBuf> = todo.iter().map(|f| f.abs.clone()).collect();
-    engine.warn_cleanup(&disc.claude_homes, &disc.files, &unsent);
+    engine.warn_cleanup(&disc.claude_homes, &disc.files);
     Ok(engine.report)
 }
 
@@ -823,7 +822,7 @@ impl<'a, S: Sink> Engine<'a, S> {
 
     /// Warns when Claude Code's `cleanupPeriodDays` would delete transcripts before they are
     /// published.
-    fn warn_cleanup(&mut self, homes: &[PathBuf], files: &[SourceFile], unsent: &[PathBuf]) {
+    fn warn_cleanup(&mut self, homes: &[PathBuf], files: &[SourceFile]) {
         let now = SystemTime::now();
         for home in homes {
             let days = cleanup_days(home);
@@ -840,12 +839,15 @@ impl<'a, S: Sink> Engine<'a, S> {
             let limit = Duration::from_secs_f64((days - 1.0) * 86_400.0);
             let at_risk =
                 files.iter().filter(|f| f.kind == Kind::Claude && f.root == *home).any(|f| {
-                    let published = !unsent.contains(&f.abs)
-                        && self.state.files.get(&key(&f.abs)).is_some_and(|s| s.same_stat(&f.st));
+                    // As the state now stands: read to its end at the size discovery saw.
+                    let published = self
+                        .state
+                        .files
+                        .get(&key(&f.abs))
+                        .is_some_and(|s| s.same_stat(&f.st) && (s.offset == s.size || s.done));
                     let mtime = SystemTime::UNIX_EPOCH
                         + Duration::from_secs(u64::try_from(f.st.st_mtime).unwrap_or(0));
-                    let unpublished = !published || self.opts.dry_run || self.report.incomplete;
-                    unpublished && now.duration_since(mtime).is_ok_and(|age| age >= limit)
+                    !published && now.duration_since(mtime).is_ok_and(|age| age >= limit)
                 });
             if at_risk {
                 self.report.warnings.push(format!(
@@ -1226,5 +1228,38 @@ mod tests {
         );
         let r = publish(&t.paths, &sink, &opts()).unwrap();
         assert_eq!(r.items, 1);
+    }
+
+    #[test]
+    fn cleanup_period_warnings() {
+        let t = world();
+        let home = t.proj.parent().unwrap().parent().unwrap().parent().unwrap().to_owned();
+        fs::write(home.join(".claude/settings.json"), "{\"cleanupPeriodDays\": 1}").unwrap();
+        append(&t.proj.join("s.jsonl"), "{\"type\":\"summary\"}\n");
+        let r = publish(&t.paths, &Mem::default(), &opts()).unwrap();
+        assert!(r.warnings.iter().any(|w| w.contains("cleanupPeriodDays is 1")), "{r:?}");
+        // Default 30: an unpublished transcript 40 days old is at risk.
+        fs::remove_file(home.join(".claude/settings.json")).unwrap();
+        let old = t.proj.join("old.jsonl");
+        append(&old, "{\"type\":\"summary\"}\n");
+        let f = fs::File::options().write(true).open(&old).unwrap();
+        f.set_modified(SystemTime::now() - Duration::from_secs(40 * 86_400)).unwrap();
+        let mut o = opts();
+        o.dry_run = true;
+        let r = publish(&t.paths, &Mem::default(), &o).unwrap();
+        assert!(r.warnings.iter().any(|w| w.contains("older than cleanupPeriodDays")), "{r:?}");
+        let r = publish(&t.paths, &Mem::default(), &opts()).unwrap();
+        assert!(r.warnings.is_empty(), "published now: {r:?}");
+    }
+
+    #[test]
+    fn a_file_over_the_cap_is_reported_and_skipped_unread() {
+        let t = world();
+        let big = t.proj.join("big.jsonl");
+        fs::File::create(&big).unwrap().set_len(sources::FILE_CAP + 1).unwrap();
+        let sink = Mem::default();
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert!(r.skipped.iter().any(|s| s.contains("big.jsonl: larger than")), "{r:?}");
+        assert_eq!((r.files, r.bytes, *sink.posts.lock().unwrap()), (0, 0, 0));
     }
 }
