@@ -31,6 +31,7 @@ pub mod paths;
 pub mod policy;
 pub mod protocol;
 pub mod proxy;
+pub mod publish;
 pub mod remote;
 pub mod repo;
 pub mod review;

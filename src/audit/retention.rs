@@ -21,12 +21,24 @@ pub enum PublishedThrough {
     Through(String),
 }
 
-/// The seam for `[publish]` (a later issue): how far the log directory `dir` has been
-/// published. Without a `[publish]` section nothing waits for publication, so this answers
-/// [`PublishedThrough::Everything`]; once publishing exists, it must answer from the
-/// publisher's own progress record, and retention then never deletes an unpublished line.
-pub fn published_through(_dir: &Path) -> PublishedThrough {
-    PublishedThrough::Everything
+/// How far the log directory `dir` (`~/.airlock/logs/<name>/`) has been published, from the
+/// publisher's progress record (`~/.airlock/publish/state.json`, [`crate::publish::state`]):
+/// without a review-plane login nothing waits for publication ([`PublishedThrough::Everything`]);
+/// with one, the latest UTC date whose files (and every earlier one) are published to their
+/// end, so retention never deletes an unpublished line. Reads no token.
+pub fn published_through(dir: &Path) -> PublishedThrough {
+    // `~/.airlock/logs/<name>` → `~/.airlock`.
+    let Some(airlock_dir) = dir.parent().and_then(Path::parent) else {
+        return PublishedThrough::Everything;
+    };
+    if !crate::publish::state::logged_in(airlock_dir) {
+        return PublishedThrough::Everything;
+    }
+    match crate::publish::state::published_through_date(airlock_dir, dir) {
+        Some(date) => PublishedThrough::Through(date),
+        // Nothing published yet: every dated file is later than this.
+        None => PublishedThrough::Through("0000-00-00".into()),
+    }
 }
 
 /// `keep` as written: a whole number followed by `d` (days) or `h` (hours), at least `1h`.
@@ -264,5 +276,33 @@ mod tests {
         let r = apply(d, keep, now, &PublishedThrough::Through("2026-01-06".into())).unwrap();
         assert_eq!(r.deleted, vec![d.join("audit-2026-01-05.jsonl")]);
         assert_eq!(published_through(d), PublishedThrough::Everything);
+    }
+
+    #[test]
+    fn with_a_server_login_only_published_days_go() {
+        let tmp = tempfile::tempdir().unwrap();
+        let air = tmp.path().join(".airlock");
+        let dir = air.join("logs/r");
+        std::fs::create_dir_all(&dir).unwrap();
+        touch(&dir, "audit-2026-01-01.jsonl");
+        touch(&dir, "audit-2026-01-02.jsonl");
+        assert_eq!(published_through(&dir), PublishedThrough::Everything);
+        std::fs::write(
+            air.join("identity.toml"),
+            "email = \"a@b\"\nuser_id = \"u\"\nserver = \"https://r.test:8443\"\n",
+        )
+        .unwrap();
+        assert_eq!(published_through(&dir), PublishedThrough::Through("0000-00-00".into()));
+        let mut st = crate::publish::state::State::default();
+        st.files.insert(
+            dir.join("audit-2026-01-01.jsonl").to_string_lossy().into_owned(),
+            crate::publish::state::FileState { offset: 3, ..Default::default() },
+        );
+        st.save(&air).unwrap();
+        assert_eq!(published_through(&dir), PublishedThrough::Through("2026-01-01".into()));
+        let r = apply(&dir, Duration::from_secs(DAY), at("2026-02-01"), &published_through(&dir))
+            .unwrap();
+        assert_eq!(r.deleted, [dir.join("audit-2026-01-01.jsonl")]);
+        assert_eq!(r.held, 1);
     }
 }

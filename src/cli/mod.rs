@@ -10,6 +10,7 @@ pub mod policy;
 pub mod policy_edit;
 pub mod policy_init;
 pub mod policy_resolve;
+pub mod publish;
 pub mod quarantine;
 pub mod run;
 
@@ -91,6 +92,8 @@ pub enum Command {
     /// List, show and restore what the end of a session took out of the repo
     #[command(subcommand)]
     Quarantine(quarantine::QuarantineCommand),
+    /// Upload the repo's audit lines, session records and agent transcripts to the review server
+    Publish(publish::PublishArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -144,5 +147,6 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Run(args) => run::run(args, ctx),
         Command::Agent(cmd) => agent::run(&cmd, ctx),
         Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
+        Command::Publish(args) => publish::run(&args, ctx),
     }
 }

@@ -28,6 +28,7 @@ mod proxy_host_addrs;
 mod proxy_malformed;
 #[cfg(feature = "test-hooks")]
 mod proxy_support;
+mod publish;
 mod remote_login;
 mod review;
 #[cfg(feature = "test-hooks")]

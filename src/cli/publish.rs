@@ -1,0 +1,225 @@
+//! `airlock publish [--repo DIR | --all] [--since DUR|TIME] [--dry-run] [--json]`: the
+//! arguments, the review-plane client from `airlock login --server`, and the output (a progress
+//! bar on a terminal, a one-line summary otherwise, or the `--json` object). The work is
+//! [`crate::publish`]; docs/publish.md is the user's reference.
+
+use std::cell::OnceCell;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use clap::Args;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::paths::Paths;
+use crate::publish::{self, PublishError, PublishOptions, PublishReport, Scope};
+
+use super::Context;
+
+/// Exit status when no review-plane login exists (nothing to publish to).
+pub const NOT_LOGGED_IN: i32 = 125;
+
+#[derive(Debug, Clone, Args)]
+pub struct PublishArgs {
+    /// The repo directory (default: the git top level of the working directory, else the
+    /// working directory)
+    #[arg(long, value_name = "DIR", conflicts_with = "all")]
+    pub repo: Option<PathBuf>,
+    /// Every repo's logs and every agent home's transcripts
+    #[arg(long)]
+    pub all: bool,
+    /// Only lines whose ts is at or after a duration ago (`2h`, `1day`) or a time (RFC 3339,
+    /// or a UTC date); a one-off view that does not advance the publish state
+    #[arg(long, value_name = "DURATION|TIME", value_parser = parse_since)]
+    pub since: Option<SinceArg>,
+    /// Show per file what would be sent; send nothing, record nothing (no login needed)
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print one JSON object: {"created","duplicate","conflict","rejected","files","bytes",…}
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--since`, resolved when the command runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinceArg {
+    Ago(std::time::Duration),
+    At(OffsetDateTime),
+}
+
+fn parse_since(s: &str) -> Result<SinceArg, String> {
+    if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
+        return Ok(SinceArg::At(t));
+    }
+    let date_fmt = time::macros::format_description!("[year]-[month]-[day]");
+    if let Ok(d) = time::Date::parse(s, date_fmt) {
+        return Ok(SinceArg::At(d.midnight().assume_utc()));
+    }
+    humantime::parse_duration(s).map(SinceArg::Ago).map_err(|_| {
+        format!(
+            "{s:?} is neither a duration (like 2h, 30m, 1day) nor a time (RFC 3339 like \
+             2026-07-24T18:00:00Z, or a date like 2026-07-24)"
+        )
+    })
+}
+
+impl SinceArg {
+    fn cutoff(self, now: SystemTime) -> OffsetDateTime {
+        match self {
+            Self::Ago(d) => {
+                OffsetDateTime::from(now.checked_sub(d).unwrap_or(SystemTime::UNIX_EPOCH))
+            }
+            Self::At(t) => t,
+        }
+    }
+}
+
+/// Runs `airlock publish`; returns the exit code.
+pub fn run(args: &PublishArgs, ctx: &Context<'_>) -> i32 {
+    let paths = match Paths::from_env(ctx.env) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            return 1;
+        }
+    };
+    let scope = if args.all {
+        Scope::All
+    } else {
+        let dir = args.repo.clone().map(|d| if d.is_absolute() { d } else { ctx.cwd.join(d) });
+        match crate::repo::Repo::resolve(dir.as_deref(), &ctx.cwd) {
+            Ok(repo) => Scope::Repo(repo.path),
+            Err(e) => {
+                eprintln!("airlock: {e}");
+                return 1;
+            }
+        }
+    };
+    let opts = PublishOptions {
+        scope,
+        since: args.since.map(|s| s.cutoff(SystemTime::now())),
+        dry_run: args.dry_run,
+        deadline: None,
+        progress: !args.json && std::io::stderr().is_terminal(),
+    };
+    let result = if args.dry_run {
+        // A dry run reads and counts only: no login, no network.
+        publish::publish(&paths, &publish::NullSink, &opts)
+    } else {
+        if !publish::state::server_login(&paths.airlock_dir()) {
+            eprintln!(
+                "airlock: not logged in to a review server; run `airlock login --server URL` \
+                 first (see docs/publish.md)"
+            );
+            return NOT_LOGGED_IN;
+        }
+        // Built at the first upload: a run where nothing changed makes no connection and
+        // loads no TLS roots.
+        publish::publish(&paths, &LazyClient { paths: &paths, client: OnceCell::new() }, &opts)
+    };
+    match result {
+        Ok(report) => {
+            print_report(&report, args);
+            0
+        }
+        Err(e @ PublishError::Unauthorized(_)) => {
+            eprintln!("airlock: {e}");
+            1
+        }
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            1
+        }
+    }
+}
+
+/// The review-plane client of `airlock login --server`, made when first needed.
+struct LazyClient<'a> {
+    paths: &'a Paths,
+    client: OnceCell<crate::remote::Client>,
+}
+
+impl publish::Sink for LazyClient<'_> {
+    async fn post(
+        &self,
+        gz: bytes::Bytes,
+        items: usize,
+    ) -> Result<publish::Reply, publish::SinkError> {
+        let client = match self.client.get() {
+            Some(c) => c,
+            None => {
+                let c = crate::remote::Client::from_login(self.paths)
+                    .map_err(|e| publish::SinkError::Fatal { message: e.to_string() })?;
+                self.client.get_or_init(|| c)
+            }
+        };
+        client.post(gz, items).await
+    }
+}
+
+fn print_report(r: &PublishReport, args: &PublishArgs) {
+    let mut err = std::io::stderr().lock();
+    for s in &r.skipped {
+        let _ = writeln!(err, "airlock publish: skipped {s}");
+    }
+    for f in &r.rewritten {
+        let _ = writeln!(
+            err,
+            "airlock publish: rewritten transcript {f}: its changed lines are stored as \
+             conflicts (see ~/.airlock/publish/rejected.jsonl)"
+        );
+    }
+    for w in &r.warnings {
+        let _ = writeln!(err, "airlock publish: warning: {w}");
+    }
+    if r.incomplete {
+        let _ = writeln!(
+            err,
+            "airlock publish: stopped at the deadline; the rest goes with the next publish"
+        );
+    }
+    drop(err);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let v = serde_json::to_value(r).unwrap_or_default();
+        let _ = writeln!(out, "{v}");
+        return;
+    }
+    if args.dry_run {
+        for f in &r.would_send {
+            let _ = writeln!(out, "{}\t{} lines\t{} bytes", f.file, f.lines, f.bytes);
+        }
+        let _ = writeln!(
+            out,
+            "dry run: would send {} items from {} files; nothing sent",
+            r.items, r.files
+        );
+        return;
+    }
+    let mut line = format!(
+        "published {} files ({} bytes): {} created, {} duplicate, {} conflict, {} rejected",
+        r.files, r.bytes, r.created, r.duplicate, r.conflict, r.rejected
+    );
+    if r.unchanged > 0 {
+        line.push_str(&format!("; {} unchanged", r.unchanged));
+    }
+    if r.conflict + r.rejected > 0 {
+        line.push_str("; see ~/.airlock/publish/rejected.jsonl");
+    }
+    let _ = writeln!(out, "{line}");
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_accepts_durations_times_and_dates() {
+        assert!(matches!(parse_since("2h"), Ok(SinceArg::Ago(_))));
+        assert!(matches!(parse_since("2026-07-24"), Ok(SinceArg::At(_))));
+        assert!(matches!(parse_since("2026-07-24T18:00:00Z"), Ok(SinceArg::At(_))));
+        assert!(parse_since("yesterday-ish").is_err());
+    }
+}
