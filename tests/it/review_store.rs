@@ -24,6 +24,9 @@ fn ev(source: Source, id: &str, session: Option<&str>, seq: Option<i64>) -> NewE
         payload: format!(
             r#"{{"id":"{id}","big":12345678901234567890123,"user_id":"not-compared"}}"#
         ),
+        airlock_session: None,
+        file: None,
+        offset: None,
     }
 }
 
