@@ -2,7 +2,9 @@
 //! service for airlockd — systemd user units enabled with `systemctl --user`, or a per-user
 //! LaunchAgent bootstrapped with `launchctl bootstrap gui/$UID` — plus the man pages and the
 //! bash, zsh and fish completions of both binaries, printing every file it writes and every
-//! command it runs. `--dry-run` prints the same and touches nothing.
+//! command it runs. `--dry-run` prints the same and touches nothing. With `--review` it also
+//! installs (or removes) a personal review plane: user units `airlock-review.socket` (listening
+//! on 127.0.0.44:8443) and `airlock-review.service` (`airlockd review`, embedded store).
 //!
 //! Install is all or nothing: it first checks that the service manager answers, then writes
 //! every file, then runs the manager's commands; if anything fails after the first write, every
@@ -21,6 +23,14 @@ use super::Context;
 pub const SYSTEMD_SOCKET: &str = include_str!("../../service/systemd/airlock.socket");
 pub const SYSTEMD_SERVICE: &str = include_str!("../../service/systemd/airlock.service");
 /// The fleet LaunchAgent and the per-user template.
+/// The personal review plane's user units (`--review`).
+pub const SYSTEMD_REVIEW_SOCKET: &str =
+    include_str!("../../service/systemd/user/airlock-review.socket");
+pub const SYSTEMD_REVIEW_SERVICE: &str =
+    include_str!("../../service/systemd/user/airlock-review.service");
+/// Where the personal review plane listens: its own loopback address, because the sandbox is
+/// refused every port of the identity's server host, and that must not be 127.0.0.1.
+pub const PERSONAL_REVIEW_URL: &str = "http://127.0.0.44:8443";
 pub const LAUNCHD_FLEET: &str = include_str!("../../service/launchd/dev.airlock.airlockd.plist");
 pub const LAUNCHD_USER_TEMPLATE: &str =
     include_str!("../../service/launchd/dev.airlock.airlockd.user.plist.in");
@@ -45,6 +55,10 @@ pub struct ServiceArgs {
     /// The service manager (default: launchd on macOS, systemd elsewhere).
     #[arg(long, value_enum)]
     pub manager: Option<Manager>,
+    /// Also a personal review plane: `airlock-review.socket` on 127.0.0.44:8443 and
+    /// `airlock-review.service` (`airlockd review` with the embedded store; systemd only).
+    #[arg(long)]
+    pub review: bool,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -82,6 +96,46 @@ pub fn render_systemd(airlockd: &Path) -> (String, String) {
         .join("\n")
         + "\n";
     (SYSTEMD_SOCKET.to_owned(), service)
+}
+
+/// Renders the personal review plane's user units: `ExecStart=` runs `airlockd` with the store
+/// in `data_dir` (the shipped unit names `%h/.cargo/bin/airlockd` and `%h/.local/share`).
+pub fn render_systemd_review(airlockd: &Path, data_dir: &Path) -> (String, String) {
+    let service = SYSTEMD_REVIEW_SERVICE
+        .lines()
+        .map(|l| {
+            if l.starts_with("ExecStart=") {
+                format!(
+                    "ExecStart={} review --data-dir {}",
+                    systemd_quote(&airlockd.display().to_string()),
+                    systemd_quote(&data_dir.display().to_string())
+                )
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    (SYSTEMD_REVIEW_SOCKET.to_owned(), service)
+}
+
+/// A word of a unit's command line (systemd.service(5), "Command lines"): quoted when it holds
+/// a space, quote or backslash, and `%` doubled so no specifier is expanded; `$` doubled so no
+/// variable is.
+fn systemd_quote(word: &str) -> String {
+    let escaped = word.replace('%', "%%").replace('$', "$$");
+    if escaped.chars().any(|c| c.is_whitespace() || "\"'\\".contains(c)) {
+        format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\""))
+    } else {
+        escaped
+    }
+}
+
+/// The personal review plane's store: `$XDG_DATA_HOME/airlock/review`, where `airlockd review
+/// init` puts it by default.
+pub fn personal_review_dir(ctx: &Context<'_>, paths: &Paths) -> PathBuf {
+    data_home(ctx, paths).join("airlock/review")
 }
 
 /// Fills the per-user LaunchAgent template: the `@AIRLOCKD@`, `@SOCKET@` and `@LOG@` strings
@@ -212,13 +266,59 @@ fn launch_agent_path(paths: &Paths) -> PathBuf {
     paths.home().join("Library/LaunchAgents").join(format!("{LAUNCHD_LABEL}.plist"))
 }
 
-fn plan_install(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Result<Plan, String> {
+fn plan_install(
+    manager: Manager,
+    review: bool,
+    ctx: &Context<'_>,
+    paths: &Paths,
+) -> Result<Plan, String> {
     let airlockd = client::find_daemon()
         .ok_or("airlockd was found neither next to airlock nor on PATH; install it first")?;
     let airlockd = std::fs::canonicalize(&airlockd).unwrap_or(airlockd);
     let mut plan = plan_service(manager, ctx, paths, &airlockd)?;
+    if review {
+        let (files, commands) = plan_review_install(manager, ctx, paths, &airlockd)?;
+        plan.files.extend(files);
+        plan.commands.extend(commands);
+    }
     plan.files.extend(doc_files(ctx, paths)?);
     Ok(plan)
+}
+
+/// `--review`: the personal review plane's units and the command that enables its socket.
+fn plan_review_install(
+    manager: Manager,
+    ctx: &Context<'_>,
+    paths: &Paths,
+    airlockd: &Path,
+) -> Result<(Vec<Planned>, Vec<Vec<String>>), String> {
+    if manager != Manager::Systemd {
+        return Err(review_needs_systemd());
+    }
+    let dir = systemd_user_dir(ctx, paths);
+    let (socket, service) = render_systemd_review(airlockd, &personal_review_dir(ctx, paths));
+    Ok((
+        vec![
+            Planned {
+                path: dir.join("airlock-review.socket"),
+                contents: socket,
+                ..Planned::default()
+            },
+            Planned {
+                path: dir.join("airlock-review.service"),
+                contents: service,
+                ..Planned::default()
+            },
+        ],
+        vec![svec(&["systemctl", "--user", "enable", "--now", "airlock-review.socket"])],
+    ))
+}
+
+fn review_needs_systemd() -> String {
+    "--review installs systemd user units; with launchd, run `airlockd review --listen \
+     127.0.0.1:8443` yourself (macOS has no 127.0.0.44 on lo0 unless you add it with \
+     `sudo ifconfig lo0 alias 127.0.0.44`)"
+        .to_owned()
 }
 
 fn plan_service(
@@ -269,7 +369,31 @@ fn plan_service(
 
 /// The service files `uninstall` removes and `status` reports (the man pages and completions
 /// are added by `uninstall` itself).
-fn plan_uninstall(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Plan {
+fn plan_uninstall(manager: Manager, review: bool, ctx: &Context<'_>, paths: &Paths) -> Plan {
+    let mut plan = plan_uninstall_daemon(manager, ctx, paths);
+    if review && manager == Manager::Systemd {
+        let dir = systemd_user_dir(ctx, paths);
+        plan.files.extend([
+            Planned { path: dir.join("airlock-review.socket"), ..Planned::default() },
+            Planned { path: dir.join("airlock-review.service"), ..Planned::default() },
+        ]);
+        // Disable first: the daemon-reload that follows then forgets the review units too.
+        plan.commands.insert(
+            0,
+            svec(&[
+                "systemctl",
+                "--user",
+                "disable",
+                "--now",
+                "airlock-review.socket",
+                "airlock-review.service",
+            ]),
+        );
+    }
+    plan
+}
+
+fn plan_uninstall_daemon(manager: Manager, ctx: &Context<'_>, paths: &Paths) -> Plan {
     match manager {
         Manager::Systemd => {
             let dir = systemd_user_dir(ctx, paths);
@@ -447,7 +571,7 @@ pub fn run(cmd: &ServiceCommand, ctx: &Context<'_>) -> i32 {
 
 fn install(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
     let manager = a.manager.unwrap_or_else(Manager::native);
-    let plan = match plan_install(manager, ctx, paths) {
+    let plan = match plan_install(manager, a.review, ctx, paths) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("airlock: {e}");
@@ -487,6 +611,14 @@ fn install(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
             return undo_install(written, manager);
         }
     }
+    if a.review {
+        println!(
+            "# next: create the review store and log in with the token it prints:\n#   airlockd \
+             review init --data-dir {} --admin YOU@EXAMPLE.COM | airlock login --server \
+             {PERSONAL_REVIEW_URL} --token-stdin",
+            personal_review_dir(ctx, paths).display()
+        );
+    }
     0
 }
 
@@ -514,7 +646,11 @@ fn undo_install(written: Written, manager: Manager) -> i32 {
 
 fn uninstall(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
     let manager = a.manager.unwrap_or_else(Manager::native);
-    let mut plan = plan_uninstall(manager, ctx, paths);
+    if a.review && manager != Manager::Systemd {
+        eprintln!("airlock: {}", review_needs_systemd());
+        return 125;
+    }
+    let mut plan = plan_uninstall(manager, a.review, ctx, paths);
     match doc_files(ctx, paths) {
         Ok(docs) => plan.files.extend(docs),
         Err(e) => eprintln!("airlock: warning: {e}; the man pages are left in place"),
@@ -550,7 +686,7 @@ fn status(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
     let manager = a.manager.unwrap_or_else(Manager::native);
     let installed: Vec<PathBuf> =
         client::service_unit_candidates(ctx.env).into_iter().filter(|p| p.exists()).collect();
-    let user_files = plan_uninstall(manager, ctx, paths).files;
+    let user_files = plan_uninstall(manager, a.review, ctx, paths).files;
     for f in &user_files {
         let state = if f.path.exists() { "installed" } else { "absent" };
         println!("{}: {state}", f.path.display());
@@ -561,14 +697,20 @@ fn status(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
         }
     }
     let cmd = match manager {
-        Manager::Systemd => svec(&[
-            "systemctl",
-            "--user",
-            "status",
-            "--no-pager",
-            "airlock.socket",
-            "airlock.service",
-        ]),
+        Manager::Systemd => {
+            let mut cmd = svec(&[
+                "systemctl",
+                "--user",
+                "status",
+                "--no-pager",
+                "airlock.socket",
+                "airlock.service",
+            ]);
+            if a.review {
+                cmd.extend(svec(&["airlock-review.socket", "airlock-review.service"]));
+            }
+            cmd
+        }
         Manager::Launchd => {
             vec!["launchctl".into(), "print".into(), format!("gui/{}/{LAUNCHD_LABEL}", uid())]
         }
@@ -598,6 +740,30 @@ fn status(a: &ServiceArgs, ctx: &Context<'_>, paths: &Paths) -> i32 {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn review_units_run_the_installed_airlockd_on_its_own_loopback_address() {
+        let (socket, service) =
+            render_systemd_review(Path::new("/opt/bin/airlockd"), Path::new("/h/my data/review"));
+        assert!(socket.lines().any(|l| l == "ListenStream=127.0.0.44:8443"), "{socket}");
+        assert!(socket.lines().any(|l| l == "FileDescriptorName=review"), "{socket}");
+        assert!(
+            service.lines().any(
+                |l| l == r#"ExecStart=/opt/bin/airlockd review --data-dir "/h/my data/review""#
+            ),
+            "{service}"
+        );
+        assert!(PERSONAL_REVIEW_URL.ends_with("127.0.0.44:8443"));
+    }
+
+    #[test]
+    fn unit_command_words_are_quoted_and_specifiers_escaped() {
+        assert_eq!(systemd_quote("/plain/path"), "/plain/path");
+        assert_eq!(systemd_quote("/a b"), "\"/a b\"");
+        assert_eq!(systemd_quote("/100%/x"), "/100%%/x");
+        assert_eq!(systemd_quote("/$HOME"), "/$$HOME");
+        assert_eq!(systemd_quote(r#"/a"b\c"#), r#""/a\"b\\c""#);
+    }
 
     #[test]
     fn units_carry_the_design_keys() {

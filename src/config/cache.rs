@@ -194,6 +194,7 @@ fn slim_of(doc: &LayerDoc) -> LayerDoc {
         audit: doc.audit,
         sandbox: doc.sandbox.clone(),
         logs: doc.logs,
+        publish: doc.publish,
         kind: doc.kind,
         name: doc.name.clone(),
         digest: doc.digest.clone(),

@@ -27,6 +27,9 @@
 //! min_free = "256MiB"           # free space the log's file system keeps; below it, no traffic
 //! [logs]                        # managed and user layers only
 //! keep = "90d"                  # delete whole dated log files older than this (d or h)
+//! [publish]                     # managed and user layers only
+//! auto = true                   # publish the repo's new lines after each `airlock run`/`exec`
+//! timeout = "10s"               # how long that end-of-session publish may take
 //! ```
 
 use std::collections::BTreeMap;
@@ -45,9 +48,10 @@ use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
 const TOP_KEYS: &[&str] =
-    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs"];
+    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
 const LOGS_KEYS: &[&str] = &["keep"];
+const PUBLISH_KEYS: &[&str] = &["auto", "timeout"];
 const AUDIT_KEYS: &[&str] = &["burst", "session_budget", "min_free"];
 const NETWORK_KEYS: &[&str] = &["mode", "allow", "block", "allow_private"];
 const ENV_KEYS: &[&str] = &["pass"];
@@ -90,6 +94,20 @@ pub struct LayerDoc {
     /// `[logs]` (managed and user layers only).
     #[serde(default)]
     pub logs: LogsDoc,
+    /// `[publish]` (managed and user layers only; the CLI's, never sent to the daemon).
+    #[serde(default)]
+    pub publish: PublishDoc,
+}
+
+/// `[publish]`: publishing at session end (`None` when the file is silent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishDoc {
+    /// `auto`: publish the repo's new lines on the host after each session.
+    #[serde(default)]
+    pub auto: Option<bool>,
+    /// `timeout`, in milliseconds: the bound on that end-of-session publish.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
 }
 
 /// `[sandbox]`.
@@ -222,6 +240,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         audit: AuditDoc::default(),
         sandbox: SandboxDoc::default(),
         logs: LogsDoc::default(),
+        publish: PublishDoc::default(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -357,6 +376,22 @@ impl Walker<'_> {
                         self.logs(t, doc);
                     }
                 }
+                "publish" => {
+                    if !matches!(self.kind, LayerKind::Managed | LayerKind::User) {
+                        self.error(
+                            key.span(),
+                            format!(
+                                "[publish] is not allowed in the {} layer: publishing runs on \
+                                 the host with your review token, so only ~/.airlock/config.toml \
+                                 or the managed policy (/etc/airlock/policy.toml) may turn it on; \
+                                 move it there",
+                                self.kind
+                            ),
+                        );
+                    } else if let Some(t) = self.table(value, "[publish]") {
+                        self.publish(t, doc);
+                    }
+                }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
             }
         }
@@ -449,6 +484,34 @@ impl Walker<'_> {
                     ),
                 },
                 _ => self.unknown(key, "[logs]", LOGS_KEYS),
+            }
+        }
+    }
+
+    fn publish(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "auto" => match value.get_ref() {
+                    DeValue::Boolean(b) => doc.publish.auto = Some(*b),
+                    other => self.error(
+                        value.span(),
+                        format!("publish.auto must be true or false, found {}", other.type_str()),
+                    ),
+                },
+                "timeout" => match value.get_ref() {
+                    DeValue::String(s) => match parse_publish_timeout(s) {
+                        Ok(ms) => doc.publish.timeout_ms = Some(ms),
+                        Err(e) => self.error(value.span(), format!("publish.timeout: {e}")),
+                    },
+                    other => self.error(
+                        value.span(),
+                        format!(
+                            "publish.timeout must be a string like \"10s\" or \"1m\", found {}",
+                            other.type_str()
+                        ),
+                    ),
+                },
+                _ => self.unknown(key, "[publish]", PUBLISH_KEYS),
             }
         }
     }
@@ -852,6 +915,19 @@ impl LayerDoc {
     }
 }
 
+/// `[publish] timeout` as written (`"10s"`, `"1m30s"`, `"500ms"`): from 100 ms to 10 minutes, in
+/// milliseconds. The bound keeps a dead server from holding the terminal after a session.
+fn parse_publish_timeout(s: &str) -> Result<u64, String> {
+    let d = humantime::parse_duration(s.trim()).map_err(|e| {
+        format!("{s:?} is not a duration ({e}): write e.g. \"10s\", \"1m\" or \"500ms\"")
+    })?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if !(100..=600_000).contains(&ms) {
+        return Err(format!("{s:?} is outside 100ms..10m"));
+    }
+    Ok(ms)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -1081,6 +1157,41 @@ OTHER = "literal"
         assert_eq!(
             user("[logs]\nkepe = \"1d\"\n"),
             "/r/.airlock.toml:2:1: unknown key `kepe` in [logs]; did you mean `keep`?"
+        );
+    }
+
+    #[test]
+    fn publish_is_for_managed_and_user_layers_only() {
+        let e = repo_err("[publish]\nauto = true\n");
+        assert!(
+            e.starts_with("/r/.airlock.toml:1:2: [publish] is not allowed in the repo layer"),
+            "{e}"
+        );
+        for kind in [LayerKind::Managed, LayerKind::User] {
+            let doc =
+                parse_layer(kind, F, b"[publish]\nauto = true\ntimeout = \"2s\"\n").unwrap().doc;
+            assert_eq!(doc.publish, PublishDoc { auto: Some(true), timeout_ms: Some(2000) });
+        }
+        let user = |t: &str| errors(LayerKind::User, t);
+        assert_eq!(
+            user("[publish]\nauto = \"yes\"\n"),
+            "/r/.airlock.toml:2:8: publish.auto must be true or false, found string"
+        );
+        assert_eq!(
+            user("[publish]\ntimeout = 10\n"),
+            "/r/.airlock.toml:2:11: publish.timeout must be a string like \"10s\" or \"1m\", \
+             found integer"
+        );
+        let e = user("[publish]\ntimeout = \"1h\"\n");
+        assert!(e.contains("publish.timeout: \"1h\" is outside 100ms..10m"), "{e}");
+        let e = user("[publish]\ntimeout = \"soon\"\n");
+        assert!(
+            e.starts_with("/r/.airlock.toml:2:11: publish.timeout: \"soon\" is not a duration"),
+            "{e}"
+        );
+        assert_eq!(
+            user("[publish]\nato = true\n"),
+            "/r/.airlock.toml:2:1: unknown key `ato` in [publish]; did you mean `auto`?"
         );
     }
 

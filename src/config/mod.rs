@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
 pub use layer::{
-    AuditDoc, Credential, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer, TerminalDoc, digest,
-    parse_layer, parse_size,
+    AuditDoc, Credential, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer, PublishDoc, TerminalDoc,
+    digest, parse_layer, parse_size,
 };
 pub use trust::{TrustRecord, TrustState};
 pub use wire::{documents_from_sources, review_servers_from_wire};
@@ -476,6 +476,24 @@ pub fn logs_keep(layers: &[&LayerDoc]) -> Option<std::time::Duration> {
     };
     said(LayerKind::Managed).or_else(|| said(LayerKind::User)).map(std::time::Duration::from_secs)
 }
+
+/// `[publish]` of the applied layers: `Some(timeout)` when publishing at session end is on.
+/// The managed layer's word wins over the user's (an organisation may require or forbid it);
+/// the default timeout is 10 s.
+pub fn publish_at_end(layers: &[&LayerDoc]) -> Option<std::time::Duration> {
+    let said = |kind: LayerKind| layers.iter().filter(move |d| d.kind == kind);
+    let auto = said(LayerKind::Managed)
+        .find_map(|d| d.publish.auto)
+        .or_else(|| said(LayerKind::User).find_map(|d| d.publish.auto))?;
+    let timeout_ms = said(LayerKind::Managed)
+        .find_map(|d| d.publish.timeout_ms)
+        .or_else(|| said(LayerKind::User).find_map(|d| d.publish.timeout_ms))
+        .unwrap_or(DEFAULT_PUBLISH_TIMEOUT_MS);
+    auto.then(|| std::time::Duration::from_millis(timeout_ms))
+}
+
+/// `[publish] timeout` when the file is silent.
+pub const DEFAULT_PUBLISH_TIMEOUT_MS: u64 = 10_000;
 
 /// What the terminal filter lets through, from the applied layers' `[terminal]`: managed and
 /// user only (other layers cannot parse with it, and a document claiming it is ignored). A

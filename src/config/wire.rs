@@ -212,6 +212,8 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
         // The daemon never mounts anything: `[sandbox]` stays with the CLI.
         sandbox: Default::default(),
         logs: LogsDoc { keep_secs: doc.logs.keep_secs },
+        // `[publish]` runs in the CLI, with the token the daemon never holds.
+        publish: Default::default(),
     })
 }
 

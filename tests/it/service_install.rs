@@ -323,3 +323,59 @@ fn install_failing_after_writing_takes_every_file_back() {
     assert_eq!(tree(&world.home), before);
     assert_eq!(std::fs::read_to_string(&old_unit).unwrap(), "[Service]\nExecStart=/old/airlockd\n");
 }
+
+#[test]
+fn install_review_adds_the_personal_review_plane_and_dry_run_writes_nothing() {
+    let world = World::new();
+    let fakebin = fake_systemctl(&world);
+    let path = format!("{}:/usr/bin:/bin", fakebin.display());
+    let units = world.home.join(".config/systemd/user");
+
+    // --dry-run prints both review units whole and touches nothing.
+    let run = service(&world, &path, &["install", "--review", "--dry-run"], "").expect_code(0);
+    assert_eq!(tree(&world.home), BTreeSet::new(), "--dry-run wrote:\n{}", run.stdout());
+    assert!(systemctl_log(&fakebin).is_empty(), "--dry-run ran systemctl");
+    assert!(run.stdout().contains("ListenStream=127.0.0.44:8443"), "{}", run.stdout());
+    assert!(
+        run.stdout().contains("# would run: systemctl --user enable --now airlock-review.socket"),
+        "{}",
+        run.stdout()
+    );
+
+    let run = service(&world, &path, &["install", "--review"], "").expect_code(0);
+    let mut want = expected_install(&world.home);
+    want.insert(".config/systemd/user/airlock-review.socket".into());
+    want.insert(".config/systemd/user/airlock-review.service".into());
+    assert_eq!(tree(&world.home), want, "{}", run.stdout());
+    let socket = std::fs::read_to_string(units.join("airlock-review.socket")).unwrap();
+    for key in ["ListenStream=127.0.0.44:8443", "FileDescriptorName=review", "Accept=no"] {
+        assert!(socket.lines().any(|l| l == key), "review socket lacks {key}:\n{socket}");
+    }
+    let service_unit = std::fs::read_to_string(units.join("airlock-review.service")).unwrap();
+    let airlockd = std::fs::canonicalize(bin("airlockd")).unwrap();
+    let data_dir = world.home.join(".local/share/airlock/review");
+    let exec = format!("ExecStart={} review --data-dir {}", airlockd.display(), data_dir.display());
+    assert!(service_unit.lines().any(|l| l == exec), "want {exec}:\n{service_unit}");
+    assert_eq!(
+        systemctl_log(&fakebin),
+        [
+            "--user show-environment",
+            "--user daemon-reload",
+            "--user enable --now airlock.socket",
+            "--user enable --now airlock-review.socket"
+        ]
+    );
+    // The way on is printed: the store, then the exact login line.
+    assert!(
+        run.stdout().contains("airlock login --server http://127.0.0.44:8443 --token-stdin"),
+        "{}",
+        run.stdout()
+    );
+
+    let run = service(&world, &path, &["uninstall", "--review"], "").expect_code(0);
+    assert_eq!(tree(&world.home), BTreeSet::new(), "uninstall left files:\n{}", run.stdout());
+    assert!(
+        systemctl_log(&fakebin)
+            .contains(&"--user disable --now airlock-review.socket airlock-review.service".into())
+    );
+}

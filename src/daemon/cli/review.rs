@@ -349,11 +349,23 @@ fn init(a: &InitArgs) -> i32 {
                 a.admin
             );
             println!("{}", secret.expose());
+            // The way on (issue 16: a personal review plane in two commands). stderr, so that
+            // `init | airlock login --token-stdin` hands over the token alone.
+            eprintln!(
+                "log in with it: airlock login --server {PERSONAL_REVIEW_URL} --token-stdin\n\
+                 (paste the token, then Ctrl-D; or pipe this command into it. \
+                 {PERSONAL_REVIEW_URL} is the personal review plane of `airlock service install \
+                 --review`; for a server elsewhere use its https:// URL)"
+            );
             0
         }
         Err(e) => fail(e),
     }
 }
+
+/// Where `airlock service install --review` makes the personal review plane listen
+/// (service/systemd/user/airlock-review.socket).
+const PERSONAL_REVIEW_URL: &str = "http://127.0.0.44:8443";
 
 fn init_tls(a: &InitTlsArgs) -> i32 {
     for p in [&a.cert, &a.key] {
