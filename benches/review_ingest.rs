@@ -156,6 +156,9 @@ async fn bench_store(
                     seq: Some(i as i64 + 1),
                     boot: Some("boot-1".into()),
                     payload: egress_line(&run, b, i),
+                    airlock_session: None,
+                    file: None,
+                    offset: None,
                 })
                 .collect()
         })

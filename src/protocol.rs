@@ -548,11 +548,22 @@ pub struct ReviewServer {
     pub policy: String,
 }
 
-/// A transcript file the session changed, hashed at session end (SECURITY §1).
+/// A transcript file the session changed, hashed at session end (SECURITY §1). `file` and
+/// `bytes` are newer than `path` and `sha256`: records written before them still parse
+/// (empty `file`, `bytes` 0), and the review server then matches by `path`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TranscriptHash {
+    /// The host path.
     pub path: String,
-    /// `sha256:<hex>`
+    /// The path relative to the agent home (`.claude/projects/-work-repo/abc.jsonl`), as
+    /// `airlock publish` names the file in its envelopes.
+    #[serde(default)]
+    pub file: String,
+    /// The size of the prefix hashed: the file's size when it was opened at session end, so
+    /// lines the agent appends meanwhile are in neither `bytes` nor `sha256`. 0 when skipped.
+    #[serde(default)]
+    pub bytes: u64,
+    /// `sha256:<hex>` of the first `bytes` bytes (or `skipped:too-large` / `skipped:unreadable`).
     pub sha256: String,
 }
 

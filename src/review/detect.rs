@@ -1114,6 +1114,9 @@ mod tests {
             seq: None,
             boot: None,
             payload: payload.into(),
+            airlock_session: None,
+            file: None,
+            offset: None,
         }
     }
 
@@ -1218,6 +1221,9 @@ mod tests {
             received_at: ts,
             payload: "{}".into(),
             conflict_of: None,
+            airlock_session: None,
+            file: None,
+            offset: None,
         }
     }
 

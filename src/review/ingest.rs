@@ -28,16 +28,25 @@ use std::borrow::Cow;
 use std::io::Read;
 
 pub const MAX_ITEMS: usize = 1000;
-pub const MAX_BODY: usize = 5 * 1024 * 1024;
-pub const MAX_ITEM: usize = 1024 * 1024;
-/// Longest `id` in bytes (UTF-8). Every id a source derives is far shorter (a Claude summary
-/// id, `<uuid>:summary:<uuid>`, is 81), and the dedup key `(user_id, source, id)` must stay
-/// well inside PostgreSQL's btree entry limit (a third of an 8 KiB page, about 2.7 KB).
-pub const MAX_ID: usize = 256;
+/// Largest body in bytes after decompression (docs/api.md states the same value).
+pub const MAX_BODY: usize = 5_000_000;
+/// Largest item (one array element or NDJSON line) in bytes.
+pub const MAX_ITEM: usize = 1_000_000;
+/// Longest `id` in bytes (UTF-8). Room for the longest id a source derives, a
+/// `transcript.file` item's `<airlock_session>:transcript:<file>` (256 + 12 + [`MAX_FILE`]),
+/// while the dedup key `(user_id, source, id)` stays well inside PostgreSQL's btree entry
+/// limit (a third of an 8 KiB page, about 2.7 KB).
+pub const MAX_ID: usize = 1536;
 /// Longest `type` in bytes.
 pub const MAX_TYPE: usize = 128;
 /// Longest `session` in bytes; it is in the `(user_id, session, pk)` index.
 pub const MAX_SESSION: usize = 256;
+/// Longest transcript envelope `file` (path relative to the agent home) in bytes; it is in the
+/// `(user_id, airlock_session, file)` index. `airlock_session` has [`MAX_SESSION`].
+pub const MAX_FILE: usize = 1024;
+/// The `type` of the item that states what prefix of a transcript file was published
+/// (`source: "session"`, docs/api.md "transcript.file").
+pub const TRANSCRIPT_FILE_TYPE: &str = "transcript.file";
 /// Longest `payload.boot` the server lifts into its own column (longer ones stay in the payload only).
 pub const MAX_BOOT: usize = 256;
 /// `type` prefixes only the server writes (compared ignoring ASCII case): `airlock.` for its
@@ -275,6 +284,12 @@ struct RawEnvelope<'a> {
     user_id: Option<&'a RawValue>,
     #[serde(borrow)]
     payload: Option<&'a RawValue>,
+    #[serde(borrow)]
+    airlock_session: Option<&'a RawValue>,
+    #[serde(borrow)]
+    file: Option<&'a RawValue>,
+    #[serde(borrow)]
+    offset: Option<&'a RawValue>,
 }
 
 /// An optional envelope string. A string that parses as JSON but has no text form (a lone
@@ -478,19 +493,7 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
     if let Some(s) = &session {
         storable("session", s, MAX_SESSION).map_err(|m| ItemError::bad(sid.clone(), m))?;
     }
-    let seq = match env.seq {
-        None => None,
-        Some(r) if r.get() == "null" => None,
-        Some(r) => Some(
-            serde_json::from_str::<u32>(r.get())
-                .ok()
-                .map(i64::from)
-                .or_else(|| serde_json::from_str::<i64>(r.get()).ok().filter(|v| *v >= 0))
-                .ok_or_else(|| {
-                    ItemError::bad(sid.clone(), "`seq` must be a non-negative integer")
-                })?,
-        ),
-    };
+    let seq = opt_count(env.seq, "seq", &sid)?;
     let payload_raw =
         env.payload.ok_or_else(|| ItemError::bad(sid.clone(), "`payload` is required"))?;
     let payload = payload_value(payload_raw.get())
@@ -502,6 +505,20 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
         .and_then(|b| b.as_str())
         .filter(|b| storable("payload.boot", b, MAX_BOOT).is_ok())
         .map(str::to_string);
+    let link = match source {
+        // Where a transcript line came from, so it can be matched to its session record.
+        Source::Claude | Source::Codex => TranscriptLink {
+            airlock_session: opt_column(env.airlock_session, "airlock_session", MAX_SESSION, &sid)?,
+            file: opt_column(env.file, "file", MAX_FILE, &sid)?,
+            offset: opt_count(env.offset, "offset", &sid)?,
+        },
+        Source::Session if kind == TRANSCRIPT_FILE_TYPE => {
+            transcript_file(&id, session.as_deref(), &payload)
+                .map_err(|m| ItemError::bad(sid.clone(), m))?
+        }
+        // Elsewhere these members are unknown envelope fields, ignored like any other.
+        _ => TranscriptLink::default(),
+    };
     Ok(ParsedItem {
         event: NewEvent {
             source,
@@ -512,9 +529,104 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
             seq,
             boot,
             payload: payload_raw.get().to_string(),
+            airlock_session: link.airlock_session,
+            file: link.file,
+            offset: link.offset,
         },
         payload,
     })
+}
+
+/// The transcript columns of an event: set from a `claude`/`codex` envelope's members, or
+/// from a `transcript.file` item's payload.
+#[derive(Debug, Default)]
+struct TranscriptLink {
+    airlock_session: Option<String>,
+    file: Option<String>,
+    offset: Option<i64>,
+}
+
+/// An optional non-negative integer envelope field (`seq`, `offset`).
+fn opt_count(
+    raw: Option<&RawValue>,
+    field: &str,
+    id: &Option<String>,
+) -> Result<Option<i64>, ItemError> {
+    match raw {
+        None => Ok(None),
+        Some(r) if r.get() == "null" => Ok(None),
+        Some(r) => serde_json::from_str::<u32>(r.get())
+            .ok()
+            .map(i64::from)
+            .or_else(|| serde_json::from_str::<i64>(r.get()).ok().filter(|v| *v >= 0))
+            .map(Some)
+            .ok_or_else(|| {
+                ItemError::bad(id.clone(), format!("`{field}` must be a non-negative integer"))
+            }),
+    }
+}
+
+/// An optional envelope string kept in its own column: [`opt_string`] and [`storable`].
+fn opt_column(
+    raw: Option<&RawValue>,
+    field: &str,
+    max: usize,
+    id: &Option<String>,
+) -> Result<Option<String>, ItemError> {
+    let v = opt_string(raw, field, id)?;
+    if let Some(v) = &v {
+        storable(field, v, max).map_err(|m| ItemError::bad(id.clone(), m))?;
+    }
+    Ok(v)
+}
+
+/// Checks a `transcript.file` item (docs/api.md): its payload is
+/// `{"airlock_session", "file", "bytes", "sha256"}`, its `session` is that `airlock_session`
+/// and its `id` is `<airlock_session>:transcript:<file>` (one item per session and file, so a
+/// resend with another prefix is a dedup conflict, not a second answer). Returns the columns.
+fn transcript_file(
+    id: &str,
+    session: Option<&str>,
+    payload: &serde_json::Value,
+) -> Result<TranscriptLink, String> {
+    const SHAPE: &str = "a `transcript.file` payload is {\"airlock_session\": string, \"file\": \
+                         string, \"bytes\": integer >= 0, \"sha256\": \"sha256:<64 hex>\"}";
+    let Some(obj) = payload.as_object() else {
+        return Err(format!("{SHAPE}; this one is not an object"));
+    };
+    let text = |name: &str, max: usize| -> Result<String, String> {
+        let v =
+            obj.get(name).and_then(|v| v.as_str()).filter(|v| !v.is_empty()).ok_or_else(|| {
+                format!("{SHAPE}; `payload.{name}` is missing or not a non-empty string")
+            })?;
+        storable(&format!("payload.{name}"), v, max)?;
+        Ok(v.to_string())
+    };
+    let airlock_session = text("airlock_session", MAX_SESSION)?;
+    let file = text("file", MAX_FILE)?;
+    let bytes = obj.get("bytes").and_then(|b| b.as_u64()).filter(|b| i64::try_from(*b).is_ok());
+    if bytes.is_none() {
+        return Err(format!("{SHAPE}; `payload.bytes` is missing or not a non-negative integer"));
+    }
+    let sha = obj.get("sha256").and_then(|v| v.as_str()).unwrap_or("");
+    let hex = sha.strip_prefix("sha256:").unwrap_or("");
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(format!(
+            "{SHAPE}; `payload.sha256` must be \"sha256:\" and 64 lowercase hex digits"
+        ));
+    }
+    if session != Some(airlock_session.as_str()) {
+        return Err(format!(
+            "a `transcript.file` item's `session` must be its `payload.airlock_session` ({airlock_session:?})"
+        ));
+    }
+    let want = format!("{airlock_session}:transcript:{file}");
+    if id != want {
+        return Err(format!(
+            "a `transcript.file` item's `id` must be `<airlock_session>:transcript:<file>`, here {want:?}"
+        ));
+    }
+    Ok(TranscriptLink { airlock_session: Some(airlock_session), file: Some(file), offset: None })
 }
 
 #[cfg(test)]
@@ -626,7 +738,7 @@ mod tests {
             (envelope(r"a\u0000", "t", "s"), "`id` contains a NUL"),
             (envelope("a", r"t\u0000", "s"), "`type` contains a NUL"),
             (envelope("a", "t", r"\u0000"), "`session` contains a NUL"),
-            (envelope(&x(MAX_ID + 1), "t", "s"), "`id` is 257 bytes; the limit is 256"),
+            (envelope(&x(MAX_ID + 1), "t", "s"), "`id` is 1537 bytes; the limit is 1536"),
             (envelope("a", &x(MAX_TYPE + 1), "s"), "`type` is 129 bytes; the limit is 128"),
             (envelope("a", "t", &x(2700)), "`session` is 2700 bytes; the limit is 256"),
             (envelope(r"\ud800", "t", "s"), "`id` is not a valid string"),
@@ -642,6 +754,146 @@ mod tests {
         assert!(e.message.contains("130 bytes"), "{}", e.message);
         let edge = envelope(&x(MAX_ID), &x(MAX_TYPE), &x(MAX_SESSION));
         assert!(parse_item(edge.as_bytes(), "u").is_ok());
+    }
+
+    fn transcript_line(members: &str) -> String {
+        format!(
+            r#"{{"id":"u-1","source":"claude","type":"user","ts":"2026-03-04T09:12:05Z","session":"agent-s"{members},"payload":{{"uuid":"u-1"}}}}"#
+        )
+    }
+
+    #[test]
+    fn transcript_members_are_stored_for_claude_and_codex_and_checked() {
+        let p = parse_item(
+            transcript_line(
+                r#","airlock_session":"s-1","file":".claude/projects/p/a.jsonl","offset":4096"#,
+            )
+            .as_bytes(),
+            "u",
+        )
+        .unwrap();
+        let e = &p.event;
+        assert_eq!(e.airlock_session.as_deref(), Some("s-1"));
+        assert_eq!(e.file.as_deref(), Some(".claude/projects/p/a.jsonl"));
+        assert_eq!(e.offset, Some(4096));
+        let p = parse_item(
+            transcript_line(r#","airlock_session":null,"file":null,"offset":null"#).as_bytes(),
+            "u",
+        )
+        .unwrap();
+        assert_eq!((p.event.airlock_session, p.event.file, p.event.offset), (None, None, None));
+        let x = |n: usize| "x".repeat(n);
+        let bad = [
+            (r#","airlock_session":7"#.to_string(), "`airlock_session` must be a string"),
+            (r#","airlock_session":"a\u0000""#.to_string(), "`airlock_session` contains a NUL"),
+            (format!(r#","airlock_session":"{}""#, x(MAX_SESSION + 1)), "the limit is 256"),
+            (r#","file":["a"]"#.to_string(), "`file` must be a string"),
+            (format!(r#","file":"{}""#, x(MAX_FILE + 1)), "the limit is 1024"),
+            (r#","file":"\ud800""#.to_string(), "`file` is not a valid string"),
+            (r#","offset":-1"#.to_string(), "`offset` must be a non-negative integer"),
+            (r#","offset":1.5"#.to_string(), "`offset` must be a non-negative integer"),
+            (r#","offset":"4096""#.to_string(), "`offset` must be a non-negative integer"),
+        ];
+        for (members, want) in bad {
+            let e = parse_item(transcript_line(&members).as_bytes(), "u").unwrap_err();
+            assert_eq!((e.code, e.id.as_deref()), (400, Some("u-1")), "{members}");
+            assert!(e.message.contains(want), "{members}: {}", e.message);
+        }
+        let edge = format!(r#","airlock_session":"{}","file":"{}""#, x(MAX_SESSION), x(MAX_FILE));
+        assert!(parse_item(transcript_line(&edge).as_bytes(), "u").is_ok());
+        // On other sources they are unknown envelope fields: ignored, not stored.
+        let egress = r#"{"id":"e","source":"egress","type":"connect","ts":"2026-03-04T09:12:05Z","file":7,"payload":{}}"#;
+        assert_eq!(parse_item(egress.as_bytes(), "u").unwrap().event.file, None);
+    }
+
+    fn transcript_file_item(id: &str, session: &str, payload: &str) -> String {
+        format!(
+            r#"{{"id":"{id}","source":"session","type":"transcript.file","ts":"2026-03-04T09:12:05Z","session":"{session}","payload":{payload}}}"#
+        )
+    }
+
+    #[test]
+    fn transcript_file_items_are_checked_and_lift_their_file() {
+        let sha = format!("sha256:{}", "ab".repeat(32));
+        let good =
+            format!(r#"{{"airlock_session":"s-1","file":"f.jsonl","bytes":12,"sha256":"{sha}"}}"#);
+        let p = parse_item(
+            transcript_file_item("s-1:transcript:f.jsonl", "s-1", &good).as_bytes(),
+            "u",
+        )
+        .unwrap();
+        assert_eq!(p.event.airlock_session.as_deref(), Some("s-1"));
+        assert_eq!(p.event.file.as_deref(), Some("f.jsonl"));
+        assert_eq!(p.event.offset, None);
+        let id = "s-1:transcript:f.jsonl";
+        let bad = [
+            (id, "s-1", "[1]".to_string(), "not an object"),
+            (
+                id,
+                "s-1",
+                format!(r#"{{"file":"f.jsonl","bytes":12,"sha256":"{sha}"}}"#),
+                "`payload.airlock_session` is missing",
+            ),
+            (
+                id,
+                "s-1",
+                format!(r#"{{"airlock_session":"s-1","file":"","bytes":12,"sha256":"{sha}"}}"#),
+                "`payload.file` is missing",
+            ),
+            (
+                id,
+                "s-1",
+                format!(
+                    r#"{{"airlock_session":"s-1","file":"f.jsonl","bytes":-1,"sha256":"{sha}"}}"#
+                ),
+                "`payload.bytes`",
+            ),
+            (
+                id,
+                "s-1",
+                format!(
+                    r#"{{"airlock_session":"s-1","file":"f.jsonl","bytes":"12","sha256":"{sha}"}}"#
+                ),
+                "`payload.bytes`",
+            ),
+            (
+                id,
+                "s-1",
+                r#"{"airlock_session":"s-1","file":"f.jsonl","bytes":12,"sha256":"abc"}"#
+                    .to_string(),
+                "`payload.sha256`",
+            ),
+            (
+                id,
+                "s-1",
+                format!(
+                    r#"{{"airlock_session":"s-1","file":"f.jsonl","bytes":12,"sha256":"{}"}}"#,
+                    sha.to_uppercase()
+                ),
+                "`payload.sha256`",
+            ),
+            (
+                id,
+                "s-1",
+                format!(
+                    r#"{{"airlock_session":"s-1","file":"f\u0000","bytes":12,"sha256":"{sha}"}}"#
+                ),
+                "NUL",
+            ),
+            (id, "s-2", good.clone(), "`session` must be its `payload.airlock_session`"),
+            (
+                "s-1:transcript:g.jsonl",
+                "s-1",
+                good.clone(),
+                "`id` must be `<airlock_session>:transcript:<file>`",
+            ),
+        ];
+        for (id, session, payload, want) in bad {
+            let e = parse_item(transcript_file_item(id, session, &payload).as_bytes(), "u")
+                .unwrap_err();
+            assert_eq!(e.code, 400, "{payload}");
+            assert!(e.message.contains(want), "{payload}: {}", e.message);
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod server;
 pub mod store;
 pub mod token;
 pub mod transcript;
+pub mod transcript_files;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -160,6 +161,13 @@ pub struct NewEvent {
     pub boot: Option<String>,
     /// The payload's JSON text, stored verbatim.
     pub payload: String,
+    /// Transcript lines (`claude`, `codex`): the Airlock session whose end record covered the
+    /// line; a `transcript.file` item: its `payload.airlock_session`.
+    pub airlock_session: Option<String>,
+    /// Transcript lines and `transcript.file` items: the path relative to the agent home.
+    pub file: Option<String>,
+    /// Transcript lines: the byte offset of the line in `file`.
+    pub offset: Option<i64>,
 }
 
 /// An event as stored.
@@ -180,6 +188,10 @@ pub struct StoredEvent {
     /// For a conflict (a different content resent under a stored `(source, id)`,
     /// [`dedup`]): the `pk` of the original event.
     pub conflict_of: Option<i64>,
+    /// As [`NewEvent::airlock_session`], [`NewEvent::file`], [`NewEvent::offset`].
+    pub airlock_session: Option<String>,
+    pub file: Option<String>,
+    pub offset: Option<i64>,
 }
 
 impl StoredEvent {
@@ -207,6 +219,9 @@ impl StoredEvent {
             received_at: format_micros(self.received_at),
             payload,
             conflict_of: self.conflict_of,
+            airlock_session: self.airlock_session.as_deref(),
+            file: self.file.as_deref(),
+            offset: self.offset,
             view,
         }
     }
@@ -229,6 +244,10 @@ pub struct ApiEvent<'a> {
     pub payload: Option<&'a serde_json::value::RawValue>,
     /// The original's `pk` when this event is a dedup conflict, else `null`.
     pub conflict_of: Option<i64>,
+    /// Transcript envelope members (and a `transcript.file` item's), else `null`.
+    pub airlock_session: Option<&'a str>,
+    pub file: Option<&'a str>,
+    pub offset: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view: Option<transcript::View>,
 }

@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 /// Largest body of any response except the export: a page that would exceed it ends early
 /// with `next_cursor` set. The first event of a page is always included, so a page holds at
 /// least one event if one matches; such a single-event page may exceed the cap, but an item
-/// is at most `ingest::MAX_ITEM` (1 MiB) when sent, so in practice it stays far below.
+/// is at most `ingest::MAX_ITEM` (1,000,000 bytes) when sent, so in practice it stays far below.
 pub const PAGE_CAP: usize = 8 * 1024 * 1024;
 /// Default concurrent reads per user (`--read-concurrency-per-user`).
 pub const READS_PER_USER: usize = 4;
@@ -220,6 +220,9 @@ mod tests {
             received_at: 5,
             payload: payload.into(),
             conflict_of: None,
+            airlock_session: None,
+            file: None,
+            offset: None,
         }
     }
 

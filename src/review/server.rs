@@ -18,6 +18,7 @@ use super::reads::{Busy, Cursor, PAGE_CAP, PageWriter, ReadPermit, ReadSlots, ex
 use super::store::{
     EventOrder, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, random_id,
 };
+use super::transcript_files;
 use super::{
     FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, User, format_micros, now_micros,
     parse_rfc3339, token,
@@ -508,6 +509,13 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
             let id = p["/api/v1/flags/".len()..].to_string();
             post_flag(&st, &user, &id, req).await
         }
+        (Method::GET, p) if session_of_transcripts_path(p).is_some() => {
+            let raw = session_of_transcripts_path(p).unwrap_or_default().to_string();
+            get_session_transcripts(&st, &user, &req, &raw).await
+        }
+        (_, p) if session_of_transcripts_path(p).is_some() => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
+        }
         (_, "/api/v1/events" | "/api/v1/me" | "/api/v1/flags") => {
             error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
         }
@@ -902,6 +910,135 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
     bytes_resp(StatusCode::OK, w.finish(more))
 }
 
+/// The raw (still percent-encoded) `{session}` of `/api/v1/sessions/{session}/transcripts`.
+fn session_of_transcripts_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/api/v1/sessions/")?
+        .strip_suffix("/transcripts")
+        .filter(|s| !s.is_empty() && !s.contains('/'))
+}
+
+/// Percent-decodes a path segment (RFC 3986 §2.1; `+` is itself); the 400 to answer when it
+/// is not UTF-8, holds NUL or is not a session id the store could hold.
+fn session_segment(raw: &str) -> Result<String, Resp> {
+    let bad = |why: &str| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the session in /api/v1/sessions/{{session}}/transcripts {why}; send the Airlock \
+                 session id, percent-encoded"
+            ),
+        )
+    };
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+            let Some(byte) =
+                byte.filter(|_| hex.is_some_and(|h| h.bytes().all(|c| c.is_ascii_hexdigit())))
+            else {
+                return Err(bad("has a malformed %-escape"));
+            };
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let s = String::from_utf8(out).map_err(|_| bad("is not UTF-8"))?;
+    if s.contains('\0') {
+        return Err(bad("contains NUL (%00)"));
+    }
+    if s.len() > ingest::MAX_SESSION {
+        return Err(bad(&format!("is longer than {} bytes", ingest::MAX_SESSION)));
+    }
+    Ok(s)
+}
+
+/// `GET /api/v1/sessions/{session}/transcripts[?user=]` (docs/api.md): the published
+/// transcripts of one user's Airlock session against its end record
+/// ([`transcript_files::compare`]). Scoped like `GET /api/v1/events` ([`scoped_user`]; no
+/// `user`: the caller's own); a read of another user's session takes a read slot and is
+/// recorded as `airlock.review.read` with `what: "transcripts"` before anything is answered.
+async fn get_session_transcripts<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    req: &Request<Incoming>,
+    raw_session: &str,
+) -> Resp {
+    let session = match session_segment(raw_session) {
+        Ok(s) => s,
+        Err(resp) => return resp,
+    };
+    let params = match query_params(req.uri().query()) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    let mut wanted = None;
+    for (k, v) in params {
+        match k.as_str() {
+            "user" => wanted = Some(v),
+            other => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {other:?}; this endpoint takes only `user`"),
+                );
+            }
+        }
+    }
+    let named_other = wanted.as_ref().is_some_and(|w| *w != user.id && *w != user.email);
+    let target = match scoped_user(st, user, wanted.clone(), "session transcripts").await {
+        Ok(t) => t.unwrap_or_else(|| user.id.clone()),
+        Err(resp) => return resp,
+    };
+    // An id is not looked up by the scope rule (an events filter on nobody is just empty);
+    // this answer is about one user, so naming no one who exists is a 404.
+    if named_other && target != user.id {
+        match st.store.user_by_id(&target).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                let name = wanted.unwrap_or_default();
+                return error(StatusCode::NOT_FOUND, format!("no user {name}"));
+            }
+            Err(e) => return store_error(e),
+        }
+    }
+    let _slot = match read_slot(st, user) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
+    if target != user.id {
+        let payload = json!({
+            "reader": user.id, "reader_email": user.email, "what": "transcripts",
+            "target_user": target, "session": session,
+        });
+        if let Err(resp) = record_read(st, user, payload).await {
+            return resp;
+        }
+    }
+    let items = match st
+        .store
+        .session_transcript_items(&target, &session, transcript_files::MAX_FILES + 1)
+        .await
+    {
+        Ok(i) => i,
+        Err(e) => return store_error(e),
+    };
+    let report = transcript_files::compare(&target, &session, &items);
+    let files: Vec<String> = report.transcripts.iter().map(|f| f.file.clone()).collect();
+    let counts = match st.store.transcript_line_counts(&target, &session, &files).await {
+        Ok(c) => c,
+        Err(e) => return store_error(e),
+    };
+    match serde_json::to_value(transcript_files::with_lines(report, &counts)) {
+        Ok(v) => json_resp(StatusCode::OK, &v),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot serialize: {e}")),
+    }
+}
+
 /// `GET /api/v1/export`: authenticated and routed apart from [`handle`] because its body
 /// streams ([`export`]).
 async fn get_export<S: Store>(
@@ -950,6 +1087,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/api/v1/events" => Some("GET, POST"),
         "/api/v1/me" | "/api/v1/flags" | "/api/v1/export" | "/metrics" | "/healthz" => Some("GET"),
         p if p.starts_with("/api/v1/flags/") => Some("POST"),
+        p if session_of_transcripts_path(p).is_some() => Some("GET"),
         _ => None,
     }
 }
@@ -1332,6 +1470,9 @@ async fn record_event<S: Store>(
         seq: None,
         boot: None,
         payload: payload.to_string(),
+        airlock_session: None,
+        file: None,
+        offset: None,
     };
     st.store.insert_events(&reader.id, now, &[ev]).await.map(|_| ()).map_err(store_error)
 }

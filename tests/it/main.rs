@@ -48,6 +48,7 @@ mod review_pg_two_instances;
 mod review_scope;
 mod review_store;
 mod review_support;
+mod review_transcripts;
 mod review_validate;
 mod sandbox;
 mod sandbox_agent;

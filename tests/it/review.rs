@@ -186,7 +186,7 @@ fn errors_suite(world: &World, store: StoreSel) {
     let mut body = good.clone();
     body.extend_from_slice(b"{\"id\": \"broken\", \n");
     let big = json!({"id":"big","source":"external","type":"blob","ts":"2026-03-04T09:12:05Z",
-                     "payload": {"data": "x".repeat(1024 * 1024 + 10)}});
+                     "payload": {"data": "x".repeat(1_000_000 + 10)}});
     body.extend_from_slice(big.to_string().as_bytes());
     body.push(b'\n');
     body.extend_from_slice(egress("g3", "example.test", true).to_string().as_bytes());

@@ -24,7 +24,7 @@ fn zeros_item(id: &str) -> String {
     )
 }
 
-/// Posts `n` adversarial items (five to a batch: the body limit is 5 MiB).
+/// Posts `n` adversarial items (five to a batch: the body limit is 5,000,000 bytes).
 fn post_zeros(world: &World, base: &str, tok: &str, prefix: &str, n: usize) {
     let mut k = 0;
     while k < n {

@@ -10,7 +10,8 @@ use crate::support::World;
 use airlock::review::detect::session::SessionScan;
 use airlock::review::store::postgres::PgStore;
 use airlock::review::store::{
-    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError,
+    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, SessionTranscriptItems, Store,
+    StoreError,
 };
 use airlock::review::{Flag, Inserted, Micros, NewEvent, NewFlag, Role, StoredEvent, User};
 use serde_json::{Value, json};
@@ -43,6 +44,9 @@ impl Store for Alternating {
     }
     async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
         self.pick().user_by_email(email).await
+    }
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        self.pick().user_by_id(id).await
     }
     async fn create_token(&self, t: &str, u: &str, h: [u8; 32]) -> Result<(), StoreError> {
         self.pick().create_token(t, u, h).await
@@ -84,6 +88,22 @@ impl Store for Alternating {
     }
     async fn session_events(&self, u: &str, s: &str) -> Result<Vec<StoredEvent>, StoreError> {
         self.pick().session_events(u, s).await
+    }
+    async fn session_transcript_items(
+        &self,
+        u: &str,
+        s: &str,
+        max: usize,
+    ) -> Result<SessionTranscriptItems, StoreError> {
+        self.pick().session_transcript_items(u, s, max).await
+    }
+    async fn transcript_line_counts(
+        &self,
+        u: &str,
+        s: &str,
+        files: &[String],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        self.pick().transcript_line_counts(u, s, files).await
     }
     async fn insert_flags(&self, f: &[NewFlag]) -> Result<(), StoreError> {
         self.pick().insert_flags(f).await

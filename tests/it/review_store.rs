@@ -24,6 +24,9 @@ fn ev(source: Source, id: &str, session: Option<&str>, seq: Option<i64>) -> NewE
         payload: format!(
             r#"{{"id":"{id}","big":12345678901234567890123,"user_id":"not-compared"}}"#
         ),
+        airlock_session: None,
+        file: None,
+        offset: None,
     }
 }
 
@@ -250,6 +253,95 @@ pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
             .unwrap()
             .is_empty()
     );
+    transcripts_conformance(admin, s, &ana.id, &bob.id).await;
+}
+
+/// The transcript columns round-trip, and the comparison's reads agree on both stores: the
+/// latest `transcript.file` per file in byte order (upper case before lower, ASCII before
+/// UTF-8), truncated there, and line counts per (session, file) without conflicts.
+async fn transcripts_conformance<S: Store>(admin: &S, s: &S, ana: &str, bob: &str) {
+    let tf = |file: &str, bytes: u64| NewEvent {
+        source: Source::Session,
+        id: format!("TS:transcript:{file}"),
+        kind: "transcript.file".into(),
+        ts: 1,
+        session: Some("TS".into()),
+        seq: None,
+        boot: None,
+        payload: format!(r#"{{"airlock_session":"TS","file":"{file}","bytes":{bytes}}}"#),
+        airlock_session: Some("TS".into()),
+        file: Some(file.into()),
+        offset: None,
+    };
+    let line = |id: &str, session: &str, file: &str, offset: i64, payload: &str| NewEvent {
+        source: Source::Claude,
+        id: id.into(),
+        kind: "user".into(),
+        ts: 1,
+        session: Some("agent".into()),
+        seq: None,
+        boot: None,
+        payload: payload.into(),
+        airlock_session: Some(session.into()),
+        file: Some(file.into()),
+        offset: Some(offset),
+    };
+    let files = ["é.jsonl", "a.jsonl", "Z.jsonl", "B.jsonl"];
+    let mut batch: Vec<NewEvent> = files.iter().map(|f| tf(f, 1)).collect();
+    // A resend with another prefix: a conflict, the latest for its file.
+    batch.push(tf("a.jsonl", 2));
+    batch.push(line("l1", "TS", "a.jsonl", 0, r#"{"n":1}"#));
+    batch.push(line("l2", "TS", "a.jsonl", 8, r#"{"n":2}"#));
+    batch.push(line("l2", "TS", "a.jsonl", 8, r#"{"n":"changed"}"#));
+    batch.push(line("l3", "other", "a.jsonl", 16, r#"{"n":3}"#));
+    batch.push(line("l4", "TS", "é.jsonl", 0, r#"{"n":4}"#));
+    let ins = s.insert_events(ana, 5, &batch).await.unwrap();
+    assert!(ins[4].conflict.is_some() && ins[7].conflict.is_some(), "{ins:?}");
+    let q = EventQuery {
+        user_id: Some(ana.into()),
+        source: Some(Source::Claude),
+        limit: 100,
+        ..Default::default()
+    };
+    let got = s.query_events(&q).await.unwrap();
+    let l1 = got.iter().find(|e| e.id == "l1").unwrap();
+    assert_eq!(
+        (l1.airlock_session.as_deref(), l1.file.as_deref(), l1.offset),
+        (Some("TS"), Some("a.jsonl"), Some(0))
+    );
+
+    let items = s.session_transcript_items(ana, "TS", 10).await.unwrap();
+    assert_eq!(items.end_record, None);
+    let order: Vec<&str> = items.published.iter().map(|p| p.file.as_str()).collect();
+    assert_eq!(order, ["B.jsonl", "Z.jsonl", "a.jsonl", "é.jsonl"]);
+    assert!(items.published[2].payload.contains(r#""bytes":2"#), "{:?}", items.published[2]);
+    let first_two = s.session_transcript_items(ana, "TS", 2).await.unwrap();
+    let order: Vec<&str> = first_two.published.iter().map(|p| p.file.as_str()).collect();
+    assert_eq!(order, ["B.jsonl", "Z.jsonl"]);
+    let want: Vec<String> = files.iter().map(|f| f.to_string()).collect();
+    let mut counts = s.transcript_line_counts(ana, "TS", &want).await.unwrap();
+    counts.sort();
+    assert_eq!(counts, vec![("a.jsonl".to_string(), 2), ("é.jsonl".to_string(), 1)]);
+    // Another user's view of the same session id is empty; the end record is found by id.
+    assert!(s.session_transcript_items(bob, "TS", 10).await.unwrap().published.is_empty());
+    let end = NewEvent {
+        source: Source::Session,
+        id: "TS:end".into(),
+        kind: "end".into(),
+        ts: 2,
+        session: Some("TS".into()),
+        seq: None,
+        boot: None,
+        payload: r#"{"transcripts":[]}"#.into(),
+        airlock_session: None,
+        file: None,
+        offset: None,
+    };
+    s.insert_events(ana, 6, &[end]).await.unwrap();
+    let items = s.session_transcript_items(ana, "TS", 10).await.unwrap();
+    assert_eq!(items.end_record.as_deref(), Some(r#"{"transcripts":[]}"#));
+    assert!(admin.user_by_id(ana).await.unwrap().is_some());
+    assert!(admin.user_by_id("no-such-user").await.unwrap().is_none());
 }
 
 #[test]

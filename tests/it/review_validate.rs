@@ -55,7 +55,8 @@ fn poison_items() -> Vec<(&'static str, String, u64, &'static str)> {
         ("NUL in id", item(r"p-\u0000-id", "deploy.approved", None, "{}"), 400, "NUL"),
         ("NUL in type", item("p-type-nul", r"deploy\u0000", None, "{}"), 400, "NUL"),
         ("NUL in session", item("p-sess-nul", "t", Some(r"s\u0000"), "{}"), 400, "NUL"),
-        ("id over 256 bytes", item(&long(257), "t", None, "{}"), 400, "256"),
+        ("id over 1536 bytes", item(&long(1537), "t", None, "{}"), 400, "1536"),
+        ("2.7 KB id", item(&long(2700), "t", None, "{}"), 400, "1536"),
         // 129 bytes of UTF-8 in 65 characters: the limit is on bytes.
         ("type over 128 bytes", item("p-type-long", &"é".repeat(65), None, "{}"), 400, "128"),
         ("session over 256 bytes", item("p-sess-long", "t", Some(&long(257)), "{}"), 400, "256"),
@@ -106,7 +107,7 @@ fn poison_suite(world: &World, store: &StoreSel) {
         assert!(ids.contains(&a) && ids.contains(&b), "{what}: {ids:?}");
     }
     // At the limits exactly, every field is accepted.
-    let edge = item(&"i".repeat(256), &"t".repeat(128), Some(&"s".repeat(256)), "{}");
+    let edge = item(&"i".repeat(1536), &"t".repeat(128), Some(&"s".repeat(256)), "{}");
     let f = write_file(dir, "edge.ndjson", &ndjson(&[edge]));
     let r = post_events(&server.base, &tok, &f, "application/x-ndjson", &[]);
     assert_eq!(outcome(&r), (200, vec![created()]), "{}", r.body);

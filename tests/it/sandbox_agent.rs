@@ -313,17 +313,28 @@ fn session_records_carry_the_agent_and_hash_the_transcripts_it_changed() {
     assert!(start["layers"].as_array().unwrap().iter().any(|l| l == "seccomp"), "{start}");
     assert_eq!(end["exit_status"], 3);
     let dir = a.home_of(&repo).join(".claude/projects/-records");
-    let hashed: Vec<(String, String)> = end["transcripts"]
+    // Each entry: host path, path relative to the agent home, the prefix's size and hash.
+    let hashed: Vec<(String, String, u64, String)> = end["transcripts"]
         .as_array()
         .unwrap()
         .iter()
         .map(|t| {
-            (t["path"].as_str().unwrap().to_string(), t["sha256"].as_str().unwrap().to_string())
+            (
+                t["path"].as_str().unwrap().to_string(),
+                t["file"].as_str().unwrap().to_string(),
+                t["bytes"].as_u64().unwrap(),
+                t["sha256"].as_str().unwrap().to_string(),
+            )
         })
         .collect();
-    let expect: Vec<(String, String)> = ["new.jsonl", "old.jsonl"]
+    let expect: Vec<(String, String, u64, String)> = ["new.jsonl", "old.jsonl"]
         .iter()
-        .map(|f| (dir.join(f).display().to_string(), sha256_file(&dir.join(f))))
+        .map(|f| {
+            let p = dir.join(f);
+            let size = std::fs::metadata(&p).unwrap().len();
+            let rel = format!(".claude/projects/-records/{f}");
+            (p.display().to_string(), rel, size, sha256_file(&p))
+        })
         .collect();
     assert_eq!(hashed, expect, "only the changed transcripts, hashed; links not followed: {end}");
     // The first session's end record hashed the two files it created.

@@ -102,9 +102,10 @@ impl AgentHome {
                 unlisted += 1;
                 return;
             }
-            if let Some(sha256) = hash_transcript(dir, name) {
+            if let Some((sha256, size)) = hash_transcript(dir, name) {
                 let path = self.path.join(rel).to_string_lossy().into_owned();
-                let hash = TranscriptHash { path, sha256 };
+                let file = rel.to_string_lossy().into_owned();
+                let hash = TranscriptHash { path, file, bytes: size, sha256 };
                 // As the control protocol will encode it (escapes included).
                 bytes += serde_json::to_string(&hash).map_or(max_bytes, |j| j.len() + 1);
                 out.push(hash);
@@ -229,23 +230,28 @@ fn walk_dir(
     }
 }
 
-/// `sha256:<hex>` of a transcript read through an fd opened beneath `dir`; `None` if it
-/// vanished or is no longer a regular file.
-fn hash_transcript(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
+/// `sha256:<hex>` of a transcript read through an fd opened beneath `dir`, and how many
+/// bytes that hash covers; `None` if it vanished or is no longer a regular file. Only the
+/// size `fstat` gives at open is read: an agent still appending cannot make the hash cover
+/// bytes the count does not (nor keep the read going), so `bytes` is exactly what was hashed.
+/// A skipped file hashes nothing (`bytes` 0).
+fn hash_transcript(dir: BorrowedFd<'_>, name: &OsStr) -> Option<(String, u64)> {
+    let skipped = |why: &str| Some((format!("skipped:{why}"), 0));
     let fd = match nix::fcntl::openat2(dir, name, how(read_flags(), 0)) {
         Ok(fd) => fd,
         Err(Errno::ENOENT | Errno::ELOOP | Errno::ENXIO) => return None,
         // Made unreadable (chmod 000): say so rather than hide that it changed.
-        Err(_) => return Some("skipped:unreadable".into()),
+        Err(_) => return skipped("unreadable"),
     };
     let st = nix::sys::stat::fstat(&fd).ok()?;
     if kind(&st) != SFlag::S_IFREG {
         return None;
     }
-    if u64::try_from(st.st_size).unwrap_or(u64::MAX) > TRANSCRIPT_CAP {
-        return Some("skipped:too-large".into());
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+    if size > TRANSCRIPT_CAP {
+        return skipped("too-large");
     }
-    let mut file = File::from(fd).take(TRANSCRIPT_CAP + 1);
+    let mut file = File::from(fd).take(size);
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; HASH_BUF];
     let mut total: u64 = 0;
@@ -257,14 +263,11 @@ fn hash_transcript(dir: BorrowedFd<'_>, name: &OsStr) -> Option<String> {
                 total += n as u64;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return Some("skipped:unreadable".into()),
+            Err(_) => return skipped("unreadable"),
         }
     }
-    // It grew past the cap while we read.
-    if total > TRANSCRIPT_CAP {
-        return Some("skipped:too-large".into());
-    }
-    Some(format!("sha256:{}", hex::encode(hasher.finalize())))
+    // Shorter than at open (truncated meanwhile): `total` is what the hash covers.
+    Some((format!("sha256:{}", hex::encode(hasher.finalize())), total))
 }
 
 #[cfg(test)]
@@ -310,13 +313,35 @@ mod tests {
             vec![
                 TranscriptHash {
                     path: path("grow.jsonl"),
+                    file: ".claude/projects/-repo/grow.jsonl".into(),
+                    bytes: 16,
                     sha256: hex_sha(b"{\"a\":1}\n{\"b\":2}\n")
                 },
-                TranscriptHash { path: path("sub/new.jsonl"), sha256: hex_sha(b"{\"c\":3}\n") },
+                TranscriptHash {
+                    path: path("sub/new.jsonl"),
+                    file: ".claude/projects/-repo/sub/new.jsonl".into(),
+                    bytes: 8,
+                    sha256: hex_sha(b"{\"c\":3}\n")
+                },
             ]
         );
         // Nothing changed since the second look.
         assert!(home.changed_transcripts(&home.snapshot()).is_empty());
+    }
+
+    #[test]
+    fn the_hash_covers_exactly_the_bytes_counted_and_old_records_parse() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("t.jsonl"), "{\"a\":1}\n{\"b\":2}\n").unwrap();
+        let d = fs::File::open(dir.path()).unwrap();
+        let (sha, bytes) = hash_transcript(d.as_fd(), OsStr::new("t.jsonl")).unwrap();
+        assert_eq!((sha, bytes), (hex_sha(b"{\"a\":1}\n{\"b\":2}\n"), 16));
+        // A record written before `file` and `bytes` existed.
+        let old: TranscriptHash = serde_json::from_str(
+            r#"{"path":"/h/.claude/projects/p/a.jsonl","sha256":"sha256:00"}"#,
+        )
+        .unwrap();
+        assert_eq!((old.file.as_str(), old.bytes), ("", 0));
     }
 
     #[test]

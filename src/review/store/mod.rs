@@ -244,6 +244,35 @@ pub(crate) fn in_phase_order(pks: &[i64], rows: Vec<StoredEvent>) -> Vec<StoredE
     pks.iter().filter_map(|pk| by_pk.remove(pk)).collect()
 }
 
+/// One `transcript.file` item as the comparison reads it: the latest received for its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedFile {
+    pub file: String,
+    /// The item's payload text (`{airlock_session, file, bytes, sha256}`, checked at ingest).
+    pub payload: String,
+    pub received_at: Micros,
+}
+
+/// What [`Store::session_transcript_items`] reads for one user's Airlock session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionTranscriptItems {
+    /// The payload of the session's end record (`<session>:end`, the original: a conflicting
+    /// resend does not replace it), if stored.
+    pub end_record: Option<String>,
+    /// Per file, the `transcript.file` item with the highest `pk`, in byte order of `file`;
+    /// at most the `max_files` asked for.
+    pub published: Vec<PublishedFile>,
+}
+
+/// The `WHERE` of a session's `transcript.file` items (both stores; `?1`/`$1` user, `?2`/`$2`
+/// session), served by the `events_transcript` index.
+pub(crate) const TRANSCRIPT_FILE_ROWS: &str = "user_id = {1} AND airlock_session = {2} \
+     AND source = 'session' AND type = 'transcript.file'";
+
+/// The `WHERE` of a session's transcript lines (not conflicts: each line's id once).
+pub(crate) const TRANSCRIPT_LINE_ROWS: &str = "user_id = {1} AND airlock_session = {2} \
+     AND source IN ('claude', 'codex') AND conflict_of IS NULL";
+
 /// Filters for reading flags.
 #[derive(Debug, Clone, Default)]
 pub struct FlagQuery {
@@ -350,6 +379,8 @@ pub trait Store: Send + Sync + 'static {
         &self,
         email: &str,
     ) -> impl Future<Output = Result<Option<User>, StoreError>> + Send;
+    fn user_by_id(&self, id: &str)
+    -> impl Future<Output = Result<Option<User>, StoreError>> + Send;
     /// Records a token by its SHA-256; the secret itself never reaches the store.
     fn create_token(
         &self,
@@ -417,6 +448,22 @@ pub trait Store: Send + Sync + 'static {
         user_id: &str,
         session: &str,
     ) -> impl Future<Output = Result<Vec<StoredEvent>, StoreError>> + Send;
+    /// The end record and the `transcript.file` items (latest per file, at most
+    /// `max_files`) of `user_id`'s Airlock session `session` ([`SessionTranscriptItems`]).
+    fn session_transcript_items(
+        &self,
+        user_id: &str,
+        session: &str,
+        max_files: usize,
+    ) -> impl Future<Output = Result<SessionTranscriptItems, StoreError>> + Send;
+    /// For each of `files` that has any, how many transcript lines (`claude`/`codex` events,
+    /// conflicts not counted) are stored with `airlock_session` = `session` and that file.
+    fn transcript_line_counts(
+        &self,
+        user_id: &str,
+        session: &str,
+        files: &[String],
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, StoreError>> + Send;
     /// Inserts flags; an existing flag id is left as it is.
     fn insert_flags(
         &self,
@@ -463,6 +510,9 @@ impl Store for AnyStore {
     async fn user_by_email(&self, email: &str) -> Result<Option<User>, StoreError> {
         dispatch!(self, s => s.user_by_email(email))
     }
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        dispatch!(self, s => s.user_by_id(id))
+    }
     async fn create_token(&self, t: &str, u: &str, h: [u8; 32]) -> Result<(), StoreError> {
         dispatch!(self, s => s.create_token(t, u, h))
     }
@@ -500,6 +550,22 @@ impl Store for AnyStore {
     }
     async fn session_events(&self, u: &str, sn: &str) -> Result<Vec<StoredEvent>, StoreError> {
         dispatch!(self, s => s.session_events(u, sn))
+    }
+    async fn session_transcript_items(
+        &self,
+        u: &str,
+        sn: &str,
+        max: usize,
+    ) -> Result<SessionTranscriptItems, StoreError> {
+        dispatch!(self, s => s.session_transcript_items(u, sn, max))
+    }
+    async fn transcript_line_counts(
+        &self,
+        u: &str,
+        sn: &str,
+        files: &[String],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        dispatch!(self, s => s.transcript_line_counts(u, sn, files))
     }
     async fn insert_flags(&self, f: &[NewFlag]) -> Result<(), StoreError> {
         dispatch!(self, s => s.insert_flags(f))

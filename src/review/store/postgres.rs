@@ -19,6 +19,7 @@ use super::{
     EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, crash_point,
     random_id,
 };
+use super::{PublishedFile, SessionTranscriptItems};
 use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
@@ -37,6 +38,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (4, include_str!("../migrations/pg_0004.sql")),
     (5, include_str!("../migrations/pg_0005.sql")),
     (6, include_str!("../migrations/pg_0006.sql")),
+    (7, include_str!("../migrations/pg_0007.sql")),
 ];
 
 /// Every table of the store (each has a row in [`GRANTS`]).
@@ -335,6 +337,9 @@ fn event_from_row(r: &Row) -> StoredEvent {
         received_at: r.get(9),
         payload: r.get(10),
         conflict_of: r.get(11),
+        airlock_session: r.get(12),
+        file: r.get(13),
+        offset: r.get(14),
     }
 }
 
@@ -347,7 +352,25 @@ fn pg_arg(a: super::FlagArg) -> Box<dyn ToSql + Sync + Send> {
 }
 
 const EVENT_COLS: &str = "pk, user_id, source, id, type, ts, session, seq, boot, \
-     (extract(epoch from received_at) * 1000000)::int8, payload, conflict_of";
+     (extract(epoch from received_at) * 1000000)::int8, payload, conflict_of, airlock_session, \
+     file, file_offset";
+
+/// The transcript columns of a batch's rows, as arrays for `unnest`.
+struct Links<'a> {
+    sessions: Vec<Option<&'a str>>,
+    files: Vec<Option<&'a str>>,
+    offsets: Vec<Option<i64>>,
+}
+
+impl<'a> Links<'a> {
+    fn of(events: &[&'a NewEvent]) -> Self {
+        Self {
+            sessions: events.iter().map(|e| e.airlock_session.as_deref()).collect(),
+            files: events.iter().map(|e| e.file.as_deref()).collect(),
+            offsets: events.iter().map(|e| e.offset).collect(),
+        }
+    }
+}
 
 /// Inserts a batch's events and keys on `c`, a transaction the caller commits. The first
 /// item of each new key becomes its original (one statement: each key and its row together);
@@ -387,6 +410,7 @@ async fn insert_event_rows(
     let payloads: Vec<&str> = u.iter().map(|e| e.payload.as_str()).collect();
     let hashes: Vec<&[u8]> = unique.iter().map(|n| shas[*n].as_slice()).collect();
     let ords: Vec<i32> = unique.iter().map(|n| *n as i32).collect();
+    let links = Links::of(&u);
     // `received_at` is the database's now() (column DEFAULT; a supplied value is refused by
     // trigger, migration 0004), the same for key and row; RETURNING reports it.
     // One statement: each key and its row are inserted together or not at all. Each input
@@ -400,8 +424,10 @@ async fn insert_event_rows(
                 "WITH input AS (
                SELECT t.*, nextval('events_pk_seq') AS pk
                FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
-                           $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[])
-                 AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256)
+                           $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[],
+                           $12::text[], $13::text[], $14::int8[])
+                 AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256,
+                      airlock_session, file, file_offset)
              ), keys AS (
                INSERT INTO event_keys (user_id, source, id, pk, sha256)
                SELECT $1, source, id, pk, sha256
@@ -409,16 +435,30 @@ async fn insert_event_rows(
                ON CONFLICT DO NOTHING
                RETURNING pk, {RECEIVED_US} AS received_us
              ), ev AS (
-               INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, payload)
-               SELECT i.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload
+               INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, payload,
+                                   airlock_session, file, file_offset)
+               SELECT i.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload,
+                      i.airlock_session, i.file, i.file_offset
                FROM keys k JOIN input i ON i.pk = k.pk
                RETURNING pk
              )
              SELECT i.ord, k.pk, k.received_us FROM keys k JOIN input i ON i.pk = k.pk"
             ),
             &[
-                &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads, &ords,
+                &user_id,
+                &sources,
+                &ids,
+                &kinds,
+                &tss,
+                &sessions,
+                &seqs,
+                &boots,
+                &payloads,
+                &ords,
                 &hashes,
+                &links.sessions,
+                &links.files,
+                &links.offsets,
             ],
         )
         .await?;
@@ -552,13 +592,15 @@ async fn decide_rest(
     let hashes: Vec<&[u8]> = conflicts.iter().map(|(n, _)| shas[*n].as_slice()).collect();
     let originals: Vec<i64> = conflicts.iter().map(|(_, cf)| cf.original_pk).collect();
     let ords: Vec<i32> = conflicts.iter().map(|(n, _)| *n as i32).collect();
+    let links = Links::of(&cs);
     let rows = c
         .query(
             "WITH input AS (
                SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
                                     $7::int8[], $8::text[], $9::text[], $10::int4[], $11::bytea[],
-                                    $12::int8[])
-                 AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256, original)
+                                    $12::int8[], $13::text[], $14::text[], $15::int8[])
+                 AS t(source, id, type, ts, session, seq, boot, payload, ord, sha256, original,
+                      airlock_session, file, file_offset)
              ), x AS (
                INSERT INTO event_conflicts (user_id, source, id, sha256, pk, received_at, original_pk)
                SELECT $1, source, id, sha256, nextval('events_pk_seq'), now(), original
@@ -566,9 +608,9 @@ async fn decide_rest(
                RETURNING source, id, sha256, pk
              ), ev AS (
                INSERT INTO events (pk, user_id, source, id, type, ts, session, seq, boot, payload,
-                                   conflict_of)
+                                   conflict_of, airlock_session, file, file_offset)
                SELECT x.pk, $1, i.source, i.id, i.type, i.ts, i.session, i.seq, i.boot, i.payload,
-                      i.original
+                      i.original, i.airlock_session, i.file, i.file_offset
                FROM x JOIN input i ON i.source = x.source AND i.id = x.id AND i.sha256 = x.sha256
                RETURNING pk
              )
@@ -576,7 +618,7 @@ async fn decide_rest(
                ON i.source = x.source AND i.id = x.id AND i.sha256 = x.sha256",
             &[
                 &user_id, &sources, &ids, &kinds, &tss, &sessions, &seqs, &boots, &payloads,
-                &ords, &hashes, &originals,
+                &ords, &hashes, &originals, &links.sessions, &links.files, &links.offsets,
             ],
         )
         .await?;
@@ -771,6 +813,12 @@ impl Store for PgStore {
         self.user_with_role(&c, row).await
     }
 
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        let c = self.client().await?;
+        let row = c.query_opt("SELECT id, email FROM users WHERE id = $1", &[&id]).await?;
+        self.user_with_role(&c, row).await
+    }
+
     async fn create_token(
         &self,
         token_id: &str,
@@ -925,6 +973,64 @@ impl Store for PgStore {
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let c = self.client().await?;
         session_rows(&*c, user_id, session).await
+    }
+
+    async fn session_transcript_items(
+        &self,
+        user_id: &str,
+        session: &str,
+        max_files: usize,
+    ) -> Result<SessionTranscriptItems, StoreError> {
+        let c = self.client().await?;
+        let end_id = format!("{session}:end");
+        let end_record: Option<String> = c
+            .query_opt(
+                "SELECT payload FROM events WHERE user_id = $1 AND session = $2 \
+                 AND source = 'session' AND id = $3 AND conflict_of IS NULL ORDER BY pk LIMIT 1",
+                &[&user_id, &session, &end_id],
+            )
+            .await?
+            .map(|r| r.get(0));
+        let limit = i64::try_from(max_files).unwrap_or(i64::MAX);
+        // "C": byte order, as the embedded store compares text, so both truncate alike.
+        let rows = super::TRANSCRIPT_FILE_ROWS.replace("{1}", "$1").replace("{2}", "$2");
+        let published = c
+            .query(
+                &format!(
+                    "SELECT file, payload, (extract(epoch from received_at) * 1000000)::int8 \
+                     FROM events WHERE pk IN (SELECT max(pk) FROM events WHERE {rows} \
+                     GROUP BY file ORDER BY file COLLATE \"C\" LIMIT $3) ORDER BY file COLLATE \"C\""
+                ),
+                &[&user_id, &session, &limit],
+            )
+            .await?
+            .iter()
+            .map(|r| PublishedFile { file: r.get(0), payload: r.get(1), received_at: r.get(2) })
+            .collect();
+        Ok(SessionTranscriptItems { end_record, published })
+    }
+
+    async fn transcript_line_counts(
+        &self,
+        user_id: &str,
+        session: &str,
+        files: &[String],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let c = self.client().await?;
+        let rows = super::TRANSCRIPT_LINE_ROWS.replace("{1}", "$1").replace("{2}", "$2");
+        let counts = c
+            .query(
+                &format!(
+                    "SELECT file, count(*)::int8 FROM events WHERE {rows} AND file = ANY($3) \
+                     GROUP BY file"
+                ),
+                &[&user_id, &session, &files],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        Ok(counts)
     }
 
     async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {

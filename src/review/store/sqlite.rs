@@ -7,8 +7,8 @@
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
 use super::{
-    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, crash_point,
-    random_id,
+    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, PublishedFile,
+    SessionTranscriptItems, Store, StoreError, crash_point, random_id,
 };
 use crate::review::detect::session::SessionScan;
 use crate::review::{
@@ -25,6 +25,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("../migrations/sqlite_0002.sql")),
     (3, include_str!("../migrations/sqlite_0003.sql")),
     (5, include_str!("../migrations/sqlite_0005.sql")),
+    (6, include_str!("../migrations/sqlite_0006.sql")),
 ];
 
 /// The embedded store. Cloning shares the connection.
@@ -412,8 +413,9 @@ fn insert_event_rows(
          FROM event_keys k WHERE k.user_id = ?1 AND k.source = ?2 AND k.id = ?3",
     )?;
     let mut ins = tx.prepare_cached(
-        "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload, conflict_of)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO events(user_id, source, id, type, ts, session, seq, boot, received_at, payload, conflict_of,
+                            airlock_session, file, file_offset)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?;
     let mut key = tx.prepare_cached(
         "INSERT INTO event_keys(user_id, source, id, pk, received_at, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -458,6 +460,9 @@ fn insert_event_rows(
             received_at,
             e.payload,
             conflict.map(|c| c.original_pk),
+            e.airlock_session,
+            e.file,
+            e.offset,
         ])?;
         let pk = tx.last_insert_rowid();
         match conflict {
@@ -644,7 +649,7 @@ fn sql_value(a: super::FlagArg) -> Value {
     }
 }
 
-const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload, e.conflict_of";
+const EVENT_COLS: &str = "e.pk, e.user_id, e.source, e.id, e.type, e.ts, e.session, e.seq, e.boot, e.received_at, e.payload, e.conflict_of, e.airlock_session, e.file, e.file_offset";
 
 fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     let source: String = r.get(2)?;
@@ -662,6 +667,9 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
         received_at: r.get(9)?,
         payload: r.get(10)?,
         conflict_of: r.get(11)?,
+        airlock_session: r.get(12)?,
+        file: r.get(13)?,
+        offset: r.get(14)?,
     })
 }
 
@@ -789,6 +797,17 @@ impl Store for SqliteStore {
                 .query_row("SELECT id FROM users WHERE email = ?1", [&email], |r| r.get(0))
                 .optional()?;
             id.map(|id| user_row(c, id, email)).transpose()
+        })
+        .await
+    }
+
+    async fn user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let email: Option<String> = c
+                .query_row("SELECT email FROM users WHERE id = ?1", [&id], |r| r.get(0))
+                .optional()?;
+            email.map(|email| user_row(c, id, email)).transpose()
         })
         .await
     }
@@ -948,6 +967,73 @@ impl Store for SqliteStore {
         self.with(move |c| session_rows(c, &user_id, &session)).await
     }
 
+    async fn session_transcript_items(
+        &self,
+        user_id: &str,
+        session: &str,
+        max_files: usize,
+    ) -> Result<SessionTranscriptItems, StoreError> {
+        let (user_id, session) = (user_id.to_string(), session.to_string());
+        let limit = i64::try_from(max_files).unwrap_or(i64::MAX);
+        self.with(move |c| {
+            let end_record: Option<String> = c
+                .prepare_cached(
+                    "SELECT payload FROM events WHERE user_id = ?1 AND session = ?2 \
+                     AND source = 'session' AND id = ?3 AND conflict_of IS NULL ORDER BY pk LIMIT 1",
+                )?
+                .query_row(params![user_id, session, format!("{session}:end")], |r| r.get(0))
+                .optional()?;
+            // SQLite compares text as bytes (BINARY), the order PostgreSQL gets with "C".
+            let rows = super::TRANSCRIPT_FILE_ROWS.replace("{1}", "?1").replace("{2}", "?2");
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT file, payload, received_at FROM events WHERE pk IN \
+                 (SELECT max(pk) FROM events WHERE {rows} GROUP BY file ORDER BY file LIMIT ?3) \
+                 ORDER BY file"
+            ))?;
+            let published = stmt
+                .query_map(params![user_id, session, limit], |r| {
+                    Ok(PublishedFile {
+                        file: r.get(0)?,
+                        payload: r.get(1)?,
+                        received_at: r.get(2)?,
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(SessionTranscriptItems { end_record, published })
+        })
+        .await
+    }
+
+    async fn transcript_line_counts(
+        &self,
+        user_id: &str,
+        session: &str,
+        files: &[String],
+    ) -> Result<Vec<(String, i64)>, StoreError> {
+        let (user_id, session, files) = (user_id.to_string(), session.to_string(), files.to_vec());
+        self.with(move |c| {
+            let rows = super::TRANSCRIPT_LINE_ROWS.replace("{1}", "?1").replace("{2}", "?2");
+            let mut out = Vec::new();
+            // In chunks: SQLite bounds the number of parameters of a statement.
+            for chunk in files.chunks(500) {
+                let marks: Vec<String> = (0..chunk.len()).map(|i| format!("?{}", i + 3)).collect();
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT file, count(*) FROM events WHERE {rows} AND file IN ({}) GROUP BY file",
+                    marks.join(",")
+                ))?;
+                let mut args: Vec<Value> =
+                    vec![Value::Text(user_id.clone()), Value::Text(session.clone())];
+                args.extend(chunk.iter().map(|f| Value::Text(f.clone())));
+                let counts: Vec<(String, i64)> = stmt
+                    .query_map(params_from_iter(args), |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                out.extend(counts);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {
         let flags = flags.to_vec();
         self.with(move |c| {
@@ -1022,6 +1108,9 @@ mod tests {
             seq: None,
             boot: None,
             payload: "{}".into(),
+            airlock_session: None,
+            file: None,
+            offset: None,
         }
     }
 
