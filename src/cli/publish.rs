@@ -223,3 +223,61 @@ mod tests {
         assert!(parse_since("yesterday-ish").is_err());
     }
 }
+
+/// `[publish] auto = true`: after `airlock run`/`exec`, publish the repo's new lines on the
+/// host, bounded by `timeout`. Never changes the session's exit status: every outcome is one
+/// line on stderr, and what is left goes with the next publish (the state only ever records
+/// what the server acknowledged, so stopping at any await point loses nothing).
+pub fn publish_at_session_end(paths: &Paths, repo: &std::path::Path, timeout: std::time::Duration) {
+    if !publish::state::server_login(&paths.airlock_dir()) {
+        eprintln!(
+            "airlock: [publish] auto is on but you are not logged in to a review server; run \
+             `airlock login --server URL`"
+        );
+        return;
+    }
+    let opts = PublishOptions {
+        scope: Scope::Repo(repo.to_path_buf()),
+        since: None,
+        dry_run: false,
+        deadline: Some(std::time::Instant::now() + timeout),
+        progress: false,
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: publish at session end: cannot start its runtime: {e}");
+            return;
+        }
+    };
+    let client = LazyClient { paths, client: OnceCell::new() };
+    // The engine stops between batches at the deadline; this bounds a request in flight too.
+    let hard = timeout + std::time::Duration::from_secs(1);
+    let result = rt.block_on(async {
+        tokio::time::timeout(hard, publish::publish_async(paths, &client, &opts)).await
+    });
+    match result {
+        Ok(Ok(r)) if r.incomplete => eprintln!(
+            "airlock: published {} new, {} already there; stopped at the [publish] timeout, the \
+             rest goes with the next `airlock publish`",
+            r.created, r.duplicate
+        ),
+        Ok(Ok(r)) => {
+            if r.created + r.conflict + r.rejected > 0 {
+                eprintln!(
+                    "airlock: published {} new items ({} already there, {} conflicts, {} \
+                     rejected)",
+                    r.created, r.duplicate, r.conflict, r.rejected
+                );
+            }
+        }
+        Ok(Err(e)) => eprintln!(
+            "airlock: publish at session end failed: {e}; it goes with the next `airlock publish`"
+        ),
+        Err(_) => eprintln!(
+            "airlock: publish at session end stopped at the [publish] timeout ({}); the rest \
+             goes with the next `airlock publish`",
+            humantime::format_duration(timeout)
+        ),
+    }
+}

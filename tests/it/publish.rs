@@ -460,3 +460,58 @@ fn refused_lines_and_items_are_kept_in_rejected_jsonl() {
     let r = p.publish_json(&[]);
     assert_eq!(r["files"], 0, "{r}");
 }
+
+/// `[publish] auto = true`: with the server down the session's exit status is its own and the
+/// lines wait; the next session (server back) publishes both sessions' lines.
+#[test]
+fn auto_publish_after_exec_never_changes_the_exit_status_and_catches_up() {
+    use crate::harness::{Harness, Options};
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("store"));
+    let token = user_with_token(&world, &store, "dev@example.test", "member");
+    let server = Server::start(&world, &store, &[]);
+    let repo = world.repo("app");
+    let login = |base: &str| {
+        airlock_stdin(
+            &world,
+            world.tmp.path(),
+            &["login", "--server", base, "--token-stdin"],
+            &format!("{token}\n"),
+        )
+        .expect_code(0);
+    };
+    login(&server.base);
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[publish]\nauto = true\ntimeout = \"5s\"\n",
+    );
+    let h = Harness::start(&world, Options::default());
+    let session = |code: i32| {
+        let run = world
+            .airlock(&repo)
+            .env("AIRLOCK_SOCKET", h.socket())
+            .args(["exec", "--", "sh", "-c", &format!("exit {code}")])
+            .run();
+        assert_eq!(run.code(), code, "{}\n{}\n{}", run.stdout(), run.stderr(), h.log());
+        run
+    };
+    drop(server); // the review plane is down
+    let run = session(3);
+    assert!(run.stderr().contains("publish at session end failed"), "{}", run.stderr());
+
+    let server = Server::start(&world, &store, &[]);
+    login(&server.base);
+    let run = session(0);
+    assert!(run.stderr().contains("airlock: published"), "{}", run.stderr());
+    let dir = world.home.join(".airlock/logs/app");
+    let records = crate::support::jsonl_lines(&dir, "sessions-");
+    assert_eq!(records.len(), 4, "{records:#?}");
+    let stored = all_events(&server.base, &token, "&source=session");
+    // Both sessions' start and end records: the one published late included.
+    let ids: BTreeSet<String> = stored.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    for r in &records {
+        let kind = r["kind"].as_str().unwrap();
+        let id = format!("{}:{kind}", r["session"].as_str().unwrap());
+        assert!(ids.contains(&id), "{id} not published: {ids:?}");
+    }
+}

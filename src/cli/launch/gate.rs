@@ -47,6 +47,9 @@ pub struct Prepared {
     pub mounts: Vec<(String, crate::sandbox::usermount::Origin)>,
     /// `[sandbox] cache` of the applied layers.
     pub caches: Vec<String>,
+    /// `[publish] auto` of the managed and user layers: the bound on publishing this repo's
+    /// new lines after the session, `None` when it is off.
+    pub publish_at_end: Option<std::time::Duration>,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -117,6 +120,7 @@ impl TrustGate for ConfigGate {
         };
         let layers = session.loaded.as_ref().map(|l| l.client_layers()).unwrap_or_default();
         let (mounts, caches) = config::sandbox_mounts(&applied);
+        let publish_at_end = config::publish_at_end(&applied);
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
@@ -128,6 +132,7 @@ impl TrustGate for ConfigGate {
             terminal,
             mounts,
             caches,
+            publish_at_end,
         })
     }
 }

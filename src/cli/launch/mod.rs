@@ -242,6 +242,10 @@ pub fn run_with(
                     crate::audit::escape_for_terminal(&stopped.message)
                 );
             }
+            // On the host, after the sandbox has exited: the token never meets the session.
+            if let Some(timeout) = prepared.publish_at_end {
+                super::publish::publish_at_session_end(&paths, &req.repo.path, timeout);
+            }
             outcome.exit_code
         }
         Err(e) => fail(e),
