@@ -210,20 +210,6 @@ fn print_report(r: &PublishReport, args: &PublishArgs) {
     let _ = writeln!(out, "{line}");
 }
 
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_accepts_durations_times_and_dates() {
-        assert!(matches!(parse_since("2h"), Ok(SinceArg::Ago(_))));
-        assert!(matches!(parse_since("2026-07-24"), Ok(SinceArg::At(_))));
-        assert!(matches!(parse_since("2026-07-24T18:00:00Z"), Ok(SinceArg::At(_))));
-        assert!(parse_since("yesterday-ish").is_err());
-    }
-}
-
 /// `[publish] auto = true`: after `airlock run`/`exec`, publish the repo's new lines on the
 /// host, bounded by `timeout`. Never changes the session's exit status: every outcome is one
 /// line on stderr, and what is left goes with the next publish (the state only ever records
@@ -279,5 +265,19 @@ pub fn publish_at_session_end(paths: &Paths, repo: &std::path::Path, timeout: st
              goes with the next `airlock publish`",
             humantime::format_duration(timeout)
         ),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_accepts_durations_times_and_dates() {
+        assert!(matches!(parse_since("2h"), Ok(SinceArg::Ago(_))));
+        assert!(matches!(parse_since("2026-07-24"), Ok(SinceArg::At(_))));
+        assert!(matches!(parse_since("2026-07-24T18:00:00Z"), Ok(SinceArg::At(_))));
+        assert!(parse_since("yesterday-ish").is_err());
     }
 }

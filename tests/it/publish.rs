@@ -508,7 +508,8 @@ fn auto_publish_after_exec_never_changes_the_exit_status_and_catches_up() {
     assert_eq!(records.len(), 4, "{records:#?}");
     let stored = all_events(&server.base, &token, "&source=session");
     // Both sessions' start and end records: the one published late included.
-    let ids: BTreeSet<String> = stored.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
+    let ids: BTreeSet<String> =
+        stored.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect();
     for r in &records {
         let kind = r["kind"].as_str().unwrap();
         let id = format!("{}:{kind}", r["session"].as_str().unwrap());
