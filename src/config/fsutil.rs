@@ -54,7 +54,21 @@ pub enum PrivateReadError {
 /// Reads a file that must be private: a regular file (symlinks not followed) owned by the
 /// caller, with no group/other permission bits. `Ok(None)` when it does not exist.
 pub fn read_private(path: &Path) -> Result<Option<Vec<u8>>, PrivateReadError> {
-    let mut f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path) {
+    let Some(mut f) = open_private(path)? else { return Ok(None) };
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf)?;
+    Ok(Some(buf))
+}
+
+/// Opens a file that must be private, checked as [`read_private`] says, for a caller that reads
+/// it its own way (the review token: bounded, into a zeroized buffer). Non-blocking, so a FIFO
+/// in its place cannot hang the command.
+pub fn open_private(path: &Path) -> Result<Option<std::fs::File>, PrivateReadError> {
+    let f = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -72,9 +86,7 @@ pub fn read_private(path: &Path) -> Result<Option<Vec<u8>>, PrivateReadError> {
     if mode & 0o077 != 0 {
         return Err(PrivateReadError::TooOpen { mode });
     }
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)?;
-    Ok(Some(buf))
+    Ok(Some(f))
 }
 
 /// Largest configuration file read (far above any real policy; bounds a hostile repo's file).

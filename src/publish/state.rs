@@ -170,26 +170,27 @@ pub fn lock(airlock_dir: &Path, wait: Duration) -> Result<Lock, StateError> {
     }
 }
 
-/// Whether a review-plane login exists under `airlock_dir` (a token file, or a server in the
-/// identity). Looks at the token's existence only, never its bytes.
-pub fn logged_in(airlock_dir: &Path) -> bool {
-    if std::fs::symlink_metadata(airlock_dir.join("token")).is_ok() {
-        return true;
-    }
-    let Ok(text) = std::fs::read_to_string(airlock_dir.join("identity.toml")) else {
-        return false;
-    };
-    toml::from_str::<toml::Table>(&text).is_ok_and(|t| t.contains_key("server"))
-}
-
-/// Whether `airlock login --server` left both a server in the identity and a token file
-/// (what the review-plane client needs). Reads neither the token's bytes nor the network.
-pub fn server_login(airlock_dir: &Path) -> bool {
+/// What `airlock login --server` left under `airlock_dir`: (a token file, a server in the
+/// identity). Reads neither the token's bytes nor the network.
+fn login_files(airlock_dir: &Path) -> (bool, bool) {
     let token = std::fs::symlink_metadata(airlock_dir.join("token")).is_ok();
     let server = std::fs::read_to_string(airlock_dir.join("identity.toml"))
         .ok()
         .and_then(|t| toml::from_str::<toml::Table>(&t).ok())
         .is_some_and(|t| t.get("server").is_some_and(|s| s.is_str()));
+    (token, server)
+}
+
+/// Whether a review-plane login exists at all (a token file, or a server in the identity):
+/// retention's test, which errs towards keeping files.
+pub fn logged_in(airlock_dir: &Path) -> bool {
+    let (token, server) = login_files(airlock_dir);
+    token || server
+}
+
+/// Whether the review-plane client can be built: both a server in the identity and a token.
+pub fn server_login(airlock_dir: &Path) -> bool {
+    let (token, server) = login_files(airlock_dir);
     token && server
 }
 

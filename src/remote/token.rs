@@ -4,7 +4,6 @@
 //! [`Zeroizing`] string and is never printed: no error here quotes it.
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use zeroize::Zeroizing;
@@ -110,30 +109,22 @@ pub enum TokenFileError {
 /// Reads the token file: a regular file (symlinks not followed) owned by the caller with no
 /// group/other bits. `Ok(None)` when it does not exist.
 pub fn read_token(path: &Path) -> Result<Option<Zeroizing<String>>, TokenFileError> {
-    let read_err = |source| TokenFileError::Read { path: path.to_owned(), source };
-    let f = match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(read_err(e)),
+    use crate::config::fsutil::{self, PrivateReadError};
+    let f = match fsutil::open_private(path) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(PrivateReadError::NotOwned { owner, me }) => {
+            return Err(TokenFileError::NotOwned { path: path.to_owned(), owner, me });
+        }
+        Err(PrivateReadError::TooOpen { mode }) => {
+            return Err(TokenFileError::TooOpen { path: path.to_owned(), mode });
+        }
+        Err(PrivateReadError::Io(source)) => {
+            return Err(TokenFileError::Read { path: path.to_owned(), source });
+        }
     };
-    // fstat the opened file, so the checked file is the read one.
-    let meta = f.metadata().map_err(read_err)?;
-    if !meta.is_file() {
-        return Err(read_err(std::io::Error::other("not a regular file")));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me {
-        return Err(TokenFileError::NotOwned { path: path.to_owned(), owner: meta.uid(), me });
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(TokenFileError::TooOpen { path: path.to_owned(), mode });
-    }
-    let raw = read_bounded(f).map_err(read_err)?;
+    let raw =
+        read_bounded(f).map_err(|source| TokenFileError::Read { path: path.to_owned(), source })?;
     parse_token(raw).map(Some).map_err(|why| TokenFileError::Shape { path: path.to_owned(), why })
 }
 

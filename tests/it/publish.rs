@@ -8,37 +8,17 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
 use crate::review_support::{PgDb, Server, StoreSel, all_events, user_with_token};
-use crate::support::{Run, World, bin};
+use crate::support::{Run, World, airlock_stdin};
 
 fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/transcripts").join(name),
     )
     .unwrap()
-}
-
-fn airlock_stdin(world: &World, cwd: &Path, args: &[&str], stdin: &str) -> Run {
-    let mut cmd = Command::new(bin("airlock"));
-    cmd.current_dir(cwd)
-        .env_clear()
-        .env("HOME", &world.home)
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    // A command that refuses before reading stdin closes it: that is its answer, not ours.
-    match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        r => r.unwrap(),
-    }
-    Run { output: child.wait_with_output().unwrap() }
 }
 
 /// A world logged in to a fresh review server, with a repo `app`.

@@ -12,7 +12,7 @@ use airlock::remote::{Client, RemoteError};
 use zeroize::Zeroizing;
 
 use crate::review_support::{PgDb, Server, StoreSel, ndjson, user_with_token};
-use crate::support::{Run, World, bin};
+use crate::support::{Run, World, airlock_stdin, bin};
 
 fn gzip(data: &[u8]) -> bytes::Bytes {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -25,29 +25,10 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// `airlock ARGS` with `stdin` piped in (the token for `--token-stdin`).
-fn airlock_stdin(world: &World, args: &[&str], stdin: &str) -> Run {
-    let mut cmd = Command::new(bin("airlock"));
-    cmd.current_dir(world.tmp.path())
-        .env_clear()
-        .env("HOME", &world.home)
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    // A command that refuses before reading stdin closes it: that is its answer, not ours.
-    match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-        r => r.unwrap(),
-    }
-    Run { output: child.wait_with_output().unwrap() }
-}
-
 fn login(world: &World, server: &str, token: &str, extra: &[&str]) -> Run {
     let mut args = vec!["login", "--server", server, "--token-stdin"];
     args.extend_from_slice(extra);
-    airlock_stdin(world, &args, &format!("{token}\n"))
+    airlock_stdin(world, world.tmp.path(), &args, &format!("{token}\n"))
 }
 
 fn mode(p: &Path) -> u32 {
@@ -187,10 +168,16 @@ fn good_bad_and_revoked_tokens_embedded() {
     assert!(!dir.join("token").exists() && !dir.join("identity.toml").exists());
 
     // An empty token on stdin, and no terminal without --token-stdin.
-    let run = airlock_stdin(&world, &["login", "--server", &base, "--token-stdin"], "\n");
+    let run = airlock_stdin(
+        &world,
+        world.tmp.path(),
+        &["login", "--server", &base, "--token-stdin"],
+        "\n",
+    );
     let run = run.expect_code(1);
     assert!(run.stderr().contains("is empty"), "{}", run.stderr());
-    let run = airlock_stdin(&world, &["login", "--server", &base], "alk_x\n").expect_code(1);
+    let run = airlock_stdin(&world, world.tmp.path(), &["login", "--server", &base], "alk_x\n")
+        .expect_code(1);
     assert!(run.stderr().contains("pass --token-stdin"), "{}", run.stderr());
     assert!(!dir.join("token").exists() && !dir.join("identity.toml").exists());
 

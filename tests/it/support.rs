@@ -388,3 +388,25 @@ pub fn http_upstream(
     });
     (port, hits)
 }
+
+/// `airlock ARGS` in `cwd` with `stdin` written to its standard input (a login's
+/// `--token-stdin`), the world's HOME and nothing else of the caller's environment.
+pub fn airlock_stdin(world: &World, cwd: &Path, args: &[&str], stdin: &str) -> Run {
+    use std::io::Write;
+    let mut cmd = Command::new(bin("airlock"));
+    cmd.current_dir(cwd)
+        .env_clear()
+        .env("HOME", &world.home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // A command that refuses before reading stdin closes it: that is its answer, not ours.
+    match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        r => r.unwrap(),
+    }
+    Run { output: child.wait_with_output().unwrap() }
+}
