@@ -204,6 +204,9 @@ fn print_report(r: &PublishReport, args: &PublishArgs) {
     if r.unchanged > 0 {
         line.push_str(&format!("; {} unchanged", r.unchanged));
     }
+    if r.retried > 0 {
+        line.push_str(&format!("; the server was busy, {} retries", r.retried));
+    }
     if r.conflict + r.rejected > 0 {
         line.push_str("; see ~/.airlock/publish/rejected.jsonl");
     }

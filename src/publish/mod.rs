@@ -90,6 +90,8 @@ pub struct PublishReport {
     /// `--dry-run`: per file, what would be sent.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub would_send: Vec<DryRunFile>,
+    /// Answers that asked to retry (429/503), each waited out and retried.
+    pub retried: u64,
     /// The deadline passed before everything was sent (the rest goes next time).
     pub incomplete: bool,
 }
@@ -170,8 +172,10 @@ pub async fn publish_async<S: Sink>(
             _ => todo.push(f.clone()),
         }
     }
+    let retries = std::cell::Cell::new(0);
     let mut engine = Engine {
         sink,
+        retries: &retries,
         air: air.clone(),
         opts,
         state,
@@ -240,6 +244,7 @@ pub async fn publish_async<S: Sink>(
         Err(Stop::Deadline) => engine.report.incomplete = true,
         Err(Stop::Error(e)) => return Err(e),
     }
+    engine.report.retried = retries.get();
     engine.warn_cleanup(&disc.claude_homes, &disc.files);
     Ok(engine.report)
 }
@@ -386,6 +391,8 @@ type Posted<'a> = Pin<Box<dyn Future<Output = (u64, Vec<Meta>, Result<Reply, Upl
 
 struct Engine<'a, S: Sink> {
     sink: &'a S,
+    /// 429/503 answers so far (the uploads in flight count into it).
+    retries: &'a std::cell::Cell<u64>,
     air: PathBuf,
     opts: &'a PublishOptions,
     state: State,
@@ -705,11 +712,12 @@ impl<'a, S: Sink> Engine<'a, S> {
             .map_err(|e| Stop::Error(PublishError::Upload { message: format!("gzip: {e}") }))?;
         let n = batch.items.len();
         let sink = self.sink;
+        let retries = &*self.retries;
         let deadline = self.opts.deadline;
         let items = batch.items;
         self.pending.insert(seq, batch.checkpoints);
         self.in_flight.push(Box::pin(async move {
-            let r = upload::post_with_retry(sink, gz, n, deadline).await;
+            let r = upload::post_with_retry(sink, gz, n, deadline, retries).await;
             (seq, items, r)
         }));
         Ok(())

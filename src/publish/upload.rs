@@ -146,12 +146,14 @@ pub fn backoff(attempt: u32, after: Option<Duration>) -> Duration {
     }
 }
 
-/// Posts one batch, retrying 429/503; never waits past `deadline`.
+/// Posts one batch, retrying 429/503; never waits past `deadline`. `retries` counts the
+/// answers that asked to retry (the run's report shows them: a busy server is not silent).
 pub async fn post_with_retry<S: Sink>(
     sink: &S,
     gz: Bytes,
     items: usize,
     deadline: Option<Instant>,
+    retries: &std::cell::Cell<u64>,
 ) -> Result<Reply, UploadError> {
     let mut attempt = 0u32;
     loop {
@@ -167,6 +169,7 @@ pub async fn post_with_retry<S: Sink>(
             Ok(reply) => return Ok(reply),
             Err(SinkError::Retry { status, after, message }) => {
                 attempt += 1;
+                retries.set(retries.get() + 1);
                 if attempt >= MAX_ATTEMPTS {
                     return Err(UploadError::GaveUp {
                         attempts: attempt,
