@@ -277,15 +277,17 @@ fn walk_root(home: &Path, root: &str, kind: Kind, out: &mut Discovery) {
         if t == SFlag::S_IFDIR {
             return fsat::Step::Descend;
         }
-        if !wanted(kind, root, e.rel) {
-            return fsat::Step::Skip;
-        }
         let abs = home.join(root).join(e.rel);
+        // Every symlink is reported, whatever its name: one standing for a directory would
+        // hide the transcripts it points at, and only an agent makes links here.
         if t == SFlag::S_IFLNK {
             out.problems.push(format!(
                 "{}: a symlink, never followed; not published (remove it)",
                 abs.display()
             ));
+            return fsat::Step::Skip;
+        }
+        if !wanted(kind, root, e.rel) {
             return fsat::Step::Skip;
         }
         if t != SFlag::S_IFREG {
@@ -363,8 +365,10 @@ mod tests {
         let ids: Vec<&str> = out.files.iter().map(|f| f.id_rel.as_str()).collect();
         assert_eq!(ids, ["-work-r/s1/subagents/agent-1.jsonl", "-work-r/s1.jsonl"]);
         assert_eq!(out.files[1].rel, Path::new(".claude/projects/-work-r/s1.jsonl"));
-        assert_eq!(out.problems.len(), 1, "{:?}", out.problems);
-        assert!(out.problems[0].contains("evil.jsonl"));
+        // Both links are reported, the one standing for a directory too.
+        assert_eq!(out.problems.len(), 2, "{:?}", out.problems);
+        assert!(out.problems[0].contains("evil.jsonl"), "{:?}", out.problems);
+        assert!(out.problems[1].contains("/up: a symlink"), "{:?}", out.problems);
     }
 
     #[test]

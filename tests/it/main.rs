@@ -67,6 +67,7 @@ mod sandbox_logdir;
 mod sandbox_ports;
 #[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
+mod sandbox_publish_plant;
 #[cfg(feature = "test-hooks")]
 mod sandbox_refusals;
 #[cfg(feature = "test-hooks")]
