@@ -7,6 +7,7 @@
 
 #[cfg(feature = "test-hooks")]
 mod audit_volume;
+mod browser;
 #[cfg(feature = "test-hooks")]
 mod capture;
 mod cli_identity;
