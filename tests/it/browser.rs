@@ -299,7 +299,7 @@ fn the_browser_harness_drives_a_loopback_page_and_reaches_nothing_else() {
             let _ = s.read(&mut buf);
             let _ = write!(
                 s,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nSet-Cookie: probe=1; Path=/\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
                 page.len()
             );
         }
@@ -307,9 +307,22 @@ fn the_browser_harness_drives_a_loopback_page_and_reaches_nothing_else() {
     let b = Browser::start();
     b.goto(&format!("http://127.0.0.1:{port}/"));
     assert_eq!(b.eval("return document.body.dataset.js", json!([])), "ran");
-    b.get("#q").type_text("hello");
+    let q = b.get("#q");
+    q.type_text("typed");
+    q.clear();
+    q.type_text("hello");
+    assert_eq!(b.active().attr("id").as_deref(), Some("q"));
+    // Tab moves the focus to the button, Enter presses it.
+    b.keys("\u{E004}");
+    assert_eq!(b.active().tag(), "button");
+    assert_eq!(b.active().text(), "go");
+    b.keys("\u{E007}");
+    assert_eq!(b.title(), "clicked:hello");
     b.get("#b").click();
     assert_eq!(b.title(), "clicked:hello");
+    assert!(b.cookies().iter().any(|c| c["name"] == "probe"), "{:?}", b.cookies());
+    b.delete_cookies();
+    assert!(b.cookies().is_empty());
     // A name outside loopback resolves to nothing (`no-cors`: a reached server would resolve
     // the promise with an opaque answer instead of rejecting it).
     let r = b.eval(
