@@ -712,7 +712,7 @@ impl<'a, S: Sink> Engine<'a, S> {
             .map_err(|e| Stop::Error(PublishError::Upload { message: format!("gzip: {e}") }))?;
         let n = batch.items.len();
         let sink = self.sink;
-        let retries = &*self.retries;
+        let retries = self.retries;
         let deadline = self.opts.deadline;
         let items = batch.items;
         self.pending.insert(seq, batch.checkpoints);
