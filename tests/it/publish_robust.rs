@@ -675,6 +675,48 @@ fn a_429_from_a_loaded_server_is_waited_out_and_nothing_is_lost() {
     dev.assert_exact(&server.base);
 }
 
+/// Another process (python3's sqlite3) holding an exclusive transaction on an embedded store's
+/// database until [`SqliteLock::release`] (or until its stdin closes, if the test fails).
+struct SqliteLock {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl SqliteLock {
+    /// Returns once the lock is held.
+    fn take(db: &Path) -> Self {
+        let script = "import sqlite3, sys\n\
+                      con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n\
+                      con.execute('BEGIN EXCLUSIVE')\n\
+                      print('locked', flush=True)\n\
+                      sys.stdin.readline()\n\
+                      con.execute('ROLLBACK')\n\
+                      print('released', flush=True)\n";
+        let mut child = Command::new("/usr/bin/python3")
+            .args(["-c", script])
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "locked", "python did not take the lock");
+        SqliteLock { child, out }
+    }
+
+    fn release(mut self) {
+        let mut stdin = self.child.stdin.take().unwrap();
+        writeln!(stdin).unwrap();
+        drop(stdin);
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "released");
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
 #[test]
 fn a_503_while_the_store_is_locked_is_retried_until_it_frees() {
     if !have("python3") || !have("curl") {
@@ -690,39 +732,15 @@ fn a_503_while_the_store_is_locked_is_retried_until_it_frees() {
     let db = dir.join("review.db");
     assert!(db.is_file(), "the embedded store's database: {}", db.display());
 
-    // Another process holds an exclusive transaction on the database until told to let go
-    // (or its stdin closes): the server's writes wait out their busy timeout and answer 503.
-    let script = "import sqlite3, sys\n\
-                  con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)\n\
-                  con.execute('BEGIN EXCLUSIVE')\n\
-                  print('locked', flush=True)\n\
-                  sys.stdin.readline()\n\
-                  con.execute('ROLLBACK')\n\
-                  print('released', flush=True)\n";
-    let mut py = Command::new("/usr/bin/python3")
-        .args(["-c", script])
-        .arg(&db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(py.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "locked", "python did not take the lock");
-
+    // Another process holds an exclusive transaction on the database until told to let go:
+    // the server's writes wait out their busy timeout and answer 503.
+    let lock = SqliteLock::take(&db);
     let (mut child, out_path, err) = dev.spawn_publish(0);
     // Let go once the server has answered a 503 (the lock was held when publish posted).
     let saw_503 = crate::support::wait_until(Duration::from_secs(60), || {
         metric(&metrics(&server.base), "airlock_review_ingest_requests_total{code=\"503\"}") >= 1.0
     });
-    let mut stdin = py.stdin.take().unwrap();
-    writeln!(stdin).unwrap();
-    drop(stdin);
-    line.clear();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "released");
-    assert!(py.wait().unwrap().success());
+    lock.release();
     assert!(saw_503, "the server never answered 503 while the store was locked:\n{}", server.log());
 
     let status = child.wait().unwrap();
@@ -736,6 +754,45 @@ fn a_503_while_the_store_is_locked_is_retried_until_it_frees() {
     let m = metrics(&server.base);
     assert!(metric(&m, "airlock_review_store_errors_total{kind=\"unavailable\"}") >= 1.0);
     dev.assert_exact(&server.base);
+}
+
+/// A lock held for less than the store's busy timeout (5 s) is waited for: the ingest is
+/// answered once it frees, not 503 at once. (Regression: ingest's transaction began deferred,
+/// read, then upgraded to write; SQLite does not run the busy handler for that upgrade, so any
+/// other writer, an `airlockd admin` command say, turned ingest into an immediate 503.)
+#[test]
+fn a_store_locked_for_less_than_the_busy_timeout_is_waited_for() {
+    if !have("python3") || !have("curl") {
+        return;
+    }
+    let world = World::new();
+    let dir = world.tmp.path().join("store");
+    let store = StoreSel::Embedded(dir.clone());
+    let token = user_with_token(&world, &store, "dev@example.test", "member");
+    let server = Server::start(&world, &store, &[]);
+    let body = crate::review_support::write_file(
+        world.tmp.path(),
+        "b.ndjson",
+        &crate::review_support::ndjson(&[crate::review_support::egress(
+            "w1",
+            "example.test",
+            true,
+        )]),
+    );
+    let lock = SqliteLock::take(&dir.join("review.db"));
+    let (base, tok) = (server.base.clone(), token.clone());
+    let post = std::thread::spawn(move || {
+        crate::review_support::post_events(&base, &tok, &body, "application/x-ndjson", &[])
+    });
+    // Let go once the request is inside the ingest (its slot taken), or answered already.
+    crate::support::wait_until(Duration::from_secs(30), || {
+        post.is_finished()
+            || metric(&metrics(&server.base), "airlock_review_slots_in_use{kind=\"ingest\"}") >= 1.0
+    });
+    lock.release();
+    let r = post.join().unwrap();
+    assert_eq!(r.status, 200, "{r:?}\n{}", server.log());
+    assert_eq!(all_events(&server.base, &token, "").len(), 1);
 }
 
 #[test]
