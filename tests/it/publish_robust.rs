@@ -508,6 +508,8 @@ fn kill_9_mid_publish_in_a_loop_then_resume_gives_exact_server_counts() {
             std::thread::sleep(Duration::from_millis((50.0 + 950.0 * unit()) as u64));
             "by time".to_owned()
         };
+        // What the server had stored when the signal went (batches in flight may still land).
+        let at_kill = created_on_server(&server.base);
         let killed = match child.try_wait().unwrap() {
             Some(status) => {
                 assert!(
@@ -528,11 +530,11 @@ fn kill_9_mid_publish_in_a_loop_then_resume_gives_exact_server_counts() {
         let ran = started.elapsed();
         let on_server = stored.refresh(&server.base, &dev.token);
         let acked = dev.check_state(&stored);
-        let mid = killed && on_server > before && on_server < total;
+        let mid = killed && at_kill > before && at_kill < total;
         landed_mid += usize::from(mid);
         log.push(format!(
-            "#{i}: killed {how} after {ran:?}: {killed}, server {before}->{on_server}/{total}, \
-             state {acked}"
+            "#{i}: killed {how} after {ran:?}: {killed}, server {before}->{at_kill} at the \
+             kill, {on_server} after, of {total}; state {acked}"
         ));
         grow(&dev, i);
     }
