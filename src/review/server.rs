@@ -418,7 +418,22 @@ async fn read_capped(body: Incoming, cap: usize) -> Result<Vec<u8>, ReadError> {
 
 /// Answers one request from `peer`: routes it, records its metrics, and advertises the
 /// per-user ingest concurrency on ingest and `/api/v1/me` answers.
+///
+/// hyper drops this future when the client hangs up. An ingest therefore runs in a task of
+/// its own, to its end: its commit runs on in a blocking task anyway, and what it stored must
+/// be what `/metrics` counts (a `kill -9`ed `airlock publish` otherwise left stored items
+/// uncounted).
 pub async fn handle<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incoming>) -> Resp {
+    if req.method() == Method::POST && req.uri().path() == "/api/v1/events" {
+        return match tokio::spawn(answer(st, peer, req)).await {
+            Ok(resp) => resp,
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("ingest task failed: {e}")),
+        };
+    }
+    answer(st, peer, req).await
+}
+
+async fn answer<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incoming>) -> Resp {
     let started = Instant::now();
     let ingest = req.method() == Method::POST && req.uri().path() == "/api/v1/events";
     let advertise = ingest || req.uri().path() == "/api/v1/me";

@@ -30,6 +30,7 @@ mod proxy_malformed;
 #[cfg(feature = "test-hooks")]
 mod proxy_support;
 mod publish;
+mod publish_robust;
 mod remote_login;
 mod review;
 #[cfg(feature = "test-hooks")]

@@ -219,7 +219,23 @@ impl Server {
         scheme: &str,
         env: &[(&str, &str)],
     ) -> Self {
-        let port = free_port();
+        Self::spawn(world, store, extra, scheme, env, free_port())
+    }
+
+    /// [`Self::start`] on a given port: a server restarted on the port and store of one that
+    /// was killed, so its clients' login still points at it.
+    pub fn start_on(world: &World, store: &StoreSel, extra: &[&str], port: u16) -> Self {
+        Self::spawn(world, store, extra, "http", &[], port)
+    }
+
+    fn spawn(
+        world: &World,
+        store: &StoreSel,
+        extra: &[&str],
+        scheme: &str,
+        env: &[(&str, &str)],
+        port: u16,
+    ) -> Self {
         let log = world.tmp.path().join(format!("review-{port}.log"));
         let mut cmd = Command::new(bin("airlockd"));
         cmd.env_clear()
@@ -231,7 +247,8 @@ impl Server {
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+            // Appended: a server restarted on the same port keeps its predecessor's log.
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap());
         let mut child = cmd.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

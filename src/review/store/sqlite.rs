@@ -880,7 +880,8 @@ impl Store for SqliteStore {
         let user_id = user_id.to_string();
         let events = events.to_vec();
         self.with(move |c| {
-            let tx = c.transaction()?;
+            // Immediate: see `ingest`.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let out = insert_event_rows(&tx, &user_id, received_at, &events)?;
             tx.commit()?;
             Ok(out)
@@ -898,7 +899,11 @@ impl Store for SqliteStore {
         let user_id = user_id.to_string();
         let events = events.to_vec();
         self.with(move |c| {
-            let tx = c.transaction()?;
+            // Immediate: the write lock is taken at BEGIN, where SQLite runs the busy handler
+            // (5 s) if another process holds it. A deferred transaction reads first and then
+            // upgrades, and SQLite answers that upgrade SQLITE_BUSY at once, without waiting:
+            // a short write by `airlockd admin` made ingest a 503.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let inserted = insert_event_rows(&tx, &user_id, received_at, &events)?;
             crash_point("after-events");
             let mut flags = scan.batch_flags(&inserted);
