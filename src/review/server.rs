@@ -1246,13 +1246,16 @@ async fn post_flag<S: Store>(
         Some("dismiss") => Act::State(FlagState::Dismissed),
         Some("reopen") => Act::State(FlagState::Open),
         Some("assign") => match v.get("assignee") {
-            Some(Value::String(e)) => Act::Assign(Some(e.as_str())),
+            // Bounded and NUL-free before it reaches a store (PostgreSQL text holds no NUL).
+            Some(Value::String(e)) if e.len() <= 1024 && !e.contains('\0') => {
+                Act::Assign(Some(e.as_str()))
+            }
             Some(Value::Null) => Act::Assign(None),
             _ => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    "`assign` needs `assignee`: the email of a reviewer or admin, or null to \
-                     unassign",
+                    "`assign` needs `assignee`: the email of a reviewer or admin (at most 1 KiB, \
+                     no NUL), or null to unassign",
                 );
             }
         },

@@ -157,6 +157,9 @@ fn assign_suite(world: &World, store: &StoreSel) {
     assert_eq!(r.status, 403, "a member assigned: {}", r.body);
     let r = act(base, &rev1, &flag, &json!({"action": "assign"}));
     assert_eq!(r.status, 400, "no assignee: {}", r.body);
+    let r =
+        act(base, &rev1, &flag, &json!({"action": "assign", "assignee": "a\u{0}@example.test"}));
+    assert_eq!(r.status, 400, "a NUL in the assignee: {}", r.body);
     let r = act(base, &rev1, &flag, &json!({"action": "resolve", "assignee": "rev1@example.test"}));
     assert_eq!(r.status, 400, "an assignee on a state action: {}", r.body);
     let r = act(
