@@ -335,6 +335,17 @@ impl FlagState {
             FlagState::Dismissed => "dismissed",
         }
     }
+
+    /// The `action` of `POST /api/v1/flags/{id}` that sets this state (`open`: `reopen`, since
+    /// a flag starts open with no row).
+    pub fn action(self) -> &'static str {
+        match self {
+            FlagState::Open => "reopen",
+            FlagState::Acknowledged => "acknowledge",
+            FlagState::Resolved => "resolve",
+            FlagState::Dismissed => "dismiss",
+        }
+    }
 }
 
 impl FromStr for FlagState {
@@ -352,8 +363,10 @@ impl FromStr for FlagState {
     }
 }
 
-/// One appended state of a flag: who set it, when, with what note, and whether the actor
-/// acted on a flag raised on their own history ([`flag_rules`]).
+/// One appended row of a flag's history: who acted, when, with what note, and whether the
+/// actor acted on a flag raised on their own history ([`flag_rules`]). A state action sets
+/// `state`; an assignment (`assignment`) keeps the state the flag had and sets `assignee`
+/// (`None`: unassigned).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlagStateRecord {
     pub state: FlagState,
@@ -361,17 +374,31 @@ pub struct FlagStateRecord {
     pub at: Micros,
     pub note: Option<String>,
     pub self_action: bool,
+    /// The row is an assignment, not a state action.
+    pub assignment: bool,
+    /// The assigned user's id (assignments only; `None`: unassigned).
+    pub assignee: Option<String>,
+    /// That user's email (emails never change: users are insert-only).
+    pub assignee_email: Option<String>,
 }
 
 impl FlagStateRecord {
     fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
+            "action": if self.assignment { "assign" } else { self.state.action() },
             "state": self.state,
             "actor": self.actor,
             "at": format_micros(self.at),
             "note": self.note,
             "self": self.self_action,
-        })
+        });
+        if self.assignment
+            && let Some(o) = v.as_object_mut()
+        {
+            o.insert("assignee".into(), serde_json::json!(self.assignee));
+            o.insert("assignee_email".into(), serde_json::json!(self.assignee_email));
+        }
+        v
     }
 }
 
@@ -389,16 +416,23 @@ pub struct Flag {
     pub state: FlagState,
     pub note: Option<String>,
     pub event_pks: Vec<i64>,
-    /// Every appended state, oldest first.
+    /// Every appended row (states and assignments), oldest first.
     pub history: Vec<FlagStateRecord>,
+    /// The latest assignment's assignee (`None`: never assigned, or unassigned).
+    pub assignee: Option<String>,
+    pub assignee_email: Option<String>,
 }
 
 impl Flag {
-    /// Sets `history` and the current `state` and `note` from it.
+    /// Sets `history` and from it the current `state` and `note` (the latest row's: an
+    /// assignment carries the state it kept) and the assignee (the latest assignment's).
     pub fn with_history(mut self, history: Vec<FlagStateRecord>) -> Self {
         let latest = history.last();
         self.state = latest.map_or(FlagState::Open, |h| h.state);
         self.note = latest.and_then(|h| h.note.clone());
+        let assigned = history.iter().rev().find(|h| h.assignment);
+        self.assignee = assigned.and_then(|h| h.assignee.clone());
+        self.assignee_email = assigned.and_then(|h| h.assignee_email.clone());
         self.history = history;
         self
     }
@@ -418,6 +452,8 @@ impl Flag {
             "note": self.note,
             "actor": latest.map(|h| h.actor.as_str()),
             "self": latest.is_some_and(|h| h.self_action),
+            "assignee": self.assignee,
+            "assignee_email": self.assignee_email,
             "history": self.history.iter().map(FlagStateRecord::to_json).collect::<Vec<_>>(),
             "events": self.event_pks,
         })

@@ -16,7 +16,8 @@ use super::limits::{self, AcceptBackoff, LimitsConfig, RateLimiter, SlotRefusal,
 use super::metrics::{self, SlotUse};
 use super::reads::{Busy, Cursor, PAGE_CAP, PageWriter, ReadPermit, ReadSlots, export};
 use super::store::{
-    EventOrder, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, random_id,
+    AssigneeFilter, EventOrder, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan,
+    Store, StoreError, random_id,
 };
 use super::transcript_files;
 use super::{
@@ -323,6 +324,7 @@ fn store_error(e: StoreError) -> Resp {
         }
         StoreError::NotFound(m) => error(StatusCode::NOT_FOUND, m),
         StoreError::Forbidden(m) => error(StatusCode::FORBIDDEN, m),
+        StoreError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
         StoreError::Conflict(m) => error(StatusCode::CONFLICT, m),
         StoreError::Other(m) => {
             metrics::global().store_error(false);
@@ -1133,6 +1135,7 @@ pub async fn respond<S: Store>(
 async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incoming>) -> Resp {
     let mut q = FlagQuery { limit: 100, ..FlagQuery::default() };
     let mut wanted_user = None;
+    let mut wanted_assignee = None;
     let params = match query_params(req.uri().query()) {
         Ok(params) => params,
         Err(resp) => return resp,
@@ -1146,6 +1149,7 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
                         Some(v.parse().map_err(|e: String| error(StatusCode::BAD_REQUEST, e))?)
                 }
                 "rule" => q.rule_id = Some(v),
+                "assignee" => wanted_assignee = Some(v),
                 "cursor" => q.after = Some(parse_cursor(&v)?),
                 "limit" => q.limit = parse_limit(&v)?,
                 other => {
@@ -1166,11 +1170,23 @@ async fn get_flags<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incomi
         Ok(u) => u,
         Err(resp) => return resp,
     };
+    if let Some(a) = wanted_assignee {
+        q.assignee = match assignee_filter(st, user, a).await {
+            Ok(f) => Some(f),
+            Err(resp) => return resp,
+        };
+    }
     if q.user_id.as_deref() != Some(user.id.as_str()) {
         // Reads of other people's flags are recorded like reads of their events, first.
+        let assignee = match &q.assignee {
+            Some(AssigneeFilter::User(u)) => json!(u),
+            Some(AssigneeFilter::Unassigned) => json!("none"),
+            None => Value::Null,
+        };
         let payload = json!({
             "reader": user.id, "reader_email": user.email, "what": "flags",
             "target_user": q.user_id, "state": q.state, "rule": q.rule_id,
+            "assignee": assignee,
         });
         if let Err(resp) = record_read(st, user, payload).await {
             return resp;
@@ -1234,18 +1250,43 @@ async fn post_flag<S: Store>(
         Ok(v) => v,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
     };
-    let state = match v.get("action").and_then(Value::as_str) {
-        Some("acknowledge") => FlagState::Acknowledged,
-        Some("resolve") => FlagState::Resolved,
-        Some("dismiss") => FlagState::Dismissed,
-        Some("reopen") => FlagState::Open,
+    // A state to set, or an assignment (`Assign(None)`: unassign).
+    enum Act<'a> {
+        State(FlagState),
+        Assign(Option<&'a str>),
+    }
+    let act = match v.get("action").and_then(Value::as_str) {
+        Some("acknowledge") => Act::State(FlagState::Acknowledged),
+        Some("resolve") => Act::State(FlagState::Resolved),
+        Some("dismiss") => Act::State(FlagState::Dismissed),
+        Some("reopen") => Act::State(FlagState::Open),
+        Some("assign") => match v.get("assignee") {
+            // Bounded and NUL-free before it reaches a store (PostgreSQL text holds no NUL).
+            Some(Value::String(e)) if e.len() <= 1024 && !e.contains('\0') => {
+                Act::Assign(Some(e.as_str()))
+            }
+            Some(Value::Null) => Act::Assign(None),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "`assign` needs `assignee`: the email of a reviewer or admin (at most 1 KiB, \
+                     no NUL), or null to unassign",
+                );
+            }
+        },
         _ => {
             return error(
                 StatusCode::BAD_REQUEST,
-                "`action` must be acknowledge, resolve, dismiss or reopen",
+                "`action` must be acknowledge, resolve, dismiss, reopen or assign",
             );
         }
     };
+    if matches!(act, Act::State(_)) && v.get("assignee").is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "`assignee` goes only with `\"action\": \"assign\"`; send the state action without it",
+        );
+    }
     let note = match v.get("note") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.len() <= 16 * 1024 && !s.contains('\0') => Some(s.as_str()),
@@ -1265,16 +1306,40 @@ async fn post_flag<S: Store>(
         Ok(s) => s,
         Err(resp) => return resp,
     };
-    let action = FlagAction {
-        flag_id: id,
-        state,
-        note,
-        actor: &user.id,
-        self_action,
-        secret: &secret,
-        at: now_micros(),
+    let appended = match act {
+        Act::Assign(email) => {
+            let assignee = match email {
+                Some(e) => match assignable(st, e).await {
+                    Ok(u) => Some(u.id),
+                    Err(resp) => return resp,
+                },
+                None => None,
+            };
+            let a = FlagAssignment {
+                flag_id: id,
+                assignee: assignee.as_deref(),
+                note,
+                actor: &user.id,
+                self_action,
+                secret: &secret,
+                at: now_micros(),
+            };
+            st.store.assign_flag(&a).await
+        }
+        Act::State(state) => {
+            let action = FlagAction {
+                flag_id: id,
+                state,
+                note,
+                actor: &user.id,
+                self_action,
+                secret: &secret,
+                at: now_micros(),
+            };
+            st.store.append_flag_state(&action).await
+        }
     };
-    match st.store.append_flag_state(&action).await {
+    match appended {
         Ok(false) => error(StatusCode::NOT_FOUND, format!("no flag {id}")),
         Ok(true) => match st.store.get_flag(id).await {
             Ok(Some(f)) => json_resp(StatusCode::OK, &f.to_json()),
@@ -1282,6 +1347,49 @@ async fn post_flag<S: Store>(
             Err(e) => store_error(e),
         },
         Err(e) => store_error(e),
+    }
+}
+
+/// The user an assignment names by `email`, if they may be assigned (a current reviewer or
+/// admin), else the 400 saying what was wrong.
+async fn assignable<S: Store>(st: &AppState<S>, email: &str) -> Result<User, Resp> {
+    match st.store.user_by_email(email).await {
+        Ok(Some(u)) if u.role.can_review() => Ok(u),
+        Ok(Some(u)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{email} is a {}: only reviewers and admins can be assigned a flag",
+                u.role.as_str()
+            ),
+        )),
+        Ok(None) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("no user with email {email:?}; assign a reviewer or admin by their email"),
+        )),
+        Err(e) => Err(store_error(e)),
+    }
+}
+
+/// The `assignee` filter of `GET /api/v1/flags`: `none`, a user id, or an email. An unknown
+/// email is a 404 for reviewers and admins; for a member (who sees only their own flags and
+/// must not learn who exists) it matches nothing.
+async fn assignee_filter<S: Store>(
+    st: &AppState<S>,
+    user: &User,
+    v: String,
+) -> Result<AssigneeFilter, Resp> {
+    if v == "none" {
+        return Ok(AssigneeFilter::Unassigned);
+    }
+    if !v.contains('@') {
+        return Ok(AssigneeFilter::User(v));
+    }
+    match st.store.user_by_email(&v).await {
+        Ok(Some(u)) => Ok(AssigneeFilter::User(u.id)),
+        // No user id contains '@', so filtering on the email itself matches no flag.
+        Ok(None) if !user.role.can_review() => Ok(AssigneeFilter::User(v)),
+        Ok(None) => Err(error(StatusCode::NOT_FOUND, format!("no user {v}"))),
+        Err(e) => Err(store_error(e)),
     }
 }
 

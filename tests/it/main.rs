@@ -40,6 +40,7 @@ mod review_conflict;
 mod review_contract;
 mod review_detect;
 mod review_export;
+mod review_flag_assign;
 mod review_flags;
 mod review_init;
 mod review_limits;

@@ -9,8 +9,15 @@ use crate::support::World;
 use serde_json::{Value, json};
 
 /// Posts a denied connection to pastebin.com as `token`'s user (it raises a flag on them) and
-/// returns that flag's id, as a reviewer sees it.
-fn raise_flag(world: &World, base: &str, token: &str, reviewer: &str, id: &str) -> String {
+/// returns the first flag raised on that user (its id, as a reviewer sees it): one flag per
+/// user, so a test wanting two flags raises them on two users.
+pub(crate) fn raise_flag(
+    world: &World,
+    base: &str,
+    token: &str,
+    reviewer: &str,
+    id: &str,
+) -> String {
     let f = write_file(
         world.tmp.path(),
         &format!("{id}.ndjson"),
@@ -34,7 +41,7 @@ fn raise_flag(world: &World, base: &str, token: &str, reviewer: &str, id: &str) 
         .to_string()
 }
 
-fn act(base: &str, token: &str, flag: &str, body: &Value) -> Http {
+pub(crate) fn act(base: &str, token: &str, flag: &str, body: &Value) -> Http {
     let auth = format!("Authorization: Bearer {token}");
     let body = body.to_string();
     curl(&[
@@ -48,12 +55,12 @@ fn act(base: &str, token: &str, flag: &str, body: &Value) -> Http {
     ])
 }
 
-fn user_id(base: &str, token: &str) -> String {
+pub(crate) fn user_id(base: &str, token: &str) -> String {
     get(base, token, "/api/v1/me", &[]).json()["id"].as_str().unwrap().to_string()
 }
 
 /// The flag as `GET /api/v1/flags` lists it.
-fn listed(base: &str, token: &str, flag: &str) -> Value {
+pub(crate) fn listed(base: &str, token: &str, flag: &str) -> Value {
     let all = get(base, token, "/api/v1/flags?limit=1000", &[]).json();
     all["flags"]
         .as_array()

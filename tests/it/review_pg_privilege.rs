@@ -55,6 +55,16 @@ fn flag_call(secret: Option<&str>, flag: &str, state: &str, over: bool) -> Strin
     format!("SELECT * FROM airlock_flag_state({secret}, '{flag}', '{state}', NULL, {over})")
 }
 
+/// `airlock_flag_assign` (migration 9): `assignee` a user id or `None` (unassign).
+fn assign_call(secret: Option<&str>, flag: &str, assignee: Option<&str>, over: bool) -> String {
+    let q = |v: Option<&str>| v.map_or("NULL".to_string(), |s| format!("'{s}'"));
+    format!(
+        "SELECT * FROM airlock_flag_assign({}, '{flag}', {}, NULL, {over})",
+        q(secret),
+        q(assignee)
+    )
+}
+
 /// The grants table of docs/review.md: object → (admin privileges, runtime privileges).
 fn documented_grants() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
     let doc = std::fs::read_to_string(
@@ -249,6 +259,26 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
         // An unknown flag: no row, nothing written.
         assert_eq!(one(&runtime, &format!("SELECT count(*) FROM ({}) x", flag_call(Some(&rev), "nope", "resolved", false))).await, "0");
 
+        // Assignments only through `airlock_flag_assign`: the same credential, role and self
+        // checks, and an assignee who exists and is a reviewer or admin.
+        denied(&runtime, &format!("INSERT INTO flag_states (flag_id, state, actor, at, assignment, assignee) VALUES ('f-ana', 'open', '{rev_id}', now(), true, '{rev_id}')")).await;
+        refused(&runtime, &assign_call(None, "f-ana", Some(&rev_id), false), "AL401", "no credential").await;
+        refused(&runtime, &assign_call(Some(&rev_old), "f-ana", Some(&rev_id), false), "AL401", "invalid or revoked").await;
+        refused(&runtime, &assign_call(Some(&ana2), "f-ana", Some(&rev_id), false), "AL403", "only reviewers and admins").await;
+        refused(&runtime, &assign_call(Some(&rev), "f-rev", Some(&adm_id), true), "AL403", "your own history").await;
+        refused(&runtime, &assign_call(Some(&adm), "f-adm", Some(&rev_id), false), "AL403", "your own history").await;
+        refused(&runtime, &assign_call(Some(&rev), "f-ana", Some("ghost"), false), "AL400", "no user with id ghost").await;
+        refused(&runtime, &assign_call(Some(&rev), "f-ana", Some(&ana_id), false), "AL400", "only reviewers and admins can be assigned").await;
+        assert_eq!(one(&runtime, &format!("SELECT count(*) FROM ({}) x", assign_call(Some(&rev), "nope", Some(&adm_id), false))).await, "0");
+        // Accepted: the row keeps the flag's state (f-ana is acknowledged) and names the
+        // assignee; unassigning names nobody.
+        runtime.batch_execute(&assign_call(Some(&rev), "f-ana", Some(&adm_id), false)).await.unwrap();
+        runtime.batch_execute(&assign_call(Some(&adm), "f-adm", None, true)).await.unwrap();
+        assert_eq!(
+            one(&owner, "SELECT string_agg(flag_id || ':' || state || ':' || actor || ':' || self || ':' || assignment || ':' || coalesce(assignee, '-'), ',' ORDER BY n) FROM flag_states WHERE assignment").await,
+            format!("f-ana:acknowledged:{rev_id}:false:true:{adm_id},f-adm:dismissed:{adm_id}:true:true:-")
+        );
+
         // --- The admin role: users, roles, tokens, revocations; no evidence at all. ---
         admin
             .batch_execute(&format!("INSERT INTO user_roles (user_id, role) VALUES ('{ana_id}', 'member')"))
@@ -269,6 +299,7 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
             "UPDATE user_roles SET role = 'admin'".into(),
             "INSERT INTO schema_migrations (version) VALUES (999)".into(),
             flag_call(Some(&adm), "f-ana", "resolved", false),
+            assign_call(Some(&adm), "f-ana", Some(&adm_id), false),
         ] {
             denied(&admin, &sql).await;
         }
@@ -308,6 +339,11 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
             "true search_path=pg_catalog, public, pg_temp"
         );
         assert_eq!(one(&owner, "SELECT has_function_privilege('public', 'airlock_flag_state(text,text,text,text,boolean)', 'EXECUTE')::text").await, "false");
+        assert_eq!(
+            one(&owner, "SELECT prosecdef::text || ' ' || array_to_string(proconfig, ';') FROM pg_proc WHERE proname = 'airlock_flag_assign'").await,
+            "true search_path=pg_catalog, public, pg_temp"
+        );
+        assert_eq!(one(&owner, "SELECT has_function_privilege('public', 'airlock_flag_assign(text,text,text,text,boolean)', 'EXECUTE')::text").await, "false");
     });
 }
 
@@ -394,9 +430,11 @@ fn pg_remigrating_a_version_1_database_revokes_its_grants() {
             .await
             .unwrap();
         runtime.batch_execute(&flag_call(Some("alk_old"), "f2", "dismissed", false)).await.unwrap();
+        // So may the assignment function (migration 9 on top of version 1).
+        runtime.batch_execute(&assign_call(Some("alk_old"), "f2", Some("u1"), false)).await.unwrap();
         assert_eq!(
-            one(&owner, "SELECT string_agg(flag_id || ':' || self, ',' ORDER BY n) FROM flag_states").await,
-            "f1:false,f2:true"
+            one(&owner, "SELECT string_agg(flag_id || ':' || state || ':' || self, ',' ORDER BY n) FROM flag_states").await,
+            "f1:resolved:false,f2:dismissed:true,f2:dismissed:true"
         );
     });
     // Re-running is idempotent.

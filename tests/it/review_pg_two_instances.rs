@@ -10,8 +10,8 @@ use crate::support::World;
 use airlock::review::detect::session::SessionScan;
 use airlock::review::store::postgres::PgStore;
 use airlock::review::store::{
-    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, SessionTranscriptItems, Store,
-    StoreError,
+    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan,
+    SessionTranscriptItems, Store, StoreError,
 };
 use airlock::review::{Flag, Inserted, Micros, NewEvent, NewFlag, Role, StoredEvent, User};
 use serde_json::{Value, json};
@@ -116,6 +116,9 @@ impl Store for Alternating {
     }
     async fn append_flag_state(&self, a: &FlagAction<'_>) -> Result<bool, StoreError> {
         self.pick().append_flag_state(a).await
+    }
+    async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
+        self.pick().assign_flag(a).await
     }
 }
 

@@ -32,6 +32,10 @@ pub enum StoreError {
     /// role); HTTP 403.
     #[error("{0}")]
     Forbidden(String),
+    /// The store refused the request's content (PostgreSQL's flag-assignment function: an
+    /// assignee who is unknown or not a reviewer/admin); HTTP 400.
+    #[error("{0}")]
+    Invalid(String),
     #[error("review store error: {0}")]
     Other(String),
 }
@@ -279,9 +283,19 @@ pub struct FlagQuery {
     pub user_id: Option<String>,
     pub state: Option<FlagState>,
     pub rule_id: Option<String>,
+    /// The latest assignment's assignee.
+    pub assignee: Option<AssigneeFilter>,
     /// Cursor: flags created strictly after this store row number.
     pub after: Option<i64>,
     pub limit: u32,
+}
+
+/// `GET /api/v1/flags?assignee=`: flags whose latest assignment names this user, or flags
+/// nobody is assigned to (never assigned, or unassigned since).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AssigneeFilter {
+    User(String),
+    Unassigned,
 }
 
 /// A value bound into a flag listing, before conversion to a backend's parameter type.
@@ -309,6 +323,16 @@ impl FlagQuery {
         }
         if let Some(r) = &self.rule_id {
             bind(&mut sql, " AND f.rule_id = {}", FlagArg::Text(r.clone()));
+        }
+        // The latest assignment row's assignee (NULL when none, or unassigned).
+        const ASSIGNEE: &str = "(SELECT assignee FROM flag_states s WHERE s.flag_id = f.id \
+             AND s.assignment ORDER BY n DESC LIMIT 1)";
+        match &self.assignee {
+            Some(AssigneeFilter::User(u)) => {
+                bind(&mut sql, &format!(" AND {ASSIGNEE} = {{}}"), FlagArg::Text(u.clone()))
+            }
+            Some(AssigneeFilter::Unassigned) => sql.push_str(&format!(" AND {ASSIGNEE} IS NULL")),
+            None => {}
         }
         if let Some(a) = self.after {
             bind(&mut sql, " AND f.n > {}", FlagArg::Int(a));
@@ -355,6 +379,21 @@ pub struct FlagAction<'a> {
     /// The bearer token the actor presented: PostgreSQL re-checks it in the database, records
     /// its user as the actor and applies the self-action rule again (`airlock_flag_state`,
     /// with `self_action` as its `override`); the embedded store records `actor`.
+    pub secret: &'a str,
+    pub at: Micros,
+}
+
+/// One assignment append, as the server decided it: a history row that keeps the flag's
+/// current state and names `assignee` (`None`: unassign). Checks as [`FlagAction`].
+#[derive(Debug, Clone, Copy)]
+pub struct FlagAssignment<'a> {
+    pub flag_id: &'a str,
+    /// The assigned user's id (the server checked they are a reviewer or admin;
+    /// PostgreSQL checks again in `airlock_flag_assign`).
+    pub assignee: Option<&'a str>,
+    pub note: Option<&'a str>,
+    pub actor: &'a str,
+    pub self_action: bool,
     pub secret: &'a str,
     pub at: Micros,
 }
@@ -479,6 +518,13 @@ pub trait Store: Send + Sync + 'static {
         &self,
         action: &FlagAction<'_>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Appends an assignment row ([`FlagAssignment`]) carrying the flag's state at that moment
+    /// (read and written atomically, so a concurrent state action is never undone); returns
+    /// false if the flag is unknown.
+    fn assign_flag(
+        &self,
+        assignment: &FlagAssignment<'_>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Either store, chosen at startup (`--database` given or not).
@@ -579,6 +625,9 @@ impl Store for AnyStore {
     async fn append_flag_state(&self, action: &FlagAction<'_>) -> Result<bool, StoreError> {
         dispatch!(self, s => s.append_flag_state(action))
     }
+    async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.assign_flag(a))
+    }
 }
 
 /// A fresh random id: 16 bytes as 32 hex digits.
@@ -603,6 +652,7 @@ mod tests {
             user_id: Some("u1".into()),
             state: Some(crate::review::FlagState::Open),
             rule_id: None,
+            assignee: None,
             after: Some(7),
             limit: 50,
         };
@@ -621,5 +671,21 @@ mod tests {
         );
         let (sql, _) = FlagQuery { limit: 1, ..Default::default() }.sql_tail(|n| format!("?{n}"));
         assert_eq!(sql, " WHERE 1=1 ORDER BY f.n LIMIT ?1");
+    }
+
+    #[test]
+    fn flag_query_filters_on_the_latest_assignment() {
+        let q = FlagQuery {
+            assignee: Some(AssigneeFilter::User("u9".into())),
+            limit: 5,
+            ..Default::default()
+        };
+        let (sql, args) = q.sql_tail(|n| format!("${n}"));
+        assert!(sql.contains("AND s.assignment ORDER BY n DESC LIMIT 1) = $1"), "{sql}");
+        assert_eq!(args, vec![FlagArg::Text("u9".into()), FlagArg::Int(5)]);
+        let q = FlagQuery { assignee: Some(AssigneeFilter::Unassigned), limit: 5, ..q };
+        let (sql, args) = q.sql_tail(|n| format!("?{n}"));
+        assert!(sql.contains("LIMIT 1) IS NULL ORDER BY f.n LIMIT ?1"), "{sql}");
+        assert_eq!(args, vec![FlagArg::Int(5)]);
     }
 }

@@ -10,14 +10,14 @@
 //!
 //! Least privilege (migration 0004, [`GRANTS`], docs/review.md "Grants"): the runtime role
 //! inserts only events, keys and flags; flag states go through the `SECURITY DEFINER`
-//! function `airlock_flag_state`, which takes the caller's bearer token and records its user
-//! as the actor; users, roles and tokens are written by the owner or the admin role.
+//! functions `airlock_flag_state` and `airlock_flag_assign` (migration 0009), which take the
+//! caller's bearer token and record its user as the actor; users, roles and tokens are written by the owner or the admin role.
 //! `received_at` comes from the database clock (a supplied value is refused by trigger).
 
 use super::pg_tls::{PgOptions, PgTarget};
 use super::{
-    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, Store, StoreError, crash_point,
-    random_id,
+    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan, Store, StoreError,
+    crash_point, random_id,
 };
 use super::{PublishedFile, SessionTranscriptItems};
 use crate::review::detect::session::SessionScan;
@@ -39,6 +39,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("../migrations/pg_0005.sql")),
     (6, include_str!("../migrations/pg_0006.sql")),
     (7, include_str!("../migrations/pg_0007.sql")),
+    (9, include_str!("../migrations/pg_0009.sql")),
 ];
 
 /// Every table of the store (each has a row in [`GRANTS`]).
@@ -70,7 +71,7 @@ pub const GRANTS: &[(&str, &str, &str)] = &[
     ("event_conflicts", "SELECT, INSERT", ""),
     ("flags", "SELECT, INSERT", ""),
     ("flag_events", "SELECT, INSERT", ""),
-    // Written only through `airlock_flag_state` (EXECUTE below).
+    // Written only through `airlock_flag_state` and `airlock_flag_assign` (EXECUTE below).
     ("flag_states", "SELECT", ""),
 ];
 
@@ -84,7 +85,10 @@ pub const SEQUENCE_GRANTS: &[(&str, bool, bool)] = &[
 ];
 
 /// Functions the runtime role may EXECUTE (EXECUTE is revoked from PUBLIC on each).
-pub const RUNTIME_FUNCTIONS: &[&str] = &["airlock_flag_state(text, text, text, text, boolean)"];
+pub const RUNTIME_FUNCTIONS: &[&str] = &[
+    "airlock_flag_state(text, text, text, text, boolean)",
+    "airlock_flag_assign(text, text, text, text, boolean)",
+];
 
 /// A small fixed pool of pipelined connections; a closed one is replaced on next use.
 /// Each call takes the connection with the fewest calls in flight: plain round-robin put two
@@ -265,8 +269,10 @@ impl PgStore {
         let mut histories: HashMap<String, Vec<FlagStateRecord>> = HashMap::new();
         for r in c
             .query(
-                "SELECT flag_id, state, actor, (extract(epoch from at) * 1000000)::int8, note, self
-                 FROM flag_states WHERE flag_id = ANY($1) ORDER BY flag_id, n",
+                "SELECT s.flag_id, s.state, s.actor, (extract(epoch from s.at) * 1000000)::int8,
+                        s.note, s.self, s.assignment, s.assignee, u.email
+                 FROM flag_states s LEFT JOIN users u ON u.id = s.assignee
+                 WHERE s.flag_id = ANY($1) ORDER BY s.flag_id, s.n",
                 &[&ids],
             )
             .await?
@@ -278,6 +284,9 @@ impl PgStore {
                 at: r.get(3),
                 note: r.get(4),
                 self_action: r.get(5),
+                assignment: r.get(6),
+                assignee: r.get(7),
+                assignee_email: r.get(8),
             });
         }
         let mut links: HashMap<String, Vec<i64>> = HashMap::new();
@@ -310,6 +319,8 @@ impl PgStore {
                     state: FlagState::Open,
                     note: None,
                     history: Vec::new(),
+                    assignee: None,
+                    assignee_email: None,
                 }
                 .with_history(history),
             ));
@@ -683,13 +694,15 @@ async fn insert_flag_rows(c: &impl GenericClient, flags: &[NewFlag]) -> Result<(
     Ok(())
 }
 
-/// A refusal of `airlock_flag_state` (SQLSTATE `AL401`/`AL403`) is the caller's, not the
-/// store's: it maps to [`StoreError::Forbidden`].
+/// A refusal of `airlock_flag_state` or `airlock_flag_assign` (SQLSTATE `AL401`/`AL403`) is
+/// the caller's, not the store's: it maps to [`StoreError::Forbidden`]; `AL400` (an assignee
+/// who may not be assigned) to [`StoreError::Invalid`].
 fn flag_state_error(e: tokio_postgres::Error) -> StoreError {
     match e.as_db_error() {
         Some(db) if matches!(db.code().code(), "AL401" | "AL403") => {
             StoreError::Forbidden(db.message().to_string())
         }
+        Some(db) if db.code().code() == "AL400" => StoreError::Invalid(db.message().to_string()),
         _ => e.into(),
     }
 }
@@ -1066,6 +1079,20 @@ impl Store for PgStore {
             .query(
                 "SELECT n FROM airlock_flag_state($1, $2, $3, $4, $5)",
                 &[&a.secret, &a.flag_id, &a.state.as_str(), &a.note, &a.self_action],
+            )
+            .await
+            .map_err(flag_state_error)?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
+        // As `append_flag_state`: the function re-checks the token, role and self rule, checks
+        // the assignee, and keeps the flag's state under the flag's row lock.
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT n FROM airlock_flag_assign($1, $2, $3, $4, $5)",
+                &[&a.secret, &a.flag_id, &a.assignee, &a.note, &a.self_action],
             )
             .await
             .map_err(flag_state_error)?;

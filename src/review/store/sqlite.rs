@@ -7,7 +7,7 @@
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
 use super::{
-    EventPage, EventQuery, FlagAction, FlagQuery, IngestScan, PublishedFile,
+    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan, PublishedFile,
     SessionTranscriptItems, Store, StoreError, crash_point, random_id,
 };
 use crate::review::detect::session::SessionScan;
@@ -26,6 +26,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/sqlite_0003.sql")),
     (5, include_str!("../migrations/sqlite_0005.sql")),
     (6, include_str!("../migrations/sqlite_0006.sql")),
+    (8, include_str!("../migrations/sqlite_0008.sql")),
 ];
 
 /// The embedded store. Cloning shares the connection.
@@ -697,22 +698,36 @@ fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreEr
         return Ok(None);
     };
     let mut stmt = conn.prepare_cached(
-        "SELECT state, actor, at, note, self FROM flag_states WHERE flag_id = ?1 ORDER BY n",
+        "SELECT s.state, s.actor, s.at, s.note, s.self, s.assignment, s.assignee, u.email
+         FROM flag_states s LEFT JOIN users u ON u.id = s.assignee
+         WHERE s.flag_id = ?1 ORDER BY s.n",
     )?;
     let rows = stmt.query_map([&id], |r| {
         Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, i64>(2)?,
-            r.get::<_, Option<String>>(3)?,
-            r.get::<_, bool>(4)?,
+            (
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, bool>(4)?,
+            ),
+            (r.get::<_, bool>(5)?, r.get::<_, Option<String>>(6)?, r.get::<_, Option<String>>(7)?),
         ))
     })?;
     let mut history = Vec::new();
     for row in rows {
-        let (state, actor, at, note, self_action) = row?;
+        let ((state, actor, at, note, self_action), (assignment, assignee, assignee_email)) = row?;
         let state = state.parse().map_err(StoreError::Other)?;
-        history.push(FlagStateRecord { state, actor, at, note, self_action });
+        history.push(FlagStateRecord {
+            state,
+            actor,
+            at,
+            note,
+            self_action,
+            assignment,
+            assignee,
+            assignee_email,
+        });
     }
     let mut stmt = conn
         .prepare_cached("SELECT event_pk FROM flag_events WHERE flag_id = ?1 ORDER BY event_pk")?;
@@ -732,6 +747,8 @@ fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreEr
             note: None,
             event_pks,
             history: Vec::new(),
+            assignee: None,
+            assignee_email: None,
         }
         .with_history(history),
     )))
@@ -1091,6 +1108,29 @@ impl Store for SqliteStore {
         })
         .await
     }
+
+    async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
+        // As `append_flag_state`; the state kept is read in the same statement on the one
+        // writer connection, so no state action lands between the read and the append.
+        let (flag_id, note, actor, assignee) = (
+            a.flag_id.to_string(),
+            a.note.map(str::to_string),
+            a.actor.to_string(),
+            a.assignee.map(str::to_string),
+        );
+        let (at, self_action) = (a.at, a.self_action);
+        self.with(move |c| {
+            let n = c.execute(
+                "INSERT INTO flag_states(flag_id, state, note, actor, at, self, assignment, assignee)
+                 SELECT f.id, coalesce((SELECT s.state FROM flag_states s WHERE s.flag_id = f.id
+                                        ORDER BY s.n DESC LIMIT 1), 'open'), ?2, ?3, ?4, ?5, 1, ?6
+                 FROM flags f WHERE f.id = ?1",
+                params![flag_id, note, actor, at, self_action, assignee],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
 }
 
 #[cfg(test)]
@@ -1184,6 +1224,53 @@ mod tests {
             [],
         );
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn migration_8_reads_older_states_as_unassigned_and_assignments_keep_the_state() {
+        // A store as the previous release left it (every migration before 8).
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "foreign_keys", "ON").unwrap();
+        let before: Vec<_> = MIGRATIONS.iter().copied().filter(|(v, _)| *v < 8).collect();
+        migrate_with(&mut conn, &before).unwrap();
+        conn.execute_batch(
+            "INSERT INTO users(id, email, created_at) VALUES ('u2', 'r@example.test', 1);
+             INSERT INTO flags(id, rule_id, title, severity, user_id, session, detail, created_at)
+               VALUES ('f1', 'r', 't', 'low', 'u1', NULL, 'd', 1);
+             INSERT INTO flag_states(flag_id, state, note, actor, at, self)
+               VALUES ('f1', 'resolved', 'old', 'u2', 2, 0);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let (_, f) = load_flag(&conn, "f1").unwrap().unwrap();
+        assert_eq!((f.state, f.assignee.as_deref()), (FlagState::Resolved, None));
+        assert!(!f.history[0].assignment);
+        let s = SqliteStore { conn: Arc::new(Mutex::new(conn)), path: PathBuf::new() };
+        let a = FlagAssignment {
+            flag_id: "f1",
+            assignee: Some("u2"),
+            note: Some("yours"),
+            actor: "u2",
+            self_action: false,
+            secret: "",
+            at: 3,
+        };
+        assert!(rt().block_on(s.assign_flag(&a)).unwrap());
+        assert!(!rt().block_on(s.assign_flag(&FlagAssignment { flag_id: "nope", ..a })).unwrap());
+        let f = rt().block_on(s.get_flag("f1")).unwrap().unwrap();
+        assert_eq!(f.state, FlagState::Resolved, "an assignment keeps the state");
+        assert_eq!(f.assignee.as_deref(), Some("u2"));
+        assert_eq!(f.assignee_email.as_deref(), Some("r@example.test"));
+        assert!(f.history[1].assignment && f.history[1].state == FlagState::Resolved);
+        // An assignee that is no user is refused by the foreign key; an assignee on a state
+        // row by the CHECK.
+        let c = s.conn.lock().unwrap();
+        for bad in [
+            "INSERT INTO flag_states(flag_id, state, actor, at, assignment, assignee) VALUES ('f1', 'open', 'u2', 4, 1, 'ghost')",
+            "INSERT INTO flag_states(flag_id, state, actor, at, assignment, assignee) VALUES ('f1', 'open', 'u2', 4, 0, 'u2')",
+        ] {
+            assert!(c.execute(bad, []).is_err(), "{bad}");
+        }
     }
 
     #[test]
