@@ -56,7 +56,7 @@ svg .fl{fill:var(--fl)}
 svg .ax{stroke:var(--line)}
 svg a:focus rect,svg a:hover rect{opacity:.7}
 .spark{vertical-align:middle}
-.chart{width:100%;max-width:980px;height:auto}
+.chart{max-width:100%;height:auto}
 .legend span{margin-right:1em}
 .dd{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,1fr);gap:.3em 1em}
 .dd>.c{grid-column:1}

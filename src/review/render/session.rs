@@ -260,7 +260,8 @@ fn records(p: &SessionPage) -> Markup {
             (row("Exit status", field(&end, "exit_status")))
             (row("End reason", field(&end, "end_reason")))
             (row("Tunnels", field(&end, "tunnels")))
-            (row("Bytes sent / received", if end.is_some() { format!("{} / {}", field(&end, "bytes_sent"), field(&end, "bytes_recv")) } else { String::new() }))
+            (row("Bytes sent", field(&end, "bytes_sent")))
+            (row("Bytes received", field(&end, "bytes_recv")))
             @if end.as_ref().and_then(|e| e.get("transcripts_truncated")).and_then(Value::as_bool) == Some(true) {
                 dt { "Transcripts" } dd.no { "the record's transcript list is incomplete (the walk was cut short)" }
             }

@@ -65,7 +65,7 @@ pub fn hour_chart(buckets: &[HourBucket], href: &dyn Fn(Micros, Micros) -> Strin
     let label =
         format!("events per hour, {} hours; click a bar to narrow the range to it", buckets.len());
     html! {
-        svg.chart viewBox=(format!("0 0 {width} {}", H + TOP + 2)) role="img" aria-label=(label) {
+        svg.chart width=(width) height=(H + TOP + 2) viewBox=(format!("0 0 {width} {}", H + TOP + 2)) role="img" aria-label=(label) {
             title { (label) }
             // Empty hours are left blank: nothing to narrow to.
             @for (i, b) in buckets.iter().enumerate().filter(|(_, b)| b.total() > 0 || b.flags > 0) {

@@ -127,6 +127,8 @@ pub fn assert_inert(html: &str) {
                     || v.starts_with('?');
                 assert!(ok, "a {k} that is not first-party: {v:?}");
                 assert!(!v.to_ascii_lowercase().contains("javascript:"), "{v}");
+                // Stored data in a link is percent-encoded: no scheme or authority survives.
+                assert!(!v.contains("://") && !v.get(1..).unwrap_or("").contains("//"), "{v}");
             }
         }
         if t.name == "script" && !t.closing {

@@ -507,6 +507,11 @@ mod tests {
         assert_inert(&html);
         assert!(html.contains("/sessions/javascript%3Aalert%281%29?user="));
         assert!(!html.contains("<img"));
+        // A URL the data holds appears as escaped text only, never as a link.
+        assert!(
+            html.contains("https://evil.example/?q=&lt;b&gt; https://evil.example/?q=&lt;b&gt;")
+        );
+        assert!(html.contains("/sessions/https%3A%2F%2Fevil.example%2F%3Fq%3D%3Cb%3E?user="));
     }
 
     #[test]
