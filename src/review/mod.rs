@@ -16,6 +16,7 @@ pub mod ingest;
 pub mod limits;
 pub mod metrics;
 pub mod reads;
+pub mod render;
 pub mod server;
 pub mod store;
 pub mod token;
