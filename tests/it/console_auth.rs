@@ -401,3 +401,70 @@ fn console_sign_in_and_sessions_postgres() {
     db.migrate(&world);
     sign_in_and_sessions(&world, &StoreSel::Pg(db.runtime_url.clone()), Some(&db));
 }
+
+/// The console's tables hold the grants of docs/review.md ("Grants"): the runtime role cannot
+/// write a password, an invite use or the auth log except through the SECURITY DEFINER
+/// functions, the admin role cannot forge a session, and even the owner cannot rewrite or
+/// delete any of it (the ring's rows are overwritten only by `airlock_auth_log`).
+#[test]
+fn console_tables_keep_least_privilege_postgres() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let store = StoreSel::Pg(db.runtime_url.clone());
+    user_with_token(&world, &store, "a@example.test", "admin");
+    let uid = db.owner_sql("SELECT id FROM users").unwrap();
+    let denied = |r: Result<String, String>, sql: &str| {
+        let e = r.unwrap_err();
+        assert!(e.contains("permission denied"), "{sql}: {e}");
+    };
+    for sql in [
+        format!("INSERT INTO user_passwords(user_id, phc, at) VALUES ('{uid}', '$argon2id$x', 0)"),
+        format!(
+            "INSERT INTO invites(hash, user_id, created_at, expires_at) VALUES ('\\x00', '{uid}', 0, 9e15)"
+        ),
+        "INSERT INTO invite_uses(hash, at) VALUES ('\\x00', 0)".into(),
+        "INSERT INTO auth_log(slot, seq, address, email) VALUES (1, 1, 'a', 'b')".into(),
+        "SELECT * FROM auth_log".into(),
+        "UPDATE console_sessions SET role = 'admin'".into(),
+        "DELETE FROM console_session_ends".into(),
+    ] {
+        denied(db.runtime_sql(&sql), &sql);
+    }
+    for sql in [
+        format!(
+            "INSERT INTO console_sessions(hash, user_id, role, epoch, created_at) VALUES ('\\x00', '{uid}', 'admin', 0, 0)"
+        ),
+        "INSERT INTO invite_uses(hash, at) VALUES ('\\x00', 0)".into(),
+        "SELECT airlock_auth_log('x', 'y')".into(),
+    ] {
+        denied(db.admin_sql(&sql), &sql);
+    }
+    // The functions: an unknown invite consumes nothing; the ring takes a row.
+    assert_eq!(
+        db.runtime_sql("SELECT airlock_accept_invite('\\x00', '$argon2id$v=19$x')").unwrap(),
+        ""
+    );
+    db.runtime_sql("SELECT airlock_auth_log('nobody@example.test', '127.0.0.1')").unwrap();
+    assert_eq!(db.owner_sql("SELECT count(*) FROM auth_log").unwrap(), "1");
+    // A valid invite is consumed once, by the function alone.
+    db.admin_sql(&format!(
+        "INSERT INTO invites(hash, user_id, created_at, expires_at) VALUES ('\\x01', '{uid}', 0, 9e15)"
+    ))
+    .unwrap();
+    let once = "SELECT airlock_accept_invite('\\x01', '$argon2id$v=19$x')";
+    assert_eq!(db.runtime_sql(once).unwrap(), uid);
+    assert_eq!(db.runtime_sql(once).unwrap(), "", "single use");
+    assert_eq!(db.owner_sql("SELECT count(*) FROM user_passwords").unwrap(), "1");
+    // The owner is stopped by the triggers too.
+    for sql in [
+        "UPDATE user_passwords SET phc = 'x'",
+        "DELETE FROM invite_uses",
+        "DELETE FROM auth_log",
+        "TRUNCATE auth_log",
+        "TRUNCATE console_sessions CASCADE",
+    ] {
+        let e = db.owner_sql(sql).unwrap_err();
+        assert!(e.contains("insert-only"), "{sql}: {e}");
+    }
+}
