@@ -36,21 +36,32 @@ fn admin(world: &World, store: &StoreSel, args: &[&str]) -> Run {
 struct Browser {
     base: String,
     jar: PathBuf,
+    /// Extra curl arguments (`--cacert` for TLS).
+    extra: Vec<String>,
 }
 
 impl Browser {
     fn new(world: &World, base: &str, name: &str) -> Self {
-        Self { base: base.to_string(), jar: world.tmp.path().join(format!("jar-{name}")) }
+        Self {
+            base: base.to_string(),
+            jar: world.tmp.path().join(format!("jar-{name}")),
+            extra: Vec::new(),
+        }
     }
 
     fn get(&self, path: &str) -> Http {
         let jar = self.jar.display().to_string();
-        curl(&["-b", &jar, "-c", &jar, &format!("{}{path}", self.base)])
+        let mut args: Vec<&str> = vec!["-b", &jar, "-c", &jar];
+        args.extend(self.extra.iter().map(String::as_str));
+        let url = format!("{}{path}", self.base);
+        args.push(&url);
+        curl(&args)
     }
 
     fn post(&self, path: &str, fields: &[(&str, &str)]) -> Http {
         let jar = self.jar.display().to_string();
         let mut args: Vec<String> = vec!["-b".into(), jar.clone(), "-c".into(), jar];
+        args.extend(self.extra.iter().cloned());
         // An empty form is still a POST of an empty body.
         args.extend(["--data-raw".into(), String::new()]);
         for (k, v) in fields {
@@ -467,4 +478,44 @@ fn console_tables_keep_least_privilege_postgres() {
         let e = db.owner_sql(sql).unwrap_err();
         assert!(e.contains("insert-only"), "{sql}: {e}");
     }
+}
+
+/// Over TLS the same sign-in works and sets the same cookie (and signing out ends it).
+#[test]
+fn console_sign_in_over_tls_embedded() {
+    if !have("curl") {
+        return;
+    }
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    user_with_token(&world, &store, "ana@example.test", "admin");
+    set_password(&world, &store, "ana@example.test", PW).expect_code(0);
+    let cert = world.tmp.path().join("cert.pem");
+    let key = world.tmp.path().join("key.pem");
+    world
+        .airlockd(world.tmp.path())
+        .args(["review", "init-tls", "--cert"])
+        .args([&cert])
+        .args(["--key"])
+        .args([&key])
+        .run()
+        .expect_code(0);
+    let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    let server = Server::start_scheme(&world, &store, &["--tls-cert", c, "--tls-key", k], "https");
+    let mut b = Browser::new(&world, &server.base, "tls");
+    b.extra = vec!["--cacert".into(), c.into()];
+    let r = b.login("ana@example.test", PW);
+    assert_eq!(r.status, 303, "{}", r.body);
+    let id = b.session().unwrap();
+    let cookie = header_lines(&r, "set-cookie").into_iter().find(|c| c.starts_with(SESSION));
+    assert_eq!(
+        cookie,
+        Some(format!("{SESSION}={id}; Secure; Path=/; HttpOnly; SameSite=Strict").as_str())
+    );
+    let people = b.get("/people");
+    assert!(people.body.contains("signed in as ana@example.test (admin)"), "{}", people.body);
+    assert_console_headers(&people);
+    let r = b.post("/logout", &[("csrf", &csrf_of(&people.body))]);
+    assert_eq!(r.status, 303);
+    assert_eq!(b.get("/people").status, 303, "signed out");
 }
