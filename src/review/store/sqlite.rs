@@ -1362,6 +1362,76 @@ mod tests {
     }
 
     #[test]
+    fn console_rows_passwords_invites_sessions_and_the_auth_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        rt().block_on(async {
+            let u = s.add_user("c@example.test", Role::Member).await.unwrap();
+            assert_eq!(s.password_of(&u.id).await.unwrap(), None);
+            s.set_password(&u.id, "$argon2id$one").await.unwrap();
+            s.set_password(&u.id, "$argon2id$two").await.unwrap();
+            assert_eq!(s.password_of(&u.id).await.unwrap().as_deref(), Some("$argon2id$two"));
+            assert!(matches!(s.set_password("nobody", "x").await, Err(StoreError::NotFound(_))));
+            // Invites: usable until expiry, once.
+            let (h, old) = ([1u8; 32], [2u8; 32]);
+            s.create_invite(h, &u.id, 1_000).await.unwrap();
+            s.create_invite(old, &u.id, 1_000).await.unwrap();
+            assert_eq!(
+                s.invite_user(h, 999).await.unwrap().map(|u| u.email),
+                Some(u.email.clone())
+            );
+            assert_eq!(s.invite_user(h, 1_000).await.unwrap(), None, "expired");
+            assert_eq!(s.accept_invite(old, "$argon2id$late", 1_000).await.unwrap(), None);
+            assert!(s.accept_invite(h, "$argon2id$three", 999).await.unwrap().is_some());
+            assert_eq!(s.accept_invite(h, "$argon2id$four", 999).await.unwrap(), None, "once");
+            assert_eq!(s.password_of(&u.id).await.unwrap().as_deref(), Some("$argon2id$three"));
+            // Sessions: role and epoch at sign-in, seen marks, ends.
+            let sh = [3u8; 32];
+            s.create_console_session(sh, &u.id, 10).await.unwrap();
+            let row = s.console_session(sh).await.unwrap().unwrap();
+            assert_eq!(
+                (row.role_at_login, row.epoch_at_login, row.epoch_now),
+                (Role::Member, 3, 3)
+            );
+            assert_eq!((row.created_at, row.last_seen, row.ended), (10, 10, false));
+            s.touch_console_session(sh, 20).await.unwrap();
+            s.set_role(&u.id, Role::Reviewer).await.unwrap();
+            let t = crate::review::token::Token::generate().unwrap();
+            s.create_token("t1", &u.id, t.hash()).await.unwrap();
+            s.revoke_token("t1").await.unwrap();
+            let row = s.console_session(sh).await.unwrap().unwrap();
+            assert_eq!((row.last_seen, row.user.role, row.epoch_now), (20, Role::Reviewer, 4));
+            s.end_console_session(sh, "logout", 30).await.unwrap();
+            assert!(s.console_session(sh).await.unwrap().unwrap().ended);
+            assert_eq!(s.console_session([9u8; 32]).await.unwrap(), None);
+            // The ring: sequence numbers pick slots; emails are clipped.
+            s.auth_log("x@example.test", "127.0.0.1", 1).await.unwrap();
+            s.auth_log(&"é".repeat(400), "::1", 2).await.unwrap();
+            let rows: Vec<(i64, i64, String)> = {
+                let c = s.conn.lock().unwrap();
+                let mut st =
+                    c.prepare("SELECT slot, seq, email FROM auth_log ORDER BY seq").unwrap();
+                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            };
+            assert_eq!((rows[0].0, rows[0].1), (1, 1));
+            assert_eq!((rows[1].0, rows[1].1, rows[1].2.len()), (2, 2, 320));
+        });
+        // Insert-only, the ring's DELETE included.
+        for sql in [
+            "UPDATE user_passwords SET phc = 'x'",
+            "DELETE FROM invite_uses",
+            "UPDATE console_sessions SET role = 'admin'",
+            "DELETE FROM console_session_ends",
+        ] {
+            assert!(s.execute_raw(sql).unwrap_err().to_string().contains("insert-only"), "{sql}");
+        }
+        assert!(s.execute_raw("DELETE FROM auth_log").unwrap_err().to_string().contains("ring"));
+    }
+
+    #[test]
     fn commits_are_synchronous_full() {
         let dir = tempfile::tempdir().unwrap();
         let s = SqliteStore::open(dir.path()).unwrap();
