@@ -7,8 +7,10 @@
 //! validates a batch, the store inserts it (dedup on `(user, source, id)`), and [`detect`]
 //! runs the rules over the newly created events ([`transcript`] gives them a typed view).
 //! [`limits`] holds the fairness rules the server applies (slots, rate limits, accept
-//! backoff) and [`metrics`] what `GET /metrics` reports.
+//! backoff) and [`metrics`] what `GET /metrics` reports. [`console`] is the browser console
+//! on the same listener (sign-in and sessions; docs/console.md).
 
+pub mod console;
 pub mod dedup;
 pub mod detect;
 pub mod flag_rules;

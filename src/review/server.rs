@@ -7,6 +7,7 @@
 // Handlers return the error *response* itself as `Err`; boxing it would buy nothing.
 #![allow(clippy::result_large_err)]
 
+use super::console;
 use super::dedup;
 use super::detect::session::SessionScan;
 use super::detect::{self, Created, Engine};
@@ -66,6 +67,8 @@ pub struct AppState<S> {
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
     /// instance (lost on restart; the end-record check does not depend on it).
     touched: Arc<Touched>,
+    /// The browser console's settings and sign-in rate limiters ([`console`]).
+    pub console: console::Console,
 }
 
 /// Sessions tracked for the settle sweep at most; a session arriving when the map is full is
@@ -125,7 +128,14 @@ impl<S: Store> AppState<S> {
             limits,
             reads: ReadSlots::default(),
             touched: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            console: console::Console::default(),
         }
+    }
+
+    /// Sets the console's settings (session lifetimes, sign-in rate limits).
+    pub fn with_console(mut self, config: console::ConsoleConfig) -> Self {
+        self.console = console::Console::new(config);
+        self
     }
 
     /// Sets the read slots: `per_user` concurrent reads per user, `total` overall.
@@ -439,7 +449,11 @@ async fn answer<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incom
     let started = Instant::now();
     let ingest = req.method() == Method::POST && req.uri().path() == "/api/v1/events";
     let advertise = ingest || req.uri().path() == "/api/v1/me";
+    let outside_api = !req.uri().path().starts_with("/api/");
     let mut resp = route(Arc::clone(&st), peer, req).await;
+    if outside_api {
+        console::add_security_headers(&mut resp);
+    }
     let m = metrics::global();
     m.response(resp.status().as_u16());
     if ingest {
@@ -512,6 +526,9 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
             return error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint");
         }
         "/metrics" => return get_metrics(&st, peer, &req).await,
+        // The browser console owns every other path outside /api/ (its session cookie
+        // authenticates its pages only; /api/ stays bearer-only).
+        p if !p.starts_with("/api/") => return console::route(&st, peer, req).await,
         _ => return error(StatusCode::NOT_FOUND, format!("no such endpoint {path}")),
     };
     match (method, path.as_str()) {

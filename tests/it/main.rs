@@ -14,6 +14,7 @@ mod cli_identity;
 mod cli_policy;
 mod cli_policy_edit;
 mod cli_policy_init;
+mod console_auth;
 mod daemon;
 mod daemon_units;
 mod harness;

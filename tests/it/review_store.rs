@@ -415,7 +415,13 @@ fn col(table: &str) -> &'static str {
         "schema_migrations" => "version",
         "flag_events" => "flag_id",
         "events" | "event_keys" => "id",
-        "token_revocations" | "user_roles" | "flag_states" => "n",
+        "token_revocations" | "user_roles" | "flag_states" | "user_passwords" => "n",
+        "invites"
+        | "invite_uses"
+        | "console_sessions"
+        | "console_session_seen"
+        | "console_session_ends" => "hash",
+        "auth_log" => "slot",
         _ => "id",
     }
 }

@@ -46,7 +46,8 @@ pub enum DaemonCommand {
     /// operator `--config` file, ALLOW/DENY lines on stdout. See docs/proxy.md.
     Proxy(proxy::ProxyArgs),
     /// Serve the review plane (or manage it: init-tls, migrate, maintain).
-    Review(review::ReviewArgs),
+    // Boxed: the review server's flags make it several times the size of the other variants.
+    Review(Box<review::ReviewArgs>),
     /// Manage review-plane users and tokens.
     #[command(subcommand)]
     Admin(review::AdminCommand),
@@ -58,7 +59,7 @@ pub enum DaemonCommand {
 pub fn run(cli: DaemonCli) -> i32 {
     match cli.command {
         Some(DaemonCommand::Proxy(args)) => proxy::main(args, &crate::env::ProcessEnv),
-        Some(DaemonCommand::Review(args)) => review::run_review(args),
+        Some(DaemonCommand::Review(args)) => review::run_review(*args),
         Some(DaemonCommand::Admin(cmd)) => review::run_admin(review::AdminArgs { command: cmd }),
         Some(DaemonCommand::Completions(args)) => crate::cli::completions::print_script(
             crate::cli::completions::Binary::Airlockd,

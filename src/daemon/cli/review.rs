@@ -4,6 +4,7 @@
 //! An embedded store is created only by `airlockd review init`; every other command refuses a
 //! data dir that holds none.
 
+use crate::review::console::{self, auth as console_auth};
 use crate::review::detect::Engine;
 use crate::review::limits::{self, LimitsConfig, Rate};
 use crate::review::server::{AppState, serve, settle_loop, tls_acceptor};
@@ -144,6 +145,22 @@ pub struct ReviewArgs {
     /// PostgreSQL connections to keep (plus up to as many for ingest transactions).
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub pool_size: usize,
+    /// A console session ends after this long without a request (e.g. `30m`, `90s`).
+    #[arg(long, default_value = "30m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub console_idle_timeout: std::time::Duration,
+    /// A console session ends this long after sign-in, however busy (e.g. `12h`).
+    #[arg(long, default_value = "12h", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub console_max_age: std::time::Duration,
+    /// Failed console sign-ins one account may have at once (one more is allowed a minute
+    /// later); past it, sign-ins for that email are answered 429 with Retry-After.
+    #[arg(long, default_value_t = crate::review::console::LOGIN_PER_ACCOUNT.burst, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub login_attempts_per_account: u32,
+    /// Console sign-in attempts one address (IPv6: one /64) may make at once (one more every
+    /// 2 s); past it, its sign-ins are answered 429 with Retry-After.
+    #[arg(long, default_value_t = crate::review::console::LOGIN_PER_ADDRESS.burst, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub login_attempts_per_address: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -251,6 +268,28 @@ pub enum UserCommand {
         email: String,
         #[arg(long)]
         role: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Set a user's console password (argon2id), read from stdin; ends their console sessions.
+    SetPassword {
+        #[arg(long)]
+        email: String,
+        /// Read the password from stdin (one trailing newline is dropped); required, so a
+        /// password never appears in the process list or shell history.
+        #[arg(long, required = true)]
+        password_stdin: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Print a one-time link (`BASE/invite/<token>`, valid 7 days) whose page lets the user
+    /// set their console password.
+    Invite {
+        #[arg(long)]
+        email: String,
+        /// The console's address as the user's browser reaches it, e.g. `https://review.example:8443`.
+        #[arg(long, value_name = "BASE")]
+        url: String,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -493,6 +532,24 @@ fn positive_rate(s: &str) -> Result<f64, String> {
 }
 
 impl ReviewArgs {
+    /// The console's settings from the flags.
+    fn console_config(&self) -> console::ConsoleConfig {
+        console::ConsoleConfig {
+            sessions: console_auth::SessionLimits {
+                idle: self.console_idle_timeout,
+                max_age: self.console_max_age,
+            },
+            login_per_account: limits::Rate {
+                burst: self.login_attempts_per_account,
+                ..console::LOGIN_PER_ACCOUNT
+            },
+            login_per_address: limits::Rate {
+                burst: self.login_attempts_per_address,
+                ..console::LOGIN_PER_ADDRESS
+            },
+        }
+    }
+
     /// The server's limits from the flags; warns about a clamped per-user share.
     fn limits(&self) -> LimitsConfig {
         let share =
@@ -596,6 +653,7 @@ fn run_server(args: ReviewArgs) -> i32 {
         return fail(format!("cannot make the listener non-blocking: {e}"));
     }
     let limits = args.limits();
+    let console_config = args.console_config();
     raise_nofile(limits.max_connections);
     let rt = match runtime() {
         Ok(r) => r,
@@ -627,7 +685,8 @@ fn run_server(args: ReviewArgs) -> i32 {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
         let state = Arc::new(
             AppState::with_limits(store, engine, limits)
-                .with_read_slots(args.read_concurrency_per_user, args.read_concurrency),
+                .with_read_slots(args.read_concurrency_per_user, args.read_concurrency)
+                .with_console(console_config),
         );
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
@@ -661,6 +720,18 @@ pub fn run_admin(args: AdminArgs) -> i32 {
         Err(e) => return fail(e),
     };
     rt.block_on(admin(args.command))
+}
+
+/// The password piped to `--password-stdin`, without one trailing newline.
+fn read_password_stdin() -> Result<zeroize::Zeroizing<String>, String> {
+    use std::io::Read;
+    let mut pw = zeroize::Zeroizing::new(String::new());
+    std::io::stdin()
+        .take(64 * 1024)
+        .read_to_string(&mut pw)
+        .map_err(|e| format!("cannot read the password from stdin (is it UTF-8?): {e}"))?;
+    let trimmed = pw.strip_suffix('\n').map(|p| p.strip_suffix('\r').unwrap_or(p));
+    Ok(zeroize::Zeroizing::new(trimmed.unwrap_or(&pw).to_string()))
 }
 
 async fn open(store: &StoreArgs) -> Result<AnyStore, i32> {
@@ -708,6 +779,43 @@ async fn admin(cmd: AdminCommand) -> i32 {
                 let u = find_user(&s, &email).await?;
                 s.set_role(&u.id, role).await.map_err(fail)?;
                 eprintln!("{email} is now {role}");
+                Ok(0)
+            }
+            AdminCommand::User(UserCommand::SetPassword { email, password_stdin: _, store }) => {
+                let pw = read_password_stdin().map_err(fail)?;
+                console_auth::check_new_password(&pw).map_err(|m| fail(format!("not set: {m}")))?;
+                let s = open(&store).await?;
+                let u = find_user(&s, &email).await?;
+                let phc = tokio::task::spawn_blocking(move || console_auth::hash_password(&pw))
+                    .await
+                    .map_err(fail)?
+                    .map_err(fail)?;
+                s.set_password(&u.id, &phc).await.map_err(fail)?;
+                eprintln!("console password set for {email}; their console sessions have ended");
+                Ok(0)
+            }
+            AdminCommand::User(UserCommand::Invite { email, url, store }) => {
+                let base = url.trim_end_matches('/');
+                if !(base.starts_with("https://") || base.starts_with("http://")) {
+                    return Err(fail(format!(
+                        "--url {url:?} is not an http(s) address; give the console's base URL, \
+                         e.g. https://review.example:8443"
+                    )));
+                }
+                let s = open(&store).await?;
+                let u = find_user(&s, &email).await?;
+                let token = console_auth::new_secret().map_err(fail)?;
+                let lifetime = console_auth::INVITE_LIFETIME;
+                let expires = crate::review::now_micros() + lifetime.as_micros() as i64;
+                s.create_invite(console_auth::secret_hash(&token), &u.id, expires)
+                    .await
+                    .map_err(fail)?;
+                eprintln!(
+                    "invite for {email} ({}): usable once, until {}; the link below is shown once",
+                    u.role,
+                    crate::review::format_micros(expires)
+                );
+                println!("{base}/invite/{}", token.as_str());
                 Ok(0)
             }
             AdminCommand::Token(TokenCommand::Create { user, store }) => {

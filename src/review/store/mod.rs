@@ -398,6 +398,36 @@ pub struct FlagAssignment<'a> {
     pub at: Micros,
 }
 
+/// A console session as stored, with what its validity is judged against
+/// ([`crate::review::console::auth::judge`]): the role and auth epoch recorded at sign-in and
+/// the user's current ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleSessionRow {
+    /// The user with their current role.
+    pub user: User,
+    pub role_at_login: Role,
+    pub epoch_at_login: i64,
+    /// The user's auth epoch now: their token revocations plus password changes. Any change
+    /// since sign-in ends the session.
+    pub epoch_now: i64,
+    pub created_at: Micros,
+    /// The latest "seen" mark, else `created_at`.
+    pub last_seen: Micros,
+    /// Whether the session was ended (logout).
+    pub ended: bool,
+}
+
+/// The refusal of console methods by a store that does not implement them (a test wrapper).
+fn no_console<T>() -> Result<T, StoreError> {
+    Err(StoreError::Other("this store does not support console sign-in".into()))
+}
+
+/// The user's auth epoch in SQL (both stores; `{u}` is the user id expression): token
+/// revocations plus password rows.
+pub(crate) const AUTH_EPOCH_SQL: &str = "((SELECT count(*) FROM token_revocations r JOIN tokens t \
+     ON t.id = r.token_id WHERE t.user_id = {u}) + (SELECT count(*) FROM user_passwords p \
+     WHERE p.user_id = {u}))";
+
 /// The store contract. Methods return `Send` futures so the server can run them on any
 /// runtime thread; implementations never update or delete a row.
 pub trait Store: Send + Sync + 'static {
@@ -525,6 +555,94 @@ pub trait Store: Send + Sync + 'static {
         &self,
         assignment: &FlagAssignment<'_>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    // --- Console sign-in (docs/console.md). Defaults refuse, so a wrapper store that does
+    // not serve the console need not implement them. ---
+
+    /// Appends a password (an argon2id PHC string) for a user; the latest is current.
+    fn set_password(
+        &self,
+        _user_id: &str,
+        _phc: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_console() }
+    }
+    /// The user's current password PHC string, if one was ever set.
+    fn password_of(
+        &self,
+        _user_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
+        async { no_console() }
+    }
+    /// Records a one-time invite by the SHA-256 of its token.
+    fn create_invite(
+        &self,
+        _hash: [u8; 32],
+        _user_id: &str,
+        _expires_at: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_console() }
+    }
+    /// The user of a usable invite (unused, not expired at `now`).
+    fn invite_user(
+        &self,
+        _hash: [u8; 32],
+        _now: Micros,
+    ) -> impl Future<Output = Result<Option<User>, StoreError>> + Send {
+        async { no_console() }
+    }
+    /// Consumes a usable invite and sets its user's password in one step; `None` (nothing
+    /// written) if the invite is unknown, used or expired.
+    fn accept_invite(
+        &self,
+        _hash: [u8; 32],
+        _phc: &str,
+        _now: Micros,
+    ) -> impl Future<Output = Result<Option<User>, StoreError>> + Send {
+        async { no_console() }
+    }
+    /// Starts a console session (by the SHA-256 of its id) for a user, recording their
+    /// current role and auth epoch.
+    fn create_console_session(
+        &self,
+        _hash: [u8; 32],
+        _user_id: &str,
+        _now: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_console() }
+    }
+    fn console_session(
+        &self,
+        _hash: [u8; 32],
+    ) -> impl Future<Output = Result<Option<ConsoleSessionRow>, StoreError>> + Send {
+        async { no_console() }
+    }
+    /// Appends a "seen" mark (the idle expiry counts from the latest).
+    fn touch_console_session(
+        &self,
+        _hash: [u8; 32],
+        _now: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_console() }
+    }
+    /// Ends a session (`reason`: `logout`).
+    fn end_console_session(
+        &self,
+        _hash: [u8; 32],
+        _reason: &str,
+        _now: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_console() }
+    }
+    /// Records a failed sign-in for an email no user has, in the capped auth log.
+    fn auth_log(
+        &self,
+        _email: &str,
+        _address: &str,
+        _now: Micros,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_console() }
+    }
 }
 
 /// Either store, chosen at startup (`--database` given or not).
@@ -627,6 +745,51 @@ impl Store for AnyStore {
     }
     async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
         dispatch!(self, s => s.assign_flag(a))
+    }
+    async fn set_password(&self, u: &str, phc: &str) -> Result<(), StoreError> {
+        dispatch!(self, s => s.set_password(u, phc))
+    }
+    async fn password_of(&self, u: &str) -> Result<Option<String>, StoreError> {
+        dispatch!(self, s => s.password_of(u))
+    }
+    async fn create_invite(&self, h: [u8; 32], u: &str, exp: Micros) -> Result<(), StoreError> {
+        dispatch!(self, s => s.create_invite(h, u, exp))
+    }
+    async fn invite_user(&self, h: [u8; 32], now: Micros) -> Result<Option<User>, StoreError> {
+        dispatch!(self, s => s.invite_user(h, now))
+    }
+    async fn accept_invite(
+        &self,
+        h: [u8; 32],
+        phc: &str,
+        now: Micros,
+    ) -> Result<Option<User>, StoreError> {
+        dispatch!(self, s => s.accept_invite(h, phc, now))
+    }
+    async fn create_console_session(
+        &self,
+        h: [u8; 32],
+        u: &str,
+        now: Micros,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.create_console_session(h, u, now))
+    }
+    async fn console_session(&self, h: [u8; 32]) -> Result<Option<ConsoleSessionRow>, StoreError> {
+        dispatch!(self, s => s.console_session(h))
+    }
+    async fn touch_console_session(&self, h: [u8; 32], now: Micros) -> Result<(), StoreError> {
+        dispatch!(self, s => s.touch_console_session(h, now))
+    }
+    async fn end_console_session(
+        &self,
+        h: [u8; 32],
+        reason: &str,
+        now: Micros,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.end_console_session(h, reason, now))
+    }
+    async fn auth_log(&self, email: &str, address: &str, now: Micros) -> Result<(), StoreError> {
+        dispatch!(self, s => s.auth_log(email, address, now))
     }
 }
 

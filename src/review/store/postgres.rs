@@ -39,6 +39,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (5, include_str!("../migrations/pg_0005.sql")),
     (6, include_str!("../migrations/pg_0006.sql")),
     (7, include_str!("../migrations/pg_0007.sql")),
+    (8, include_str!("../migrations/pg_0008.sql")),
     (9, include_str!("../migrations/pg_0009.sql")),
 ];
 
@@ -55,6 +56,13 @@ pub const TABLES: &[&str] = &[
     "flags",
     "flag_events",
     "flag_states",
+    "user_passwords",
+    "invites",
+    "invite_uses",
+    "console_sessions",
+    "console_session_seen",
+    "console_session_ends",
+    "auth_log",
 ];
 
 /// The grants contract, as `migrate` applies it and docs/review.md tabulates it:
@@ -73,6 +81,16 @@ pub const GRANTS: &[(&str, &str, &str)] = &[
     ("flag_events", "SELECT, INSERT", ""),
     // Written only through `airlock_flag_state` and `airlock_flag_assign` (EXECUTE below).
     ("flag_states", "SELECT", ""),
+    // Console sign-in (migration 0008): the server verifies passwords and keeps sessions; an
+    // invite is consumed only through `airlock_accept_invite`, the unknown-email ring written
+    // only through `airlock_auth_log`.
+    ("user_passwords", "SELECT", "SELECT, INSERT"),
+    ("invites", "SELECT", "SELECT, INSERT"),
+    ("invite_uses", "SELECT", ""),
+    ("console_sessions", "SELECT, INSERT", ""),
+    ("console_session_seen", "SELECT, INSERT", ""),
+    ("console_session_ends", "SELECT, INSERT", ""),
+    ("auth_log", "", ""),
 ];
 
 /// Sequences each role draws ids from (USAGE): (sequence, runtime, admin).
@@ -82,12 +100,16 @@ pub const SEQUENCE_GRANTS: &[(&str, bool, bool)] = &[
     ("user_roles_n_seq", false, true),
     ("token_revocations_n_seq", false, true),
     ("flag_states_n_seq", false, false),
+    ("user_passwords_n_seq", false, true),
+    ("auth_log_seq", false, false),
 ];
 
 /// Functions the runtime role may EXECUTE (EXECUTE is revoked from PUBLIC on each).
 pub const RUNTIME_FUNCTIONS: &[&str] = &[
     "airlock_flag_state(text, text, text, text, boolean)",
     "airlock_flag_assign(text, text, text, text, boolean)",
+    "airlock_accept_invite(bytea, text)",
+    "airlock_auth_log(text, text)",
 ];
 
 /// A small fixed pool of pipelined connections; a closed one is replaced on next use.
@@ -1097,6 +1119,163 @@ impl Store for PgStore {
             .await
             .map_err(flag_state_error)?;
         Ok(!rows.is_empty())
+    }
+
+    async fn set_password(&self, user_id: &str, phc: &str) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "INSERT INTO user_passwords(user_id, phc, at) SELECT id, $2, $3 FROM users WHERE id = $1",
+                &[&user_id, &phc, &crate::review::now_micros()],
+            )
+            .await?;
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("no user with id {user_id}")));
+        }
+        Ok(())
+    }
+
+    async fn password_of(&self, user_id: &str) -> Result<Option<String>, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT phc FROM user_passwords WHERE user_id = $1 ORDER BY n DESC LIMIT 1",
+                &[&user_id],
+            )
+            .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn create_invite(
+        &self,
+        hash: [u8; 32],
+        user_id: &str,
+        expires_at: Micros,
+    ) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO invites(hash, user_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+            &[&hash.as_slice(), &user_id, &crate::review::now_micros(), &expires_at],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn invite_user(&self, hash: [u8; 32], now: Micros) -> Result<Option<User>, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                "SELECT u.id, u.email FROM invites i JOIN users u ON u.id = i.user_id
+                 WHERE i.hash = $1 AND i.expires_at > $2
+                   AND NOT EXISTS (SELECT 1 FROM invite_uses x WHERE x.hash = i.hash)",
+                &[&hash.as_slice(), &now],
+            )
+            .await?;
+        self.user_with_role(&c, row).await
+    }
+
+    async fn accept_invite(
+        &self,
+        hash: [u8; 32],
+        phc: &str,
+        _now: Micros,
+    ) -> Result<Option<User>, StoreError> {
+        // The runtime role cannot write passwords or invite uses: the SECURITY DEFINER
+        // function checks and consumes the invite (migration 0008), by the database clock.
+        let c = self.client().await?;
+        let row =
+            c.query_one("SELECT airlock_accept_invite($1, $2)", &[&hash.as_slice(), &phc]).await?;
+        let user_id: Option<String> = row.get(0);
+        match user_id {
+            Some(id) => self.user_by_id(&id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn create_console_session(
+        &self,
+        hash: [u8; 32],
+        user_id: &str,
+        now: Micros,
+    ) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        let sql = format!(
+            "INSERT INTO console_sessions(hash, user_id, role, epoch, created_at)
+             SELECT $1, u.id,
+               (SELECT role FROM user_roles r WHERE r.user_id = u.id ORDER BY n DESC LIMIT 1),
+               {}, $3 FROM users u WHERE u.id = $2",
+            super::AUTH_EPOCH_SQL.replace("{u}", "u.id")
+        );
+        let n = c.execute(&sql, &[&hash.as_slice(), &user_id, &now]).await?;
+        if n == 0 {
+            return Err(StoreError::NotFound(format!("no user with id {user_id}")));
+        }
+        Ok(())
+    }
+
+    async fn console_session(
+        &self,
+        hash: [u8; 32],
+    ) -> Result<Option<super::ConsoleSessionRow>, StoreError> {
+        let c = self.client().await?;
+        let sql = format!(
+            "SELECT s.user_id, u.email, s.role, s.epoch, s.created_at,
+               coalesce((SELECT max(at) FROM console_session_seen v WHERE v.hash = s.hash), s.created_at),
+               EXISTS(SELECT 1 FROM console_session_ends e WHERE e.hash = s.hash),
+               (SELECT role FROM user_roles r WHERE r.user_id = s.user_id ORDER BY n DESC LIMIT 1),
+               {}
+             FROM console_sessions s JOIN users u ON u.id = s.user_id WHERE s.hash = $1",
+            super::AUTH_EPOCH_SQL.replace("{u}", "s.user_id")
+        );
+        let Some(r) = c.query_opt(&sql, &[&hash.as_slice()]).await? else { return Ok(None) };
+        let (at_login, role): (String, String) = (r.get(2), r.get(7));
+        Ok(Some(super::ConsoleSessionRow {
+            user: User {
+                id: r.get(0),
+                email: r.get(1),
+                role: role.parse().map_err(StoreError::Other)?,
+            },
+            role_at_login: at_login.parse().map_err(StoreError::Other)?,
+            epoch_at_login: r.get(3),
+            epoch_now: r.get(8),
+            created_at: r.get(4),
+            last_seen: r.get(5),
+            ended: r.get(6),
+        }))
+    }
+
+    async fn touch_console_session(&self, hash: [u8; 32], now: Micros) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO console_session_seen(hash, at) VALUES ($1, $2)",
+            &[&hash.as_slice(), &now],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn end_console_session(
+        &self,
+        hash: [u8; 32],
+        reason: &str,
+        now: Micros,
+    ) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO console_session_ends(hash, reason, at) VALUES ($1, $2, $3)",
+            &[&hash.as_slice(), &reason, &now],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn auth_log(&self, email: &str, address: &str, _now: Micros) -> Result<(), StoreError> {
+        // Written only through the SECURITY DEFINER ring writer (migration 0008); it clips
+        // both strings. A NUL cannot reach PostgreSQL text.
+        let c = self.client().await?;
+        let (email, address) = (email.replace('\0', ""), address.replace('\0', ""));
+        c.execute("SELECT airlock_auth_log($1, $2)", &[&email, &address]).await?;
+        Ok(())
     }
 }
 

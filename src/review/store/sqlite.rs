@@ -26,6 +26,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../migrations/sqlite_0003.sql")),
     (5, include_str!("../migrations/sqlite_0005.sql")),
     (6, include_str!("../migrations/sqlite_0006.sql")),
+    (7, include_str!("../migrations/sqlite_0007.sql")),
     (8, include_str!("../migrations/sqlite_0008.sql")),
 ];
 
@@ -1131,6 +1132,223 @@ impl Store for SqliteStore {
         })
         .await
     }
+    async fn set_password(&self, user_id: &str, phc: &str) -> Result<(), StoreError> {
+        let (user_id, phc) = (user_id.to_string(), phc.to_string());
+        self.with(move |c| {
+            let n = c.execute(
+                "INSERT INTO user_passwords(user_id, phc, at) SELECT id, ?2, ?3 FROM users WHERE id = ?1",
+                params![user_id, phc, now_micros()],
+            )?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("no user with id {user_id}")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn password_of(&self, user_id: &str) -> Result<Option<String>, StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT phc FROM user_passwords WHERE user_id = ?1 ORDER BY n DESC LIMIT 1",
+                [&user_id],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn create_invite(
+        &self,
+        hash: [u8; 32],
+        user_id: &str,
+        expires_at: Micros,
+    ) -> Result<(), StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO invites(hash, user_id, created_at, expires_at) VALUES (?1, ?2, ?3, ?4)",
+                params![hash.as_slice(), user_id, now_micros(), expires_at],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn invite_user(&self, hash: [u8; 32], now: Micros) -> Result<Option<User>, StoreError> {
+        self.with(move |c| invite_user_row(c, &hash, now)).await
+    }
+
+    async fn accept_invite(
+        &self,
+        hash: [u8; 32],
+        phc: &str,
+        now: Micros,
+    ) -> Result<Option<User>, StoreError> {
+        let phc = phc.to_string();
+        self.with(move |c| {
+            let tx = c.transaction()?;
+            let Some(user) = invite_user_row(&tx, &hash, now)? else { return Ok(None) };
+            tx.execute(
+                "INSERT INTO invite_uses(hash, at) VALUES (?1, ?2)",
+                params![hash.as_slice(), now],
+            )?;
+            tx.execute(
+                "INSERT INTO user_passwords(user_id, phc, at) VALUES (?1, ?2, ?3)",
+                params![user.id, phc, now],
+            )?;
+            tx.commit()?;
+            Ok(Some(user))
+        })
+        .await
+    }
+
+    async fn create_console_session(
+        &self,
+        hash: [u8; 32],
+        user_id: &str,
+        now: Micros,
+    ) -> Result<(), StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            let sql = format!(
+                "INSERT INTO console_sessions(hash, user_id, role, epoch, created_at)
+                 SELECT ?1, u.id,
+                   (SELECT role FROM user_roles r WHERE r.user_id = u.id ORDER BY n DESC LIMIT 1),
+                   {}, ?3 FROM users u WHERE u.id = ?2",
+                super::AUTH_EPOCH_SQL.replace("{u}", "u.id")
+            );
+            let n = c.execute(&sql, params![hash.as_slice(), user_id, now])?;
+            if n == 0 {
+                return Err(StoreError::NotFound(format!("no user with id {user_id}")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn console_session(
+        &self,
+        hash: [u8; 32],
+    ) -> Result<Option<super::ConsoleSessionRow>, StoreError> {
+        self.with(move |c| {
+            let sql = format!(
+                "SELECT s.user_id, u.email, s.role, s.epoch, s.created_at,
+                   coalesce((SELECT max(at) FROM console_session_seen v WHERE v.hash = s.hash), s.created_at),
+                   EXISTS(SELECT 1 FROM console_session_ends e WHERE e.hash = s.hash),
+                   (SELECT role FROM user_roles r WHERE r.user_id = s.user_id ORDER BY n DESC LIMIT 1),
+                   {}
+                 FROM console_sessions s JOIN users u ON u.id = s.user_id WHERE s.hash = ?1",
+                super::AUTH_EPOCH_SQL.replace("{u}", "s.user_id")
+            );
+            type Raw = (String, String, String, i64, i64, i64, bool, String, i64);
+            let row: Option<Raw> = c
+                .query_row(&sql, [hash.as_slice()], |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                        r.get(8)?,
+                    ))
+                })
+                .optional()?;
+            row.map(|(id, email, at_login, epoch, created_at, last_seen, ended, role, now)| {
+                Ok(super::ConsoleSessionRow {
+                    user: User { id, email, role: role.parse().map_err(StoreError::Other)? },
+                    role_at_login: at_login.parse().map_err(StoreError::Other)?,
+                    epoch_at_login: epoch,
+                    epoch_now: now,
+                    created_at,
+                    last_seen,
+                    ended,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    async fn touch_console_session(&self, hash: [u8; 32], now: Micros) -> Result<(), StoreError> {
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO console_session_seen(hash, at) VALUES (?1, ?2)",
+                params![hash.as_slice(), now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn end_console_session(
+        &self,
+        hash: [u8; 32],
+        reason: &str,
+        now: Micros,
+    ) -> Result<(), StoreError> {
+        let reason = reason.to_string();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO console_session_ends(hash, reason, at) VALUES (?1, ?2, ?3)",
+                params![hash.as_slice(), reason, now],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn auth_log(&self, email: &str, address: &str, now: Micros) -> Result<(), StoreError> {
+        let (email, address) = (clip(email, 320), clip(address, 64));
+        self.with(move |c| {
+            // One statement: the next sequence number picks the ring slot it overwrites.
+            c.execute(
+                "INSERT INTO auth_log(slot, seq, at, address, email)
+                 SELECT (s % ?1), s, ?2, ?3, ?4 FROM (SELECT coalesce(max(seq), 0) + 1 AS s FROM auth_log)
+                 WHERE 1
+                 ON CONFLICT(slot) DO UPDATE SET seq = excluded.seq, at = excluded.at,
+                   address = excluded.address, email = excluded.email",
+                params![AUTH_LOG_ROWS, now, address, email],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// Rows the unknown-email auth log keeps (a ring; both stores).
+pub const AUTH_LOG_ROWS: i64 = 10_000;
+
+/// `s` cut to at most `max` bytes on a character boundary.
+fn clip(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// The user of a usable invite (unused, not expired at `now`).
+fn invite_user_row(
+    c: &Connection,
+    hash: &[u8; 32],
+    now: Micros,
+) -> Result<Option<User>, StoreError> {
+    let row: Option<(String, String)> = c
+        .query_row(
+            "SELECT u.id, u.email FROM invites i JOIN users u ON u.id = i.user_id
+             WHERE i.hash = ?1 AND i.expires_at > ?2
+               AND NOT EXISTS (SELECT 1 FROM invite_uses x WHERE x.hash = i.hash)",
+            params![hash.as_slice(), now],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    row.map(|(id, email)| user_row(c, id, email)).transpose()
 }
 
 #[cfg(test)]
@@ -1185,6 +1403,76 @@ mod tests {
         fn session_flags(&self, _: SessionScan) -> Vec<NewFlag> {
             Vec::new()
         }
+    }
+
+    #[test]
+    fn console_rows_passwords_invites_sessions_and_the_auth_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(dir.path()).unwrap();
+        rt().block_on(async {
+            let u = s.add_user("c@example.test", Role::Member).await.unwrap();
+            assert_eq!(s.password_of(&u.id).await.unwrap(), None);
+            s.set_password(&u.id, "$argon2id$one").await.unwrap();
+            s.set_password(&u.id, "$argon2id$two").await.unwrap();
+            assert_eq!(s.password_of(&u.id).await.unwrap().as_deref(), Some("$argon2id$two"));
+            assert!(matches!(s.set_password("nobody", "x").await, Err(StoreError::NotFound(_))));
+            // Invites: usable until expiry, once.
+            let (h, old) = ([1u8; 32], [2u8; 32]);
+            s.create_invite(h, &u.id, 1_000).await.unwrap();
+            s.create_invite(old, &u.id, 1_000).await.unwrap();
+            assert_eq!(
+                s.invite_user(h, 999).await.unwrap().map(|u| u.email),
+                Some(u.email.clone())
+            );
+            assert_eq!(s.invite_user(h, 1_000).await.unwrap(), None, "expired");
+            assert_eq!(s.accept_invite(old, "$argon2id$late", 1_000).await.unwrap(), None);
+            assert!(s.accept_invite(h, "$argon2id$three", 999).await.unwrap().is_some());
+            assert_eq!(s.accept_invite(h, "$argon2id$four", 999).await.unwrap(), None, "once");
+            assert_eq!(s.password_of(&u.id).await.unwrap().as_deref(), Some("$argon2id$three"));
+            // Sessions: role and epoch at sign-in, seen marks, ends.
+            let sh = [3u8; 32];
+            s.create_console_session(sh, &u.id, 10).await.unwrap();
+            let row = s.console_session(sh).await.unwrap().unwrap();
+            assert_eq!(
+                (row.role_at_login, row.epoch_at_login, row.epoch_now),
+                (Role::Member, 3, 3)
+            );
+            assert_eq!((row.created_at, row.last_seen, row.ended), (10, 10, false));
+            s.touch_console_session(sh, 20).await.unwrap();
+            s.set_role(&u.id, Role::Reviewer).await.unwrap();
+            let t = crate::review::token::Token::generate().unwrap();
+            s.create_token("t1", &u.id, t.hash()).await.unwrap();
+            s.revoke_token("t1").await.unwrap();
+            let row = s.console_session(sh).await.unwrap().unwrap();
+            assert_eq!((row.last_seen, row.user.role, row.epoch_now), (20, Role::Reviewer, 4));
+            s.end_console_session(sh, "logout", 30).await.unwrap();
+            assert!(s.console_session(sh).await.unwrap().unwrap().ended);
+            assert_eq!(s.console_session([9u8; 32]).await.unwrap(), None);
+            // The ring: sequence numbers pick slots; emails are clipped.
+            s.auth_log("x@example.test", "127.0.0.1", 1).await.unwrap();
+            s.auth_log(&"é".repeat(400), "::1", 2).await.unwrap();
+            let rows: Vec<(i64, i64, String)> = {
+                let c = s.conn.lock().unwrap();
+                let mut st =
+                    c.prepare("SELECT slot, seq, email FROM auth_log ORDER BY seq").unwrap();
+                st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap()
+            };
+            assert_eq!((rows[0].0, rows[0].1), (1, 1));
+            assert_eq!((rows[1].0, rows[1].1, rows[1].2.len()), (2, 2, 320));
+        });
+        // Insert-only, the ring's DELETE included.
+        for sql in [
+            "UPDATE user_passwords SET phc = 'x'",
+            "DELETE FROM invite_uses",
+            "UPDATE console_sessions SET role = 'admin'",
+            "DELETE FROM console_session_ends",
+        ] {
+            assert!(s.execute_raw(sql).unwrap_err().to_string().contains("insert-only"), "{sql}");
+        }
+        assert!(s.execute_raw("DELETE FROM auth_log").unwrap_err().to_string().contains("ring"));
     }
 
     #[test]
