@@ -1593,17 +1593,17 @@ async fn record_read<S: Store>(
     record_event(st, reader, "airlock.review.read", payload, now_micros()).await
 }
 
-/// Stores a server-written event of the reserved type `kind` in `reader`'s history.
-async fn record_event<S: Store>(
-    st: &AppState<S>,
-    reader: &User,
+/// A server-written event of the reserved type `kind` (source `external`, id
+/// `<id_prefix>:<random>`), for the history it is stored in.
+pub(crate) fn reserved_event(
+    id_prefix: &str,
     kind: &str,
-    payload: Value,
+    payload: &Value,
     now: Micros,
-) -> Result<(), Resp> {
-    let ev = NewEvent {
+) -> NewEvent {
+    NewEvent {
         source: Source::External,
-        id: format!("review-read:{}", random_id()),
+        id: format!("{id_prefix}:{}", random_id()),
         kind: kind.into(),
         ts: now,
         session: None,
@@ -1613,7 +1613,18 @@ async fn record_event<S: Store>(
         airlock_session: None,
         file: None,
         offset: None,
-    };
+    }
+}
+
+/// Stores a server-written event of the reserved type `kind` in `reader`'s history.
+async fn record_event<S: Store>(
+    st: &AppState<S>,
+    reader: &User,
+    kind: &str,
+    payload: Value,
+    now: Micros,
+) -> Result<(), Resp> {
+    let ev = reserved_event("review-read", kind, &payload, now);
     st.store.insert_events(&reader.id, now, &[ev]).await.map(|_| ()).map_err(store_error)
 }
 

@@ -95,7 +95,7 @@ impl Plane {
 
 /// The ids publish must derive for a Claude file: `uuid`, else `<rel>:<offset>`, complete
 /// lines only.
-fn claude_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
+pub(crate) fn claude_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
     let mut off = 0usize;
     for line in bytes.split_inclusive(|b| *b == b'\n') {
@@ -112,7 +112,7 @@ fn claude_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
 }
 
 /// Codex ids: `<session_meta payload.id>:<offset>` (fallback: the path below `.codex`).
-fn codex_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
+pub(crate) fn codex_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
     let mut session: Option<String> = None;
     let mut off = 0usize;

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::publish::{claude_ids, codex_ids};
 use crate::review_support::{Server, StoreSel, all_events, curl, token_for, user_with_token};
 use crate::support::{Run, TestCommand, World, airlock_stdin, have};
 
@@ -26,42 +27,6 @@ fn unit() -> f64 {
     let mut b = [0u8; 4];
     getrandom::fill(&mut b).unwrap();
     f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0)
-}
-
-/// The ids publish derives for a Claude file: `uuid`, else `<rel>:<offset>`; complete lines
-/// only (as tests/it/publish.rs computes them).
-fn claude_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut off = 0usize;
-    for line in bytes.split_inclusive(|b| *b == b'\n') {
-        if line.ends_with(b"\n") {
-            let v: Value = serde_json::from_slice(line).unwrap();
-            out.push(match v["uuid"].as_str() {
-                Some(u) => u.to_owned(),
-                None => format!("{rel}:{off}"),
-            });
-        }
-        off += line.len();
-    }
-    out
-}
-
-/// Codex ids: `<session_meta payload.id>:<offset>` (fallback: the path below `.codex`).
-fn codex_ids(rel: &str, bytes: &[u8]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut session: Option<String> = None;
-    let mut off = 0usize;
-    for line in bytes.split_inclusive(|b| *b == b'\n') {
-        if line.ends_with(b"\n") {
-            let v: Value = serde_json::from_slice(line).unwrap();
-            if session.is_none() && v["type"] == "session_meta" {
-                session = v["payload"]["id"].as_str().map(str::to_owned);
-            }
-            out.push(format!("{}:{off}", session.as_deref().unwrap_or(rel)));
-        }
-        off += line.len();
-    }
-    out
 }
 
 /// Complete lines of a log file, parsed.

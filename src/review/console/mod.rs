@@ -19,8 +19,8 @@ pub mod auth;
 
 use crate::review::limits::{self, Rate, RateLimiter};
 use crate::review::server::AppState;
-use crate::review::store::{Store, StoreError, random_id};
-use crate::review::{Micros, NewEvent, Source, User, now_micros};
+use crate::review::store::{Store, StoreError};
+use crate::review::{Micros, User, now_micros};
 use auth::SessionLimits;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -386,19 +386,7 @@ async fn record_auth_event<S: Store>(
     payload: serde_json::Value,
     now: Micros,
 ) -> Result<(), StoreError> {
-    let ev = NewEvent {
-        source: Source::External,
-        id: format!("auth:{}", random_id()),
-        kind: kind.into(),
-        ts: now,
-        session: None,
-        seq: None,
-        boot: None,
-        payload: payload.to_string(),
-        airlock_session: None,
-        file: None,
-        offset: None,
-    };
+    let ev = super::server::reserved_event("auth", kind, &payload, now);
     st.store.insert_events(&user.id, now, &[ev]).await.map(|_| ())
 }
 
