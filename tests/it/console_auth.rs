@@ -17,7 +17,7 @@ use std::process::Stdio;
 const SESSION: &str = "__Host-airlock_session";
 
 /// `airlockd admin user set-password --password-stdin` with `password` piped in.
-fn set_password(world: &World, store: &StoreSel, email: &str, password: &str) -> Run {
+pub(crate) fn set_password(world: &World, store: &StoreSel, email: &str, password: &str) -> Run {
     let mut t = world
         .airlockd(world.tmp.path())
         .args(["admin", "user", "set-password", "--email", email, "--password-stdin"])
@@ -490,16 +490,7 @@ fn console_sign_in_over_tls_embedded() {
     let store = StoreSel::Embedded(world.tmp.path().join("d"));
     user_with_token(&world, &store, "ana@example.test", "admin");
     set_password(&world, &store, "ana@example.test", PW).expect_code(0);
-    let cert = world.tmp.path().join("cert.pem");
-    let key = world.tmp.path().join("key.pem");
-    world
-        .airlockd(world.tmp.path())
-        .args(["review", "init-tls", "--cert"])
-        .args([&cert])
-        .args(["--key"])
-        .args([&key])
-        .run()
-        .expect_code(0);
+    let (cert, key) = crate::review_support::init_tls(&world);
     let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
     let server = Server::start_scheme(&world, &store, &["--tls-cert", c, "--tls-key", k], "https");
     let mut b = Browser::new(&world, &server.base, "tls");

@@ -15,6 +15,7 @@ mod cli_policy;
 mod cli_policy_edit;
 mod cli_policy_init;
 mod console_auth;
+mod console_browser;
 mod daemon;
 mod daemon_units;
 mod harness;

@@ -231,16 +231,7 @@ fn good_and_revoked_tokens_postgres() {
 fn self_signed_ca_needs_cacert_which_is_stored_and_used() {
     let world = World::new();
     let store = StoreSel::Embedded(world.tmp.path().join("store"));
-    let cert = world.tmp.path().join("cert.pem");
-    let key = world.tmp.path().join("key.pem");
-    world
-        .airlockd(world.tmp.path())
-        .args(["review", "init-tls", "--cert"])
-        .args([&cert])
-        .args(["--key"])
-        .args([&key])
-        .run()
-        .expect_code(0);
+    let (cert, key) = crate::review_support::init_tls(&world);
     let (c, k) = (cert.display().to_string(), key.display().to_string());
     let token = user_with_token(&world, &store, "tls@example.test", "member");
     let server =

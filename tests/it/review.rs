@@ -348,16 +348,7 @@ fn tls_with_a_self_signed_certificate() {
     let world = World::new();
     let store = StoreSel::Embedded(world.tmp.path().join("d"));
     let tok = user_with_token(&world, &store, "ana@example.test", "member");
-    let cert = world.tmp.path().join("cert.pem");
-    let key = world.tmp.path().join("key.pem");
-    world
-        .airlockd(world.tmp.path())
-        .args(["review", "init-tls", "--cert"])
-        .args([&cert])
-        .args(["--key"])
-        .args([&key])
-        .run()
-        .expect_code(0);
+    let (cert, key) = crate::review_support::init_tls(&world);
     let server = Server::start_scheme(
         &world,
         &store,

@@ -189,6 +189,22 @@ pub fn token_for(world: &World, store: &StoreSel, email: &str) -> String {
     t
 }
 
+/// A self-signed certificate and key made by `airlockd review init-tls` in the world's tmp
+/// directory (`cert.pem`, `key.pem`).
+pub fn init_tls(world: &World) -> (PathBuf, PathBuf) {
+    let cert = world.tmp.path().join("cert.pem");
+    let key = world.tmp.path().join("key.pem");
+    world
+        .airlockd(world.tmp.path())
+        .args(["review", "init-tls", "--cert"])
+        .args([&cert])
+        .args(["--key"])
+        .args([&key])
+        .run()
+        .expect_code(0);
+    (cert, key)
+}
+
 /// A running `airlockd review` killed on drop.
 pub struct Server {
     pub child: Child,
