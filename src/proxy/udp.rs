@@ -33,10 +33,6 @@ use crate::sys::nflog::{self, Logged};
 use super::synthetic::MapBack;
 use super::{SessionProxy, respond};
 
-/// Receive buffer asked for on the log socket (the kernel caps it at `net.core.rmem_max`):
-/// about 3000 queued reports before the kernel drops any.
-pub const RCVBUF: usize = 1 << 20;
-
 /// Serves a session's handed-over log socket (if its sandbox sent one) in the background until
 /// `shutdown`; the daemon's session start calls this. `None` in, `None` out.
 pub fn serve_in_background(
@@ -63,8 +59,11 @@ pub async fn serve(
     use nix::fcntl::{FcntlArg, OFlag, fcntl};
     let flags = OFlag::from_bits_truncate(fcntl(&log, FcntlArg::F_GETFL)?);
     fcntl(&log, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    if let Err(e) = setsockopt(&log, sockopt::RcvBuf, &RCVBUF) {
-        tracing::debug!("SO_RCVBUF on the UDP refusal log: {e}");
+    // socket(7): SO_RCVBUFFORCE may exceed net.core.rmem_max but needs CAP_NET_ADMIN in the
+    // initial namespace, so only a root daemon gets it; the sandbox already asked for
+    // LOG_RCVBUF within the cap. A lost report still shows as a gap (below).
+    if let Err(e) = setsockopt(&log, sockopt::RcvBufForce, &nflog::LOG_RCVBUF) {
+        tracing::debug!("SO_RCVBUFFORCE on the UDP refusal log: {e}");
     }
     let fd = nflog::into_async(log)?;
     let mut buf = vec![0u8; 64 * 1024];

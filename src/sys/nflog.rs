@@ -66,6 +66,12 @@ pub const UDP_CHAIN: &str = "refuse_udp";
 /// The NFLOG group the rule logs to. Log instances are per network namespace, so any number
 /// works: the sandbox's namespace has only this one.
 pub const LOG_GROUP: u16 = 1;
+/// Receive buffer asked for on the log socket, which the kernel doubles for bookkeeping
+/// (socket(7)); each queued report costs at most one page-sized buffer (the log instance's
+/// default `nlbufsiz`), so some hundreds of reports wait here before the kernel drops any.
+/// The sandbox asks with `SO_RCVBUF` (capped at `net.core.rmem_max`); a daemon
+/// running as root forces it past that cap (`proxy::udp`).
+pub const LOG_RCVBUF: usize = 1 << 20;
 /// Bytes of each datagram copied to the log socket: the largest IPv4 header (60) plus the UDP
 /// header (8), and an IPv6 header (40) plus UDP, fit.
 pub const COPY_RANGE: u32 = 128;
@@ -234,6 +240,10 @@ pub fn open_udp_log() -> Result<OwnedFd, CaptureError> {
     .map_err(|e| CaptureError::Io { what: "opening the netfilter log socket", source: e.into() })?;
     bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(|e| CaptureError::Io {
         what: "binding the netfilter log socket",
+        source: e.into(),
+    })?;
+    setsockopt(&fd, sockopt::RcvBuf, &LOG_RCVBUF).map_err(|e| CaptureError::Io {
+        what: "sizing the netfilter log socket's receive buffer",
         source: e.into(),
     })?;
     // transact_on sets a receive timeout for the ACK; cleared after.

@@ -212,7 +212,7 @@ print('flood-refused:', refused)
         .iter()
         .map(|l| if l["seqs"].is_array() { l["count"].as_u64().unwrap() } else { 1 })
         .sum();
-    assert_eq!(counted, 300, "{flood:?}");
+    assert_eq!(counted, 300, "{flood:?}\n--- airlockd log\n{}", h.log());
     assert!(flood.iter().any(|l| l["seqs"].is_array()), "the flood was summarized: {flood:?}");
     assert!(flood.len() < 300, "{}", flood.len());
     assert!(

@@ -449,8 +449,11 @@ pub(super) async fn start_session(
     }
 }
 
-/// How long a session's end waits for its UDP refusal reader to drain.
-const UDP_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a session's end waits at most for its UDP refusal reader to drain. The wait ends
+/// as soon as the reader is done (normally at once); this bounds only a stuck reader. 2 s was
+/// too short on a loaded machine: the end record was written, and `airlock exec` returned,
+/// before the lines of a refusal flood were.
+const UDP_DRAIN: std::time::Duration = std::time::Duration::from_secs(15);
 
 pub(super) async fn end_session(
     daemon: &Arc<Daemon>,
