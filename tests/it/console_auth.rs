@@ -510,3 +510,53 @@ fn console_sign_in_over_tls_embedded() {
     assert_eq!(r.status, 303);
     assert_eq!(b.get("/people").status, 303, "signed out");
 }
+
+/// The console's stylesheet and script are served from the binary to anyone (the sign-in page
+/// needs the stylesheet): the right types under `nosniff`, revalidated by strong ETag
+/// (`If-None-Match` → 304, weak form and lists too), nothing else allowed; `/favicon.ico` is
+/// an empty 204, not a 404 page; the pages link only these first-party assets.
+#[test]
+fn embedded_assets_are_served_with_etags() {
+    if !have("curl") {
+        return;
+    }
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    let _admin = user_with_token(&world, &store, "admin@example.test", "admin");
+    let server = Server::start(&world, &store, &[]);
+    let base = server.base.as_str();
+    for (path, kind, needle) in [
+        ("/assets/console.css", "text/css; charset=utf-8", ":root{"),
+        ("/assets/console.js", "text/javascript; charset=utf-8", "(function(){"),
+    ] {
+        let r = curl(&[&format!("{base}{path}")]);
+        assert_eq!(r.status, 200, "{path}: {}", r.headers);
+        assert_eq!(header(&r, "content-type"), Some(kind), "{path}");
+        assert_eq!(header(&r, "cache-control"), Some("no-cache"), "{path}");
+        assert!(r.body.starts_with(needle), "{path}: {}", r.body);
+        assert_console_headers(&r);
+        let etag = header(&r, "etag").unwrap_or_else(|| panic!("{path}: no ETag")).to_string();
+        assert!(etag.starts_with('"') && etag.ends_with('"') && etag.len() == 34, "{etag}");
+        for sent in [etag.clone(), format!("W/{etag}"), format!("\"other\", {etag}"), "*".into()] {
+            let again = curl(&["-H", &format!("If-None-Match: {sent}"), &format!("{base}{path}")]);
+            assert_eq!(again.status, 304, "{path} with If-None-Match: {sent}");
+            assert!(again.body.is_empty(), "{path}: a 304 has no body");
+            assert_eq!(header(&again, "etag"), Some(etag.as_str()));
+        }
+        let stale = curl(&["-H", "If-None-Match: \"0123\"", &format!("{base}{path}")]);
+        assert_eq!(stale.status, 200, "{path}: a different tag gets the asset");
+        let post = curl(&["-X", "POST", &format!("{base}{path}")]);
+        assert_eq!(post.status, 405, "{path}");
+        assert_eq!(header(&post, "allow"), Some("GET"));
+    }
+    let icon = curl(&[&format!("{base}/favicon.ico")]);
+    assert_eq!(icon.status, 204, "{}", icon.headers);
+    assert!(icon.body.is_empty());
+    let login = curl(&[&format!("{base}/login")]);
+    assert!(
+        login.body.contains(r#"<link rel="stylesheet" href="/assets/console.css">"#),
+        "{}",
+        login.body
+    );
+    assert!(!login.body.contains("http://") && !login.body.contains("https://"), "{}", login.body);
+}

@@ -18,6 +18,7 @@
 pub mod auth;
 
 use crate::review::limits::{self, Rate, RateLimiter};
+use crate::review::render;
 use crate::review::server::AppState;
 use crate::review::store::{Store, StoreError};
 use crate::review::{Micros, User, now_micros};
@@ -171,6 +172,11 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
         (&Method::POST, "/login") => post_login(st, peer, req).await,
         (&Method::POST, "/logout") => post_logout(st, peer, req).await,
         (&Method::GET, "/people") => get_people(st, &req).await,
+        (&Method::GET, render::CSS_ROUTE) => asset(&req, render::CSS, "text/css; charset=utf-8"),
+        (&Method::GET, render::JS_ROUTE) => {
+            asset(&req, render::JS, "text/javascript; charset=utf-8")
+        }
+        (&Method::GET, "/favicon.ico") => no_favicon(),
         (&Method::GET, p) if invite_token(p).is_some() => {
             get_invite(st, &req, invite_token(p).unwrap_or_default()).await
         }
@@ -178,14 +184,16 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
             let token = invite_token(p).unwrap_or_default().to_string();
             post_invite(st, peer, req, &token).await
         }
-        (_, "/" | "/login" | "/people") => with_allow(
-            message_page(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "Method not allowed",
-                "This page is only read (GET).",
-            ),
-            "GET",
-        ),
+        (_, "/" | "/login" | "/people" | render::CSS_ROUTE | render::JS_ROUTE | "/favicon.ico") => {
+            with_allow(
+                message_page(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "Method not allowed",
+                    "This page is only read (GET).",
+                ),
+                "GET",
+            )
+        }
         (_, "/logout") => with_allow(
             message_page(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -206,6 +214,55 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
     };
     add_security_headers(&mut resp);
     resp
+}
+
+/// One asset embedded in the binary. Its URL carries no version, so the browser revalidates
+/// every use (`Cache-Control: no-cache`, RFC 9111 §5.2.2.4) and gets `304 Not Modified`
+/// while the binary — and so the asset's strong `ETag` — is unchanged.
+fn asset(req: &Request<Incoming>, body: &'static str, content_type: &'static str) -> Resp {
+    let etag = asset_etag(body);
+    let fresh = req
+        .headers()
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| if_none_match_hits(v, &etag));
+    let mut r = if fresh {
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = StatusCode::NOT_MODIFIED;
+        r
+    } else {
+        let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        r
+    };
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    r
+}
+
+/// A strong entity tag of an asset: the first 128 bits of its SHA-256, quoted (RFC 9110 §8.8.3).
+fn asset_etag(body: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(body.as_bytes());
+    format!("\"{}\"", hex::encode(&digest[..16]))
+}
+
+/// Whether an `If-None-Match` value names `etag`: `*`, or a listed tag equal under the weak
+/// comparison RFC 9110 §13.1.2 prescribes for this header (a `W/` prefix is ignored).
+fn if_none_match_hits(value: &str, etag: &str) -> bool {
+    value.split(',').map(str::trim).any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == etag)
+}
+
+/// Browsers ask for `/favicon.ico` on their own: answered with nothing rather than a 404
+/// page, and cached for a day so it is not asked again on every page.
+fn no_favicon() -> Resp {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::NO_CONTENT;
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=86400"));
+    r
 }
 
 fn invite_token(path: &str) -> Option<&str> {
@@ -247,6 +304,7 @@ fn page(title: &str, body: Markup) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · Airlock review" }
+                link rel="stylesheet" href=(render::CSS_ROUTE);
             }
             body { main { h1 { (title) } (body) } }
         }
@@ -636,5 +694,31 @@ async fn post_invite<S: Store>(
         Ok(Some(user)) => start_session(st, &user, peer, "invite").await,
         Ok(None) => invalid_invite(),
         Err(e) => store_page(e),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asset_etags_are_strong_quoted_and_follow_the_bytes() {
+        let a = asset_etag("body{}");
+        assert_eq!(a.len(), 34);
+        assert!(a.starts_with('"') && a.ends_with('"'));
+        assert_eq!(a, asset_etag("body{}"));
+        assert_ne!(a, asset_etag("body{ }"));
+    }
+
+    #[test]
+    fn if_none_match_uses_the_weak_comparison_over_a_list() {
+        let tag = "\"abc\"";
+        for hit in ["\"abc\"", "W/\"abc\"", "\"x\", \"abc\"", " \"abc\" ,\"y\"", "*"] {
+            assert!(if_none_match_hits(hit, tag), "{hit}");
+        }
+        for miss in ["", "\"abcd\"", "abc", "\"ab\", \"c\"", "W/abc"] {
+            assert!(!if_none_match_hits(miss, tag), "{miss}");
+        }
     }
 }
