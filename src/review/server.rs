@@ -62,7 +62,7 @@ pub struct AppState<S> {
     /// Failed authentications per peer ([`limits::peer_key`]).
     auth_failures: RateLimiter<IpAddr>,
     /// Read slots for events, flags and export (reads.rs).
-    reads: ReadSlots,
+    pub(crate) reads: ReadSlots,
     /// Sessions that received events, with when they last did: the settle sweep re-checks a
     /// session's span and `seq` gaps once it has been quiet for the settle delay. Kept per
     /// instance (lost on restart; the end-record check does not depend on it).
@@ -1138,6 +1138,14 @@ pub async fn respond<S: Store>(
             Ok(r) => r.map(Either::Right),
             Err(r) => r.map(Either::Left),
         }
+    } else if req.uri().path() == "/export" && req.method() == Method::GET {
+        match console::export(st, req).await {
+            Ok(r) => r.map(Either::Right),
+            Err(mut r) => {
+                console::add_security_headers(&mut r);
+                r.map(Either::Left)
+            }
+        }
     } else {
         handle(st, peer, req).await.map(Either::Left)
     };
@@ -1321,14 +1329,14 @@ async fn post_flag<S: Store>(
     };
     let self_action = match allowed_flag_action(st, user, id, override_requested).await {
         Ok(s) => s,
-        Err(resp) => return resp,
+        Err(e) => return e.api(id),
     };
     let appended = match act {
         Act::Assign(email) => {
             let assignee = match email {
                 Some(e) => match assignable(st, e).await {
                     Ok(u) => Some(u.id),
-                    Err(resp) => return resp,
+                    Err(err) => return err.api(id),
                 },
                 None => None,
             };
@@ -1367,23 +1375,43 @@ async fn post_flag<S: Store>(
     }
 }
 
+/// Why a flag action cannot be taken (the API answers JSON, the console a page).
+#[derive(Debug)]
+pub(crate) enum FlagActError {
+    NoFlag,
+    Refused(flag_rules::Refusal),
+    /// The assignee named is not a current reviewer or admin; the message says who it is.
+    NotAssignable(String),
+    Store(StoreError),
+}
+
+impl FlagActError {
+    fn api(self, id: &str) -> Resp {
+        match self {
+            FlagActError::NoFlag => error(StatusCode::NOT_FOUND, format!("no flag {id}")),
+            FlagActError::Refused(r) => error(StatusCode::FORBIDDEN, r.to_string()),
+            FlagActError::NotAssignable(m) => error(StatusCode::BAD_REQUEST, m),
+            FlagActError::Store(e) => store_error(e),
+        }
+    }
+}
+
 /// The user an assignment names by `email`, if they may be assigned (a current reviewer or
-/// admin), else the 400 saying what was wrong.
-async fn assignable<S: Store>(st: &AppState<S>, email: &str) -> Result<User, Resp> {
+/// admin), else what was wrong.
+pub(crate) async fn assignable<S: Store>(
+    st: &AppState<S>,
+    email: &str,
+) -> Result<User, FlagActError> {
     match st.store.user_by_email(email).await {
         Ok(Some(u)) if u.role.can_review() => Ok(u),
-        Ok(Some(u)) => Err(error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "{email} is a {}: only reviewers and admins can be assigned a flag",
-                u.role.as_str()
-            ),
-        )),
-        Ok(None) => Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("no user with email {email:?}; assign a reviewer or admin by their email"),
-        )),
-        Err(e) => Err(store_error(e)),
+        Ok(Some(u)) => Err(FlagActError::NotAssignable(format!(
+            "{email} is a {}: only reviewers and admins can be assigned a flag",
+            u.role.as_str()
+        ))),
+        Ok(None) => Err(FlagActError::NotAssignable(format!(
+            "no user with email {email:?}; assign a reviewer or admin by their email"
+        ))),
+        Err(e) => Err(FlagActError::Store(e)),
     }
 }
 
@@ -1410,24 +1438,24 @@ async fn assignee_filter<S: Store>(
     }
 }
 
-/// Applies [`flag_rules::decide`] to `user` acting on flag `id`: `Ok(self_action)`, or the
-/// 404 (unknown flag) or 403 (refused, saying why and what to do) to answer.
-async fn allowed_flag_action<S: Store>(
+/// Applies [`flag_rules::decide`] to `user` acting on flag `id`: `Ok(self_action)`, or why
+/// not (no such flag, or the refusal saying what to do).
+pub(crate) async fn allowed_flag_action<S: Store>(
     st: &AppState<S>,
     user: &User,
     id: &str,
     override_requested: bool,
-) -> Result<bool, Resp> {
+) -> Result<bool, FlagActError> {
     let flag = match st.store.get_flag(id).await {
         Ok(Some(f)) => f,
-        Ok(None) => return Err(error(StatusCode::NOT_FOUND, format!("no flag {id}"))),
-        Err(e) => return Err(store_error(e)),
+        Ok(None) => return Err(FlagActError::NoFlag),
+        Err(e) => return Err(FlagActError::Store(e)),
     };
     // Counted only when it matters: the user's own flag without an override.
     let reviewers = if flag.user_id == user.id && !override_requested {
         match st.store.list_users().await {
             Ok(users) => users.iter().filter(|u| u.role.can_review()).count(),
-            Err(e) => return Err(store_error(e)),
+            Err(e) => return Err(FlagActError::Store(e)),
         }
     } else {
         0
@@ -1438,7 +1466,7 @@ async fn allowed_flag_action<S: Store>(
         override_requested,
         reviewers,
     })
-    .map_err(|refusal| error(StatusCode::FORBIDDEN, refusal.to_string()))
+    .map_err(FlagActError::Refused)
 }
 
 /// Builds a TLS acceptor from PEM files.

@@ -105,6 +105,24 @@ impl Store for Alternating {
     ) -> Result<Vec<(String, i64)>, StoreError> {
         self.pick().transcript_line_counts(u, s, files).await
     }
+    async fn person_activity(
+        &self,
+        u: &[String],
+        week: Micros,
+    ) -> Result<Vec<airlock::review::store::PersonActivity>, StoreError> {
+        self.pick().person_activity(u, week).await
+    }
+    async fn hour_counts(
+        &self,
+        u: &str,
+        start: Micros,
+        hours: u32,
+    ) -> Result<Vec<airlock::review::store::HourCount>, StoreError> {
+        self.pick().hour_counts(u, start, hours).await
+    }
+    async fn event_flag_counts(&self, pks: &[i64]) -> Result<Vec<(i64, u64)>, StoreError> {
+        self.pick().event_flag_counts(pks).await
+    }
     async fn insert_flags(&self, f: &[NewFlag]) -> Result<(), StoreError> {
         self.pick().insert_flags(f).await
     }

@@ -16,6 +16,10 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+mod pages;
+pub use pages::export;
+mod queue;
+pub mod view;
 
 use crate::review::limits::{self, Rate, RateLimiter};
 use crate::review::render;
@@ -171,7 +175,20 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
         (&Method::GET, "/login") => get_login(&req),
         (&Method::POST, "/login") => post_login(st, peer, req).await,
         (&Method::POST, "/logout") => post_logout(st, peer, req).await,
-        (&Method::GET, "/people") => get_people(st, &req).await,
+        (&Method::GET, "/people") => pages::people(st, &req).await,
+        (&Method::GET, p) if person_path(p).is_some() => {
+            pages::timeline(st, &req, person_path(p).unwrap_or_default()).await
+        }
+        (&Method::GET, p) if session_path(p).is_some() => {
+            pages::session(st, &req, session_path(p).unwrap_or_default()).await
+        }
+        (&Method::GET, "/access-log") => pages::access_log(st, &req).await,
+        (&Method::GET, "/flags") => queue::get_flags(st, &req).await,
+        (&Method::POST, render::flags::BULK_PATH) => queue::post_bulk(st, req).await,
+        (&Method::POST, p) if flag_path(p).is_some() => {
+            let id = flag_path(p).unwrap_or_default().to_string();
+            queue::post_flag(st, req, &id).await
+        }
         (&Method::GET, render::CSS_ROUTE) => asset(&req, render::CSS, "text/css; charset=utf-8"),
         (&Method::GET, render::JS_ROUTE) => {
             asset(&req, render::JS, "text/javascript; charset=utf-8")
@@ -184,21 +201,36 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
             let token = invite_token(p).unwrap_or_default().to_string();
             post_invite(st, peer, req, &token).await
         }
-        (_, "/" | "/login" | "/people" | render::CSS_ROUTE | render::JS_ROUTE | "/favicon.ico") => {
-            with_allow(
-                message_page(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "Method not allowed",
-                    "This page is only read (GET).",
-                ),
-                "GET",
-            )
-        }
+        (_, "/" | "/login" | "/people" | "/access-log" | "/export" | "/flags")
+        | (_, render::CSS_ROUTE | render::JS_ROUTE | "/favicon.ico") => with_allow(
+            message_page(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "This page is only read (GET).",
+            ),
+            "GET",
+        ),
         (_, "/logout") => with_allow(
             message_page(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "Method not allowed",
                 "Signing out is a POST from the console's own form.",
+            ),
+            "POST",
+        ),
+        (_, p) if person_path(p).is_some() || session_path(p).is_some() => with_allow(
+            message_page(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "This page is only read (GET).",
+            ),
+            "GET",
+        ),
+        (_, p) if p == render::flags::BULK_PATH || flag_path(p).is_some() => with_allow(
+            message_page(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "Flags are acted on with the queue's forms (POST).",
             ),
             "POST",
         ),
@@ -265,6 +297,25 @@ fn no_favicon() -> Resp {
     r
 }
 
+/// The still percent-encoded `{user_id}` of `/people/{user_id}`.
+fn person_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/people/").filter(|t| !t.is_empty() && !t.contains('/'))
+}
+
+/// The still percent-encoded `{session}` of `/sessions/{session}`.
+fn session_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/sessions/").filter(|t| !t.is_empty() && !t.contains('/'))
+}
+
+/// The flag id of `POST /flags/{id}` (flag ids are URL-safe; anything else names no flag).
+fn flag_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/flags/").filter(|t| {
+        !t.is_empty()
+            && *t != "bulk"
+            && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
 fn invite_token(path: &str) -> Option<&str> {
     path.strip_prefix("/invite/").filter(|t| !t.is_empty() && !t.contains('/'))
 }
@@ -284,9 +335,12 @@ fn html_resp(status: StatusCode, body: Markup) -> Resp {
     r
 }
 
-fn redirect(to: &'static str) -> Resp {
+/// A 303 to `to`: a path of this console (callers build it from constants and encoded
+/// segments, so it is always a valid header value; `/people` stands in if it is not).
+fn redirect(to: &str) -> Resp {
     let mut r = html_resp(StatusCode::SEE_OTHER, page("Redirect", html! { a href=(to) { (to) } }));
-    r.headers_mut().insert(header::LOCATION, HeaderValue::from_static(to));
+    let to = HeaderValue::from_str(to).unwrap_or(HeaderValue::from_static("/people"));
+    r.headers_mut().insert(header::LOCATION, to);
     r
 }
 
@@ -569,30 +623,6 @@ async fn post_logout<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Inco
     let mut r = redirect("/login");
     set_cookie(&mut r, &auth::clear_session_cookie());
     r
-}
-
-/// PLACEHOLDER until the people page of issue 17 replaces it: who is signed in, and the
-/// logout form.
-async fn get_people<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resp {
-    let who = match signed_in(st, &cookie_headers(req)).await {
-        Ok(Some(w)) => w,
-        Ok(None) => return redirect("/login"),
-        Err(r) => return r,
-    };
-    html_resp(
-        StatusCode::OK,
-        page(
-            "People",
-            html! {
-                p { "signed in as " (who.user.email) " (" (who.user.role.as_str()) ")" }
-                p { "(Placeholder: the people page replaces this.)" }
-                form method="post" action="/logout" {
-                    input type="hidden" name="csrf" value=(who.csrf);
-                    button type="submit" { "Sign out" }
-                }
-            },
-        ),
-    )
 }
 
 fn invalid_invite() -> Resp {

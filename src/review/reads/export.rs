@@ -49,13 +49,118 @@ impl Body for ExportBody {
     }
 }
 
+/// How an export writes its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object per line in the events API's item shape.
+    Jsonl,
+    /// RFC 4180 CSV for spreadsheets: one row per event in [`CSV_COLUMNS`], the payload as its
+    /// JSON text. A cell a spreadsheet would run as a formula is defused ([`csv_cell`]).
+    Csv,
+}
+
+/// The columns of a CSV export, its first row.
+pub const CSV_COLUMNS: [&str; 15] = [
+    "pk",
+    "user_id",
+    "source",
+    "id",
+    "type",
+    "ts",
+    "session",
+    "seq",
+    "boot",
+    "received_at",
+    "airlock_session",
+    "file",
+    "offset",
+    "conflict_of",
+    "payload",
+];
+
+/// One CSV cell (RFC 4180 §2): quoted when it holds a comma, quote, CR or LF, quotes doubled.
+/// A cell starting with `=`, `+`, `-`, `@`, TAB or CR is what spreadsheets evaluate as a
+/// formula (OWASP "CSV Injection"): it gets a leading `'`, which they show as text.
+pub fn csv_cell(out: &mut Vec<u8>, v: &str) {
+    let formula = v.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    let quote = formula || v.contains([',', '"', '\r', '\n']);
+    if quote {
+        out.push(b'"');
+    }
+    if formula {
+        out.push(b'\'');
+    }
+    for b in v.bytes() {
+        if b == b'"' {
+            out.push(b'"');
+        }
+        out.push(b);
+    }
+    if quote {
+        out.push(b'"');
+    }
+}
+
+/// One event as a CSV row (CRLF-terminated, RFC 4180).
+pub fn csv_row(out: &mut Vec<u8>, e: &crate::review::StoredEvent) {
+    use crate::review::format_micros;
+    let opt = |v: Option<i64>| v.map(|n| n.to_string()).unwrap_or_default();
+    let cells: [String; 15] = [
+        e.pk.to_string(),
+        e.user_id.clone(),
+        e.source.as_str().to_string(),
+        e.id.clone(),
+        e.kind.clone(),
+        format_micros(e.ts),
+        e.session.clone().unwrap_or_default(),
+        opt(e.seq),
+        e.boot.clone().unwrap_or_default(),
+        format_micros(e.received_at),
+        e.airlock_session.clone().unwrap_or_default(),
+        e.file.clone().unwrap_or_default(),
+        opt(e.offset),
+        opt(e.conflict_of),
+        e.payload.clone(),
+    ];
+    for (i, c) in cells.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        csv_cell(out, c);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The first row of a CSV export.
+pub fn csv_header() -> Vec<u8> {
+    let mut out = CSV_COLUMNS.join(",").into_bytes();
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
 /// Starts an export of `q` (its `limit` and `max_bytes` are set here): the `header` line
 /// first, then one line per event in the events API's item shape. The returned body ends
 /// after the last matching event.
 pub fn start<S: Store, St>(
     state: std::sync::Arc<St>,
     store: fn(&St) -> &S,
+    q: EventQuery,
+    with_view: bool,
+    header: Vec<u8>,
+    permit: ReadPermit,
+) -> ExportBody
+where
+    St: Send + Sync + 'static,
+{
+    start_as(state, store, q, Format::Jsonl, with_view, header, permit)
+}
+
+/// [`start`] in either [`Format`].
+pub fn start_as<S: Store, St>(
+    state: std::sync::Arc<St>,
+    store: fn(&St) -> &S,
     mut q: EventQuery,
+    format: Format,
     with_view: bool,
     header: Vec<u8>,
     permit: ReadPermit,
@@ -84,6 +189,10 @@ where
             let more = page.truncated || page.events.len() == q.limit as usize;
             let mut chunk = Vec::with_capacity(64 * 1024);
             for e in &page.events {
+                if format == Format::Csv {
+                    csv_row(&mut chunk, e);
+                    continue;
+                }
                 if let Err(e) = serde_json::to_writer(&mut chunk, &e.api_json(with_view)) {
                     let _ = tx.send(Err(ExportError(e.to_string()))).await;
                     return;
@@ -105,4 +214,29 @@ where
         }
     });
     ExportBody { rx }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn cell(v: &str) -> String {
+        let mut out = Vec::new();
+        csv_cell(&mut out, v);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn csv_cells_quote_and_defuse_formulas() {
+        assert_eq!(cell("plain"), "plain");
+        assert_eq!(cell("a,b"), "\"a,b\"");
+        assert_eq!(cell("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(cell("two\nlines"), "\"two\nlines\"");
+        for f in ["=HYPERLINK(\"x\")", "+1", "-1+2", "@SUM(A1)", "\tx", "\rx"] {
+            let c = cell(f);
+            assert!(c.starts_with("\"'"), "{f} became {c}");
+        }
+        assert_eq!(cell(""), "");
+    }
 }

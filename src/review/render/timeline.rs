@@ -70,6 +70,21 @@ impl TimelineFilter {
         Self { from: when(from), until: when(until), ..self.clone() }
     }
 
+    /// The console export of `user_id`'s events under the filters a store query applies
+    /// (source, type, session, time range), in `format` (`jsonl` or `csv`).
+    pub fn export_href(&self, user_id: &str, format: &str) -> String {
+        let pairs = [
+            ("user", user_id),
+            ("format", format),
+            ("source", &self.source),
+            ("type", &self.kind),
+            ("session", &self.session),
+            ("from", &self.from),
+            ("until", &self.until),
+        ];
+        format!("/export{}", query(pairs))
+    }
+
     /// Whether any filter is set.
     pub fn is_empty(&self) -> bool {
         self.pairs().iter().all(|(_, v)| v.is_empty())
@@ -219,8 +234,23 @@ pub fn render(p: &TimelinePage) -> Markup {
     events.sort_by_key(|e| std::cmp::Reverse((e.ts, e.pk)));
     let bar_href =
         |from: Micros, until: Micros| p.filter.with_range(from, until).href(&p.user_id, None);
+    let payload_filters = !(p.filter.decision.is_empty()
+        && p.filter.host.is_empty()
+        && p.filter.repo.is_empty()
+        && p.filter.q.is_empty());
     let body = html! {
         (filter_form(p))
+        p.export {
+            "Export: "
+            a href=(p.filter.export_href(&p.user_id, "jsonl")) { "JSONL" }
+            " · "
+            a href=(p.filter.export_href(&p.user_id, "csv")) { "CSV" }
+            span.mut {
+                " (every export is recorded; CSV is for spreadsheets and cannot be verified later"
+                @if payload_filters { "; decision, host, repo and text filters are not applied to exports" }
+                ")"
+            }
+        }
         @if !p.hours.is_empty() {
             section aria-label="Events per hour" {
                 (svg::hour_chart(&p.hours, &bar_href))
@@ -411,6 +441,7 @@ mod tests {
         assert_eq!(html.matches("title=\"same session\"").count(), 4);
         assert!(html.contains(r#"<a rel="next" href="/people/u-ana?cursor=17">"#));
         assert!(html.contains("Timeline of ana@example.test"));
+        assert!(html.contains(r#"<a href="/export?user=u-ana&amp;format=csv">CSV</a>"#));
         assert_no_urls(&html);
     }
 

@@ -105,7 +105,15 @@ pub struct EventQuery {
     pub ts_until: Option<Micros>,
     /// `Some(true)`: only events linked to a flag; `Some(false)`: only unflagged.
     pub flagged: Option<bool>,
+    /// Only these event `type`s (empty: any).
+    pub kinds: Vec<String>,
+    /// Events of this Airlock session: its egress and session records (envelope `session`)
+    /// and the transcript lines its end record covered (`airlock_session`).
+    pub any_session: Option<String>,
     pub order: EventOrder,
+    /// Under [`EventOrder::Ts`]: newest first, the cursor reading rows strictly *before*
+    /// `(after_ts, after)` (the console's timeline).
+    pub descending: bool,
     pub after: Option<i64>,
     /// Under [`EventOrder::Ts`], the cursor's `ts`: rows strictly after `(after_ts, after)`.
     pub after_ts: Option<Micros>,
@@ -196,7 +204,27 @@ impl EventQuery {
         if let Some(t) = self.ts_until {
             bind(&mut sql, &|p| format!(" AND e.ts < {p}"), FlagArg::Int(t));
         }
+        if !self.kinds.is_empty() {
+            sql.push_str(" AND e.type IN (");
+            for (i, k) in self.kinds.iter().enumerate() {
+                if i > 0 {
+                    sql.push_str(", ");
+                }
+                bind(&mut sql, &|p| p.to_string(), FlagArg::Text(k.clone()));
+            }
+            sql.push(')');
+        }
+        if let Some(s) = &self.any_session {
+            bind(&mut sql, &|p| format!(" AND (e.session = {p}"), FlagArg::Text(s.clone()));
+            bind(&mut sql, &|p| format!(" OR e.airlock_session = {p})"), FlagArg::Text(s.clone()));
+        }
+        let desc = self.descending && self.order == EventOrder::Ts;
         match (self.order, self.after, self.after_ts) {
+            (EventOrder::Ts, Some(pk), Some(ts)) if desc => {
+                bind(&mut sql, &|p| format!(" AND (e.ts < {p}"), FlagArg::Int(ts));
+                bind(&mut sql, &|p| format!(" OR (e.ts = {p}"), FlagArg::Int(ts));
+                bind(&mut sql, &|p| format!(" AND e.pk < {p}))"), FlagArg::Int(pk));
+            }
             (EventOrder::Ts, Some(pk), Some(ts)) => {
                 bind(&mut sql, &|p| format!(" AND (e.ts > {p}"), FlagArg::Int(ts));
                 bind(&mut sql, &|p| format!(" OR (e.ts = {p}"), FlagArg::Int(ts));
@@ -216,6 +244,7 @@ impl EventQuery {
         }
         let order = match self.order {
             EventOrder::Received => " ORDER BY e.pk",
+            EventOrder::Ts if desc => " ORDER BY e.ts DESC, e.pk DESC",
             EventOrder::Ts => " ORDER BY e.ts, e.pk",
         };
         sql.push_str(order);
@@ -246,6 +275,93 @@ pub(crate) fn in_phase_order(pks: &[i64], rows: Vec<StoredEvent>) -> Vec<StoredE
     let mut by_pk: std::collections::HashMap<i64, StoredEvent> =
         rows.into_iter().map(|e| (e.pk, e)).collect();
     pks.iter().filter_map(|pk| by_pk.remove(pk)).collect()
+}
+
+/// What `/people` shows of one person, counted by the store ([`Store::person_activity`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PersonActivity {
+    pub user_id: String,
+    /// Per day of the week asked for (by the events' own `ts`, oldest day first): events, and
+    /// denied egress attempts among them.
+    pub daily: [(u64, u64); 7],
+    /// When the server last received an event of this person.
+    pub last_received: Option<Micros>,
+    /// Open flags by severity (`critical`, `high`, …).
+    pub open_flags: Vec<(String, u64)>,
+}
+
+/// One hour of a person's timeline chart ([`Store::hour_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HourCount {
+    /// Hours since the chart's start.
+    pub hour: i64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub transcript: u64,
+    /// Flag links of the hour's events.
+    pub flags: u64,
+}
+
+/// An egress attempt the policy refused, as SQL over `events e` (`{strpos}` is the backend's
+/// substring function): its payload lacks `"allowed":true`. Payloads are kept as received and
+/// the capture plane writes audit lines compactly, so this is the audit line's own field; the
+/// chart and `/people` count with it (cheap over a week of everyone), while the timeline's
+/// rows and its decision filter read the parsed payload.
+pub(crate) const DENIED_SQL: &str =
+    "(e.source = 'egress' AND {strpos}(e.payload, '\"allowed\":true') = 0)";
+/// The converse of [`DENIED_SQL`].
+pub(crate) const ALLOWED_SQL: &str =
+    "(e.source = 'egress' AND {strpos}(e.payload, '\"allowed\":true') > 0)";
+
+/// `/people`'s per-day counts of one user (`{1}` user, `{2}` week start, `{3}` its end).
+pub(crate) fn activity_sql(strpos: &str, ph: fn(usize) -> String) -> String {
+    format!(
+        "SELECT (e.ts - {p2}) / 86400000000 AS d, count(*), \
+         sum(CASE WHEN {denied} THEN 1 ELSE 0 END) FROM events e \
+         WHERE e.user_id = {p1} AND e.ts >= {p2} AND e.ts < {p3} GROUP BY d",
+        denied = DENIED_SQL.replace("{strpos}", strpos),
+        p1 = ph(1),
+        p2 = ph(2),
+        p3 = ph(3)
+    )
+}
+
+/// The timeline chart's counts (`{1}` user, `{2}` start, `{3}` end), per hour.
+pub(crate) fn hour_counts_sql(strpos: &str, ph: fn(usize) -> String) -> String {
+    format!(
+        "SELECT (e.ts - {p2}) / 3600000000 AS h, \
+         sum(CASE WHEN {allowed} THEN 1 ELSE 0 END), sum(CASE WHEN {denied} THEN 1 ELSE 0 END), \
+         sum(CASE WHEN e.source IN ('claude', 'codex') THEN 1 ELSE 0 END), \
+         CAST(sum((SELECT count(*) FROM flag_events fe WHERE fe.event_pk = e.pk)) AS BIGINT) \
+         FROM events e \
+         WHERE e.user_id = {p1} AND e.ts >= {p2} AND e.ts < {p3} GROUP BY h",
+        allowed = ALLOWED_SQL.replace("{strpos}", strpos),
+        denied = DENIED_SQL.replace("{strpos}", strpos),
+        p1 = ph(1),
+        p2 = ph(2),
+        p3 = ph(3)
+    )
+}
+
+/// A user's open flags by severity (`{1}` user).
+pub(crate) fn open_flags_sql(ph: fn(usize) -> String) -> String {
+    format!(
+        "SELECT f.severity, count(*) FROM flags f WHERE f.user_id = {} AND coalesce((SELECT \
+         s.state FROM flag_states s WHERE s.flag_id = f.id ORDER BY s.n DESC LIMIT 1), 'open') \
+         = 'open' GROUP BY f.severity",
+        ph(1)
+    )
+}
+
+/// Folds per-day rows of [`activity_sql`] into a week.
+pub(crate) fn week_of(rows: impl IntoIterator<Item = (i64, i64, i64)>) -> [(u64, u64); 7] {
+    let mut week = [(0u64, 0u64); 7];
+    for (d, n, denied) in rows {
+        if let Some(slot) = usize::try_from(d).ok().and_then(|d| week.get_mut(d)) {
+            *slot = (n.max(0) as u64, denied.max(0) as u64);
+        }
+    }
+    week
 }
 
 /// One `transcript.file` item as the comparison reads it: the latest received for its file.
@@ -534,6 +650,26 @@ pub trait Store: Send + Sync + 'static {
         files: &[String],
     ) -> impl Future<Output = Result<Vec<(String, i64)>, StoreError>> + Send;
     /// Inserts flags; an existing flag id is left as it is.
+    /// `/people`'s counts for each of `user_ids`, in that order: events and denied attempts
+    /// per day of `[week_start, week_start + 7 days)` by `ts`, the latest receipt, open flags.
+    fn person_activity(
+        &self,
+        user_ids: &[String],
+        week_start: Micros,
+    ) -> impl Future<Output = Result<Vec<PersonActivity>, StoreError>> + Send;
+    /// The timeline chart of `user_id`: per hour of `[start, start + hours h)` by `ts`, egress
+    /// allowed / denied, transcript lines and flag links; hours without events are left out.
+    fn hour_counts(
+        &self,
+        user_id: &str,
+        start: Micros,
+        hours: u32,
+    ) -> impl Future<Output = Result<Vec<HourCount>, StoreError>> + Send;
+    /// How many flags link each of `pks` (events without a flag are left out).
+    fn event_flag_counts(
+        &self,
+        pks: &[i64],
+    ) -> impl Future<Output = Result<Vec<(i64, u64)>, StoreError>> + Send;
     fn insert_flags(
         &self,
         flags: &[NewFlag],
@@ -730,6 +866,24 @@ impl Store for AnyStore {
         files: &[String],
     ) -> Result<Vec<(String, i64)>, StoreError> {
         dispatch!(self, s => s.transcript_line_counts(u, sn, files))
+    }
+    async fn person_activity(
+        &self,
+        u: &[String],
+        week: Micros,
+    ) -> Result<Vec<PersonActivity>, StoreError> {
+        dispatch!(self, s => s.person_activity(u, week))
+    }
+    async fn hour_counts(
+        &self,
+        u: &str,
+        start: Micros,
+        h: u32,
+    ) -> Result<Vec<HourCount>, StoreError> {
+        dispatch!(self, s => s.hour_counts(u, start, h))
+    }
+    async fn event_flag_counts(&self, pks: &[i64]) -> Result<Vec<(i64, u64)>, StoreError> {
+        dispatch!(self, s => s.event_flag_counts(pks))
     }
     async fn insert_flags(&self, f: &[NewFlag]) -> Result<(), StoreError> {
         dispatch!(self, s => s.insert_flags(f))

@@ -19,7 +19,7 @@ use super::{
     EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan, Store, StoreError,
     crash_point, random_id,
 };
-use super::{PublishedFile, SessionTranscriptItems};
+use super::{HourCount, PersonActivity, PublishedFile, SessionTranscriptItems};
 use crate::review::detect::session::SessionScan;
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
@@ -41,6 +41,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (7, include_str!("../migrations/pg_0007.sql")),
     (8, include_str!("../migrations/pg_0008.sql")),
     (9, include_str!("../migrations/pg_0009.sql")),
+    (10, include_str!("../migrations/pg_0010.sql")),
 ];
 
 /// Every table of the store (each has a row in [`GRANTS`]).
@@ -1066,6 +1067,78 @@ impl Store for PgStore {
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         Ok(counts)
+    }
+
+    async fn person_activity(
+        &self,
+        user_ids: &[String],
+        week_start: Micros,
+    ) -> Result<Vec<PersonActivity>, StoreError> {
+        let c = self.client().await?;
+        let week_end = week_start.saturating_add(7 * 86_400_000_000);
+        let ph = |n: usize| format!("${n}");
+        let days = c.prepare(&super::activity_sql("strpos", ph)).await?;
+        let flags = c.prepare(&super::open_flags_sql(ph)).await?;
+        let last = c
+            .prepare(
+                "SELECT (extract(epoch from received_at) * 1000000)::int8 FROM events \
+                 WHERE user_id = $1 ORDER BY pk DESC LIMIT 1",
+            )
+            .await?;
+        let mut out = Vec::with_capacity(user_ids.len());
+        for user_id in user_ids {
+            let rows = c.query(&days, &[user_id, &week_start, &week_end]).await?;
+            let daily = super::week_of(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))));
+            let last_received = c.query_opt(&last, &[user_id]).await?.map(|r| r.get(0));
+            let open_flags = c
+                .query(&flags, &[user_id])
+                .await?
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
+                .collect();
+            out.push(PersonActivity { user_id: user_id.clone(), daily, last_received, open_flags });
+        }
+        Ok(out)
+    }
+
+    async fn hour_counts(
+        &self,
+        user_id: &str,
+        start: Micros,
+        hours: u32,
+    ) -> Result<Vec<HourCount>, StoreError> {
+        let c = self.client().await?;
+        let end = start.saturating_add(i64::from(hours) * 3_600_000_000);
+        let sql = super::hour_counts_sql("strpos", |n| format!("${n}"));
+        let rows = c.query(&sql, &[&user_id, &start, &end]).await?;
+        let n = |r: &tokio_postgres::Row, i: usize| {
+            r.get::<_, Option<i64>>(i).unwrap_or(0).max(0) as u64
+        };
+        Ok(rows
+            .iter()
+            .map(|r| HourCount {
+                hour: r.get(0),
+                allowed: n(r, 1),
+                denied: n(r, 2),
+                transcript: n(r, 3),
+                flags: n(r, 4),
+            })
+            .collect())
+    }
+
+    async fn event_flag_counts(&self, pks: &[i64]) -> Result<Vec<(i64, u64)>, StoreError> {
+        if pks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT event_pk, count(*) FROM flag_events WHERE event_pk = ANY($1) \
+                 GROUP BY event_pk",
+                &[&pks],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1).max(0) as u64)).collect())
     }
 
     async fn insert_flags(&self, flags: &[NewFlag]) -> Result<(), StoreError> {

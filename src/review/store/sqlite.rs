@@ -7,8 +7,9 @@
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
 use super::{
-    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan, PublishedFile,
-    SessionTranscriptItems, Store, StoreError, crash_point, random_id,
+    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, HourCount, IngestScan,
+    PersonActivity, PublishedFile, SessionTranscriptItems, Store, StoreError, crash_point,
+    random_id,
 };
 use crate::review::detect::session::SessionScan;
 use crate::review::{
@@ -1051,6 +1052,97 @@ impl Store for SqliteStore {
                     .query_map(params_from_iter(args), |r| Ok((r.get(0)?, r.get(1)?)))?
                     .collect::<Result<_, _>>()?;
                 out.extend(counts);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn person_activity(
+        &self,
+        user_ids: &[String],
+        week_start: Micros,
+    ) -> Result<Vec<PersonActivity>, StoreError> {
+        let user_ids = user_ids.to_vec();
+        self.with(move |c| {
+            let week_end = week_start.saturating_add(7 * 86_400_000_000);
+            let ph = |n: usize| format!("?{n}");
+            let days_sql = super::activity_sql("instr", ph);
+            let flags_sql = super::open_flags_sql(ph);
+            let mut out = Vec::with_capacity(user_ids.len());
+            for user_id in user_ids {
+                let rows: Vec<(i64, i64, i64)> = c
+                    .prepare_cached(&days_sql)?
+                    .query_map(params![user_id, week_start, week_end], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                    })?
+                    .collect::<Result<_, _>>()?;
+                let last_received = c
+                    .prepare_cached(
+                        "SELECT received_at FROM events WHERE user_id = ?1 ORDER BY pk DESC LIMIT 1",
+                    )?
+                    .query_row(params![user_id], |r| r.get(0))
+                    .optional()?;
+                let open_flags: Vec<(String, i64)> = c
+                    .prepare_cached(&flags_sql)?
+                    .query_map(params![user_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()?;
+                out.push(PersonActivity {
+                    user_id,
+                    daily: super::week_of(rows),
+                    last_received,
+                    open_flags: open_flags.into_iter().map(|(s, n)| (s, n.max(0) as u64)).collect(),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn hour_counts(
+        &self,
+        user_id: &str,
+        start: Micros,
+        hours: u32,
+    ) -> Result<Vec<HourCount>, StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            let end = start.saturating_add(i64::from(hours) * 3_600_000_000);
+            let sql = super::hour_counts_sql("instr", |n| format!("?{n}"));
+            let rows = c
+                .prepare_cached(&sql)?
+                .query_map(params![user_id, start, end], |r| {
+                    let n = |i: usize| r.get::<_, i64>(i).map(|v| v.max(0) as u64);
+                    Ok(HourCount {
+                        hour: r.get(0)?,
+                        allowed: n(1)?,
+                        denied: n(2)?,
+                        transcript: n(3)?,
+                        flags: n(4)?,
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    async fn event_flag_counts(&self, pks: &[i64]) -> Result<Vec<(i64, u64)>, StoreError> {
+        let pks = pks.to_vec();
+        self.with(move |c| {
+            let mut out = Vec::new();
+            for chunk in pks.chunks(500) {
+                let marks = vec!["?"; chunk.len()].join(",");
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT event_pk, count(*) FROM flag_events WHERE event_pk IN ({marks}) \
+                     GROUP BY event_pk"
+                ))?;
+                let rows = stmt.query_map(params_from_iter(chunk.iter()), |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+                })?;
+                for row in rows {
+                    out.push(row?);
+                }
             }
             Ok(out)
         })
