@@ -151,7 +151,7 @@ pub fn page(title: &str, viewer: &Viewer, current: Section, body: Markup) -> Mar
                         }
                     }
                     div.me {
-                        span { (viewer.email) " " span.mut { "(" (viewer.role.as_str()) ")" } }
+                        span { "signed in as " (viewer.email) " (" (viewer.role.as_str()) ")" }
                         form method="post" action="/logout" {
                             (csrf_field(viewer))
                             button type="submit" { "Log out" }
