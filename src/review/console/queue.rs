@@ -180,10 +180,7 @@ fn act_error(who: &SignedIn, id: &str, e: FlagActError) -> Resp {
 }
 
 /// The note of a form: required with a state action, at most 16 KiB, no NUL.
-fn note_of(
-    fields: &[(String, String)],
-    required: bool,
-) -> Result<Option<&str>, &'static str> {
+fn note_of(fields: &[(String, String)], required: bool) -> Result<Option<&str>, &'static str> {
     match field(fields, "note").map(str::trim) {
         Some(n) if n.len() > NOTE_MAX || n.contains('\0') => {
             Err("The note is longer than 16 KiB or holds a NUL character.")
