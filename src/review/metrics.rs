@@ -130,8 +130,16 @@ pub fn global() -> &'static Metrics {
 /// Item statuses counted by name (the rest as `other`).
 const ITEM_STATUSES: [&str; 4] = ["created", "duplicate", "conflict", "rejected"];
 /// The limits whose refusals are counted (`rate_limited_total{limit}`).
-pub const LIMITS: [&str; 6] =
-    ["token", "auth_failures", "ingest_global", "ingest_per_user", "read_global", "read_per_user"];
+pub const LIMITS: [&str; 8] = [
+    "token",
+    "auth_failures",
+    "ingest_global",
+    "ingest_per_user",
+    "read_global",
+    "read_per_user",
+    "login_per_address",
+    "login_per_account",
+];
 const STORE_ERROR_KINDS: [&str; 2] = ["unavailable", "other"];
 
 impl Default for Metrics {

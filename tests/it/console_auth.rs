@@ -321,6 +321,12 @@ fn sign_in_and_sessions(world: &World, store: &StoreSel, pg: Option<&PgDb>) {
         assert_console_headers(&r);
     }
     assert!(rl.session().is_none());
+    let m = curl(&[&format!("{base}/metrics")]);
+    assert!(
+        m.body.contains("airlock_review_rate_limited_total{limit=\"login_per_account\"} 2"),
+        "the two refused sign-ins are not counted in /metrics:\n{}",
+        m.body
+    );
 
     // --- Invites: a one-time link whose page sets the password and signs in. ---
     let run = admin(

@@ -547,10 +547,12 @@ async fn post_login<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incom
     let now = Instant::now();
     let console = &st.console;
     if let Err(wait) = console.by_address.take(&limits::peer_key(peer), now) {
+        crate::review::metrics::global().rate_limited("login_per_address");
         return too_many(wait, &csrf, &email, "from this address");
     }
     let account = email.to_lowercase();
     if let Err(wait) = console.by_account.check(&account, now) {
+        crate::review::metrics::global().rate_limited("login_per_account");
         return too_many(wait, &csrf, &email, "for this account");
     }
     let user = match st.store.user_by_email(&email).await {
