@@ -180,10 +180,7 @@ fn act_error(who: &SignedIn, id: &str, e: FlagActError) -> Resp {
 }
 
 /// The note of a form: required with a state action, at most 16 KiB, no NUL.
-fn note_of(
-    fields: &[(String, String)],
-    required: bool,
-) -> Result<Option<&str>, &'static str> {
+fn note_of(fields: &[(String, String)], required: bool) -> Result<Option<&str>, &'static str> {
     match field(fields, "note").map(str::trim) {
         Some(n) if n.len() > NOTE_MAX || n.contains('\0') => {
             Err("The note is longer than 16 KiB or holds a NUL character.")
@@ -330,9 +327,14 @@ pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Re
         Ok(n) => n,
         Err(m) => return refused(&who, StatusCode::BAD_REQUEST, m),
     };
-    let mut ids: Vec<&str> =
-        fields.iter().filter(|(k, _)| k == "flag").map(|(_, v)| v.as_str()).collect();
-    ids.dedup();
+    // Each flag once, in the form's order (a flag named twice is not acted on twice).
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<&str> = fields
+        .iter()
+        .filter(|(k, _)| k == "flag")
+        .map(|(_, v)| v.as_str())
+        .filter(|v| seen.insert(*v))
+        .collect();
     if ids.is_empty() {
         return refused(&who, StatusCode::BAD_REQUEST, "Select at least one flag.");
     }
