@@ -71,6 +71,7 @@ details>summary{cursor:pointer;color:var(--mut)}
 dl.rec{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em}
 dl.rec dt{color:var(--mut)}
 dl.rec dd{margin:0}
+table.access code{overflow-wrap:anywhere}
 tr.cur{outline:2px solid var(--tr)}
 tr.fd>td{background:#fafbfc}
 .actions{display:flex;flex-wrap:wrap;gap:1em}
