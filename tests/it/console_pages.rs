@@ -255,6 +255,8 @@ pub(crate) fn page(b: &Browser, path: &str) -> Http {
     let r = b.get(path);
     assert_eq!(r.status, 200, "GET {path}: {}", r.body);
     assert_console_headers(&r);
+    assert_eq!(header(&r, "content-type"), Some("text/html; charset=utf-8"), "{path}");
+    assert_eq!(header(&r, "cache-control"), Some("no-store"), "{path}");
     assert!(r.body.len() < PAGE_MAX, "GET {path} is {} bytes", r.body.len());
     r
 }
@@ -399,8 +401,10 @@ fn timeline_suite(world: &World, store: &StoreSel) {
                            "message": {"role": "user", "content": text}}})
     };
     // Sent out of `ts` order: the page orders by `ts`, not by arrival.
+    let mut gh = eg("e-gh", at(60), "s-b", 2, "github.com", true);
+    gh["payload"]["repo"] = json!("infra");
     let items = vec![
-        eg("e-gh", at(60), "s-b", 2, "github.com", true),
+        gh,
         claude_line("c-1", at(20), "claude-marker: why does the build fail?"),
         eg("e-api", at(10), "s-a", 1, "api.github.com", true),
         json!({"id": "x-1", "source": "external", "type": "deploy.approved", "ts": format_micros(at(40)),
@@ -461,6 +465,8 @@ fn timeline_suite(world: &World, store: &StoreSel) {
             ),
             vec![want_order[1], want_order[2], want_order[3]],
         ),
+        ("?repo=infra".into(), vec![want_order[0]]),
+        ("?repo=payments".into(), vec![want_order[1], want_order[3], want_order[5], want_order[6]]),
         ("?q=claude-marker".into(), vec!["claude-marker"]),
         ("?q=CLAUDE-Marker".into(), vec!["claude-marker"]),
         ("?source=egress&decision=allowed&session=s-b".into(), vec![want_order[0], want_order[1]]),
@@ -484,7 +490,7 @@ fn timeline_suite(world: &World, store: &StoreSel) {
     let reads = console_reads(base, &p.admin.token, REV);
     let tl_reads: Vec<&Value> =
         reads.iter().filter(|e| e["payload"]["what"] == "timeline").collect();
-    assert!(tl_reads.len() >= 14, "{tl_reads:?}");
+    assert!(tl_reads.len() >= 16, "{tl_reads:?}");
     assert!(
         tl_reads.iter().all(|e| e["payload"]["target_user"] == json!(p.ana.id)
             && e["payload"]["target_email"] == ANA)
