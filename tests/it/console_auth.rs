@@ -80,7 +80,7 @@ impl Browser {
     }
 
     /// The session id in the jar, if any.
-    fn session(&self) -> Option<String> {
+    pub(crate) fn session(&self) -> Option<String> {
         let jar = std::fs::read_to_string(&self.jar).unwrap_or_default();
         jar.lines().find_map(|l| {
             let cols: Vec<&str> = l.split('\t').collect();

@@ -750,7 +750,7 @@ fn history_rows(body: &str) -> Vec<String> {
         .collect()
 }
 
-fn flags_suite(world: &World, store: &StoreSel) {
+fn flags_suite(world: &World, store: &StoreSel, pg: Option<&PgDb>) {
     let p = Plane::start(world, store);
     let base = p.base();
     let t0 = now_micros() - HOUR;
@@ -888,6 +888,31 @@ fn flags_suite(world: &World, store: &StoreSel) {
     );
     assert!(r.body.contains("1 flag(s) not changed"), "{}", r.body);
     assert_eq!(hist(&own), 0, "{}", listed(base, &p.admin.token, &own));
+    // PostgreSQL: the store's own function re-checks a console session as it does a token,
+    // whatever the server decided.
+    if let Some(db) = pg {
+        let call = |secret: &str, flag: &str| {
+            db.runtime_sql(&format!(
+                "SELECT actor FROM airlock_flag_state('{secret}', '{flag}', 'dismissed', 'direct', false)"
+            ))
+        };
+        let sid = rev.session().expect("the reviewer's session id");
+        let e = call(&sid, &own).unwrap_err();
+        assert!(e.contains("raised on your own history"), "{e}");
+        let e = call(&"0".repeat(64), &own).unwrap_err();
+        assert!(e.contains("invalid or revoked credential"), "{e}");
+        let ana = p.browser(world, &p.ana);
+        let e = call(&ana.session().unwrap(), &f3).unwrap_err();
+        assert!(e.contains("only reviewers and admins"), "{e}");
+        let ended = p.browser(world, &p.rev);
+        let sid2 = ended.session().unwrap();
+        let csrf3 = csrf_of(&page(&ended, "/people").body);
+        assert_eq!(ended.post("/logout", &[("csrf", &csrf3)]).status, 303);
+        let e = call(&sid2, &f3).unwrap_err();
+        assert!(e.contains("invalid or revoked credential"), "a logged-out session: {e}");
+        assert_eq!(hist(&own), 0);
+        assert_eq!(hist(&f3), 1, "only the bulk row");
+    }
     // Another reviewer may.
     let rev2 = p.browser(world, &p.rev2);
     let csrf2 = csrf_of(&page(&rev2, "/flags").body);
@@ -922,7 +947,7 @@ fn console_flags_queue_embedded() {
         return;
     }
     let world = World::new();
-    flags_suite(&world, &StoreSel::Embedded(world.tmp.path().join("d")));
+    flags_suite(&world, &StoreSel::Embedded(world.tmp.path().join("d")), None);
 }
 
 #[test]
@@ -933,7 +958,7 @@ fn console_flags_queue_postgres() {
     let Some(db) = PgDb::create() else { return };
     let world = World::new();
     db.migrate(&world);
-    flags_suite(&world, &StoreSel::Pg(db.runtime_url.clone()));
+    flags_suite(&world, &StoreSel::Pg(db.runtime_url.clone()), Some(&db));
 }
 
 // ---------------------------------------------------------------------------------------
