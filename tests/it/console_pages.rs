@@ -504,6 +504,19 @@ fn timeline_suite(world: &World, store: &StoreSel) {
     let ana = p.browser(world, &p.ana);
     let mine = page(&ana, &format!("/people/{}", p.ana.id));
     assert_eq!(timeline_rows(&mine.body).len(), 7 + 1, "their own, with the sign-in");
+    // An event claiming a time an hour ahead of its receipt: marked backdated, and flagged.
+    ingest(
+        world,
+        base,
+        &p.ana.token,
+        &[eg("e-future", now_micros() + HOUR, "s-c", 1, "ahead.example.test", true)],
+    );
+    let r = page(&rev, &format!("/people/{}", p.ana.id));
+    let rows = timeline_rows(&r.body);
+    assert!(rows[0].contains("CONNECT ahead.example.test:443"), "{rows:#?}");
+    assert!(rows[0].contains("⚠") && rows[0].contains("⚑"), "{rows:#?}");
+    assert!(r.body.contains("title=\"ts more than 5 minutes after receipt\""), "{}", r.body);
+    assert!(!rows[1].contains("⚠"), "{rows:#?}");
     let theirs = ana.get(&format!("/people/{}", p.bo.id));
     assert_eq!(theirs.status, 403, "{}", theirs.body);
     assert_console_headers(&theirs);
