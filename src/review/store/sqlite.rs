@@ -19,7 +19,8 @@ use crate::review::{
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params, params_from_iter, types::Value};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use tokio::sync::Mutex;
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("../migrations/sqlite_0001.sql")),
@@ -32,6 +33,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
 ];
 
 /// The embedded store. Cloning shares the connection.
+///
+/// One connection serves every request, one at a time. Its lock is tokio's, which hands the
+/// connection over in the order it was asked for: a request never waits behind a stream of
+/// later ones (with a plain mutex a thread that has just released it wins it back before the
+/// woken waiter runs, and under sustained ingest one request could wait for minutes).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
@@ -123,8 +129,7 @@ impl SqliteStore {
         let result = setup(store.clone()).await;
         let conn = Arc::try_unwrap(store.conn)
             .map_err(|_| StoreError::Other("the new store is still in use after setup".into()))?
-            .into_inner()
-            .map_err(|_| StoreError::Other("store lock poisoned".into()))?;
+            .into_inner();
         let value = match result {
             Ok(v) => v,
             Err(e) => {
@@ -182,10 +187,9 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let conn = Arc::clone(&self.conn);
+        let guard = Arc::clone(&self.conn).lock_owned().await;
         tokio::task::spawn_blocking(move || {
-            let mut guard =
-                conn.lock().map_err(|_| StoreError::Unavailable("store lock poisoned".into()))?;
+            let mut guard = guard;
             f(&mut guard)
         })
         .await
@@ -194,8 +198,8 @@ impl SqliteStore {
 
     /// Runs raw SQL on the connection (tests use it to prove UPDATE/DELETE are rejected).
     pub fn execute_raw(&self, sql: &str) -> Result<usize, StoreError> {
-        let conn =
-            self.conn.lock().map_err(|_| StoreError::Unavailable("store lock poisoned".into()))?;
+        // Called from synchronous code only (tests); inside a runtime this would panic.
+        let conn = self.conn.blocking_lock();
         Ok(conn.execute(sql, [])?)
     }
 }
@@ -1544,7 +1548,7 @@ mod tests {
             s.auth_log("x@example.test", "127.0.0.1", 1).await.unwrap();
             s.auth_log(&"é".repeat(400), "::1", 2).await.unwrap();
             let rows: Vec<(i64, i64, String)> = {
-                let c = s.conn.lock().unwrap();
+                let c = s.conn.lock().await;
                 let mut st =
                     c.prepare("SELECT slot, seq, email FROM auth_log ORDER BY seq").unwrap();
                 st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -1572,7 +1576,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = SqliteStore::open(dir.path()).unwrap();
         let mode: i64 =
-            s.conn.lock().unwrap().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+            s.conn.blocking_lock().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, 2, "synchronous must be FULL (2), so answered commits survive power loss");
     }
 
@@ -1644,7 +1648,7 @@ mod tests {
         assert!(f.history[1].assignment && f.history[1].state == FlagState::Resolved);
         // An assignee that is no user is refused by the foreign key; an assignee on a state
         // row by the CHECK.
-        let c = s.conn.lock().unwrap();
+        let c = s.conn.blocking_lock();
         for bad in [
             "INSERT INTO flag_states(flag_id, state, actor, at, assignment, assignee) VALUES ('f1', 'open', 'u2', 4, 1, 'ghost')",
             "INSERT INTO flag_states(flag_id, state, actor, at, assignment, assignee) VALUES ('f1', 'open', 'u2', 4, 0, 'u2')",
@@ -1717,7 +1721,7 @@ mod tests {
         let scan: Arc<dyn IngestScan> = Arc::new(FlagEach);
         let rt = rt();
         let count =
-            |sql: &str| -> i64 { s.conn.lock().unwrap().query_row(sql, [], |r| r.get(0)).unwrap() };
+            |sql: &str| -> i64 { s.conn.blocking_lock().query_row(sql, [], |r| r.get(0)).unwrap() };
         let ins = rt.block_on(s.ingest("u", 5, &[event("a"), event("b")], scan.clone())).unwrap();
         assert!(ins.iter().all(|i| i.created));
         assert_eq!(count("SELECT count(*) FROM flag_events"), 2);
