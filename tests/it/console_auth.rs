@@ -33,15 +33,15 @@ fn admin(world: &World, store: &StoreSel, args: &[&str]) -> Run {
 }
 
 /// A browser stand-in: curl with its own cookie jar.
-struct Browser {
-    base: String,
-    jar: PathBuf,
+pub(crate) struct Browser {
+    pub(crate) base: String,
+    pub(crate) jar: PathBuf,
     /// Extra curl arguments (`--cacert` for TLS).
     extra: Vec<String>,
 }
 
 impl Browser {
-    fn new(world: &World, base: &str, name: &str) -> Self {
+    pub(crate) fn new(world: &World, base: &str, name: &str) -> Self {
         Self {
             base: base.to_string(),
             jar: world.tmp.path().join(format!("jar-{name}")),
@@ -49,7 +49,7 @@ impl Browser {
         }
     }
 
-    fn get(&self, path: &str) -> Http {
+    pub(crate) fn get(&self, path: &str) -> Http {
         let jar = self.jar.display().to_string();
         let mut args: Vec<&str> = vec!["-b", &jar, "-c", &jar];
         args.extend(self.extra.iter().map(String::as_str));
@@ -58,7 +58,7 @@ impl Browser {
         curl(&args)
     }
 
-    fn post(&self, path: &str, fields: &[(&str, &str)]) -> Http {
+    pub(crate) fn post(&self, path: &str, fields: &[(&str, &str)]) -> Http {
         let jar = self.jar.display().to_string();
         let mut args: Vec<String> = vec!["-b".into(), jar.clone(), "-c".into(), jar];
         args.extend(self.extra.iter().cloned());
@@ -72,7 +72,7 @@ impl Browser {
     }
 
     /// Signs in through the form; the answer to the POST.
-    fn login(&self, email: &str, password: &str) -> Http {
+    pub(crate) fn login(&self, email: &str, password: &str) -> Http {
         let form = self.get("/login");
         assert_eq!(form.status, 200, "{}", form.body);
         let csrf = csrf_of(&form.body);
@@ -80,7 +80,7 @@ impl Browser {
     }
 
     /// The session id in the jar, if any.
-    fn session(&self) -> Option<String> {
+    pub(crate) fn session(&self) -> Option<String> {
         let jar = std::fs::read_to_string(&self.jar).unwrap_or_default();
         jar.lines().find_map(|l| {
             let cols: Vec<&str> = l.split('\t').collect();
@@ -91,7 +91,7 @@ impl Browser {
 }
 
 /// The hidden `csrf` value of a page's form.
-fn csrf_of(body: &str) -> String {
+pub(crate) fn csrf_of(body: &str) -> String {
     let at = body.find("name=\"csrf\" value=\"").unwrap_or_else(|| panic!("no csrf: {body}"));
     let rest = &body[at + "name=\"csrf\" value=\"".len()..];
     rest[..rest.find('"').unwrap()].to_string()
@@ -107,7 +107,7 @@ fn header_lines<'a>(r: &'a Http, name: &str) -> Vec<&'a str> {
         .collect()
 }
 
-fn header<'a>(r: &'a Http, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(r: &'a Http, name: &str) -> Option<&'a str> {
     header_lines(r, name).into_iter().next()
 }
 
@@ -122,7 +122,7 @@ fn assert_signed_out(base: &str, session: &str, why: &str) {
     assert_eq!(header(&r, "location"), Some("/login"), "{why}");
 }
 
-fn assert_console_headers(r: &Http) {
+pub(crate) fn assert_console_headers(r: &Http) {
     assert_eq!(
         header(r, "content-security-policy"),
         Some("default-src 'self'; frame-ancestors 'none'"),

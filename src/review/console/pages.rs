@@ -282,7 +282,11 @@ pub async fn timeline<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: 
         Ok(s) => s,
         Err(r) => return r,
     };
-    let filters = serde_json::to_value(&ask.filter).unwrap_or(Value::Null);
+    // Only the filters set: the access log shows the record cut to one line.
+    let mut filters = serde_json::to_value(&ask.filter).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut filters {
+        m.retain(|_, v| v.as_str() != Some(""));
+    }
     if let Err(r) =
         view::record_view(st, &who, Some(&target), "timeline", json!({"filters": filters})).await
     {
@@ -602,7 +606,31 @@ pub async fn access_log<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> 
     };
     let more = page.truncated || page.events.len() == q.limit as usize;
     let older = page.events.last().filter(|_| more).map(|e| Cursor::after(e, EventOrder::Ts));
-    let rows: Vec<AccessRow> = page.events.iter().map(AccessRow::of).collect();
+    // API read records name the person read by id only: shown by email, like the console's.
+    let users = match st.store.list_users().await {
+        Ok(u) => u,
+        Err(e) => return store_page(e),
+    };
+    let emails: BTreeMap<&str, &str> =
+        users.iter().map(|u| (u.id.as_str(), u.email.as_str())).collect();
+    let rows: Vec<AccessRow> = page
+        .events
+        .iter()
+        .map(AccessRow::of)
+        .map(|mut r| {
+            if let Some(email) =
+                r.target_id.as_deref().filter(|id| *id == r.target).and_then(|id| emails.get(id))
+            {
+                r.target = (*email).to_string();
+            }
+            if r.reader == r.reader_id
+                && let Some(email) = emails.get(r.reader_id.as_str())
+            {
+                r.reader = (*email).to_string();
+            }
+            r
+        })
+        .collect();
     ok_page(render_access_log(&view::viewer(&who), &rows, older.map(|c| c.encode())))
 }
 

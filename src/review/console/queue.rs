@@ -327,9 +327,14 @@ pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Re
         Ok(n) => n,
         Err(m) => return refused(&who, StatusCode::BAD_REQUEST, m),
     };
-    let mut ids: Vec<&str> =
-        fields.iter().filter(|(k, _)| k == "flag").map(|(_, v)| v.as_str()).collect();
-    ids.dedup();
+    // Each flag once, in the form's order (a flag named twice is not acted on twice).
+    let mut seen = std::collections::HashSet::new();
+    let ids: Vec<&str> = fields
+        .iter()
+        .filter(|(k, _)| k == "flag")
+        .map(|(_, v)| v.as_str())
+        .filter(|v| seen.insert(*v))
+        .collect();
     if ids.is_empty() {
         return refused(&who, StatusCode::BAD_REQUEST, "Select at least one flag.");
     }

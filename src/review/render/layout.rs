@@ -71,6 +71,7 @@ details>summary{cursor:pointer;color:var(--mut)}
 dl.rec{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em}
 dl.rec dt{color:var(--mut)}
 dl.rec dd{margin:0}
+table.access code{overflow-wrap:anywhere}
 tr.cur{outline:2px solid var(--tr)}
 tr.fd>td{background:#fafbfc}
 .actions{display:flex;flex-wrap:wrap;gap:1em}
@@ -79,21 +80,23 @@ textarea{min-height:3em}
 @media print{header nav,header .me form,.actions,form.filters{display:none}}
 "#;
 
-/// The keyboard script for the flags queue: `j`/`k` move between rows, `Enter` opens the
-/// focused row's details. Without it every link and form still works.
+/// The keyboard script for the flags queue: `j`/`k` move between rows (from inside a row's
+/// opened details, on from that row), `Enter` opens the focused row's details. Without it
+/// every link and form still works.
 pub const JS: &str = r#"(function(){
 "use strict";
 var q=document.querySelector("table.queue");if(!q)return;
 function links(){return Array.prototype.slice.call(q.querySelectorAll("a.open"));}
 function mark(a){var r=q.querySelectorAll("tr.cur");for(var i=0;i<r.length;i++)r[i].classList.remove("cur");var t=a.closest("tr");if(t)t.classList.add("cur");}
 function open(a){var id=a.getAttribute("href").slice(1);var d=document.getElementById(id);if(d){d.open=true;var s=d.querySelector("summary");if(s)s.focus();}}
+function within(l){var a=document.activeElement;var r=a&&a.closest&&a.closest("tr.fd");r=r&&r.previousElementSibling;var o=r&&r.querySelector("a.open");return o?l.indexOf(o):-1;}
 q.addEventListener("focusin",function(e){var a=e.target.closest&&e.target.closest("tr.fr");if(a){var l=a.querySelector("a.open");if(l)mark(l);}});
 document.addEventListener("keydown",function(e){
 if(e.altKey||e.ctrlKey||e.metaKey)return;
 var t=e.target;if(t&&(t.isContentEditable||/^(INPUT|TEXTAREA|SELECT|BUTTON)$/.test(t.tagName)))return;
 var l=links();if(!l.length)return;
 var i=l.indexOf(document.activeElement);
-if(e.key==="j"||e.key==="k"){e.preventDefault();i=e.key==="j"?Math.min(i+1,l.length-1):Math.max(i-1,0);l[i].focus();mark(l[i]);}
+if(e.key==="j"||e.key==="k"){e.preventDefault();var j=i<0?within(l):i;j=e.key==="j"?Math.min(j+1,l.length-1):Math.max(j-1,0);l[j].focus();mark(l[j]);}
 else if(e.key==="Enter"&&i>=0){e.preventDefault();open(l[i]);}
 });
 })();
