@@ -128,7 +128,12 @@ impl Client {
         let status = resp.status();
         let body = resp.into_body().collect().await.unwrap().to_bytes();
         let took = t.elapsed();
-        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body[..body.len().min(500)]));
+        assert_eq!(
+            status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(500)])
+        );
         (took, body.len())
     }
 }
@@ -232,7 +237,9 @@ fn main() {
     let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let total = env("BENCH_EVENTS", if quick { 20_000 } else { 1_000_000 });
     let reqs = env("BENCH_REQS", if quick { 3 } else { 60 });
-    println!("console timeline: {total} events, {reqs} requests per kind, interleaved, one connection");
+    println!(
+        "console timeline: {total} events, {reqs} requests per kind, interleaved, one connection"
+    );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let dir = tempfile::tempdir().unwrap();
     rt.block_on(async {

@@ -770,6 +770,10 @@ impl Engine {
     pub fn detect_batch(&self, user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
         let mut flags = Vec::new();
         for c in created {
+            // A transcript line's own `session` is the agent's; its flag names the Airlock
+            // session whose end record covered it when there is one, so the flag links to
+            // the session's drill-down (records, egress and transcript together).
+            let flag_session = c.event.airlock_session.clone().or_else(|| c.event.session.clone());
             let view = transcript::view(c.event.source, c.payload);
             for hit in self.scan(c.event.source, &view, c.payload) {
                 let r = &self.rules[hit.rule];
@@ -779,7 +783,7 @@ impl Engine {
                     title: r.title.clone(),
                     severity: r.severity,
                     user_id: user_id.to_string(),
-                    session: c.event.session.clone(),
+                    session: flag_session.clone(),
                     detail: hit.detail,
                     event_pks: vec![c.pk],
                 });
@@ -796,7 +800,7 @@ impl Engine {
                     title: "Event timestamp later than the server's receipt".into(),
                     severity: Severity::Medium,
                     user_id: user_id.to_string(),
-                    session: c.event.session.clone(),
+                    session: flag_session.clone(),
                     detail: format!(
                         "ts {} is more than 5 minutes after received_at {}",
                         format_micros(c.event.ts),

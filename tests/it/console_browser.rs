@@ -314,6 +314,16 @@ fn triage_in_browser(world: &World, store: &StoreSel) {
     b.goto(&format!("{base}/flags"));
     b.get("details#f0 > summary").click();
     let form = "details#f0 .actions form:nth-of-type(1)";
+    // The same form without its csrf field (as a forged cross-site form would be) is refused
+    // and changes nothing.
+    b.eval(&format!("document.querySelector('{form} input[name=csrf]').remove()"), json!([]));
+    b.get(&format!("{form} option[value=resolve]")).click();
+    b.get(&format!("{form} textarea[name=note]")).type_text("forged");
+    b.get(&format!("{form} button[type=submit]")).click();
+    assert!(b.source().contains("Form refused"), "{}", b.source());
+    assert_eq!(listed(base, &p.admin.token, &flag)["state"], json!("open"));
+    b.goto(&format!("{base}/flags"));
+    b.get("details#f0 > summary").click();
     b.get(&format!("{form} option[value=acknowledge]")).click();
     b.get(&format!("{form} textarea[name=note]"))
         .type_text("talked to ana: a paste of test output");
