@@ -46,7 +46,7 @@ fn event(person: usize, i: usize, ts: Micros) -> NewEvent {
             (Source::Claude, "assistant", payload, Some(session.clone()))
         }
         _ => {
-            let kind = if (i / 10) % 2 == 0 { "start" } else { "end" };
+            let kind = if (i / 10).is_multiple_of(2) { "start" } else { "end" };
             let payload = format!(
                 r#"{{"command":["claude","--resume"],"repo":"payments","agent":"claude","exit_status":0,"session":"{session}"}}"#
             );
