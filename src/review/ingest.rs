@@ -473,6 +473,16 @@ pub fn parse_item(raw: &[u8], token_user: &str) -> Result<ParsedItem, ItemError>
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ItemError::bad(sid.clone(), "`type` is required (a non-empty string)"))?;
     storable("type", &kind, MAX_TYPE).map_err(|m| ItemError::bad(sid.clone(), m))?;
+    if source == Source::Gate {
+        return Err(ItemError {
+            code: 403,
+            message: "`source` \"gate\" is written only by the server: action-gate requests \
+                      and decisions are recorded by the gate endpoints (docs/api.md); send your \
+                      own records as `external`"
+                .into(),
+            id: sid,
+        });
+    }
     if is_reserved_type(&kind) {
         return Err(ItemError {
             code: 403,
@@ -894,6 +904,17 @@ mod tests {
             assert_eq!(e.code, 400, "{payload}");
             assert!(e.message.contains(want), "{payload}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn gate_events_from_clients_are_403() {
+        let line = r#"{"id":"g1","source":"gate","type":"deploy.ok","ts":"2026-03-04T09:12:05Z","payload":{}}"#;
+        let e = parse_item(line.as_bytes(), "u").unwrap_err();
+        assert_eq!(e.code, 403);
+        assert!(e.message.contains("written only by the server"), "{}", e.message);
+        assert_eq!(e.id.as_deref(), Some("g1"));
+        let external = line.replace("\"gate\"", "\"external\"");
+        assert!(parse_item(external.as_bytes(), "u").is_ok());
     }
 
     #[test]

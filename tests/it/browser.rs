@@ -164,6 +164,32 @@ impl Browser {
         self.at("POST", "/execute/sync", Some(json!({ "script": script, "args": args })))
     }
 
+    /// Clicks the element matching `css` — a submit button or a link — and waits until the
+    /// page it leads to has loaded. A WebDriver click returns once the click is dispatched,
+    /// not when the navigation it starts is done: reading the URL or the page right after a
+    /// bare `click` raced with the form's POST on a loaded CI machine.
+    pub fn click_and_wait(&self, css: &str) {
+        self.eval("window.__airlockOldPage = true", json!([]));
+        self.get(css).click();
+        self.wait_for_new_page(css);
+    }
+
+    fn wait_for_new_page(&self, what: &str) {
+        let path = format!("/session/{}/execute/sync", self.session);
+        let script = "return window.__airlockOldPage === undefined && \
+                      document.readyState === 'complete'";
+        // While the old page unloads a script call may fail: that is "not yet".
+        let loaded = || {
+            call(self.port, "POST", &path, Some(&json!({"script": script, "args": []}))).ok()
+                == Some(json!(true))
+        };
+        assert!(
+            crate::support::wait_until(Duration::from_secs(30), loaded),
+            "no new page loaded after {what:?}; still at {}",
+            self.url()
+        );
+    }
+
     /// The first element matching a CSS selector, or `None`.
     pub fn find(&self, css: &str) -> Option<Element<'_>> {
         let p = format!("/session/{}/element", self.session);

@@ -29,7 +29,7 @@ fn signing_in_and_out_through_the_form_in_a_real_browser() {
         b.goto(&format!("{}/login", server.base));
         b.get("input[name=email]").type_text("ana@example.test");
         b.get("input[name=password]").type_text(password);
-        b.get("button[type=submit]").click();
+        b.click_and_wait("button[type=submit]");
     };
     // `AIRLOCK_SCREENSHOTS=docs/img` refreshes the pictures docs/console.md shows.
     let shot = |name: &str| {
@@ -63,7 +63,7 @@ fn signing_in_and_out_through_the_form_in_a_real_browser() {
     let visible = b.eval("return document.cookie", json!([]));
     assert!(!visible.as_str().unwrap_or("").contains("airlock_session"), "{visible}");
 
-    b.get("form[action='/logout'] button").click();
+    b.click_and_wait("form[action='/logout'] button");
     b.goto(&format!("{}/people", server.base));
     assert!(b.url().ends_with("/login"), "still signed in after signing out: {}", b.url());
 }
@@ -92,7 +92,7 @@ fn sign_in_as(b: &Browser, base: &str, p: &Person) {
     b.goto(&format!("{base}/login"));
     b.get("input[name=email]").type_text(p.email);
     b.get("input[name=password]").type_text(PLANE_PW);
-    b.get("button[type=submit]").click();
+    b.click_and_wait("button[type=submit]");
     assert!(b.url().ends_with("/people"), "{} did not sign in: {}", p.email, b.source());
 }
 
@@ -216,7 +216,7 @@ fn console_pages_render_hostile_content_as_text_in_a_real_browser() {
     ));
     assert_inert(&b, "timeline with a hostile filter");
     assert_eq!(b.get("input[name=q]").attr("value").as_deref(), Some(XSS[1]));
-    b.get("table.tl a[href^='/sessions/']").click();
+    b.click_and_wait("table.tl a[href^='/sessions/']");
     assert!(b.url().contains("/sessions/javascript%3Awindow.__xss%3D1"), "{}", b.url());
     assert_inert(&b, "session");
     assert!(visible_text_has(&b, &format!("Session {}", XSS[3])), "{}", b.source());
@@ -319,7 +319,7 @@ fn triage_in_browser(world: &World, store: &StoreSel) {
     b.eval(&format!("document.querySelector('{form} input[name=csrf]').remove()"), json!([]));
     b.get(&format!("{form} option[value=resolve]")).click();
     b.get(&format!("{form} textarea[name=note]")).type_text("forged");
-    b.get(&format!("{form} button[type=submit]")).click();
+    b.click_and_wait(&format!("{form} button[type=submit]"));
     assert!(b.source().contains("Form refused"), "{}", b.source());
     assert_eq!(listed(base, &p.admin.token, &flag)["state"], json!("open"));
     b.goto(&format!("{base}/flags"));
@@ -327,12 +327,12 @@ fn triage_in_browser(world: &World, store: &StoreSel) {
     b.get(&format!("{form} option[value=acknowledge]")).click();
     b.get(&format!("{form} textarea[name=note]"))
         .type_text("talked to ana: a paste of test output");
-    b.get(&format!("{form} button[type=submit]")).click();
+    b.click_and_wait(&format!("{form} button[type=submit]"));
     assert!(b.url().ends_with("/flags"), "{}\n{}", b.url(), b.source());
     b.get("details#f0 > summary").click();
     let assign = "details#f0 .actions form:nth-of-type(2)";
     b.get(&format!("{assign} input[name=assignee]")).type_text(REV2);
-    b.get(&format!("{assign} button[type=submit]")).click();
+    b.click_and_wait(&format!("{assign} button[type=submit]"));
     assert!(b.url().ends_with("/flags"), "{}\n{}", b.url(), b.source());
     b.get("details#f0 > summary").click();
     let rows = b.eval(
@@ -483,7 +483,7 @@ fn console_pages_with_realistic_data_in_a_real_browser() {
     assert!(b.find("svg.chart").is_some(), "the hour chart is drawn:\n{}", b.source());
     shot(&b, "console-timeline.png");
 
-    b.get("table.tl a[href^='/sessions/s-7f3a']").click();
+    b.click_and_wait("table.tl a[href^='/sessions/s-7f3a']");
     assert!(b.url().contains("/sessions/s-7f3a"), "{}", b.url());
     assert!(visible_text_has(&b, "Why does the retry test flake?"));
     assert!(visible_text_has(&b, "Tool call: Read"));

@@ -175,19 +175,25 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
         (&Method::GET, "/login") => get_login(&req),
         (&Method::POST, "/login") => post_login(st, peer, req).await,
         (&Method::POST, "/logout") => post_logout(st, peer, req).await,
-        (&Method::GET, "/people") => pages::people(st, &req).await,
+        (&Method::GET, "/people") => pages::people(st, &req).await.unwrap_or_else(|r| r),
         (&Method::GET, p) if person_path(p).is_some() => {
-            pages::timeline(st, &req, person_path(p).unwrap_or_default()).await
+            pages::timeline(st, &req, person_path(p).unwrap_or_default())
+                .await
+                .unwrap_or_else(|r| r)
         }
         (&Method::GET, p) if session_path(p).is_some() => {
-            pages::session(st, &req, session_path(p).unwrap_or_default()).await
+            pages::session(st, &req, session_path(p).unwrap_or_default())
+                .await
+                .unwrap_or_else(|r| r)
         }
-        (&Method::GET, "/access-log") => pages::access_log(st, &req).await,
-        (&Method::GET, "/flags") => queue::get_flags(st, &req).await,
-        (&Method::POST, render::flags::BULK_PATH) => queue::post_bulk(st, req).await,
+        (&Method::GET, "/access-log") => pages::access_log(st, &req).await.unwrap_or_else(|r| r),
+        (&Method::GET, "/flags") => queue::get_flags(st, &req).await.unwrap_or_else(|r| r),
+        (&Method::POST, render::flags::BULK_PATH) => {
+            queue::post_bulk(st, req).await.unwrap_or_else(|r| r)
+        }
         (&Method::POST, p) if flag_path(p).is_some() => {
             let id = flag_path(p).unwrap_or_default().to_string();
-            queue::post_flag(st, req, &id).await
+            queue::post_flag(st, req, &id).await.unwrap_or_else(|r| r)
         }
         (&Method::GET, render::CSS_ROUTE) => asset(&req, render::CSS, "text/css; charset=utf-8"),
         (&Method::GET, render::JS_ROUTE) => {

@@ -82,46 +82,28 @@ pub fn decode_segment(raw: &str) -> Option<String> {
     String::from_utf8(out).ok().filter(|s| !s.contains('\0') && s.len() <= 1024)
 }
 
-fn bad_request(who: &SignedIn, text: &str) -> Resp {
-    view::error_page(who, StatusCode::BAD_REQUEST, "Bad request", text)
-}
-
 fn ok_page(markup: maud::Markup) -> Resp {
     html_resp(StatusCode::OK, markup)
 }
 
 /// `GET /people`: everyone a reviewer may see (a member: themself), with today's and the
 /// week's counts, denied attempts, open flags by severity and the latest receipt.
-pub async fn people<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resp {
-    let who = match view::require(st, req).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+pub async fn people<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Result<Resp, Resp> {
+    let who = view::require(st, req).await?;
     let users: Vec<User> = if who.user.role.can_review() {
-        match st.store.list_users().await {
-            Ok(u) => u,
-            Err(e) => return store_page(e),
-        }
+        st.store.list_users().await.map_err(store_page)?
     } else {
         vec![who.user.clone()]
     };
-    let _slot = match read_slot(st, &who) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    if who.user.role.can_review()
-        && let Err(r) = view::record_view(st, &who, None, "people", json!({})).await
-    {
-        return r;
+    let _slot = read_slot(st, &who)?;
+    if who.user.role.can_review() {
+        view::record_view(st, &who, None, "people", json!({})).await?;
     }
     let now = now_micros();
     let today = now - now.rem_euclid(DAY);
     let week_start = today - 6 * DAY;
     let ids: Vec<String> = users.iter().map(|u| u.id.clone()).collect();
-    let activity = match st.store.person_activity(&ids, week_start).await {
-        Ok(a) => a,
-        Err(e) => return store_page(e),
-    };
+    let activity = st.store.person_activity(&ids, week_start).await.map_err(store_page)?;
     let mut rows: Vec<PersonRow> = users
         .iter()
         .zip(activity)
@@ -150,7 +132,11 @@ pub async fn people<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resp
         .collect();
     // Most recently active first; people who never published last, by email.
     rows.sort_by(|a, b| b.last_activity.cmp(&a.last_activity).then_with(|| a.email.cmp(&b.email)));
-    ok_page(render::people::render(&PeoplePage { viewer: view::viewer(&who), now, people: rows }))
+    Ok(ok_page(render::people::render(&PeoplePage {
+        viewer: view::viewer(&who),
+        now,
+        people: rows,
+    })))
 }
 
 /// A timeline request's filters, checked.
@@ -160,6 +146,24 @@ struct TimelineAsk {
     from: Option<Micros>,
     until: Option<Micros>,
     cursor: Option<Cursor>,
+}
+
+impl TimelineAsk {
+    /// The store query of these filters over `user_id`'s events, oldest first by `ts` (the
+    /// filters a store applies: source, type, session, time range).
+    fn store_query(&self, user_id: &str) -> EventQuery {
+        let f = &self.filter;
+        EventQuery {
+            user_id: Some(user_id.to_string()),
+            source: self.source,
+            any_session: (!f.session.is_empty()).then(|| f.session.clone()),
+            kinds: if f.kind.is_empty() { Vec::new() } else { vec![f.kind.clone()] },
+            ts_since: self.from,
+            ts_until: self.until,
+            order: EventOrder::Ts,
+            ..EventQuery::default()
+        }
+    }
 }
 
 fn timeline_ask(who: &SignedIn, pairs: &[(String, String)]) -> Result<TimelineAsk, Resp> {
@@ -179,7 +183,10 @@ fn timeline_ask(who: &SignedIn, pairs: &[(String, String)]) -> Result<TimelineAs
             "q" => filter.q = v,
             "cursor" if !v.is_empty() => {
                 cursor = Some(Cursor::parse(&v, EventOrder::Ts).ok_or_else(|| {
-                    bad_request(who, "The cursor in this address is not one the console wrote.")
+                    view::bad_request(
+                        who,
+                        "The cursor in this address is not one the console wrote.",
+                    )
                 })?);
             }
             // Unknown parameters are ignored: old bookmarks keep working.
@@ -190,18 +197,18 @@ fn timeline_ask(who: &SignedIn, pairs: &[(String, String)]) -> Result<TimelineAs
         "" => None,
         s => Some(
             s.parse::<Source>()
-                .map_err(|_| bad_request(who, "Unknown source; pick one of the list."))?,
+                .map_err(|_| view::bad_request(who, "Unknown source; pick one of the list."))?,
         ),
     };
     if !matches!(filter.decision.as_str(), "" | "allowed" | "denied") {
-        return Err(bad_request(who, "The decision filter is allowed or denied."));
+        return Err(view::bad_request(who, "The decision filter is allowed or denied."));
     }
     let time = |name: &str, v: &str| -> Result<Option<Micros>, Resp> {
         if v.is_empty() {
             return Ok(None);
         }
         parse_rfc3339(v).map(Some).ok_or_else(|| {
-            bad_request(
+            view::bad_request(
                 who,
                 &format!("{name} must be an RFC 3339 time such as 2026-03-04T09:00:00Z."),
             )
@@ -211,7 +218,7 @@ fn timeline_ask(who: &SignedIn, pairs: &[(String, String)]) -> Result<TimelineAs
     let until = time("Until", &filter.until)?;
     for s in [&filter.kind, &filter.host, &filter.repo, &filter.session, &filter.q] {
         if s.len() > 1024 || s.contains('\0') {
-            return Err(bad_request(who, "A filter is longer than 1 KiB or holds NUL."));
+            return Err(view::bad_request(who, "A filter is longer than 1 KiB or holds NUL."));
         }
     }
     Ok(TimelineAsk { filter, source, from, until, cursor })
@@ -258,55 +265,33 @@ fn payload_matches(f: &TimelineFilter, e: &StoredEvent, needle: &str) -> bool {
 }
 
 /// `GET /people/{user_id}`: one person's timeline, newest first.
-pub async fn timeline<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: &str) -> Resp {
-    let who = match view::require(st, req).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+pub async fn timeline<S: Store>(
+    st: &AppState<S>,
+    req: &Request<Incoming>,
+    raw: &str,
+) -> Result<Resp, Resp> {
+    let who = view::require(st, req).await?;
     let Some(id) = decode_segment(raw) else {
-        return bad_request(&who, "This person's address is malformed.");
+        return Err(view::bad_request(&who, "This person's address is malformed."));
     };
-    let target = match view::person(st, &who, &id).await {
-        Ok(u) => u,
-        Err(r) => return r,
-    };
-    let pairs = match view::query_pairs(&who, req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let ask = match timeline_ask(&who, &pairs) {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    let _slot = match read_slot(st, &who) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let target = view::person(st, &who, &id).await?;
+    let pairs = view::query_pairs(&who, req)?;
+    let ask = timeline_ask(&who, &pairs)?;
+    let _slot = read_slot(st, &who)?;
     // Only the filters set: the access log shows the record cut to one line.
     let mut filters = serde_json::to_value(&ask.filter).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut filters {
         m.retain(|_, v| v.as_str() != Some(""));
     }
-    if let Err(r) =
-        view::record_view(st, &who, Some(&target), "timeline", json!({"filters": filters})).await
-    {
-        return r;
-    }
+    view::record_view(st, &who, Some(&target), "timeline", json!({"filters": filters})).await?;
     let now = now_micros();
     let mut q = EventQuery {
-        user_id: Some(target.id.clone()),
-        source: ask.source,
-        any_session: (!ask.filter.session.is_empty()).then(|| ask.filter.session.clone()),
-        kinds: if ask.filter.kind.is_empty() { Vec::new() } else { vec![ask.filter.kind.clone()] },
-        ts_since: ask.from,
-        ts_until: ask.until,
-        order: EventOrder::Ts,
         descending: true,
         after: ask.cursor.map(|c| c.pk),
         after_ts: ask.cursor.and_then(|c| c.ts),
         limit: SCAN_PAGE,
         max_bytes: Some(SCAN_BYTES),
-        ..EventQuery::default()
+        ..ask.store_query(&target.id)
     };
     let needle = ask.filter.q.to_lowercase();
     let mut shown: Vec<StoredEvent> = Vec::new();
@@ -315,10 +300,7 @@ pub async fn timeline<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: 
     // scan budget ran out first.
     let mut older: Option<Cursor> = None;
     'scan: loop {
-        let page = match st.store.query_event_page(&q).await {
-            Ok(p) => p,
-            Err(e) => return store_page(e),
-        };
+        let page = st.store.query_event_page(&q).await.map_err(store_page)?;
         let more = page.truncated || page.events.len() == q.limit as usize;
         let Some(last) = page.events.last().map(|e| Cursor::after(e, EventOrder::Ts)) else {
             break;
@@ -344,19 +326,11 @@ pub async fn timeline<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: 
         q.after_ts = last.ts;
     }
     let pks: Vec<i64> = shown.iter().map(|e| e.pk).collect();
-    let flag_counts: BTreeMap<i64, u64> = match st.store.event_flag_counts(&pks).await {
-        Ok(c) => c.into_iter().collect(),
-        Err(e) => return store_page(e),
-    };
-    let spans = match session_spans(st, &target.id, &shown).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let flag_counts: BTreeMap<i64, u64> =
+        st.store.event_flag_counts(&pks).await.map_err(store_page)?.into_iter().collect();
+    let spans = session_spans(st, &target.id, &shown).await?;
     let (chart_start, hours) = chart_window(ask.from, ask.until, now);
-    let counts = match st.store.hour_counts(&target.id, chart_start, hours).await {
-        Ok(c) => c,
-        Err(e) => return store_page(e),
-    };
+    let counts = st.store.hour_counts(&target.id, chart_start, hours).await.map_err(store_page)?;
     let mut buckets: Vec<HourBucket> = (0..hours)
         .map(|i| HourBucket { start: chart_start + i64::from(i) * HOUR, ..Default::default() })
         .collect();
@@ -391,7 +365,7 @@ pub async fn timeline<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: 
             }
         })
         .collect();
-    ok_page(render::timeline::render(&TimelinePage {
+    Ok(ok_page(render::timeline::render(&TimelinePage {
         viewer: view::viewer(&who),
         user_id: target.id.clone(),
         email: target.email.clone(),
@@ -399,7 +373,7 @@ pub async fn timeline<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: 
         events,
         older: older.map(|c| c.encode()),
         hours: buckets,
-    }))
+    })))
 }
 
 /// The chart's hours: the asked range when both ends are given and it spans at most a week
@@ -455,36 +429,21 @@ async fn session_spans<S: Store>(
 
 /// `GET /sessions/{session}?user=`: one Airlock session drilled down (`user`: whose; the
 /// viewer's own when left out).
-pub async fn session<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: &str) -> Resp {
-    let who = match view::require(st, req).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+pub async fn session<S: Store>(
+    st: &AppState<S>,
+    req: &Request<Incoming>,
+    raw: &str,
+) -> Result<Resp, Resp> {
+    let who = view::require(st, req).await?;
     let Some(session) = decode_segment(raw) else {
-        return bad_request(&who, "This session's address is malformed.");
+        return Err(view::bad_request(&who, "This session's address is malformed."));
     };
-    let pairs = match view::query_pairs(&who, req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+    let pairs = view::query_pairs(&who, req)?;
     let wanted = pairs.iter().find(|(k, _)| k == "user").map(|(_, v)| v.as_str()).unwrap_or("");
-    let target = if wanted.is_empty() {
-        who.user.clone()
-    } else {
-        match view::person(st, &who, wanted).await {
-            Ok(u) => u,
-            Err(r) => return r,
-        }
-    };
-    let _slot = match read_slot(st, &who) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    if let Err(r) =
-        view::record_view(st, &who, Some(&target), "session", json!({"session": session})).await
-    {
-        return r;
-    }
+    let target =
+        if wanted.is_empty() { who.user.clone() } else { view::person(st, &who, wanted).await? };
+    let _slot = read_slot(st, &who)?;
+    view::record_view(st, &who, Some(&target), "session", json!({"session": session})).await?;
     let q = EventQuery {
         user_id: Some(target.id.clone()),
         any_session: Some(session.clone()),
@@ -493,32 +452,24 @@ pub async fn session<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: &
         max_bytes: Some(32 * 1024 * 1024),
         ..EventQuery::default()
     };
-    let page = match st.store.query_event_page(&q).await {
-        Ok(p) => p,
-        Err(e) => return store_page(e),
-    };
-    let items = match st
+    let page = st.store.query_event_page(&q).await.map_err(store_page)?;
+    let items = st
         .store
         .session_transcript_items(&target.id, &session, transcript_files::MAX_FILES + 1)
         .await
-    {
-        Ok(i) => i,
-        Err(e) => return store_page(e),
-    };
+        .map_err(store_page)?;
     if page.events.is_empty() && items.end_record.is_none() && items.published.is_empty() {
-        return view::error_page(
+        return Err(view::error_page(
             &who,
             StatusCode::NOT_FOUND,
             "No such session",
             "Nothing has been published for this session.",
-        );
+        ));
     }
     let report = transcript_files::compare(&target.id, &session, &items);
     let names: Vec<String> = report.transcripts.iter().map(|f| f.file.clone()).collect();
-    let counts = match st.store.transcript_line_counts(&target.id, &session, &names).await {
-        Ok(c) => c,
-        Err(e) => return store_page(e),
-    };
+    let counts =
+        st.store.transcript_line_counts(&target.id, &session, &names).await.map_err(store_page)?;
     let report = transcript_files::with_lines(report, &counts);
     let mut p = SessionPage {
         viewer: view::viewer(&who),
@@ -551,44 +502,35 @@ pub async fn session<S: Store>(st: &AppState<S>, req: &Request<Incoming>, raw: &
             _ => {}
         }
     }
-    ok_page(render::session::render(&p))
+    Ok(ok_page(render::session::render(&p)))
 }
 
 /// `GET /access-log` (admins): every recorded read of someone else's history, API and
 /// console, newest first.
-pub async fn access_log<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resp {
-    let who = match view::require(st, req).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+pub async fn access_log<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Result<Resp, Resp> {
+    let who = view::require(st, req).await?;
     if who.user.role != Role::Admin {
-        return view::error_page(
+        return Err(view::error_page(
             &who,
             StatusCode::FORBIDDEN,
             "Admins only",
             "The access log is shown to admins.",
-        );
+        ));
     }
-    let pairs = match view::query_pairs(&who, req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+    let pairs = view::query_pairs(&who, req)?;
     let cursor = match pairs.iter().find(|(k, _)| k == "cursor").map(|(_, v)| v.as_str()) {
         None | Some("") => None,
         Some(c) => match Cursor::parse(c, EventOrder::Ts) {
             Some(c) => Some(c),
             None => {
-                return bad_request(
+                return Err(view::bad_request(
                     &who,
                     "The cursor in this address is not one the console wrote.",
-                );
+                ));
             }
         },
     };
-    let _slot = match read_slot(st, &who) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
+    let _slot = read_slot(st, &who)?;
     let q = EventQuery {
         source: Some(Source::External),
         kinds: vec![EVENT_READ.into(), "airlock.review.export".into()],
@@ -600,17 +542,11 @@ pub async fn access_log<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> 
         max_bytes: Some(8 * 1024 * 1024),
         ..EventQuery::default()
     };
-    let page = match st.store.query_event_page(&q).await {
-        Ok(p) => p,
-        Err(e) => return store_page(e),
-    };
+    let page = st.store.query_event_page(&q).await.map_err(store_page)?;
     let more = page.truncated || page.events.len() == q.limit as usize;
     let older = page.events.last().filter(|_| more).map(|e| Cursor::after(e, EventOrder::Ts));
     // API read records name the person read by id only: shown by email, like the console's.
-    let users = match st.store.list_users().await {
-        Ok(u) => u,
-        Err(e) => return store_page(e),
-    };
+    let users = st.store.list_users().await.map_err(store_page)?;
     let emails: BTreeMap<&str, &str> =
         users.iter().map(|u| (u.id.as_str(), u.email.as_str())).collect();
     let rows: Vec<AccessRow> = page
@@ -631,7 +567,7 @@ pub async fn access_log<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> 
             r
         })
         .collect();
-    ok_page(render_access_log(&view::viewer(&who), &rows, older.map(|c| c.encode())))
+    Ok(ok_page(render_access_log(&view::viewer(&who), &rows, older.map(|c| c.encode()))))
 }
 
 /// One read record as the access log shows it.
@@ -742,7 +678,7 @@ pub async fn export<S: Store>(
     let format = match get("format") {
         "" | "jsonl" => export::Format::Jsonl,
         "csv" => export::Format::Csv,
-        _ => return Err(bad_request(&who, "The export format is jsonl or csv.")),
+        _ => return Err(view::bad_request(&who, "The export format is jsonl or csv.")),
     };
     let target = match get("user") {
         "" => who.user.clone(),
@@ -768,16 +704,7 @@ pub async fn export<S: Store>(
         now,
     );
     st.store.insert_events(&who.user.id, now, &[ev]).await.map_err(store_page)?;
-    let q = EventQuery {
-        user_id: Some(target.id.clone()),
-        source: ask.source,
-        any_session: (!ask.filter.session.is_empty()).then(|| ask.filter.session.clone()),
-        kinds: if ask.filter.kind.is_empty() { Vec::new() } else { vec![ask.filter.kind.clone()] },
-        ts_since: ask.from,
-        ts_until: ask.until,
-        order: EventOrder::Ts,
-        ..EventQuery::default()
-    };
+    let q = ask.store_query(&target.id);
     let header = match format {
         export::Format::Csv => export::csv_header(),
         export::Format::Jsonl => {

@@ -31,15 +31,9 @@ pub const BULK_MAX: usize = 500;
 const NOTE_MAX: usize = 16 * 1024;
 
 /// `GET /flags`: the review queue (a member: their own flags, read only).
-pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resp {
-    let who = match view::require(st, req).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
-    let pairs = match view::query_pairs(&who, req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Result<Resp, Resp> {
+    let who = view::require(st, req).await?;
+    let pairs = view::query_pairs(&who, req)?;
     let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str()).unwrap_or("");
     let state_filter = get("state").to_string();
     let state = match state_filter.as_str() {
@@ -47,12 +41,10 @@ pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> R
         s => match s.parse::<FlagState>() {
             Ok(s) => Some(s),
             Err(_) => {
-                return view::error_page(
+                return Err(view::bad_request(
                     &who,
-                    StatusCode::BAD_REQUEST,
-                    "Bad request",
                     "Unknown state; use the links above the queue.",
-                );
+                ));
             }
         },
     };
@@ -61,12 +53,10 @@ pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> R
         c => match c.parse::<i64>() {
             Ok(n) => Some(n),
             Err(_) => {
-                return view::error_page(
+                return Err(view::bad_request(
                     &who,
-                    StatusCode::BAD_REQUEST,
-                    "Bad request",
                     "The cursor in this address is not one the console wrote.",
-                );
+                ));
             }
         },
     };
@@ -78,20 +68,11 @@ pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> R
         limit: QUEUE_ROWS,
         ..FlagQuery::default()
     };
-    if reviewer
-        && let Err(r) =
-            view::record_view(st, &who, None, "flags", json!({"state": state_filter})).await
-    {
-        return r;
+    if reviewer {
+        view::record_view(st, &who, None, "flags", json!({"state": state_filter})).await?;
     }
-    let flags = match st.store.list_flags(&q).await {
-        Ok(f) => f,
-        Err(e) => return store_page(e),
-    };
-    let users = match st.store.list_users().await {
-        Ok(u) => u,
-        Err(e) => return store_page(e),
-    };
+    let flags = st.store.list_flags(&q).await.map_err(store_page)?;
+    let users = st.store.list_users().await.map_err(store_page)?;
     let emails: HashMap<&str, &str> =
         users.iter().map(|u| (u.id.as_str(), u.email.as_str())).collect();
     let email = |id: &str| emails.get(id).map_or_else(|| id.to_string(), |e| e.to_string());
@@ -107,7 +88,7 @@ pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> R
         flags: rows,
         older,
     };
-    html_resp(StatusCode::OK, render::flags::render(&page))
+    Ok(html_resp(StatusCode::OK, render::flags::render(&page)))
 }
 
 fn flag_row(f: Flag, email: &dyn Fn(&str) -> String) -> FlagRow {
@@ -266,66 +247,62 @@ async fn apply<S: Store>(
 }
 
 /// `POST /flags/{id}`: one flag's action or assignment form.
-pub async fn post_flag<S: Store>(st: &AppState<S>, req: Request<Incoming>, id: &str) -> Resp {
-    let (cookies, fields) = match read_form(st, req).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let who = match poster(st, &cookies, &fields).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+pub async fn post_flag<S: Store>(
+    st: &AppState<S>,
+    req: Request<Incoming>,
+    id: &str,
+) -> Result<Resp, Resp> {
+    let (cookies, fields) = read_form(st, req).await?;
+    let who = poster(st, &cookies, &fields).await?;
     let action = field(&fields, "action").unwrap_or("");
     let act = match (state_action(action), action) {
         (Some(s), _) => Act::State(s),
         (None, "assign") => match field(&fields, "assignee").map(str::trim) {
             None | Some("") => Act::Assign(None),
             Some(e) if e.len() > 1024 || e.contains('\0') => {
-                return refused(&who, StatusCode::BAD_REQUEST, "That assignee is not an email.");
+                return Err(refused(
+                    &who,
+                    StatusCode::BAD_REQUEST,
+                    "That assignee is not an email.",
+                ));
             }
             Some(e) => Act::Assign(Some(e.to_string())),
         },
         _ => {
-            return refused(
+            return Err(refused(
                 &who,
                 StatusCode::BAD_REQUEST,
                 "Pick an action: acknowledge, resolve, dismiss, reopen, or assign.",
-            );
+            ));
         }
     };
     let note = match note_of(&fields, matches!(act, Act::State(_))) {
         Ok(n) => n,
-        Err(m) => return refused(&who, StatusCode::BAD_REQUEST, m),
+        Err(m) => return Err(refused(&who, StatusCode::BAD_REQUEST, m)),
     };
     let override_requested = field(&fields, "override") == Some("true");
     match apply(st, &who, id, &act, note, override_requested).await {
-        Ok(()) => redirect("/flags"),
-        Err(e) => act_error(&who, id, e),
+        Ok(()) => Ok(redirect("/flags")),
+        Err(e) => Err(act_error(&who, id, e)),
     }
 }
 
 /// `POST /flags/bulk`: one state action with its note on every selected flag. Each flag is
 /// decided on its own (a refused one does not stop the others); the answer lists what was
 /// done and what was refused, and why.
-pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Resp {
-    let (cookies, fields) = match read_form(st, req).await {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let who = match poster(st, &cookies, &fields).await {
-        Ok(w) => w,
-        Err(r) => return r,
-    };
+pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Result<Resp, Resp> {
+    let (cookies, fields) = read_form(st, req).await?;
+    let who = poster(st, &cookies, &fields).await?;
     let Some(state) = state_action(field(&fields, "action").unwrap_or("")) else {
-        return refused(
+        return Err(refused(
             &who,
             StatusCode::BAD_REQUEST,
             "Pick a bulk action: acknowledge, resolve, dismiss or reopen.",
-        );
+        ));
     };
     let note = match note_of(&fields, true) {
         Ok(n) => n,
-        Err(m) => return refused(&who, StatusCode::BAD_REQUEST, m),
+        Err(m) => return Err(refused(&who, StatusCode::BAD_REQUEST, m)),
     };
     // Each flag once, in the form's order (a flag named twice is not acted on twice).
     let mut seen = std::collections::HashSet::new();
@@ -336,14 +313,14 @@ pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Re
         .filter(|v| seen.insert(*v))
         .collect();
     if ids.is_empty() {
-        return refused(&who, StatusCode::BAD_REQUEST, "Select at least one flag.");
+        return Err(refused(&who, StatusCode::BAD_REQUEST, "Select at least one flag."));
     }
     if ids.len() > BULK_MAX {
-        return refused(
+        return Err(refused(
             &who,
             StatusCode::BAD_REQUEST,
             &format!("At most {BULK_MAX} flags at once; select fewer."),
-        );
+        ));
     }
     let act = Act::State(state);
     let mut done = Vec::new();
@@ -351,14 +328,14 @@ pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Re
     for id in ids {
         match apply(st, &who, id, &act, note, false).await {
             Ok(()) => done.push(id),
-            Err(FlagActError::Store(e)) => return store_page(e),
+            Err(FlagActError::Store(e)) => return Err(store_page(e)),
             Err(FlagActError::NoFlag) => not_done.push((id, "no such flag".to_string())),
             Err(FlagActError::Refused(r)) => not_done.push((id, r.to_string())),
             Err(FlagActError::NotAssignable(m)) => not_done.push((id, m)),
         }
     }
     if not_done.is_empty() {
-        return redirect("/flags");
+        return Ok(redirect("/flags"));
     }
     let body = html! {
         p { (done.len()) " flag(s) set to " (state.as_str()) "." }
@@ -366,8 +343,8 @@ pub async fn post_bulk<S: Store>(st: &AppState<S>, req: Request<Incoming>) -> Re
         ul { @for (id, why) in &not_done { li { code { (id) } ": " (why) } } }
         p { a href="/flags" { "Back to the queue" } }
     };
-    html_resp(
+    Ok(html_resp(
         StatusCode::OK,
         render::page("Bulk action", &view::viewer(&who), Section::Flags, body),
-    )
+    ))
 }

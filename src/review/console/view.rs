@@ -49,6 +49,11 @@ pub fn error_page(who: &SignedIn, status: StatusCode, title: &str, text: &str) -
     html_resp(status, render::page(title, &viewer(who), Section::Other, body))
 }
 
+/// A 400 page saying what was wrong with the address or form.
+pub fn bad_request(who: &SignedIn, text: &str) -> Resp {
+    error_page(who, StatusCode::BAD_REQUEST, "Bad request", text)
+}
+
 /// The 403 a member gets for another person's page: the same whether that person exists or
 /// not, naming nobody.
 pub fn forbidden(who: &SignedIn) -> Resp {
