@@ -485,6 +485,8 @@ pub async fn session<S: Store>(
             .into_iter()
             .map(|f| FileMark { file: f.file, state: f.state, lines: f.lines })
             .collect(),
+        cut_at: (page.truncated || page.events.len() == q.limit as usize)
+            .then_some(page.events.len()),
     };
     for e in page.events.into_iter().filter(|e| e.conflict_of.is_none()) {
         match e.source {

@@ -59,6 +59,9 @@ pub struct SessionPage {
     pub transcript: Vec<TranscriptLine>,
     pub egress: Vec<EgressLine>,
     pub files: Vec<FileMark>,
+    /// The session has more events than were read for this page: how many were (the first
+    /// ones by `ts`). The page says so and points to the timeline, which pages through all.
+    pub cut_at: Option<usize>,
 }
 
 /// What a file mark says.
@@ -138,6 +141,13 @@ pub fn render(p: &SessionPage) -> Markup {
         p {
             "Session of " a href=(person_href(&p.user_id)) { (p.email) }
             " · " a href=(timeline) { "this session in the timeline" }
+        }
+        @if let Some(n) = p.cut_at {
+            p.b role="status" {
+                "This session has more events than one page shows: the first " (n)
+                " by time are below. " a href=(timeline) { "The timeline filtered to this session" }
+                " pages through all of them."
+            }
         }
         h2 { "Session records" }
         (records(p))
@@ -347,6 +357,7 @@ mod tests {
                 FileMark { file: ".claude/projects/-work-repo/b7d2.jsonl".into(), state: State::Matches, lines: 6 },
                 FileMark { file: ".claude/projects/-work-repo/b7d2/subagents/agent-a1b2c3.jsonl".into(), state: State::Differs, lines: 2 },
             ],
+            cut_at: None,
         }
     }
 
@@ -379,7 +390,17 @@ mod tests {
         assert!(pos("pastebin.com") < pos("retry_test.rs&quot;"));
         assert!(html.contains(r#"<div class="e no">"#));
         assert!(html.contains("/people/u-ana?session=s-7f3a"));
+        assert!(!html.contains("more events than one page shows"));
         assert_no_urls(&html);
+    }
+
+    #[test]
+    fn a_cut_session_says_so_and_links_the_timeline() {
+        let mut p = sample();
+        p.cut_at = Some(5_000);
+        let html = render(&p).into_string();
+        assert!(html.contains("more events than one page shows: the first 5000 by time"), "{html}");
+        assert!(html.contains(r#"<a href="/people/u-ana?session=s-7f3a">The timeline filtered"#));
     }
 
     #[test]
