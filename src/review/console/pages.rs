@@ -13,7 +13,7 @@ use crate::review::render::svg::HourBucket;
 use crate::review::render::timeline::{TimelineEvent, TimelineFilter, TimelinePage};
 use crate::review::render::{self, DAY, HOUR, Section, SessionSpan};
 use crate::review::server::AppState;
-use crate::review::store::{EventOrder, EventQuery, Store};
+use crate::review::store::{EventOrder, EventQuery, PersonActivity, Store};
 use crate::review::{
     Micros, Role, Source, StoredEvent, User, format_micros, now_micros, parse_rfc3339,
     transcript_files,
@@ -104,10 +104,12 @@ pub async fn people<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resu
     let week_start = today - 6 * DAY;
     let ids: Vec<String> = users.iter().map(|u| u.id.clone()).collect();
     let activity = st.store.person_activity(&ids, week_start).await.map_err(store_page)?;
+    let mut activity: std::collections::HashMap<String, PersonActivity> =
+        activity.into_iter().map(|a| (a.user_id.clone(), a)).collect();
     let mut rows: Vec<PersonRow> = users
         .iter()
-        .zip(activity)
-        .map(|(u, a)| {
+        .map(|u| {
+            let a = activity.remove(&u.id).unwrap_or_default();
             let mut open = OpenFlags::default();
             for (severity, n) in &a.open_flags {
                 match severity.as_str() {

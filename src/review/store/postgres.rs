@@ -1074,31 +1074,61 @@ impl Store for PgStore {
         user_ids: &[String],
         week_start: Micros,
     ) -> Result<Vec<PersonActivity>, StoreError> {
+        // Three statements for everyone (not three per person): each is a network round trip.
         let c = self.client().await?;
         let week_end = week_start.saturating_add(7 * 86_400_000_000);
-        let ph = |n: usize| format!("${n}");
-        let days = c.prepare(&super::activity_sql("strpos", ph)).await?;
-        let flags = c.prepare(&super::open_flags_sql(ph)).await?;
-        let last = c
-            .prepare(
-                "SELECT (extract(epoch from received_at) * 1000000)::int8 FROM events \
-                 WHERE user_id = $1 ORDER BY pk DESC LIMIT 1",
+        let denied = super::DENIED_SQL.replace("{strpos}", "strpos");
+        let days = c
+            .query(
+                &format!(
+                    "SELECT e.user_id, (e.ts - $2) / 86400000000 AS d, count(*), \
+                     sum(CASE WHEN {denied} THEN 1 ELSE 0 END) FROM events e \
+                     WHERE e.user_id = ANY($1) AND e.ts >= $2 AND e.ts < $3 GROUP BY e.user_id, d"
+                ),
+                &[&user_ids, &week_start, &week_end],
             )
             .await?;
-        let mut out = Vec::with_capacity(user_ids.len());
-        for user_id in user_ids {
-            let rows = c.query(&days, &[user_id, &week_start, &week_end]).await?;
-            let daily = super::week_of(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))));
-            let last_received = c.query_opt(&last, &[user_id]).await?.map(|r| r.get(0));
-            let open_flags = c
-                .query(&flags, &[user_id])
-                .await?
-                .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
-                .collect();
-            out.push(PersonActivity { user_id: user_id.clone(), daily, last_received, open_flags });
+        let last = c
+            .query(
+                "SELECT u.id, (SELECT (extract(epoch from e.received_at) * 1000000)::int8 \
+                 FROM events e WHERE e.user_id = u.id ORDER BY e.pk DESC LIMIT 1) \
+                 FROM unnest($1::text[]) AS u(id)",
+                &[&user_ids],
+            )
+            .await?;
+        let flags = c
+            .query(
+                "SELECT f.user_id, f.severity, count(*) FROM flags f WHERE f.user_id = ANY($1) \
+                 AND coalesce((SELECT s.state FROM flag_states s WHERE s.flag_id = f.id \
+                 ORDER BY s.n DESC LIMIT 1), 'open') = 'open' GROUP BY f.user_id, f.severity",
+                &[&user_ids],
+            )
+            .await?;
+        let mut by_user: std::collections::HashMap<&str, PersonActivity> = user_ids
+            .iter()
+            .map(|u| (u.as_str(), PersonActivity { user_id: u.clone(), ..Default::default() }))
+            .collect();
+        let mut day_rows: std::collections::HashMap<String, Vec<(i64, i64, i64)>> =
+            std::collections::HashMap::new();
+        for r in &days {
+            day_rows.entry(r.get(0)).or_default().push((r.get(1), r.get(2), r.get(3)));
         }
-        Ok(out)
+        for (user, rows) in day_rows {
+            if let Some(a) = by_user.get_mut(user.as_str()) {
+                a.daily = super::week_of(rows);
+            }
+        }
+        for r in &last {
+            if let Some(a) = by_user.get_mut(r.get::<_, &str>(0)) {
+                a.last_received = r.get(1);
+            }
+        }
+        for r in &flags {
+            if let Some(a) = by_user.get_mut(r.get::<_, &str>(0)) {
+                a.open_flags.push((r.get(1), r.get::<_, i64>(2).max(0) as u64));
+            }
+        }
+        Ok(user_ids.iter().filter_map(|u| by_user.remove(u.as_str())).collect())
     }
 
     async fn hour_counts(
