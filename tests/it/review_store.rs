@@ -5,7 +5,7 @@ use crate::review_support::PgDb;
 use crate::support::World;
 use airlock::review::store::postgres::{self, PgStore};
 use airlock::review::store::sqlite::SqliteStore;
-use airlock::review::store::{EventQuery, FlagAction, FlagQuery, Store, StoreError};
+use airlock::review::store::{EventOrder, EventQuery, FlagAction, FlagQuery, Store, StoreError};
 use airlock::review::{FlagState, Micros, NewEvent, NewFlag, Role, Severity, Source, token};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -254,6 +254,113 @@ pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
             .is_empty()
     );
     transcripts_conformance(admin, s, &ana.id, &bob.id).await;
+    console_reads_conformance(admin, s).await;
+}
+
+/// The console's reads agree on both stores: `/people`'s per-day counts, denied attempts,
+/// latest receipt and open flags ([`Store::person_activity`]), the timeline chart's hours
+/// ([`Store::hour_counts`]), flag marks ([`Store::event_flag_counts`]), and the timeline's
+/// query shapes (`kinds`, `any_session`, newest first with a cursor).
+async fn console_reads_conformance<S: Store>(admin: &S, s: &S) {
+    const HOUR: Micros = 3_600_000_000;
+    const DAY: Micros = 24 * HOUR;
+    let cara = admin.add_user("cara@example.test", Role::Member).await.unwrap();
+    let quiet = admin.add_user("quiet@example.test", Role::Member).await.unwrap();
+    let week = T0 - T0.rem_euclid(DAY);
+    let egress = |id: &str, ts: Micros, allowed: bool| NewEvent {
+        kind: if allowed { "connect" } else { "denied" }.into(),
+        ts,
+        session: Some("CS".into()),
+        payload: format!(r#"{{"id":"{id}","host":"h.test","allowed":{allowed},"repo":"r"}}"#),
+        ..ev(Source::Egress, id, Some("CS"), None)
+    };
+    let line = |id: &str, ts: Micros| NewEvent {
+        kind: "assistant".into(),
+        ts,
+        session: Some("agent-session".into()),
+        airlock_session: Some("CS".into()),
+        file: Some("p/a.jsonl".into()),
+        offset: Some(0),
+        payload: r#"{"type":"assistant"}"#.into(),
+        ..ev(Source::Claude, id, None, None)
+    };
+    let batch = vec![
+        egress("c1", week + HOUR, true),      // day 0, hour 1
+        egress("c2", week + HOUR + 5, false), // day 0, hour 1
+        line("c3", week + 2 * HOUR),          // day 0, hour 2
+        egress("c4", week + 3 * DAY, false),  // day 3
+        egress("c5", week + 8 * DAY, true),   // outside the week
+        egress("c6", week - 1, true),         // before it
+    ];
+    let ins = s.insert_events(&cara.id, T0, &batch).await.unwrap();
+    let flag = NewFlag {
+        id: "console-conf-flag".into(),
+        rule_id: "r".into(),
+        title: "t".into(),
+        severity: Severity::High,
+        user_id: cara.id.clone(),
+        session: Some("CS".into()),
+        detail: "d".into(),
+        event_pks: vec![ins[1].pk],
+    };
+    s.insert_flags(std::slice::from_ref(&flag)).await.unwrap();
+
+    let ids = vec![quiet.id.clone(), cara.id.clone()];
+    let act = s.person_activity(&ids, week).await.unwrap();
+    assert_eq!(act.len(), 2);
+    assert_eq!(
+        (act[0].user_id.as_str(), act[0].daily, act[0].last_received),
+        (quiet.id.as_str(), [(0, 0); 7], None)
+    );
+    assert!(act[0].open_flags.is_empty());
+    let c = &act[1];
+    assert_eq!(c.user_id, cara.id);
+    assert_eq!(c.daily, [(3, 1), (0, 0), (0, 0), (1, 1), (0, 0), (0, 0), (0, 0)], "{c:?}");
+    assert_eq!(c.last_received, ins.iter().map(|i| i.received_at).max());
+    assert_eq!(c.open_flags, vec![("high".to_string(), 1)]);
+
+    let hours = s.hour_counts(&cara.id, week, 24).await.unwrap();
+    let h1 = hours.iter().find(|h| h.hour == 1).unwrap();
+    assert_eq!((h1.allowed, h1.denied, h1.transcript, h1.flags), (1, 1, 0, 1), "{hours:?}");
+    let h2 = hours.iter().find(|h| h.hour == 2).unwrap();
+    assert_eq!((h2.allowed, h2.denied, h2.transcript, h2.flags), (0, 0, 1, 0));
+    assert_eq!(hours.len(), 2, "hours without events are left out: {hours:?}");
+
+    let marks = s.event_flag_counts(&[ins[0].pk, ins[1].pk]).await.unwrap();
+    assert_eq!(marks, vec![(ins[1].pk, 1)]);
+    assert!(s.event_flag_counts(&[]).await.unwrap().is_empty());
+
+    // Newest first by ts, two at a time, the cursor reading strictly before the last row.
+    let mut q = EventQuery {
+        user_id: Some(cara.id.clone()),
+        any_session: Some("CS".into()),
+        order: EventOrder::Ts,
+        descending: true,
+        limit: 2,
+        ..Default::default()
+    };
+    let mut seen = Vec::new();
+    loop {
+        let page = s.query_event_page(&q).await.unwrap().events;
+        let Some(last) = page.last() else { break };
+        q.after = Some(last.pk);
+        q.after_ts = Some(last.ts);
+        seen.extend(page.iter().map(|e| e.id.clone()));
+    }
+    assert_eq!(
+        seen,
+        ["c5", "c4", "c3", "c2", "c1", "c6"],
+        "the transcript line by its airlock_session"
+    );
+    let kinds = EventQuery {
+        user_id: Some(cara.id.clone()),
+        kinds: vec!["denied".into(), "assistant".into()],
+        limit: 10,
+        ..Default::default()
+    };
+    let got: Vec<String> =
+        s.query_event_page(&kinds).await.unwrap().events.into_iter().map(|e| e.id).collect();
+    assert_eq!(got, ["c2", "c3", "c4"]);
 }
 
 /// The transcript columns round-trip, and the comparison's reads agree on both stores: the
@@ -366,7 +473,8 @@ fn conformance_embedded() {
     drop(s);
     assert!(dir.path().join("review.db").exists());
     let s = SqliteStore::open(dir.path()).unwrap();
-    assert_eq!(rt().block_on(s.list_users()).unwrap().len(), 2);
+    // ana and bob, and cara and quiet of the console reads.
+    assert_eq!(rt().block_on(s.list_users()).unwrap().len(), 4);
 }
 
 #[test]
@@ -399,7 +507,7 @@ fn conformance_postgres_as_runtime_role() {
     let e = db.owner_sql("TRUNCATE events").unwrap_err();
     assert!(e.contains("insert-only"), "{e}");
     // The runtime role can read and insert.
-    assert_eq!(db.runtime_sql("SELECT count(*) FROM users").unwrap(), "2");
+    assert_eq!(db.runtime_sql("SELECT count(*) FROM users").unwrap(), "4");
     // Grants are exactly INSERT + SELECT on each table.
     let grants = db
         .owner_sql(&format!(
