@@ -1104,8 +1104,15 @@ async fn get_export<S: Store>(
     }}))
     .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     header.push(b'\n');
-    let body =
-        export::start(Arc::clone(&st), |s: &AppState<S>| &s.store, q, with_view, header, slot);
+    let body = export::start_as(
+        Arc::clone(&st),
+        |s: &AppState<S>| &s.store,
+        q,
+        export::Format::Jsonl,
+        with_view,
+        header,
+        slot,
+    );
     let mut r = Response::new(body);
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
     Ok(r)

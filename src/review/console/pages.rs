@@ -47,7 +47,7 @@ pub const SESSION_ROWS: u32 = 5_000;
 pub const ACCESS_ROWS: u32 = 200;
 
 /// A read slot for a console page, or the 429 page.
-fn read_slot<S: Store>(st: &AppState<S>, who: &SignedIn) -> Result<ReadPermit, Resp> {
+pub(super) fn read_slot<S: Store>(st: &AppState<S>, who: &SignedIn) -> Result<ReadPermit, Resp> {
     st.reads.try_acquire(&who.user.id).map_err(|busy| {
         let text = match busy {
             Busy::User => "You have too many reads in progress; try again in a moment.",

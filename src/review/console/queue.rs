@@ -71,6 +71,8 @@ pub async fn get_flags<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> R
     if reviewer {
         view::record_view(st, &who, None, "flags", json!({"state": state_filter})).await?;
     }
+    // A read like the API's `GET /api/v1/flags`: it takes one of the reader's read slots.
+    let _slot = super::pages::read_slot(st, &who)?;
     let flags = st.store.list_flags(&q).await.map_err(store_page)?;
     let users = st.store.list_users().await.map_err(store_page)?;
     let emails: HashMap<&str, &str> =

@@ -138,24 +138,9 @@ pub fn csv_header() -> Vec<u8> {
     out
 }
 
-/// Starts an export of `q` (its `limit` and `max_bytes` are set here): the `header` line
-/// first, then one line per event in the events API's item shape. The returned body ends
-/// after the last matching event.
-pub fn start<S: Store, St>(
-    state: std::sync::Arc<St>,
-    store: fn(&St) -> &S,
-    q: EventQuery,
-    with_view: bool,
-    header: Vec<u8>,
-    permit: ReadPermit,
-) -> ExportBody
-where
-    St: Send + Sync + 'static,
-{
-    start_as(state, store, q, Format::Jsonl, with_view, header, permit)
-}
-
-/// [`start`] in either [`Format`].
+/// Starts an export of `q` in `format` (its `limit` and `max_bytes` are set here): the
+/// `header` first, then one line or row per event. The returned body ends after the last
+/// matching event.
 pub fn start_as<S: Store, St>(
     state: std::sync::Arc<St>,
     store: fn(&St) -> &S,
