@@ -11,6 +11,7 @@
 //!                                                                           ▼
 //!                                                  audit/ (journal, JSONL writer, reader)
 //! review/ (ingest, store, detect)          remote/ (the host-side review-plane client)
+//! gate/ (held actions awaiting a person's decision; the daemon's book, the proxy holds)
 //! ```
 //!
 //! `unsafe` lives only in [`sys`]; the compiler enforces it (`unsafe_code` is denied elsewhere).
@@ -25,6 +26,7 @@ pub mod config;
 pub mod daemon;
 pub mod env;
 pub mod fsat;
+pub mod gate;
 pub mod hostpath;
 pub mod logging;
 pub mod paths;

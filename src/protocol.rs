@@ -29,6 +29,11 @@
 //! audit bound and its supervisor is to end the sandbox. A client without the capability never
 //! sees it (an older client would take it for the reply to its `session_end`).
 //!
+//! Under the [`GATES`] capability a control connection that owns no session may list the pending
+//! action gates ([`Request::GateList`], optionally waiting for a change) and decide one
+//! ([`Request::GateDecide`]); the daemon answers [`Response::Gates`] and
+//! [`Response::GateDecided`].
+//!
 //! Under the [`SESSION_INBOUND`] capability the supervisor may send [`Request::SessionInbound`]
 //! on its session's connection, one per closed `--port` connection; the daemon writes the
 //! `inbound` audit line and always answers [`Response::InboundRecorded`] (never `error`, which
@@ -105,6 +110,7 @@ impl Capabilities {
             SESSION_STOP,
             SESSION_INBOUND,
             LAYER_DIGESTS,
+            GATES,
         ]
         .into_iter()
         .collect()
@@ -174,6 +180,11 @@ pub const LAYER_DIGESTS: &str = "layer_digests";
 /// CLI refuses `--port`: an older daemon would not audit the connections.
 pub const SESSION_INBOUND: &str = "session_inbound";
 
+/// Capability `gates`: [`Request::GateList`] and [`Request::GateDecide`] (issue 18, action
+/// gates). Without it `airlock gate` says the daemon is too old to hold gates; an older daemon
+/// never holds an attempt either, since it does not know `[gate]`.
+pub const GATES: &str = "gates";
+
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
 /// Test hook (feature `test-hooks`): the client's protocol range, `MIN-MAX`.
@@ -208,6 +219,92 @@ pub enum Request {
     /// Under [`SESSION_INBOUND`]: one connection through a `--port` is over; the daemon
     /// writes its `inbound` audit line.
     SessionInbound(InboundRecord),
+    /// Under [`GATES`]: the pending gates. With `after` (a [`Response::Gates`] `version`), the
+    /// daemon answers once the book changed past it or after `wait_ms` (at most
+    /// [`MAX_GATE_WAIT_MS`]), whichever is first.
+    GateList {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
+    },
+    /// Under [`GATES`]: approve or deny one pending gate.
+    GateDecide(GateDecision),
+}
+
+/// The longest a [`Request::GateList`] waits for a change.
+pub const MAX_GATE_WAIT_MS: u64 = 60_000;
+
+/// One gate as the daemon holds it: who asked, for what exactly (the canonical action and its
+/// digest), how it was configured and until when it waits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateInfo {
+    pub id: String,
+    /// `egress` (a held connection or plain-HTTP request).
+    pub kind: String,
+    pub session: String,
+    pub repo: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    /// `CONNECT` or the plain-HTTP method.
+    pub method: String,
+    pub host: String,
+    pub port: u16,
+    /// Plain HTTP: the request line as the agent sent it (method, absolute URL, version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// The canonical action text the digest is taken over (one JSON object, sorted keys).
+    pub action: String,
+    /// `sha256:<hex>` of `action`: what a decision is bound to.
+    pub digest: String,
+    /// `low`, `medium` or `high`.
+    pub severity: String,
+    /// The `[gate]` entry that matched, as written.
+    pub rule: String,
+    /// Its layer (`managed`, `user`, `repo`, `operator`) and file.
+    pub layer: String,
+    pub policy: String,
+    /// RFC 3339 UTC with milliseconds.
+    pub requested_at: String,
+    /// When it expires unless decided (RFC 3339 UTC with milliseconds).
+    pub deadline: String,
+}
+
+/// A decision on one pending gate, bound to the digest the decider saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateDecision {
+    pub id: String,
+    /// The `digest` of the [`GateInfo`] decided; another digest is refused (the action is not
+    /// the one the decider saw).
+    pub digest: String,
+    pub approve: bool,
+    #[serde(default)]
+    pub note: String,
+    /// Who decides (their email, or their local user name without a login).
+    pub by: String,
+}
+
+/// Where a gate ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateState {
+    Approved,
+    Denied,
+    Expired,
+    Abandoned,
+}
+
+impl GateState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::Expired => "expired",
+            Self::Abandoned => "abandoned",
+        }
+    }
 }
 
 /// One inbound connection through a `--port`, as the supervisor saw it (the `inbound` audit
@@ -279,6 +376,20 @@ pub enum Response {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },
+    /// Reply to `gate_list` (capability [`GATES`]): the pending gates, oldest first, and the
+    /// book's version (pass it as `after` to wait for the next change).
+    Gates {
+        version: u64,
+        gates: Vec<GateInfo>,
+    },
+    /// Reply to `gate_decide`: the gate was decided and its held attempt told.
+    GateDecided {
+        id: String,
+        state: GateState,
+        /// The decider is the requester (always so without a review server).
+        #[serde(rename = "self")]
+        self_decided: bool,
+    },
     /// Reply to `quit_if_idle`; stable forever.
     QuitIfIdle {
         quitting: bool,
@@ -312,6 +423,10 @@ pub enum ErrorCode {
     /// Under [`LAYER_DIGESTS`]: a layer source without text names a digest the daemon does not
     /// hold (it restarted, or evicted it); resend the request with every source's text.
     UnknownLayer,
+    /// Under [`GATES`]: no pending gate has that id (decided, expired or abandoned already).
+    UnknownGate,
+    /// Under [`GATES`]: the decision names another digest than the pending gate's.
+    GateDigest,
     /// Anything else on the daemon's side.
     Internal,
 }
@@ -448,6 +563,35 @@ pub struct LayerDoc {
     /// `[logs]` (managed and user layers only); omitted when the file is silent.
     #[serde(default, skip_serializing_if = "LogsDoc::is_empty")]
     pub logs: LogsDoc,
+    /// `[gate]`; omitted when the file is silent. A daemon without [`GATES`] would ignore it,
+    /// so the client refuses to send gates to such a daemon (fail closed).
+    #[serde(default, skip_serializing_if = "GateDoc::is_empty")]
+    pub gate: GateDoc,
+}
+
+/// `[gate]`: gated targets in the `allow` entry syntax.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateDoc {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<GateRuleDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl GateDoc {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// One `[[gate.rule]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRuleDoc {
+    pub host: String,
+    /// `low`, `medium` or `high`.
+    pub severity: String,
 }
 
 /// `[logs]`: log retention.
@@ -835,6 +979,7 @@ mod tests {
             terminal: TerminalDoc { clipboard: Some(Clipboard::Allow) },
             audit: AuditDoc::default(),
             logs: LogsDoc::default(),
+            gate: GateDoc::default(),
         };
         SessionSpec {
             session: None,

@@ -43,6 +43,14 @@ const CAP_REFUSED_ADDR: usize = 46;
 const CAP_REFUSED_ADDRS: usize = super::MAX_REFUSED_ADDRS * (CAP_REFUSED_ADDR + 3) + 2;
 const CAP_PEER: usize = 64;
 const CAP_LISTEN: usize = 64;
+// The `gate` object. A gate line never carries `sni`, `refused_addrs`, `peer`, `listen`,
+// `qtype` or `answer` (they are cleared if a hand-made line has them), whose caps (1 114)
+// exceed these (1 024), so the bound above holds for gate lines too.
+const CAP_GATE_ID: usize = 64;
+const CAP_GATE_DIGEST: usize = 80;
+const CAP_GATE_BY: usize = 256;
+const CAP_GATE_NOTE: usize = 512;
+const CAP_GATE_TS: usize = 40;
 #[cfg(test)]
 const CAPS_TOTAL: usize = CAP_TS
     + CAP_USER_ID
@@ -130,6 +138,21 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         && refused_addrs_fit(line.refused_addrs.as_deref())
         && fits_opt(&line.peer, CAP_PEER)
         && fits_opt(&line.listen, CAP_LISTEN)
+        && line.gate.as_ref().is_none_or(|g| {
+            fits(&g.id, CAP_GATE_ID)
+                && fits(&g.digest, CAP_GATE_DIGEST)
+                && fits_opt(&g.by, CAP_GATE_BY)
+                && fits_opt(&g.note, CAP_GATE_NOTE)
+                && fits_opt(&g.method, CAP_METHOD)
+                && fits_opt(&g.deadline, CAP_GATE_TS)
+                && fits_opt(&g.decided_at, CAP_GATE_TS)
+                && line.sni.is_none()
+                && line.refused_addrs.is_none()
+                && line.peer.is_none()
+                && line.listen.is_none()
+                && line.qtype.is_none()
+                && line.answer.is_none()
+        })
     {
         return Cow::Borrowed(line);
     }
@@ -163,6 +186,19 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
     }
     cut |= cap_opt(&mut l.peer, CAP_PEER);
     cut |= cap_opt(&mut l.listen, CAP_LISTEN);
+    if let Some(g) = l.gate.as_mut() {
+        cut |= cap_str(&mut g.id, CAP_GATE_ID);
+        cut |= cap_str(&mut g.digest, CAP_GATE_DIGEST);
+        cut |= cap_opt(&mut g.by, CAP_GATE_BY);
+        cut |= cap_opt(&mut g.note, CAP_GATE_NOTE);
+        cut |= cap_opt(&mut g.method, CAP_METHOD);
+        cut |= cap_opt(&mut g.deadline, CAP_GATE_TS);
+        cut |= cap_opt(&mut g.decided_at, CAP_GATE_TS);
+        for field in [&mut l.sni, &mut l.peer, &mut l.listen, &mut l.qtype, &mut l.answer] {
+            cut |= field.take().is_some();
+        }
+        cut |= l.refused_addrs.take().is_some();
+    }
     if cut {
         l.truncated = Some(true);
     }
@@ -327,6 +363,7 @@ pub(crate) mod tests {
             sni: None,
             peer: None,
             listen: None,
+            gate: None,
         }
     }
 
@@ -368,6 +405,7 @@ pub(crate) mod tests {
             sni: Some(s.into()),
             peer: Some(s.into()),
             listen: Some(s.into()),
+            gate: None,
         }
     }
 
@@ -377,6 +415,25 @@ pub(crate) mod tests {
         for s in ["\u{1}".repeat(10_000), "\"".repeat(10_000), "é".repeat(10_000)] {
             let bytes = encode_line(&worst(&s)).unwrap();
             assert!(bytes.len() <= MAX_LINE, "{} > {MAX_LINE}", bytes.len());
+            // A gate line with every field maximal too.
+            let mut line = worst(&s);
+            line.gate = Some(crate::audit::GateRecord {
+                id: s.clone(),
+                step: crate::audit::GateStep::Abandoned,
+                digest: s.clone(),
+                severity: crate::gate::Severity::High,
+                method: Some(s.clone()),
+                deadline: Some(s.clone()),
+                by: Some(s.clone()),
+                decided_at: Some(s.clone()),
+                note: Some(s.clone()),
+                self_decided: Some(true),
+            });
+            let bytes = encode_line(&line).unwrap();
+            assert!(bytes.len() <= MAX_LINE, "gate line: {} > {MAX_LINE}", bytes.len());
+            let back: AuditLine = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back.truncated, Some(true));
+            assert!(back.sni.is_none() && back.refused_addrs.is_none() && back.gate.is_some());
         }
         const { assert!(CAPS_TOTAL + 700 <= MAX_LINE) };
     }

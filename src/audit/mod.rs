@@ -121,6 +121,61 @@ pub struct AuditLine {
     /// `inbound` lines: the host address the client connected to, `ip:port`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// A held attempt's gate (docs/gates.md): on each step line and on the attempt's final
+    /// line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateRecord>,
+}
+
+/// The `gate` object of an audit line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRecord {
+    /// The gate's id (`airlock gate show ID`).
+    pub id: String,
+    pub step: GateStep,
+    /// `sha256:<hex>` of the canonical action: what a decision was bound to.
+    pub digest: String,
+    pub severity: crate::gate::Severity,
+    /// `requested` lines: the held attempt's method (the step line's own is `GATE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// `requested` lines: when the gate expires unless decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// `approved`/`denied` lines: who decided, and when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The decider was the requester (always so without a review server).
+    #[serde(rename = "self", default, skip_serializing_if = "Option::is_none")]
+    pub self_decided: Option<bool>,
+}
+
+/// One step of a gate's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GateStep {
+    Requested,
+    Approved,
+    Denied,
+    Expired,
+    /// The session ended, the daemon stopped or the agent closed the connection first.
+    Abandoned,
+}
+
+impl GateStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Requested => "requested",
+            Self::Approved => "approved",
+            Self::Denied => "denied",
+            Self::Expired => "expired",
+            Self::Abandoned => "abandoned",
+        }
+    }
 }
 
 /// At most this many refused answers are listed in `refused_addrs`.
@@ -174,6 +229,7 @@ impl AuditLine {
             sni: None,
             peer: None,
             listen: None,
+            gate: None,
         }
     }
 }

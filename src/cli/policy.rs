@@ -103,6 +103,19 @@ struct CheckJson {
     /// `--resolve` only: why the name did not resolve.
     #[serde(skip_serializing_if = "Option::is_none")]
     resolve_error: Option<String>,
+    /// An allowed target that a `[gate]` entry holds for a person's decision.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gate: Option<GateJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct GateJson {
+    rule: String,
+    layer: &'static str,
+    policy: String,
+    severity: &'static str,
+    /// `[gate] timeout` in force, in seconds.
+    timeout_secs: u64,
 }
 
 /// The pieces every policy command needs.
@@ -155,6 +168,7 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
                     reason: Some(Reason::Malformed.as_str()),
                     answers: None,
                     resolve_error: None,
+                    gate: None,
                 });
             }
             eprintln!("airlock: malformed target {:?}: {why}", args.target);
@@ -181,6 +195,16 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
     // Pure: no interface addresses are read and no name is resolved.
     let decision = built.policy.decide(&target.host, port, &LocalAddrs::default());
     let authority = target.host.authority(port);
+    let gate =
+        decision.is_allowed().then(|| built.policy.gate(&target.host, port)).flatten().map(|g| {
+            GateJson {
+                rule: g.rule,
+                layer: g.layer.as_str(),
+                policy: g.policy,
+                severity: g.severity.as_str(),
+                timeout_secs: built.policy.gate_timeout().as_secs(),
+            }
+        });
     // Only an allowed target is resolved, as the proxy does: a refused name never is.
     let resolved = (args.resolve && decision.is_allowed()).then(|| {
         super::policy_resolve::resolve_and_judge(&built.policy, &target.host, port, ctx.env)
@@ -205,9 +229,17 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
             reason: Some(decision.reason.as_str()),
             answers: answers.clone(),
             resolve_error: resolve_error.clone(),
+            gate,
         });
     } else {
         println!("{}", describe(&authority, &decision));
+        if let Some(g) = &gate {
+            println!(
+                "  gated: held until a person approves it (`airlock gate`), by {:?} ({} layer, \
+                 {}; {} severity; expires after {}s)",
+                g.rule, g.layer, g.policy, g.severity, g.timeout_secs
+            );
+        }
         if args.resolve && !decision.is_allowed() {
             println!("  not resolved: the policy refuses the name before any lookup");
         }
@@ -325,6 +357,8 @@ struct LayerJson {
     env_pass: Vec<String>,
     mcp: Vec<String>,
     review_servers: Vec<String>,
+    /// `[gate]` targets, each with its severity (`api.stripe.com (high)`).
+    gates: Vec<String>,
     errors: Vec<String>,
 }
 
@@ -376,8 +410,16 @@ fn layer_json(kind: LayerKind, file: String, parsed: Option<&ParsedLayer>) -> La
             })
             .unwrap_or_default(),
         review_servers: doc.map(|d| d.review_servers.clone()).unwrap_or_default(),
+        gates: doc.map(gate_summary).unwrap_or_default(),
         errors: Vec::new(),
     }
+}
+
+/// A layer's gated targets as `policy show` and the trust prompt list them.
+fn gate_summary(doc: &LayerDoc) -> Vec<String> {
+    let hosts = doc.gate.hosts.iter().map(|h| format!("{h} (medium)"));
+    let rules = doc.gate.rules.iter().map(|r| format!("{} ({})", r.host, r.severity));
+    hosts.chain(rules).collect()
 }
 
 fn repo_layer_json(file: &RepoFile) -> LayerJson {
@@ -516,10 +558,11 @@ fn print_show(r: &ShowJson) {
         if let Some(m) = l.mode {
             println!("  mode: {m}");
         }
-        let lists: [(&str, &Vec<String>); 6] = [
+        let lists: [(&str, &Vec<String>); 7] = [
             ("allow", &l.allow),
             ("block", &l.block),
             ("allow_private", &l.allow_private),
+            ("gates", &l.gates),
             ("env pass", &l.env_pass),
             ("mcp", &l.mcp),
             ("review servers", &l.review_servers),
@@ -656,10 +699,12 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
             format!("{server} [{}]", vars.join(", "))
         })
         .collect();
+    let gates = gate_summary(doc);
     for (label, items) in [
         ("allow", &doc.network.allow),
         ("block", &doc.network.block),
         ("allow_private", &nets),
+        ("gates", &gates),
         ("env pass", &doc.env_pass),
         ("mcp", &mcp),
     ] {

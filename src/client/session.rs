@@ -111,6 +111,20 @@ fn register(
             spec.config = documents(&spec.config).map_err(ClientError::Unexpected)?;
         }
     }
+    // A daemon that predates gates would drop `[gate]` from documents and let gated attempts
+    // through unheld; one that parses the texts itself refuses the unknown table instead.
+    let gated = [&spec.config.user, &spec.config.repo]
+        .into_iter()
+        .flatten()
+        .any(|doc| !doc.gate.is_empty());
+    if gated && !client.capabilities.contains(protocol::GATES) {
+        return Err(ClientError::Unexpected(
+            "the policy has [gate] entries but the running airlockd does not hold gated \
+             attempts; restart it from this airlock build (`systemctl --user restart \
+             airlockd.socket`) before starting a session"
+                .into(),
+        ));
+    }
     let request = |spec: &SessionSpec| {
         let spec = Box::new(spec.clone());
         if reregister { Request::SessionReregister(spec) } else { Request::SessionStart(spec) }

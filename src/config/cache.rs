@@ -195,6 +195,7 @@ fn slim_of(doc: &LayerDoc) -> LayerDoc {
         sandbox: doc.sandbox.clone(),
         logs: doc.logs,
         publish: doc.publish,
+        gate: doc.gate.clone(),
         kind: doc.kind,
         name: doc.name.clone(),
         digest: doc.digest.clone(),

@@ -30,6 +30,12 @@
 //! [publish]                     # managed and user layers only
 //! auto = true                   # publish the repo's new lines after each `airlock run`/`exec`
 //! timeout = "10s"               # how long that end-of-session publish may take
+//! [gate]                        # trusted layers; docs/gates.md
+//! hosts = ["api.stripe.com", "=prod-db.internal:5432"]   # held until a person decides
+//! timeout = "110s"              # how long a held attempt waits for that decision
+//! [[gate.rule]]
+//! host = "api.stripe.com"       # also gated; the rule gives its severity
+//! severity = "high"             # "low", "medium" (default) or "high"
 //! ```
 
 use std::collections::BTreeMap;
@@ -44,11 +50,14 @@ use toml::de::{DeTable, DeValue};
 
 use super::ConfigError;
 use super::diag::{Diagnostic, line_col, suggestion};
-use crate::policy::{Entry, EntryKind, LayerKind, Mode, PolicyLayer, PortSpec};
+use crate::gate::Severity;
+use crate::policy::{Entry, EntryKind, GateEntry, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
 const TOP_KEYS: &[&str] =
-    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish"];
+    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate"];
+const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout"];
+const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
 const LOGS_KEYS: &[&str] = &["keep"];
 const PUBLISH_KEYS: &[&str] = &["auto", "timeout"];
@@ -97,6 +106,30 @@ pub struct LayerDoc {
     /// `[publish]` (managed and user layers only; the CLI's, never sent to the daemon).
     #[serde(default)]
     pub publish: PublishDoc,
+    /// `[gate]`: targets held for a person's decision.
+    #[serde(default)]
+    pub gate: GateDoc,
+}
+
+/// `[gate]`: gated targets, each in the `allow` entry syntax, and the decision timeout.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateDoc {
+    /// `hosts`, as written (severity `medium`).
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// `[[gate.rule]]`: a gated target with its own severity.
+    #[serde(default)]
+    pub rules: Vec<GateRuleDoc>,
+    /// `timeout`, in milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// One `[[gate.rule]]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRuleDoc {
+    pub host: String,
+    pub severity: Severity,
 }
 
 /// `[publish]`: publishing at session end (`None` when the file is silent).
@@ -241,6 +274,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         sandbox: SandboxDoc::default(),
         logs: LogsDoc::default(),
         publish: PublishDoc::default(),
+        gate: GateDoc::default(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -392,8 +426,120 @@ impl Walker<'_> {
                         self.publish(t, doc);
                     }
                 }
+                "gate" => {
+                    if let Some(t) = self.table(value, "[gate]") {
+                        self.gate(t, doc);
+                    }
+                }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
             }
+        }
+    }
+
+    fn gate(&mut self, table: &DeTable<'_>, doc: &mut LayerDoc) {
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "hosts" => {
+                    for (text, span) in self.strings(value, "gate.hosts") {
+                        if let Some(entry) = self.gate_entry(&text, &span, "gate.hosts") {
+                            doc.gate.hosts.push(entry);
+                        }
+                    }
+                }
+                "rule" => {
+                    let DeValue::Array(items) = value.get_ref() else {
+                        self.error(
+                            value.span(),
+                            format!(
+                                "gate.rule must be an array of tables ([[gate.rule]] with host \
+                                 and severity), found {}",
+                                value.get_ref().type_str()
+                            ),
+                        );
+                        continue;
+                    };
+                    for (i, item) in items.iter().enumerate() {
+                        if let Some(t) = self.table(item, &format!("gate.rule[{i}]"))
+                            && let Some(rule) = self.gate_rule(t, item.span())
+                        {
+                            doc.gate.rules.push(rule);
+                        }
+                    }
+                }
+                "timeout" => match value.get_ref() {
+                    DeValue::String(s) => match parse_gate_timeout(s) {
+                        Ok(ms) => doc.gate.timeout_ms = Some(ms),
+                        Err(e) => self.error(value.span(), format!("gate.timeout: {e}")),
+                    },
+                    other => self.error(
+                        value.span(),
+                        format!(
+                            "gate.timeout must be a string like \"110s\" or \"5m\", found {}",
+                            other.type_str()
+                        ),
+                    ),
+                },
+                _ => self.unknown(key, "[gate]", GATE_KEYS),
+            }
+        }
+    }
+
+    /// A gated target in the `allow` syntax, kept as written when it parses.
+    fn gate_entry(&mut self, text: &str, span: &Range<usize>, what: &str) -> Option<String> {
+        match Entry::parse(text, EntryKind::Allow) {
+            Ok(_) => Some(text.to_owned()),
+            Err(e) => {
+                self.error(span.clone(), format!("{what} entry {text:?}: {}", e.message()));
+                None
+            }
+        }
+    }
+
+    fn gate_rule(&mut self, table: &DeTable<'_>, span: Range<usize>) -> Option<GateRuleDoc> {
+        let (mut host, mut severity, mut ok) = (None, Severity::default(), true);
+        for (key, value) in table.iter() {
+            match key.get_ref().as_ref() {
+                "host" => match self.string(value, "gate.rule.host") {
+                    Some(text) => {
+                        host = self.gate_entry(text, &value.span(), "gate.rule.host");
+                        ok &= host.is_some();
+                    }
+                    None => ok = false,
+                },
+                "severity" => match self.string(value, "gate.rule.severity") {
+                    Some(text) => match Severity::parse(text) {
+                        Some(s) => severity = s,
+                        None => {
+                            let hint = suggestion(text, Severity::NAMES);
+                            self.error(
+                                value.span(),
+                                format!(
+                                    "gate.rule.severity must be \"low\", \"medium\" or \
+                                     \"high\", found {text:?}; {hint}"
+                                ),
+                            );
+                            ok = false;
+                        }
+                    },
+                    None => ok = false,
+                },
+                _ => {
+                    self.unknown(key, "[[gate.rule]]", GATE_RULE_KEYS);
+                    ok = false;
+                }
+            }
+        }
+        match host {
+            Some(host) if ok => Some(GateRuleDoc { host, severity }),
+            None if ok => {
+                self.error(
+                    span,
+                    "a [[gate.rule]] table needs `host = \"...\"` (the gated target, in the \
+                     allow-entry syntax)",
+                );
+                None
+            }
+            _ => None,
         }
     }
 
@@ -911,8 +1057,40 @@ impl LayerDoc {
             allow: parse(&self.network.allow, EntryKind::Allow)?,
             block: parse(&self.network.block, EntryKind::Block)?,
             allow_private: self.network.allow_private.clone(),
+            gates: {
+                let hosts = self.gate.hosts.iter().map(|h| (h, Severity::Medium));
+                let rules = self.gate.rules.iter().map(|r| (&r.host, r.severity));
+                hosts
+                    .chain(rules)
+                    .map(|(text, severity)| {
+                        Entry::parse(text, EntryKind::Allow)
+                            .map(|entry| GateEntry { entry, severity })
+                            .map_err(|e| ConfigError::Entry {
+                                file: self.name.clone(),
+                                entry: text.clone(),
+                                reason: e.to_string(),
+                            })
+                    })
+                    .collect::<Result<_, _>>()?
+            },
+            gate_timeout_ms: self.gate.timeout_ms.map(|ms| {
+                let bounds =
+                    crate::gate::MIN_TIMEOUT.as_millis()..=crate::gate::MAX_TIMEOUT.as_millis();
+                // Clamped again: the daemon rebuilds this from documents it received.
+                u64::try_from(u128::from(ms).clamp(*bounds.start(), *bounds.end())).unwrap_or(ms)
+            }),
         })
     }
+}
+
+/// `[gate] timeout` as written (`"110s"`, `"5m"`): from 1 s to 1 h, in milliseconds.
+fn parse_gate_timeout(s: &str) -> Result<u64, String> {
+    let d = humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration ({e}): write e.g. \"110s\" or \"5m\""))?;
+    if d < crate::gate::MIN_TIMEOUT || d > crate::gate::MAX_TIMEOUT {
+        return Err(format!("{s:?} is outside 1s..1h"));
+    }
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `[publish] timeout` as written (`"10s"`, `"1m30s"`, `"500ms"`): from 100 ms to 10 minutes, in
@@ -1158,6 +1336,58 @@ OTHER = "literal"
             user("[logs]\nkepe = \"1d\"\n"),
             "/r/.airlock.toml:2:1: unknown key `kepe` in [logs]; did you mean `keep`?"
         );
+    }
+
+    #[test]
+    fn gates_parse_in_every_layer_and_become_policy_gates() {
+        let text = "[network]\nallow = [\"pay.test\"]\n[gate]\nhosts = [\"pay.test\", \"=db.test:5432\"]\n\
+                    timeout = \"30s\"\n[[gate.rule]]\nhost = \"api.pay.test\"\nseverity = \"high\"\n";
+        for kind in [LayerKind::Managed, LayerKind::User, LayerKind::Repo, LayerKind::Operator] {
+            let d = parse_layer(kind, F, text.as_bytes()).unwrap().doc;
+            assert_eq!(d.gate.hosts, ["pay.test", "=db.test:5432"]);
+            assert_eq!(
+                d.gate.rules,
+                [GateRuleDoc { host: "api.pay.test".into(), severity: Severity::High }]
+            );
+            assert_eq!(d.gate.timeout_ms, Some(30_000));
+            let l = d.to_policy_layer().unwrap();
+            let gates: Vec<_> = l.gates.iter().map(|g| (g.entry.text(), g.severity)).collect();
+            assert_eq!(
+                gates,
+                [
+                    ("pay.test", Severity::Medium),
+                    ("=db.test:5432", Severity::Medium),
+                    ("api.pay.test", Severity::High)
+                ]
+            );
+            assert_eq!(l.gate_timeout_ms, Some(30_000));
+        }
+    }
+
+    #[test]
+    fn gate_errors_are_located_with_a_fix() {
+        let e = repo_err("[gate]\nhosts = [\"bad host\"]\n");
+        assert!(
+            e.contains(&format!("{F}:2:10")) && e.contains("gate.hosts entry \"bad host\""),
+            "{e}"
+        );
+        let e = repo_err("[gate]\ntimeout = \"2h\"\n");
+        assert!(e.contains(&format!("{F}:2:11")) && e.contains("outside 1s..1h"), "{e}");
+        let e = repo_err("[gate]\ntimeout = 5\n");
+        assert!(e.contains("gate.timeout must be a string like \"110s\""), "{e}");
+        let e = repo_err("[[gate.rule]]\nhost = \"pay.test\"\nseverity = \"hgh\"\n");
+        assert!(e.contains(&format!("{F}:3:12")) && e.contains("\"high\""), "{e}");
+        let e = repo_err("[[gate.rule]]\nseverity = \"low\"\n");
+        assert!(e.contains(&format!("{F}:1:1")) && e.contains("needs `host"), "{e}");
+        let e = repo_err("[[gate.rule]]\nhost = \"pay.test\"\nsevrity = \"low\"\n");
+        assert!(
+            e.contains("unknown key `sevrity` in [[gate.rule]]") && e.contains("severity"),
+            "{e}"
+        );
+        let e = repo_err("[gate]\nhost = [\"pay.test\"]\n");
+        assert!(e.contains("unknown key `host` in [gate]") && e.contains("hosts"), "{e}");
+        let e = repo_err("[gate]\nrule = \"x\"\n");
+        assert!(e.contains("gate.rule must be an array of tables"), "{e}");
     }
 
     #[test]

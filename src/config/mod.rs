@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
 pub use layer::{
-    AuditDoc, Credential, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer, PublishDoc, TerminalDoc,
-    digest, parse_layer, parse_size,
+    AuditDoc, Credential, GateDoc, GateRuleDoc, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer,
+    PublishDoc, TerminalDoc, digest, parse_layer, parse_size,
 };
 pub use trust::{TrustRecord, TrustState};
 pub use wire::{documents_from_sources, review_servers_from_wire};

@@ -4,9 +4,10 @@
 //! The protocol owns its types; the mapping lives here so the protocol depends on nothing.
 
 use super::{
-    AuditDoc, ClientLayers, ConfigError, Credential, LayerDoc, LogsDoc, NetworkDoc, ReviewServer,
-    TerminalDoc,
+    AuditDoc, ClientLayers, ConfigError, Credential, GateDoc, GateRuleDoc, LayerDoc, LogsDoc,
+    NetworkDoc, ReviewServer, TerminalDoc,
 };
+use crate::gate::Severity;
 use crate::policy::{LayerKind, Mode};
 use crate::protocol as wire;
 use crate::sandbox::termfilter::Clipboard;
@@ -159,6 +160,19 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
             min_free: doc.audit.min_free,
         },
         logs: wire::LogsDoc { keep_secs: doc.logs.keep_secs },
+        gate: wire::GateDoc {
+            hosts: doc.gate.hosts.clone(),
+            rules: doc
+                .gate
+                .rules
+                .iter()
+                .map(|r| wire::GateRuleDoc {
+                    host: r.host.clone(),
+                    severity: r.severity.as_str().to_owned(),
+                })
+                .collect(),
+            timeout_ms: doc.gate.timeout_ms,
+        },
     }
 }
 
@@ -214,6 +228,27 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
         logs: LogsDoc { keep_secs: doc.logs.keep_secs },
         // `[publish]` runs in the CLI, with the token the daemon never holds.
         publish: Default::default(),
+        gate: GateDoc {
+            hosts: doc.gate.hosts.clone(),
+            rules: doc
+                .gate
+                .rules
+                .iter()
+                .map(|r| {
+                    let severity =
+                        Severity::parse(&r.severity).ok_or_else(|| ConfigError::Entry {
+                            file: doc.name.clone(),
+                            entry: r.host.clone(),
+                            reason: format!(
+                                "gate severity {:?} is not one of low, medium, high",
+                                r.severity
+                            ),
+                        })?;
+                    Ok(GateRuleDoc { host: r.host.clone(), severity })
+                })
+                .collect::<Result<_, ConfigError>>()?,
+            timeout_ms: doc.gate.timeout_ms,
+        },
     })
 }
 

@@ -31,6 +31,7 @@ use super::canon::Host;
 use super::entry::{Entry, EntryKind, NameMatch, Pattern, PortSpec, name_covers};
 use super::index::{NameIndex, PrefixIndex, Rule, RuleId};
 use super::{Decision, LayerKind, Mode, Reason, Verdict};
+use crate::gate::Severity;
 
 /// One configuration layer as the config module parsed it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +43,29 @@ pub struct PolicyLayer {
     pub allow: Vec<Entry>,
     pub block: Vec<Entry>,
     pub allow_private: Vec<IpNet>,
+    /// `[gate] hosts` and `[[gate.rule]]`: targets held for a person's decision once the rest
+    /// of the policy allows them (docs/gates.md). A gate entry never allows anything by itself.
+    pub gates: Vec<GateEntry>,
+    /// `[gate] timeout`, in milliseconds (`None` when the file is silent).
+    pub gate_timeout_ms: Option<u64>,
+}
+
+/// One gated target: an entry in the `allow` syntax and how much approving it matters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateEntry {
+    pub entry: Entry,
+    pub severity: Severity,
+}
+
+/// The gate an allowed target falls under ([`Policy::gate`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateMatch {
+    /// The gate entry as written.
+    pub rule: String,
+    pub layer: LayerKind,
+    /// The file that named it.
+    pub policy: String,
+    pub severity: Severity,
 }
 
 impl PolicyLayer {
@@ -54,6 +78,8 @@ impl PolicyLayer {
             allow: Vec::new(),
             block: Vec::new(),
             allow_private: Vec::new(),
+            gates: Vec::new(),
+            gate_timeout_ms: None,
         }
     }
 }
@@ -510,6 +536,44 @@ impl Policy {
         rule.is_some_and(|r| r.port != PortSpec::Default)
     }
 
+    /// The gate a target the policy allowed falls under, if any: every layer's gates count
+    /// (a managed gate cannot be lifted by another file), and of several matches the highest
+    /// severity wins, then the first in layer and file order. Call it only for allowed targets;
+    /// it says nothing about whether the target may be dialed.
+    pub fn gate(&self, host: &Host, port: u16) -> Option<GateMatch> {
+        let mut best: Option<(&PolicyLayer, &GateEntry)> = None;
+        for layer in &self.layers {
+            for g in layer.gates.iter().filter(|g| g.entry.matches(host, port)) {
+                if best.is_none_or(|(_, b)| g.severity > b.severity) {
+                    best = Some((layer, g));
+                }
+            }
+        }
+        best.map(|(layer, g)| GateMatch {
+            rule: g.entry.text().to_owned(),
+            layer: layer.kind,
+            policy: layer.name.clone(),
+            severity: g.severity,
+        })
+    }
+
+    /// Whether any layer gates anything.
+    pub fn has_gates(&self) -> bool {
+        self.layers.iter().any(|l| !l.gates.is_empty())
+    }
+
+    /// How long a held attempt waits for a decision: `[gate] timeout` of the managed layer,
+    /// else the user's, the operator's, then the repo's; [`crate::gate::DEFAULT_TIMEOUT`] when
+    /// none sets it.
+    pub fn gate_timeout(&self) -> std::time::Duration {
+        [LayerKind::Managed, LayerKind::User, LayerKind::Operator, LayerKind::Repo]
+            .iter()
+            .find_map(|k| {
+                self.layers.iter().filter(|l| l.kind == *k).find_map(|l| l.gate_timeout_ms)
+            })
+            .map_or(crate::gate::DEFAULT_TIMEOUT, std::time::Duration::from_millis)
+    }
+
     /// User/repo/operator `allow` entries that the managed `allow` list can never permit (no
     /// host and port matches both), for `policy show`. Empty when the managed layer has no
     /// `allow` entries.
@@ -635,6 +699,12 @@ fn digest(mode: Mode, layers: &[PolicyLayer], review: &[ReviewHost]) -> String {
         for n in &l.allow_private {
             h.update(format!("allow_private {n}\n"));
         }
+        for g in &l.gates {
+            h.update(format!("gate {} {}\n", g.entry.canonical(), g.severity));
+        }
+        if let Some(ms) = l.gate_timeout_ms {
+            h.update(format!("gate-timeout {ms}\n"));
+        }
     }
     for r in review {
         h.update(format!("review {}\n", r.host));
@@ -676,6 +746,94 @@ mod tests {
 
     fn reason(p: &Policy, target: &str, port: u16) -> Reason {
         decide(p, target, port).reason
+    }
+
+    fn gated(mut l: PolicyLayer, gates: &[(&str, Severity)]) -> PolicyLayer {
+        l.gates = gates
+            .iter()
+            .map(|(t, severity)| GateEntry {
+                entry: Entry::parse(t, EntryKind::Allow).unwrap(),
+                severity: *severity,
+            })
+            .collect();
+        l
+    }
+
+    fn gate(p: &Policy, target: &str, port: u16) -> Option<GateMatch> {
+        p.gate(&canonicalize_host(target).unwrap(), port)
+    }
+
+    #[test]
+    fn gates_match_in_the_allow_syntax_and_never_allow() {
+        let repo = gated(
+            layer(LayerKind::Repo, &["example.test"], &[]),
+            &[("api.example.test", Severity::Medium), ("=db.example.test:5432", Severity::Low)],
+        );
+        let p = build(vec![repo]);
+        let g = gate(&p, "x.api.example.test", 443).unwrap();
+        assert_eq!(
+            (g.rule.as_str(), g.layer, g.severity),
+            ("api.example.test", LayerKind::Repo, Severity::Medium)
+        );
+        assert_eq!(g.policy, REPO);
+        // The allow-entry port default (80/443) and `=` exactness carry over.
+        assert!(gate(&p, "api.example.test", 22).is_none());
+        assert!(gate(&p, "db.example.test", 5432).is_some());
+        assert!(gate(&p, "x.db.example.test", 5432).is_none());
+        assert!(gate(&p, "db.example.test", 443).is_none());
+        // A gate entry alone allows nothing.
+        let only_gate =
+            gated(layer(LayerKind::User, &["other.test"], &[]), &[("pay.test", Severity::High)]);
+        let p = build(vec![only_gate]);
+        assert_eq!(reason(&p, "pay.test", 443), Reason::NotAllowed);
+        assert!(p.has_gates());
+    }
+
+    #[test]
+    fn a_managed_gate_stands_and_the_highest_severity_wins() {
+        let managed =
+            gated(PolicyLayer::new(LayerKind::Managed, MANAGED), &[("pay.test", Severity::High)]);
+        let repo =
+            gated(layer(LayerKind::Repo, &["pay.test"], &[]), &[("=api.pay.test", Severity::Low)]);
+        let p = build(vec![managed, repo]);
+        let g = gate(&p, "api.pay.test", 443).unwrap();
+        assert_eq!((g.severity, g.layer), (Severity::High, LayerKind::Managed));
+        assert_eq!(g.policy, MANAGED);
+        assert!(gate(&p, "unrelated.test", 443).is_none());
+    }
+
+    #[test]
+    fn gate_timeout_prefers_managed_then_user_then_repo() {
+        let mut repo = layer(LayerKind::Repo, &["a.test"], &[]);
+        repo.gate_timeout_ms = Some(5_000);
+        let p = build(vec![repo.clone()]);
+        assert_eq!(p.gate_timeout(), std::time::Duration::from_secs(5));
+        let mut user = PolicyLayer::new(LayerKind::User, USER);
+        user.gate_timeout_ms = Some(7_000);
+        let p = build(vec![user.clone(), repo.clone()]);
+        assert_eq!(p.gate_timeout(), std::time::Duration::from_secs(7));
+        let mut managed = PolicyLayer::new(LayerKind::Managed, MANAGED);
+        managed.gate_timeout_ms = Some(9_000);
+        let p = build(vec![managed, user, repo]);
+        assert_eq!(p.gate_timeout(), std::time::Duration::from_secs(9));
+        let p = build(vec![layer(LayerKind::Repo, &["a.test"], &[])]);
+        assert_eq!(p.gate_timeout(), crate::gate::DEFAULT_TIMEOUT);
+        assert!(!p.has_gates());
+    }
+
+    #[test]
+    fn gates_change_the_digest() {
+        let plain = build(vec![layer(LayerKind::Repo, &["a.test"], &[])]);
+        let with_gate = build(vec![gated(
+            layer(LayerKind::Repo, &["a.test"], &[]),
+            &[("a.test", Severity::Medium)],
+        )]);
+        let higher = build(vec![gated(
+            layer(LayerKind::Repo, &["a.test"], &[]),
+            &[("a.test", Severity::High)],
+        )]);
+        assert_ne!(plain.digest(), with_gate.digest());
+        assert_ne!(with_gate.digest(), higher.digest());
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub use canon::{
     parse_authority, parse_target,
 };
 pub use entry::{Entry, EntryError, EntryKind, NameMatch, Pattern, PortSpec};
-pub use eval::{LocalAddrs, Policy, PolicyError, PolicyLayer, PolicyWarning, ReviewHost};
+pub use eval::{
+    GateEntry, GateMatch, LocalAddrs, Policy, PolicyError, PolicyLayer, PolicyWarning, ReviewHost,
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -137,6 +139,18 @@ pub enum Reason {
     /// sandbox (through the proxy or transparent capture) and DNS goes to its resolver at
     /// 127.0.0.53; the datagram was dropped with ICMP port unreachable.
     UdpRefused,
+    /// A gated attempt (`[gate]`) that a person denied (HTTP 403).
+    GateDenied,
+    /// A gated attempt that no one decided within `[gate] timeout` (HTTP 403).
+    GateExpired,
+    /// The session already has the most attempts held for a decision (HTTP 503).
+    GateLimit,
+    /// A gated attempt where no one can decide: the standalone proxy, which keeps no gates
+    /// (HTTP 503; fail closed).
+    GateUnavailable,
+    /// A held attempt that ended undecided: the agent closed the connection, or the session
+    /// or daemon stopped.
+    GateAbandoned,
 }
 
 impl Reason {
@@ -164,6 +178,11 @@ impl Reason {
             Self::AuditBudget => "audit_budget",
             Self::LowSpace => "low_space",
             Self::UdpRefused => "udp_refused",
+            Self::GateDenied => "gate_denied",
+            Self::GateExpired => "gate_expired",
+            Self::GateLimit => "gate_limit",
+            Self::GateUnavailable => "gate_unavailable",
+            Self::GateAbandoned => "gate_abandoned",
         }
     }
 
@@ -191,6 +210,11 @@ impl Reason {
         Self::AuditBudget,
         Self::LowSpace,
         Self::UdpRefused,
+        Self::GateDenied,
+        Self::GateExpired,
+        Self::GateLimit,
+        Self::GateUnavailable,
+        Self::GateAbandoned,
     ];
 }
 

@@ -122,6 +122,7 @@ pub fn egress_kind(
     match method {
         "DNS" => return "dns",
         "INBOUND" => return "inbound",
+        "GATE" => return "gate",
         _ => {}
     }
     match reason {
@@ -352,6 +353,8 @@ mod tests {
         );
         assert_eq!(egress_kind(Some("STOP"), false, Some("audit_budget"), false, false), "stop");
         assert_eq!(egress_kind(Some("INBOUND"), true, Some("allowed"), false, false), "inbound");
+        assert_eq!(egress_kind(Some("GATE"), false, None, false, false), "gate");
+        assert_eq!(egress_kind(Some("GET"), false, Some("gate_denied"), false, false), "denied");
     }
 
     #[test]

@@ -481,3 +481,49 @@ fn policy_show_names_the_terminal_clipboard_setting() {
     world.write(&world.managed, "[terminal]\nclipboard = \"deny\"\n");
     assert_eq!(show(&world), "deny");
 }
+
+/// `[gate]` (docs/gates.md): `policy check` says an allowed target is held for a decision and
+/// by which entry; a refused one is just refused; `policy show` and the trust prompt list the
+/// gates; a mistake is located.
+#[test]
+fn gated_targets_are_reported_by_check_show_and_trust() {
+    let (world, repo, file) = world_with_repo(
+        "[network]\nallow = [\"pay.test\", \"other.test\"]\n[gate]\nhosts = [\"pay.test\"]\n\
+         timeout = \"30s\"\n[[gate.rule]]\nhost = \"=api.pay.test\"\nseverity = \"high\"\n",
+    );
+    let t = trust(&world, &repo);
+    assert!(
+        t.stdout().contains("gates: pay.test (medium), =api.pay.test (high)"),
+        "{}",
+        t.stdout()
+    );
+    let (code, v) = check_json(&world, &repo, "api.pay.test");
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["verdict"], "allow");
+    assert_eq!(v["gate"]["rule"], "=api.pay.test");
+    assert_eq!(v["gate"]["severity"], "high");
+    assert_eq!(v["gate"]["layer"], "repo");
+    assert_eq!(v["gate"]["policy"], file.display().to_string());
+    assert_eq!(v["gate"]["timeout_secs"], 30);
+    let run = check(&world, &repo, "www.pay.test").expect_code(0);
+    assert!(
+        run.stdout().contains("\n  gated: held until a person approves it"),
+        "{}",
+        run.stdout()
+    );
+    let (_, v) = check_json(&world, &repo, "other.test");
+    assert!(v.get("gate").is_none(), "{v}");
+    // Gated but not allowed: refused like any other target, never "gated".
+    world.write(world.home.join(".airlock/config.toml"), "[gate]\nhosts = [\"nowhere.test\"]\n");
+    let (code, v) = check_json(&world, &repo, "nowhere.test");
+    assert_eq!((code, v["reason"].as_str()), (1, Some("not_allowed")), "{v}");
+    assert!(v.get("gate").is_none(), "{v}");
+    let show = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0);
+    assert!(show.stdout().contains("  gates: nowhere.test (medium)"), "{}", show.stdout());
+
+    world.write(world.home.join(".airlock/config.toml"), "[gate]\nhosts = [\"bad host\"]\n");
+    let run = check(&world, &repo, "pay.test");
+    assert_ne!(run.code(), 0);
+    assert!(run.stderr().contains("config.toml:2:10"), "{}", run.stderr());
+    assert!(run.stderr().contains("gate.hosts entry \"bad host\""), "{}", run.stderr());
+}

@@ -209,6 +209,13 @@ fn hint(g: &Group, repo: &str) -> Option<String> {
         Reason::UdpRefused => "only TCP leaves the sandbox, through the proxy".into(),
         Reason::ResolveFailed => "the name did not resolve on the host".into(),
         Reason::ConnectFailed => "the host did not accept the connection".into(),
+        Reason::GateDenied => "an action gate: you (or the reviewer) denied it".into(),
+        Reason::GateExpired => {
+            "an action gate: no one decided in time; `airlock gate watch` shows the next one".into()
+        }
+        Reason::GateAbandoned => "an action gate: the agent gave up before a decision".into(),
+        Reason::GateLimit => "an action gate: too many attempts were waiting at once".into(),
+        Reason::GateUnavailable => "an action gate, and no one can decide here".into(),
         _ => return None,
     })
 }

@@ -270,6 +270,18 @@ pub(super) async fn handle_request(
             start_session(daemon, conn, *spec, true).await
         }
         (Some(Some(_)), Request::SessionInbound(rec)) => record_inbound(conn, rec).await,
+        (Some(Some(_)), Request::GateList { .. } | Request::GateDecide(_))
+            if !conn.capabilities.contains(protocol::GATES) =>
+        {
+            error(
+                ErrorCode::Protocol,
+                "gate requests need the `gates` capability; offer it in hello",
+            )
+        }
+        (Some(Some(_)), Request::GateList { after, wait_ms }) => {
+            gate_list(daemon, after, wait_ms).await
+        }
+        (Some(Some(_)), Request::GateDecide(d)) => gate_decide(daemon, &d),
         (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
             Some(s) if s.id == end.session => {
                 end_session(daemon, &s, &end, None).await;
@@ -283,6 +295,51 @@ pub(super) async fn handle_request(
                 )
             }
         },
+    }
+}
+
+/// The pending gates; with `after`, once the book moved past that version (or the wait, at
+/// most [`protocol::MAX_GATE_WAIT_MS`], ran out, or the daemon is stopping).
+async fn gate_list(daemon: &Arc<Daemon>, after: Option<u64>, wait_ms: Option<u64>) -> Response {
+    let (version, gates) = match after {
+        None => daemon.gates.list(),
+        Some(after) => {
+            let wait = Duration::from_millis(
+                wait_ms.unwrap_or(protocol::MAX_GATE_WAIT_MS).min(protocol::MAX_GATE_WAIT_MS),
+            );
+            let mut stop = daemon.stop_tx.subscribe();
+            tokio::select! {
+                got = daemon.gates.wait_change(after, wait) => got,
+                _ = stop.wait_for(|s| *s) => daemon.gates.list(),
+            }
+        }
+    };
+    Response::Gates { version, gates }
+}
+
+/// Decides one pending gate. Every decision through the control socket is the local user's
+/// own: without a review server the requester is the only person there is, so it is a
+/// self-decision and marked so (docs/gates.md).
+fn gate_decide(daemon: &Daemon, d: &protocol::GateDecision) -> Response {
+    if d.by.trim().is_empty() {
+        return error(ErrorCode::Protocol, "gate_decide needs `by`: who decides");
+    }
+    match daemon.gates.decide(d, true, crate::timefmt::rfc3339_ms(std::time::SystemTime::now())) {
+        Ok(_) => Response::GateDecided {
+            id: d.id.clone(),
+            state: if d.approve {
+                protocol::GateState::Approved
+            } else {
+                protocol::GateState::Denied
+            },
+            self_decided: true,
+        },
+        Err(e @ crate::gate::book::DecideError::Unknown(_)) => {
+            error(ErrorCode::UnknownGate, e.to_string())
+        }
+        Err(e @ crate::gate::book::DecideError::Digest { .. }) => {
+            error(ErrorCode::GateDigest, e.to_string())
+        }
     }
 }
 
@@ -360,6 +417,93 @@ mod tests {
         let d = daemon(home.path());
         handle_request(&d, &mut conn, hello()).await;
         assert!(!conn.capabilities.contains(protocol::SESSION_STOP));
+    }
+
+    #[tokio::test]
+    async fn gates_are_listed_and_decided_once_bound_to_their_digest() {
+        let home = tempfile::tempdir().unwrap();
+        let d = daemon(home.path());
+        // Without the capability agreed, gate requests are refused.
+        let mut plain = ConnState::default();
+        handle_request(&d, &mut plain, hello()).await;
+        let r = handle_request(&d, &mut plain, Request::GateList { after: None, wait_ms: None });
+        assert_eq!(code(&r.await), ErrorCode::Protocol);
+
+        let mut conn = ConnState::default();
+        let offer = Request::Hello {
+            protocol: VersionRange::CURRENT,
+            client_version: "test".into(),
+            capabilities: protocol::Capabilities::current(),
+        };
+        handle_request(&d, &mut conn, offer).await;
+        assert!(conn.capabilities.contains(protocol::GATES));
+        let info = protocol::GateInfo {
+            id: String::new(),
+            kind: "egress".into(),
+            session: "s1".into(),
+            repo: "r".into(),
+            repo_key: None,
+            user_id: None,
+            method: "CONNECT".into(),
+            host: "pay.test".into(),
+            port: 443,
+            request: None,
+            action: "{}".into(),
+            digest: "sha256:aa".into(),
+            severity: "medium".into(),
+            rule: "pay.test".into(),
+            layer: "user".into(),
+            policy: "~/.airlock/config.toml".into(),
+            requested_at: "2026-12-04T00:00:00.000Z".into(),
+            deadline: "2026-12-04T00:01:50.000Z".into(),
+        };
+        let mut ticket = d.gates.open(info).unwrap();
+        // A waiting list returns at once when the book is already past `after`.
+        let listed = handle_request(
+            &d,
+            &mut conn,
+            Request::GateList { after: Some(0), wait_ms: Some(60_000) },
+        );
+        let Response::Gates { version, gates } = listed.await else { panic!() };
+        assert_eq!((version, gates.len()), (1, 1));
+        let id = gates[0].id.clone();
+        let decide = |digest: &str, by: &str| {
+            Request::GateDecide(protocol::GateDecision {
+                id: id.clone(),
+                digest: digest.into(),
+                approve: true,
+                note: "ok".into(),
+                by: by.into(),
+            })
+        };
+        assert_eq!(
+            code(&handle_request(&d, &mut conn, decide("sha256:bb", "me")).await),
+            ErrorCode::GateDigest
+        );
+        assert_eq!(
+            code(&handle_request(&d, &mut conn, decide("sha256:aa", " ")).await),
+            ErrorCode::Protocol
+        );
+        let r = handle_request(&d, &mut conn, decide("sha256:aa", "me")).await;
+        assert_eq!(
+            r,
+            Response::GateDecided {
+                id: id.clone(),
+                state: protocol::GateState::Approved,
+                self_decided: true
+            }
+        );
+        let got = ticket.decided().await.unwrap();
+        assert!(got.approve && got.self_decided && got.by == "me" && got.note == "ok");
+        assert_eq!(
+            code(&handle_request(&d, &mut conn, decide("sha256:aa", "me")).await),
+            ErrorCode::UnknownGate
+        );
+        // A wait with nothing new ends after its (short) wait.
+        let listed =
+            handle_request(&d, &mut conn, Request::GateList { after: Some(9), wait_ms: Some(10) });
+        let Response::Gates { gates, .. } = listed.await else { panic!() };
+        assert!(gates.is_empty());
     }
 
     #[tokio::test]

@@ -216,6 +216,8 @@ pub struct Daemon {
     pub(super) layer_cache: Mutex<super::layers::LayerCache>,
     binary: String,
     last_status: Mutex<String>,
+    /// Attempts held for a person's decision, across this instance's sessions (docs/gates.md).
+    pub(super) gates: Arc<crate::gate::GateBook>,
 }
 
 impl Daemon {
@@ -248,6 +250,7 @@ impl Daemon {
             layer_cache: Mutex::default(),
             binary: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
             last_status: Mutex::new(notify::describe(0, 0)),
+            gates: crate::gate::GateBook::new(crate::gate::MAX_HELD_PER_SESSION),
         })
     }
 

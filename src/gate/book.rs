@@ -1,0 +1,350 @@
+//! The daemon's book of pending gates. A held attempt [`GateBook::open`]s a gate and waits on
+//! its [`Ticket`]; a decider lists the book (optionally waiting for a change) and
+//! [`GateBook::decide`]s one gate, once, bound to the digest it saw. A gate leaves the book
+//! when it is decided, or when its ticket is dropped (the attempt expired, its client went
+//! away, the session or daemon is stopping): a decision can never reach another attempt.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+
+use crate::protocol::{GateDecision, GateInfo};
+
+/// A decision as the held attempt receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub approve: bool,
+    pub by: String,
+    pub note: String,
+    /// The decider is the requester.
+    pub self_decided: bool,
+    /// RFC 3339 UTC with milliseconds.
+    pub at: String,
+}
+
+/// Why a gate could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    #[error("this session already has {max} attempts waiting for a gate decision")]
+    Limit { max: usize },
+}
+
+/// Why a decision was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecideError {
+    #[error(
+        "no pending gate {0}: it was decided, expired or abandoned already (`airlock gate list` \
+         shows the pending ones)"
+    )]
+    Unknown(String),
+    #[error(
+        "gate {id} is for action {held}, not {given}: the decision was refused; look at the gate \
+         again (`airlock gate show {id}`) and decide what it holds"
+    )]
+    Digest { id: String, held: String, given: String },
+}
+
+struct Pending {
+    info: GateInfo,
+    tx: oneshot::Sender<Decided>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// By id; ids sort in opening order ([`GateBook::open`]).
+    pending: BTreeMap<String, Pending>,
+    opened: u64,
+}
+
+/// The pending gates of every session of one daemon.
+pub struct GateBook {
+    inner: Mutex<Inner>,
+    /// Bumped on every change; [`GateBook::wait_change`] waits on it.
+    version: watch::Sender<u64>,
+    max_per_session: usize,
+}
+
+impl std::fmt::Debug for GateBook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GateBook")
+            .field("pending", &self.lock().pending.len())
+            .field("version", &*self.version.borrow())
+            .finish()
+    }
+}
+
+/// A held attempt's claim on its gate; dropping it takes the gate out of the book if it is
+/// still pending (so a late decision finds nothing).
+#[derive(Debug)]
+pub struct Ticket {
+    book: Arc<GateBook>,
+    id: String,
+    rx: oneshot::Receiver<Decided>,
+}
+
+impl Ticket {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The decision; `None` when the gate was abandoned from the book's side
+    /// ([`GateBook::abandon_session`]).
+    pub async fn decided(&mut self) -> Option<Decided> {
+        (&mut self.rx).await.ok()
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.book.remove(&self.id);
+    }
+}
+
+impl GateBook {
+    pub fn new(max_per_session: usize) -> Arc<Self> {
+        Arc::new(Self {
+            inner: Mutex::new(Inner::default()),
+            version: watch::channel(0).0,
+            max_per_session: max_per_session.max(1),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every update is one insert or remove: a panicking holder leaves the map consistent.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// Opens a gate for `info` (its `id` is assigned here: `g` + a sequence number + random
+    /// hex, so ids sort in opening order and cannot be guessed from another session).
+    pub fn open(self: &Arc<Self>, mut info: GateInfo) -> Result<Ticket, OpenError> {
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut inner = self.lock();
+            let held = inner.pending.values().filter(|p| p.info.session == info.session).count();
+            if held >= self.max_per_session {
+                return Err(OpenError::Limit { max: self.max_per_session });
+            }
+            inner.opened += 1;
+            let id = format!("g{:06}-{}", inner.opened, random_hex());
+            info.id = id.clone();
+            inner.pending.insert(id.clone(), Pending { info, tx });
+            id
+        };
+        self.bump();
+        Ok(Ticket { book: Arc::clone(self), id, rx })
+    }
+
+    fn remove(&self, id: &str) {
+        let removed = self.lock().pending.remove(id).is_some();
+        if removed {
+            self.bump();
+        }
+    }
+
+    /// The pending gates, oldest first, and the book's version.
+    pub fn list(&self) -> (u64, Vec<GateInfo>) {
+        let version = *self.version.borrow();
+        let gates = self.lock().pending.values().map(|p| p.info.clone()).collect();
+        (version, gates)
+    }
+
+    /// [`Self::list`] once the version is past `after`, or after `wait`, whichever is first.
+    pub async fn wait_change(&self, after: u64, wait: Duration) -> (u64, Vec<GateInfo>) {
+        let mut rx = self.version.subscribe();
+        let _ = tokio::time::timeout(wait, rx.wait_for(|v| *v > after)).await;
+        self.list()
+    }
+
+    /// Decides the pending gate `d.id` if its digest is `d.digest`; the held attempt is told
+    /// at once. `self_decided`: the decider is the requester. Returns the gate decided.
+    pub fn decide(
+        &self,
+        d: &GateDecision,
+        self_decided: bool,
+        at: String,
+    ) -> Result<GateInfo, DecideError> {
+        let pending = {
+            let mut inner = self.lock();
+            let Some(p) = inner.pending.get(&d.id) else {
+                return Err(DecideError::Unknown(d.id.clone()));
+            };
+            if p.info.digest != d.digest {
+                return Err(DecideError::Digest {
+                    id: d.id.clone(),
+                    held: p.info.digest.clone(),
+                    given: d.digest.clone(),
+                });
+            }
+            inner.pending.remove(&d.id)
+        };
+        self.bump();
+        let Some(Pending { info, tx }) = pending else {
+            return Err(DecideError::Unknown(d.id.clone()));
+        };
+        let decided = Decided {
+            approve: d.approve,
+            by: d.by.clone(),
+            note: super::clean_note(&d.note),
+            self_decided,
+            at,
+        };
+        // The attempt may have given up in between (its ticket is being dropped): then the
+        // decision reaches no one, which is what a late decision must do.
+        if tx.send(decided).is_err() {
+            return Err(DecideError::Unknown(d.id.clone()));
+        }
+        Ok(info)
+    }
+
+    /// Abandons every pending gate of `session` (it is ending): their attempts see `None`.
+    pub fn abandon_session(&self, session: &str) {
+        let removed = {
+            let mut inner = self.lock();
+            let ids: Vec<String> = inner
+                .pending
+                .iter()
+                .filter(|(_, p)| p.info.session == session)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| inner.pending.remove(id)).count()
+        };
+        if removed > 0 {
+            self.bump();
+        }
+    }
+}
+
+fn random_hex() -> String {
+    let mut b = [0u8; 6];
+    // Ids need only be unique within the book (the sequence number does that); the random
+    // part keeps them from being guessed, and a failure leaves it zero.
+    let _ = getrandom::fill(&mut b);
+    hex::encode(b)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn info(session: &str, digest: &str) -> GateInfo {
+        GateInfo {
+            id: String::new(),
+            kind: "egress".into(),
+            session: session.into(),
+            repo: "r".into(),
+            repo_key: None,
+            user_id: None,
+            method: "CONNECT".into(),
+            host: "api.stripe.test".into(),
+            port: 443,
+            request: None,
+            action: "{}".into(),
+            digest: digest.into(),
+            severity: "medium".into(),
+            rule: "api.stripe.test".into(),
+            layer: "user".into(),
+            policy: "~/.airlock/config.toml".into(),
+            requested_at: "2026-12-04T00:00:00.000Z".into(),
+            deadline: "2026-12-04T00:01:50.000Z".into(),
+        }
+    }
+
+    fn decision(id: &str, digest: &str, approve: bool) -> GateDecision {
+        GateDecision {
+            id: id.into(),
+            digest: digest.into(),
+            approve,
+            note: "ok".into(),
+            by: "dev@example.test".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decision_reaches_its_attempt_once() {
+        let book = GateBook::new(4);
+        let mut t = book.open(info("s", "sha256:a")).unwrap();
+        let id = t.id().to_owned();
+        let (v, list) = book.list();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].id, id);
+        let got = book.decide(&decision(&id, "sha256:a", true), true, "t".into()).unwrap();
+        assert_eq!(got.id, id);
+        let d = t.decided().await.unwrap();
+        assert!(d.approve && d.self_decided && d.by == "dev@example.test");
+        assert!(book.list().1.is_empty());
+        assert!(book.list().0 > v);
+        // Single use: the same decision again finds nothing.
+        let again = book.decide(&decision(&id, "sha256:a", true), true, "t".into());
+        assert!(matches!(again, Err(DecideError::Unknown(_))), "{again:?}");
+    }
+
+    #[tokio::test]
+    async fn a_decision_for_another_digest_is_refused_and_the_gate_stays() {
+        let book = GateBook::new(4);
+        let t = book.open(info("s", "sha256:a")).unwrap();
+        let err = book.decide(&decision(t.id(), "sha256:b", true), true, "t".into()).unwrap_err();
+        assert!(matches!(err, DecideError::Digest { .. }), "{err}");
+        assert_eq!(book.list().1.len(), 1, "still pending");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_ticket_leaves_the_book_and_a_late_decision_finds_nothing() {
+        let book = GateBook::new(4);
+        let t = book.open(info("s", "sha256:a")).unwrap();
+        let id = t.id().to_owned();
+        drop(t);
+        assert!(book.list().1.is_empty());
+        let late = book.decide(&decision(&id, "sha256:a", true), true, "t".into());
+        assert!(matches!(late, Err(DecideError::Unknown(_))), "{late:?}");
+    }
+
+    #[tokio::test]
+    async fn each_session_holds_at_most_the_cap() {
+        let book = GateBook::new(2);
+        let _a = book.open(info("s", "sha256:a")).unwrap();
+        let _b = book.open(info("s", "sha256:b")).unwrap();
+        assert_eq!(book.open(info("s", "sha256:c")).unwrap_err(), OpenError::Limit { max: 2 });
+        let _other = book.open(info("t", "sha256:d")).expect("another session has its own cap");
+    }
+
+    #[tokio::test]
+    async fn abandoning_a_session_wakes_its_attempts_only() {
+        let book = GateBook::new(4);
+        let mut a = book.open(info("s", "sha256:a")).unwrap();
+        let b = book.open(info("t", "sha256:b")).unwrap();
+        book.abandon_session("s");
+        assert_eq!(a.decided().await, None);
+        let (_, left) = book.list();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].id, b.id());
+    }
+
+    #[tokio::test]
+    async fn a_watcher_wakes_on_a_change_and_ids_sort_in_opening_order() {
+        let book = GateBook::new(8);
+        let (v, _) = book.list();
+        let waiter = {
+            let book = Arc::clone(&book);
+            tokio::spawn(async move { book.wait_change(v, Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        let t1 = book.open(info("s", "sha256:a")).unwrap();
+        let (v2, list) =
+            tokio::time::timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap();
+        assert!(v2 > v);
+        assert_eq!(list.len(), 1);
+        let t2 = book.open(info("s", "sha256:b")).unwrap();
+        assert!(t1.id() < t2.id(), "{} {}", t1.id(), t2.id());
+        // No change: the wait ends at its bound.
+        let (v3, _) = book.list();
+        let (v4, _) = book.wait_change(v3, Duration::from_millis(20)).await;
+        assert_eq!(v3, v4);
+    }
+}
