@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 use crate::env::{Env, ProcessEnv};
 
 pub mod doctor;
+pub mod gate;
 pub mod logs;
 mod logs_sessions;
 pub mod man;
@@ -94,6 +95,9 @@ pub enum Command {
     Quarantine(quarantine::QuarantineCommand),
     /// Upload the repo's audit lines, session records and agent transcripts to the review server
     Publish(publish::PublishArgs),
+    /// Decide the attempts held for a person's approval (`[gate]`): list, show, approve, deny
+    #[command(subcommand)]
+    Gate(gate::GateCommand),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -148,5 +152,6 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Agent(cmd) => agent::run(&cmd, ctx),
         Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
         Command::Publish(args) => publish::run(&args, ctx),
+        Command::Gate(cmd) => gate::run(&cmd, ctx),
     }
 }

@@ -65,6 +65,45 @@ impl Client {
         }
     }
 
+    /// `gate_list` (capability `gates`): the book's version and its pending gates; with
+    /// `after`, once the book changed past that version or `wait_ms` ran out.
+    pub fn gate_list(
+        &mut self,
+        after: Option<u64>,
+        wait_ms: Option<u64>,
+    ) -> Result<(u64, Vec<protocol::GateInfo>), ClientError> {
+        self.require(protocol::GATES)?;
+        match self.call(&Request::GateList { after, wait_ms }, &[])? {
+            Response::Gates { version, gates } => Ok((version, gates)),
+            Response::Error { code, message } => Err(ClientError::Refused { code, message }),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// `gate_decide`: `(state, self)` of the decided gate.
+    pub fn gate_decide(
+        &mut self,
+        decision: protocol::GateDecision,
+    ) -> Result<(protocol::GateState, bool), ClientError> {
+        self.require(protocol::GATES)?;
+        match self.call(&Request::GateDecide(decision), &[])? {
+            Response::GateDecided { state, self_decided, .. } => Ok((state, self_decided)),
+            Response::Error { code, message } => Err(ClientError::Refused { code, message }),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    fn require(&self, capability: &str) -> Result<(), ClientError> {
+        if self.capabilities.contains(capability) {
+            return Ok(());
+        }
+        Err(ClientError::Unexpected(format!(
+            "the running airlockd v{} does not offer `{capability}`; restart it from this airlock \
+             build (it restarts on the next connection once idle: `airlock status`)",
+            self.daemon_version
+        )))
+    }
+
     /// `quit_if_idle`: `(quitting, sessions)`. When quitting, waits until the daemon closes.
     pub(super) fn quit_if_idle(mut self) -> Result<(bool, usize), ClientError> {
         match self.call(&Request::QuitIfIdle, &[])? {

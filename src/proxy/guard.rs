@@ -32,6 +32,16 @@ pub enum Unreachable {
     DnsLimit { detail: String },
     /// No checked address accepted the connection.
     ConnectFailed { detail: String, timed_out: bool },
+    /// A gated attempt was not approved (`gate_*`), or its gate could not be recorded
+    /// (`audit_unavailable`) ([`super::gatehold`]); `rule`, `layer` and `policy` are the gate
+    /// entry's.
+    Gated {
+        reason: Reason,
+        detail: String,
+        rule: String,
+        layer: crate::policy::LayerKind,
+        policy: String,
+    },
 }
 
 impl Unreachable {
@@ -41,6 +51,7 @@ impl Unreachable {
             Self::ResolveFailed { .. } => Reason::ResolveFailed,
             Self::DnsLimit { .. } => Reason::DnsLimit,
             Self::ConnectFailed { .. } => Reason::ConnectFailed,
+            Self::Gated { reason, .. } => *reason,
         }
     }
 }

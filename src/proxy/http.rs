@@ -35,7 +35,6 @@ use crate::policy::{Host, LayerKind, Reason, parse_authority};
 
 use super::SessionProxy;
 use super::connect::ms_since;
-use super::guard;
 use super::head::{self, BodyFraming, HeadRefusal};
 use super::respond::{self, Status};
 
@@ -135,6 +134,8 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     };
     let target = host.authority(port);
     let mut line = respond::new_line(s, &host.to_string(), Some(port), &method);
+    // What a gate on this target approves: exactly this request line.
+    let request_line = format!("{method} {url} {:?}", req.version());
     line.url = Some(url);
 
     let decision = s.policy.decide(&host, port, &s.local());
@@ -150,7 +151,8 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
     if let Err(e) = s.audit.journal_open(&line) {
         return audit_failed(&e, &target);
     }
-    let reached = guard::reach(s, &host, port).await;
+    let reached =
+        super::gatehold::reach(s, &mut line, &host, port, Some(&request_line), None).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

@@ -9,12 +9,14 @@
 //!
 //! Rooms: [`head`] (request heads), [`connect`] (tunnels), [`http`] (plain HTTP via hyper),
 //! [`guard`] (policy, resolver and address-guard glue), [`splice`] (the pump), [`tls_peek`]
-//! (ClientHello/SNI), [`resolver`], [`respond`] (refusal responses and audit lines), [`dns`] (the
+//! (ClientHello/SNI), [`gatehold`] (attempts held for a gate decision), [`resolver`],
+//! [`respond`] (refusal responses and audit lines), [`dns`] (the
 //! sandbox's resolver on 127.0.0.53) and [`synthetic`] (its per-session synthetic addresses,
 //! mapped back to names where a target is parsed).
 
 pub mod connect;
 pub mod dns;
+pub mod gatehold;
 pub mod guard;
 pub mod head;
 pub mod hostaddrs;
@@ -215,6 +217,9 @@ pub struct SessionProxy {
     pub(crate) synthetic: synthetic::SyntheticTable,
     /// This session's host-side resolution slots ([`Limits::max_resolutions`]).
     pub(crate) resolutions: Arc<tokio::sync::Semaphore>,
+    /// Where gated attempts wait for a decision ([`gatehold`]); `None` (the standalone proxy):
+    /// a gated attempt is refused `gate_unavailable`.
+    pub(crate) gates: Option<Arc<crate::gate::GateBook>>,
 }
 
 impl std::fmt::Debug for SessionProxy {
@@ -298,7 +303,14 @@ impl SessionProxy {
             kill,
             synthetic,
             resolutions,
+            gates: None,
         }
+    }
+
+    /// Gated attempts of this session wait in `book` for a decision.
+    pub fn with_gates(mut self, book: Arc<crate::gate::GateBook>) -> Self {
+        self.gates = Some(book);
+        self
     }
 
     pub fn limits(&self) -> &Limits {

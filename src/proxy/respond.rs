@@ -124,6 +124,14 @@ pub fn set_unreachable<'a>(
             set_failure(line, Reason::DnsLimit);
             (Status::Unavailable, Some(detail.as_str()))
         }
+        Unreachable::Gated { reason, detail, rule, layer, policy } => {
+            line.allowed = false;
+            line.reason = Some(*reason);
+            line.layer = Some(*layer);
+            line.policy = Some(policy.clone());
+            line.rule = Some(rule.clone());
+            (status_for(*reason), Some(detail.as_str()))
+        }
     }
 }
 
@@ -134,7 +142,9 @@ pub fn status_for(reason: Reason) -> Status {
         Reason::TunnelLimit
         | Reason::AuditUnavailable
         | Reason::DnsLimit
-        | Reason::ConnectionLimit => Status::Unavailable,
+        | Reason::ConnectionLimit
+        | Reason::GateLimit
+        | Reason::GateUnavailable => Status::Unavailable,
         Reason::ResolveFailed | Reason::ConnectFailed => Status::BadGateway,
         _ => Status::Forbidden,
     }
@@ -154,6 +164,12 @@ pub fn body_for(target: &str, reason: Reason, detail: Option<&str>) -> String {
         Reason::PrivateAddress => "it resolves to a private or special-purpose address",
         Reason::BlockedAddress => "it resolves to a blocked address",
         Reason::ReviewPlane => "it is a review-plane server",
+        Reason::GateDenied => "the person asked to approve it (an action gate) denied it",
+        Reason::GateExpired => "no one approved it (an action gate) in time",
+        Reason::GateLimit => "this session has too many attempts waiting for a gate decision",
+        Reason::GateUnavailable => {
+            "it needs a person's approval (an action gate) and no one can decide here"
+        }
         _ => "the policy does not allow it",
     };
     let mut s = format!("airlock: {target} refused: {why} (reason: {reason}).");
@@ -168,8 +184,14 @@ pub fn body_for(target: &str, reason: Reason, detail: Option<&str>) -> String {
             | Reason::ConnectFailed
             | Reason::DnsLimit
             | Reason::ConnectionLimit
+            | Reason::GateLimit
     ) {
         s.push_str("\nThis may be temporary.\n");
+    } else if matches!(reason, Reason::GateDenied | Reason::GateExpired) {
+        s.push_str(
+            "\nDo not work around it. Tell the user what you tried to do and why; they decide \
+             with `airlock gate` (a retry asks again).\n",
+        );
     } else {
         s.push_str(
             "\nDo not retry this request or work around it; ask the user to change the \

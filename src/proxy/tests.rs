@@ -737,3 +737,136 @@ async fn an_attempt_past_the_cap_waits_for_a_slot() {
     assert_eq!(resolver.calls(), 2);
     assert!(dns_limit_lines(&a).is_empty());
 }
+
+mod gates {
+    //! Held attempts ([`super::super::gatehold`]) against the engine: who is held, who is not,
+    //! and what a missing decider or the per-session cap does.
+    use super::*;
+    use crate::gate::{GateBook, Severity};
+    use crate::policy::GateEntry;
+    use crate::protocol::GateDecision;
+
+    /// Allows and gates `gated.test:PORT` (and `private.test`, which resolves to an address
+    /// outside `allow_private`), blocks `blocked.test`.
+    async fn gated_rig(book: Option<Arc<GateBook>>) -> (Rig, Arc<AtomicUsize>) {
+        let (up, hits) = echo_upstream("127.0.0.2").await;
+        let port = up.port();
+        let mut layer = PolicyLayer::new(LayerKind::Operator, "test.toml");
+        let entries =
+            [format!("gated.test:{port}"), "private.test:*".into(), "blocked.test:*".into()];
+        layer.allow = entries.iter().map(|a| Entry::parse(a, EntryKind::Allow).unwrap()).collect();
+        layer.block = vec![Entry::parse("blocked.test", EntryKind::Block).unwrap()];
+        layer.allow_private = vec!["127.0.0.2/32".parse().unwrap()];
+        layer.gates = ["gated.test:*", "private.test:*", "blocked.test:*"]
+            .iter()
+            .map(|g| GateEntry {
+                entry: Entry::parse(g, EntryKind::Allow).unwrap(),
+                severity: Severity::High,
+            })
+            .collect();
+        layer.gate_timeout_ms = Some(30_000);
+        let (policy, _) = Policy::build(vec![layer], Vec::new()).unwrap();
+        let sink = Arc::new(MemSink::default());
+        let resolver = "gated.test 127.0.0.2\nprivate.test 10.1.2.3\nblocked.test 127.0.0.2";
+        let mut session = SessionProxy::new(
+            Arc::new(policy),
+            Arc::clone(&sink) as Arc<dyn AuditSink>,
+            Arc::new(FileResolver::from_text(resolver).unwrap()),
+            Limits::default(),
+            local_addrs(),
+            Identity { repo: "r".into(), repo_path: None, repo_key: None, user_id: None },
+        );
+        if let Some(book) = book {
+            session = session.with_gates(book);
+        }
+        let session = Arc::new(session);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(serve_session(l, Arc::clone(&session), rx));
+        (Rig { addr, sink, session, _stop: tx }, hits)
+    }
+
+    fn port_of(r: &Rig) -> u16 {
+        let g = r.session.policy.layers()[0].allow[0].text().to_owned();
+        g.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn without_a_gate_book_a_gated_target_is_refused_unavailable_and_never_dialed() {
+        let (r, hits) = gated_rig(None).await;
+        let port = port_of(&r);
+        let (_s, head) = ask(r.addr, &format!("CONNECT gated.test:{port} HTTP/1.1\r\n\r\n")).await;
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(head.contains("X-Airlock-Reason: gate_unavailable\r\n"), "{head}");
+        let (_s, head) =
+            ask(r.addr, &format!("GET http://gated.test:{port}/ HTTP/1.1\r\nHost: x\r\n\r\n"))
+                .await;
+        assert!(head.contains("X-Airlock-Reason: gate_unavailable\r\n"), "{head}");
+        assert_eq!(hits.load(Ordering::SeqCst), 0);
+        let closes: Vec<_> = r.sink.lines().into_iter().filter(|(k, _)| *k == "close").collect();
+        assert_eq!(closes.len(), 2, "{closes:?}");
+        for (_, l) in closes {
+            assert_eq!(l.reason, Some(Reason::GateUnavailable));
+            assert_eq!(l.rule.as_deref(), Some("gated.test:*"));
+            assert!(l.addr.is_none() && !l.allowed, "{l:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_what_the_policy_and_the_address_guard_allow_is_ever_held() {
+        let book = GateBook::new(4);
+        let (r, hits) = gated_rig(Some(Arc::clone(&book))).await;
+        let (_s, head) = ask(r.addr, "CONNECT blocked.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(head.contains("X-Airlock-Reason: blocked\r\n"), "{head}");
+        let (_s, head) = ask(r.addr, "CONNECT private.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(head.contains("X-Airlock-Reason: private_address\r\n"), "{head}");
+        assert!(book.list().1.is_empty(), "a refused attempt opened a gate");
+        assert_eq!(book.list().0, 0, "the book never changed");
+        assert_eq!(hits.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn an_approved_hold_proceeds_and_the_cap_refuses_the_rest_with_gate_limit() {
+        let book = GateBook::new(1);
+        let (r, hits) = gated_rig(Some(Arc::clone(&book))).await;
+        let port = port_of(&r);
+        let mut held = TcpStream::connect(r.addr).await.unwrap();
+        held.write_all(format!("CONNECT gated.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let (version, gates) = book.wait_change(0, Duration::from_secs(10)).await;
+        assert!(version > 0 && gates.len() == 1, "{gates:?}");
+        assert_eq!(gates[0].severity, "high");
+        // The session's one hold slot is taken: the next gated attempt is refused at once.
+        let (_s, head) = ask(r.addr, &format!("CONNECT gated.test:{port} HTTP/1.1\r\n\r\n")).await;
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(head.contains("X-Airlock-Reason: gate_limit\r\n"), "{head}");
+        assert_eq!(hits.load(Ordering::SeqCst), 0, "dialed before the decision");
+        let d = GateDecision {
+            id: gates[0].id.clone(),
+            digest: gates[0].digest.clone(),
+            approve: true,
+            note: String::new(),
+            by: "t@example.test".into(),
+        };
+        book.decide(&d, true, "2026-12-04T00:00:00.000Z".into()).unwrap();
+        let mut head = vec![0u8; 39];
+        held.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200 Connection established\r\n\r\n");
+        held.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        held.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"ping");
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        let steps: Vec<_> = r
+            .sink
+            .lines()
+            .into_iter()
+            .filter(|(k, l)| *k == "append" && l.method == "GATE")
+            .map(|(_, l)| l.gate.unwrap().step)
+            .collect();
+        use crate::audit::GateStep;
+        assert_eq!(steps, [GateStep::Requested, GateStep::Approved]);
+    }
+}

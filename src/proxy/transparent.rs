@@ -213,7 +213,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         reset(sock);
         return;
     }
-    let reached = guard::reach(session, &host, port).await;
+    let reached = super::gatehold::reach(session, &mut line, &host, port, None, Some(&sock)).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

@@ -63,6 +63,8 @@ mod sandbox_control;
 #[cfg(feature = "test-hooks")]
 mod sandbox_dns;
 #[cfg(feature = "test-hooks")]
+mod sandbox_gate;
+#[cfg(feature = "test-hooks")]
 mod sandbox_gitconfig;
 #[cfg(feature = "test-hooks")]
 mod sandbox_layer_digests;

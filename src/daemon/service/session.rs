@@ -375,7 +375,8 @@ pub(super) async fn start_session(
                 user_id: spec.identity.user_id.clone(),
             },
         )
-        .with_host_addrs(local),
+        .with_host_addrs(local)
+        .with_gates(Arc::clone(&daemon.gates)),
     );
     let (shutdown, shutdown_rx) = watch::channel(false);
     let session = Arc::new(Session {
@@ -461,6 +462,8 @@ pub(super) async fn end_session(
     end: &SessionEnd,
     reason: Option<&'static str>,
 ) {
+    // Held attempts first: each writes its `abandoned` step before the proxy stops.
+    daemon.gates.abandon_session(&session.id);
     session.stop_proxy();
     // The sandbox is gone, but the kernel may still hold reports of datagrams it refused:
     // the reader writes them (and the session's pending summaries) before the end record,

@@ -1,0 +1,268 @@
+//! Holding a gated attempt (docs/gates.md): after the policy allowed it and every resolved
+//! answer passed the address guard, and before a single byte or connection goes upstream, an
+//! attempt whose target a `[gate]` entry names waits here for a person's decision. Approved:
+//! the checked addresses are dialed and the attempt goes on exactly as an allowed one.
+//! Denied, expired, over the per-session cap, or with no one to decide: it is refused, and no
+//! connection to the target was ever made.
+//!
+//! Every step is an audit line of its own (`method: "GATE"`, docs/audit-format.md), written
+//! with `append` while the attempt itself stays open in the journal, so a daemon killed
+//! mid-hold leaves the attempt to be settled `interrupted`.
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime};
+
+use tokio::net::TcpStream;
+
+use crate::audit::{AuditLine, GateRecord, GateStep, rfc3339_ms};
+use crate::gate::{EgressAction, OpenError, book::Decided, digest};
+use crate::policy::{GateMatch, Host, Reason};
+use crate::protocol::GateInfo;
+
+use super::SessionProxy;
+use super::guard::{self, Unreachable};
+
+/// The method of a gate's step lines.
+pub const STEP_METHOD: &str = "GATE";
+
+/// [`guard::reach`] with the gate in between: resolve and check every answer, hold the
+/// attempt if its target is gated, then dial. `request` is a plain-HTTP request line (part of
+/// what is approved); `client` is the agent's socket when the proxy owns it, watched so a hold
+/// whose client went away ends at once. On a gated attempt `line.gate` is set to the last
+/// step, for the attempt's final line.
+pub async fn reach(
+    session: &SessionProxy,
+    line: &mut AuditLine,
+    host: &Host,
+    port: u16,
+    request: Option<&str>,
+    client: Option<&TcpStream>,
+) -> Result<(TcpStream, SocketAddr), Unreachable> {
+    let Some(gate) = session.policy.gate(host, port) else {
+        return guard::reach(session, host, port).await;
+    };
+    let addrs = guard::resolve_checked(session, host, port).await?;
+    hold(session, line, &gate, port, request, client).await?;
+    guard::dial(session, &addrs, port).await
+}
+
+/// Waits for the decision on one attempt; `Ok` once approved.
+async fn hold(
+    session: &SessionProxy,
+    line: &mut AuditLine,
+    gate: &GateMatch,
+    port: u16,
+    request: Option<&str>,
+    client: Option<&TcpStream>,
+) -> Result<(), Unreachable> {
+    let refused = |reason, detail: String| Unreachable::Gated {
+        reason,
+        detail,
+        rule: gate.rule.clone(),
+        layer: gate.layer,
+        policy: gate.policy.clone(),
+    };
+    let Some(book) = session.gates.as_ref() else {
+        return Err(refused(
+            Reason::GateUnavailable,
+            format!(
+                "{} is gated by {:?} in {} and this proxy keeps no gates (the standalone \
+                 `airlockd proxy` has no one to ask); run the agent with `airlock exec` or \
+                 `airlock run`",
+                line.host, gate.rule, gate.policy
+            ),
+        ));
+    };
+    let method = line.method.clone();
+    let action = EgressAction {
+        session: &line.session,
+        attempt: &line.id,
+        method: &method,
+        host: &line.host,
+        port,
+        request,
+    }
+    .canonical();
+    let digest = digest(&action);
+    let timeout = session.policy.gate_timeout();
+    let now = SystemTime::now();
+    let deadline = rfc3339_ms(now + timeout);
+    let info = GateInfo {
+        id: String::new(),
+        kind: "egress".into(),
+        session: line.session.clone(),
+        repo: line.repo.clone(),
+        repo_key: line.repo_key.clone(),
+        user_id: line.user_id.clone(),
+        method: method.clone(),
+        host: line.host.clone(),
+        port,
+        request: request.map(str::to_owned),
+        action,
+        digest: digest.clone(),
+        severity: gate.severity.as_str().to_owned(),
+        rule: gate.rule.clone(),
+        layer: gate.layer.as_str().to_owned(),
+        policy: gate.policy.clone(),
+        requested_at: rfc3339_ms(now),
+        deadline: deadline.clone(),
+    };
+    let mut ticket = match book.open(info) {
+        Ok(t) => t,
+        Err(e @ OpenError::Limit { .. }) => {
+            return Err(refused(
+                Reason::GateLimit,
+                format!("{e}; wait for a decision on them before asking again"),
+            ));
+        }
+    };
+    let mut record = GateRecord {
+        id: ticket.id().to_owned(),
+        step: GateStep::Requested,
+        digest,
+        severity: gate.severity,
+        method: Some(method),
+        deadline: Some(deadline),
+        by: None,
+        decided_at: None,
+        note: None,
+        self_decided: None,
+    };
+    if let Err(e) = session.audit.append(&step_line(line, gate, &record)) {
+        // No record of the request: nothing may be approved (DESIGN §5, audit first).
+        tracing::error!("cannot write the gate request line of {}: {e}", line.id);
+        return Err(Unreachable::Gated {
+            reason: Reason::AuditUnavailable,
+            detail: e.to_string(),
+            rule: gate.rule.clone(),
+            layer: gate.layer,
+            policy: gate.policy.clone(),
+        });
+    }
+    tracing::info!(
+        "gate {} holds {} {}:{port} of session {} (rule {:?}, {}s)",
+        record.id,
+        line.method,
+        line.host,
+        line.session,
+        gate.rule,
+        timeout.as_secs()
+    );
+
+    let mut kill = session.kill.subscribe();
+    let outcome = tokio::select! {
+        d = ticket.decided() => match d {
+            Some(d) => Outcome::Decided(d),
+            None => Outcome::Abandoned("the session ended before anyone decided"),
+        },
+        () = tokio::time::sleep(timeout) => Outcome::Expired,
+        () = client_gone(client) => Outcome::Abandoned("the agent closed the connection"),
+        () = super::stopped(&mut kill) => Outcome::Abandoned("the session is stopping"),
+    };
+    drop(ticket);
+
+    record.deadline = None;
+    record.method = None;
+    let result = match &outcome {
+        Outcome::Decided(d) => {
+            record.step = if d.approve { GateStep::Approved } else { GateStep::Denied };
+            record.by = Some(d.by.clone());
+            record.decided_at = Some(d.at.clone());
+            record.note = (!d.note.is_empty()).then(|| d.note.clone());
+            record.self_decided = Some(d.self_decided);
+            if d.approve {
+                Ok(())
+            } else {
+                let note = if d.note.is_empty() { String::new() } else { format!(": {}", d.note) };
+                Err(refused(Reason::GateDenied, format!("denied by {}{note}", d.by)))
+            }
+        }
+        Outcome::Expired => {
+            record.step = GateStep::Expired;
+            Err(refused(
+                Reason::GateExpired,
+                format!(
+                    "no decision within {}s ([gate] timeout); the user can approve it with \
+                     `airlock gate approve` when it is asked again",
+                    timeout.as_secs()
+                ),
+            ))
+        }
+        Outcome::Abandoned(why) => {
+            record.step = GateStep::Abandoned;
+            Err(refused(Reason::GateAbandoned, (*why).to_owned()))
+        }
+    };
+    // The step line, then the attempt's own outcome: the journal record is still open, so a
+    // failure here leaves the attempt to be settled, never forwarded unrecorded.
+    let step = step_line(line, gate, &record);
+    line.gate = Some(record);
+    if let Err(e) = session.audit.append(&step) {
+        tracing::error!("cannot write the gate decision line of {}: {e}", line.id);
+        return Err(Unreachable::Gated {
+            reason: Reason::AuditUnavailable,
+            detail: e.to_string(),
+            rule: gate.rule.clone(),
+            layer: gate.layer,
+            policy: gate.policy.clone(),
+        });
+    }
+    result
+}
+
+enum Outcome {
+    Decided(Decided),
+    Expired,
+    Abandoned(&'static str),
+}
+
+/// One step's line: the attempt's attribution and target under its own id
+/// (`<attempt id>-gate-<step>`), the gate entry that matched, and the gate record.
+fn step_line(attempt: &AuditLine, gate: &GateMatch, record: &GateRecord) -> AuditLine {
+    let mut l = AuditLine {
+        ts: rfc3339_ms(SystemTime::now()),
+        id: format!("{}-gate-{}", attempt.id, record.step.as_str()),
+        method: STEP_METHOD.to_owned(),
+        allowed: record.step == GateStep::Approved,
+        reason: None,
+        layer: Some(gate.layer),
+        policy: Some(gate.policy.clone()),
+        rule: Some(gate.rule.clone()),
+        bytes_sent: None,
+        bytes_recv: None,
+        duration_ms: None,
+        addr: None,
+        status: None,
+        interrupted: None,
+        gate: Some(record.clone()),
+        ..attempt.clone()
+    };
+    l.truncated = None;
+    l
+}
+
+/// Resolves when the agent closed its end (EOF, an error, or a hang-up the kernel reported);
+/// pends forever when there is no socket to watch. Early tunnel data stays queued for the
+/// tunnel: it is peeked at, never read.
+async fn client_gone(client: Option<&TcpStream>) {
+    let Some(sock) = client else {
+        return std::future::pending().await;
+    };
+    let mut byte = [0u8; 1];
+    loop {
+        match sock.ready(tokio::io::Interest::READABLE).await {
+            Ok(r) if r.is_read_closed() => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        match sock.peek(&mut byte).await {
+            Ok(0) | Err(_) => return,
+            // Data is queued, so readiness is reported at once from now on: look again now
+            // and then for the hang-up flag instead of spinning.
+            Ok(_) => tokio::time::sleep(EARLY_DATA_RECHECK).await,
+        }
+    }
+}
+
+/// How often a hold with queued early data looks for the agent's hang-up.
+const EARLY_DATA_RECHECK: Duration = Duration::from_millis(500);
