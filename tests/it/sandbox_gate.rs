@@ -75,6 +75,46 @@ impl Gated {
     fn exec(&self, script: &str) -> crate::support::Run {
         self.airlock(&["exec", "--", "sh", "-c", script])
     }
+
+    fn notify_calls(&self) -> std::path::PathBuf {
+        self.world.tmp.path().join("notify-calls")
+    }
+
+    /// Waits until the session's desktop notification for `gate` was sent (so deciding it
+    /// cannot race the notice in a test).
+    fn wait_notified(&self, gate: &Value) {
+        let id = gate["id"].as_str().unwrap();
+        let sent = wait_until(Duration::from_secs(30), || {
+            std::fs::read_to_string(self.notify_calls()).is_ok_and(|c| c.contains(id))
+        });
+        assert!(sent, "no desktop notification for {id}");
+    }
+
+    /// `exec` on a desktop: `DISPLAY` set and a `notify-send` on `PATH` that records its
+    /// arguments (one line per call) in the returned file.
+    fn exec_on_desktop(&self, script: &str) -> (crate::support::Run, std::path::PathBuf) {
+        let bin = self.world.tmp.path().join("desktop-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let calls = self.notify_calls();
+        self.world.write_executable(
+            bin.join("notify-send"),
+            &format!(
+                "#!/bin/sh\necho \"$*\" | tr '\\n' ' ' >> '{}'\necho >> '{}'\n",
+                calls.display(),
+                calls.display()
+            ),
+        );
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+        let run = self
+            .world
+            .airlock(&self.repo)
+            .env("AIRLOCK_SOCKET", self.harness.socket())
+            .env("DISPLAY", ":99")
+            .env("PATH", path)
+            .args(["exec", "--", "sh", "-c", script])
+            .run();
+        (run, calls)
+    }
 }
 
 fn gate_lines(world: &World, repo: &str) -> (Vec<Value>, Vec<Value>) {
@@ -105,11 +145,12 @@ fn held_attempts_proceed_only_when_approved_and_each_approval_is_single_use() {
          curl -sS -m 90 -p http://gated.test:{port}/third; echo \"third:$?\"\n"
     );
     let decided = std::thread::scope(|s| {
-        let exec = s.spawn(|| g.exec(&script));
+        let exec = s.spawn(|| g.exec_on_desktop(&script));
         let mut done = Vec::new();
 
         // 1: a CONNECT, held with nothing dialed; approved.
         let first = g.next_gate(&done);
+        g.wait_notified(&first);
         assert_eq!(g.hits.load(Ordering::SeqCst), 0, "dialed before the decision: {first:#}");
         assert_eq!(first["method"], "CONNECT");
         assert_eq!(first["host"], "gated.test");
@@ -132,6 +173,7 @@ fn held_attempts_proceed_only_when_approved_and_each_approval_is_single_use() {
 
         // 2: a plain-HTTP request (the request line is part of the action); denied.
         let second = g.next_gate(&done);
+        g.wait_notified(&second);
         assert_eq!(second["method"], "GET");
         assert_eq!(second["request"], format!("GET http://gated.test:{port}/second HTTP/1.1"));
         assert_ne!(second["digest"], first["digest"]);
@@ -143,6 +185,7 @@ fn held_attempts_proceed_only_when_approved_and_each_approval_is_single_use() {
         // 3: approving the first action again does not reach the third: it has its own id and
         // digest, and a decision naming another digest is refused and decides nothing.
         let third = g.next_gate(&done);
+        g.wait_notified(&third);
         assert_ne!(third["digest"], first["digest"]);
         let id3 = third["id"].as_str().unwrap().to_owned();
         let wrong = g.airlock(&["gate", "approve", &id3, "--digest", &digest]).expect_code(1);
@@ -155,7 +198,17 @@ fn held_attempts_proceed_only_when_approved_and_each_approval_is_single_use() {
         let run = exec.join().unwrap();
         (run, hits_before, [id, id2, id3])
     });
-    let (run, hits_before_deny, [id1, id2, id3]) = decided;
+    let ((run, calls), hits_before_deny, [id1, id2, id3]) = decided;
+    // The person at the host was told about each gate of the session, on stderr and on the
+    // desktop, with the command that decides it.
+    let err = run.stderr();
+    for id in [&id1, &id2, &id3] {
+        assert!(err.contains(&format!("gate {id}: the agent's ")), "{err}");
+        assert!(err.contains(&format!("`airlock gate approve {id}`")), "{err}");
+    }
+    let calls = std::fs::read_to_string(calls).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 3, "{calls}");
+    assert!(calls.contains(&format!("airlock gate approve {id1}")), "{calls}");
     let out = run.expect_code(0).stdout();
     assert!(out.contains("gated-ok\nfirst:0\n"), "{out}");
     assert!(out.contains("second:HTTP/1.1 403"), "{out}");

@@ -19,11 +19,21 @@ pub struct DaemonBridge {
     endpoint: Option<Endpoint>,
     prepared: Prepared,
     handle: Option<SessionHandle>,
+    /// `notify-send`, when a desktop session is there.
+    notifier: Option<std::path::PathBuf>,
+    /// Stops the gate watcher at the session's end.
+    gate_watch: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl DaemonBridge {
     pub fn new(env: &dyn Env, prepared: Prepared) -> Self {
-        Self { endpoint: Some(Endpoint::resolve(env)), prepared, handle: None }
+        Self {
+            endpoint: Some(Endpoint::resolve(env)),
+            notifier: super::gatenotice::desktop_notifier(env),
+            prepared,
+            handle: None,
+            gate_watch: None,
+        }
     }
 }
 
@@ -60,9 +70,15 @@ impl ProxyBridge for DaemonBridge {
         let documents: Documents = Arc::new(|layers| {
             crate::config::documents_from_sources(layers).map_err(|e| e.to_string())
         });
+        let watcher = self.prepared.gated.then(|| endpoint.clone());
         let handle = SessionHandle::start_with_documents(endpoint, spec, Some(documents), sockets)
             .map_err(|e| BridgeError(e.to_string()))?;
         self.handle = Some(handle);
+        if let Some(endpoint) = watcher {
+            let notifier = self.notifier.clone();
+            self.gate_watch =
+                Some(super::gatenotice::spawn(endpoint, info.session.clone(), notifier));
+        }
         Ok(())
     }
 
@@ -89,6 +105,9 @@ impl ProxyBridge for DaemonBridge {
     }
 
     fn end(&mut self, end: &SessionEnd) {
+        if let Some(stop) = self.gate_watch.take() {
+            stop.store(true, std::sync::atomic::Ordering::Release);
+        }
         if let Some(handle) = self.handle.take() {
             let outcome = SessionOutcome {
                 exit_status: Some(end.exit_code),

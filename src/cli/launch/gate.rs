@@ -50,6 +50,9 @@ pub struct Prepared {
     /// `[publish] auto` of the managed and user layers: the bound on publishing this repo's
     /// new lines after the session, `None` when it is off.
     pub publish_at_end: Option<std::time::Duration>,
+    /// Some applied layer has `[gate]` entries: the session watches for its gates
+    /// (`gatenotice`).
+    pub gated: bool,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -121,6 +124,7 @@ impl TrustGate for ConfigGate {
         let layers = session.loaded.as_ref().map(|l| l.client_layers()).unwrap_or_default();
         let (mounts, caches) = config::sandbox_mounts(&applied);
         let publish_at_end = config::publish_at_end(&applied);
+        let gated = applied.iter().any(|d| !d.gate.hosts.is_empty() || !d.gate.rules.is_empty());
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
@@ -133,6 +137,7 @@ impl TrustGate for ConfigGate {
             mounts,
             caches,
             publish_at_end,
+            gated,
         })
     }
 }

@@ -12,6 +12,7 @@
 mod agent;
 mod bridge;
 mod gate;
+mod gatenotice;
 mod options;
 mod refusals;
 mod toolchains;
