@@ -578,6 +578,8 @@ pub struct GateDoc {
     pub rules: Vec<GateRuleDoc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub commands: Vec<String>,
 }
 
 impl GateDoc {

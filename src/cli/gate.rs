@@ -170,7 +170,8 @@ fn describe(g: &GateInfo) -> String {
         target(g)
     );
     if let Some(r) = &g.request {
-        s.push_str(&format!("  request:  {}\n", printable(r)));
+        let label = if g.kind == "tool" { "command:" } else { "request: " };
+        s.push_str(&format!("  {label} {}\n", printable(r)));
     }
     s.push_str(&format!(
         "  session:  {}\n  repo:     {}{}\n  rule:     {:?} in {} ({})\n  asked at: {}\n  digest:   {}\n  \

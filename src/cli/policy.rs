@@ -419,7 +419,8 @@ fn layer_json(kind: LayerKind, file: String, parsed: Option<&ParsedLayer>) -> La
 fn gate_summary(doc: &LayerDoc) -> Vec<String> {
     let hosts = doc.gate.hosts.iter().map(|h| format!("{h} (medium)"));
     let rules = doc.gate.rules.iter().map(|r| format!("{} ({})", r.host, r.severity));
-    hosts.chain(rules).collect()
+    let commands = doc.gate.commands.iter().map(|c| format!("command {c:?}"));
+    hosts.chain(rules).chain(commands).collect()
 }
 
 fn repo_layer_json(file: &RepoFile) -> LayerJson {

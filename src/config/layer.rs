@@ -33,6 +33,7 @@
 //! [gate]                        # trusted layers; docs/gates.md
 //! hosts = ["api.stripe.com", "=prod-db.internal:5432"]   # held until a person decides
 //! timeout = "110s"              # how long a held attempt waits for that decision
+//! commands = ["git push*"]      # agents' shell commands asked for first (advisory)
 //! [[gate.rule]]
 //! host = "api.stripe.com"       # also gated; the rule gives its severity
 //! severity = "high"             # "low", "medium" (default) or "high"
@@ -56,7 +57,7 @@ use crate::sandbox::termfilter::Clipboard;
 
 const TOP_KEYS: &[&str] =
     &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate"];
-const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout"];
+const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands"];
 const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
 const LOGS_KEYS: &[&str] = &["keep"];
@@ -123,6 +124,10 @@ pub struct GateDoc {
     /// `timeout`, in milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// `commands`: shell-command patterns (`*` any text, `?` one character) an agent's tool
+    /// calls are gated on (advisory: docs/gates.md, "Gated tool calls").
+    #[serde(default)]
+    pub commands: Vec<String>,
 }
 
 /// One `[[gate.rule]]` table.
@@ -479,6 +484,16 @@ impl Walker<'_> {
                         ),
                     ),
                 },
+                "commands" => {
+                    for (pattern, span) in self.strings(value, "gate.commands") {
+                        match crate::gate::check_command_pattern(&pattern) {
+                            Ok(()) => doc.gate.commands.push(pattern),
+                            Err(why) => {
+                                self.error(span, format!("gate.commands entry {pattern:?}: {why}"))
+                            }
+                        }
+                    }
+                }
                 _ => self.unknown(key, "[gate]", GATE_KEYS),
             }
         }
@@ -1073,6 +1088,7 @@ impl LayerDoc {
                     })
                     .collect::<Result<_, _>>()?
             },
+            gate_commands: self.gate.commands.clone(),
             gate_timeout_ms: self.gate.timeout_ms.map(|ms| {
                 let bounds =
                     crate::gate::MIN_TIMEOUT.as_millis()..=crate::gate::MAX_TIMEOUT.as_millis();
@@ -1388,6 +1404,12 @@ OTHER = "literal"
         assert!(e.contains("unknown key `host` in [gate]") && e.contains("hosts"), "{e}");
         let e = repo_err("[gate]\nrule = \"x\"\n");
         assert!(e.contains("gate.rule must be an array of tables"), "{e}");
+        let e = repo_err("[gate]\ncommands = [\"git push*\", \"*\"]\n");
+        assert!(e.contains(&format!("{F}:2:26")) && e.contains("matches every command"), "{e}");
+        let d =
+            parse_layer(LayerKind::Repo, F, b"[gate]\ncommands = [\"git push*\"]\n").unwrap().doc;
+        assert_eq!(d.gate.commands, ["git push*"]);
+        assert_eq!(d.to_policy_layer().unwrap().gate_commands, ["git push*"]);
     }
 
     #[test]

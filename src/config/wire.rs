@@ -172,6 +172,7 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
                 })
                 .collect(),
             timeout_ms: doc.gate.timeout_ms,
+            commands: doc.gate.commands.clone(),
         },
     }
 }
@@ -248,6 +249,7 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
                 })
                 .collect::<Result<_, ConfigError>>()?,
             timeout_ms: doc.gate.timeout_ms,
+            commands: doc.gate.commands.clone(),
         },
     })
 }

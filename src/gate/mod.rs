@@ -119,6 +119,155 @@ pub fn digest(canonical: &str) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(canonical.as_bytes())))
 }
 
+/// One gated tool call, as a decider approves it: exactly this action text of this tool, asked
+/// once by one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolAction<'a> {
+    pub session: &'a str,
+    /// The asking request's id: an approval is for this request and no other.
+    pub attempt: &'a str,
+    /// `Bash`, or what the asking agent named.
+    pub tool: &'a str,
+    /// The exact action (for Bash: the command line).
+    pub action: &'a str,
+}
+
+#[derive(Serialize)]
+struct ToolCanonical<'a> {
+    action: &'a str,
+    attempt: &'a str,
+    kind: &'static str,
+    session: &'a str,
+    tool: &'a str,
+}
+
+impl ToolAction<'_> {
+    /// The text a decision's digest is taken over (sorted keys, no whitespace).
+    pub fn canonical(&self) -> String {
+        let c = ToolCanonical {
+            action: self.action,
+            attempt: self.attempt,
+            kind: "tool",
+            session: self.session,
+            tool: self.tool,
+        };
+        // A struct of strings always serializes.
+        serde_json::to_string(&c).unwrap_or_default()
+    }
+}
+
+/// Longest `[gate] commands` pattern.
+pub const MAX_COMMAND_PATTERN: usize = 1024;
+
+/// Whether `pattern` can be a `[gate] commands` entry: not empty, not only wildcards (it would
+/// gate every command), no control characters, at most [`MAX_COMMAND_PATTERN`] bytes.
+pub fn check_command_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.trim().is_empty() {
+        return Err("it is empty; write a command prefix such as \"git push*\"".into());
+    }
+    if pattern.len() > MAX_COMMAND_PATTERN {
+        return Err(format!("it is longer than {MAX_COMMAND_PATTERN} bytes"));
+    }
+    if pattern.chars().any(char::is_control) {
+        return Err("it contains a control character".into());
+    }
+    if pattern.chars().all(|c| c == '*' || c == '?' || c.is_whitespace()) {
+        return Err("it matches every command; name the command, e.g. \"terraform apply*\"".into());
+    }
+    Ok(())
+}
+
+/// The texts a command is matched as: the whole line (trimmed) and each simple command in it,
+/// split at unquoted `&&`, `||`, `;`, `|`, `&`, newlines and parentheses or braces, each with
+/// leading `NAME=value` assignments and the wrappers `sudo`, `env`, `command`, `exec`,
+/// `nohup`, `time` taken off (`cd app && FOO=1 sudo git push` is a `git push*`). Quotes are
+/// kept as written: `echo 'git push'` is an `echo`.
+pub fn command_parts(command: &str) -> Vec<String> {
+    let mut parts = vec![command.trim().to_owned()];
+    let mut cur = String::new();
+    let (mut single, mut double, mut escaped) = (false, false, false);
+    let flush = |cur: &mut String, parts: &mut Vec<String>| {
+        let p = strip_wrappers(cur.trim());
+        if !p.is_empty() && !parts.iter().any(|q| q == p) {
+            parts.push(p.to_owned());
+        }
+        cur.clear();
+    };
+    for c in command.chars() {
+        if escaped {
+            escaped = false;
+            cur.push(c);
+            continue;
+        }
+        match c {
+            '\\' if !single => {
+                escaped = true;
+                cur.push(c);
+            }
+            '\'' if !double => {
+                single = !single;
+                cur.push(c);
+            }
+            '"' if !single => {
+                double = !double;
+                cur.push(c);
+            }
+            ';' | '&' | '|' | '\n' | '(' | ')' | '{' | '}' if !single && !double => {
+                flush(&mut cur, &mut parts)
+            }
+            c => cur.push(c),
+        }
+    }
+    flush(&mut cur, &mut parts);
+    parts
+}
+
+fn strip_wrappers(mut s: &str) -> &str {
+    const WRAPPERS: &[&str] = &["sudo", "env", "command", "exec", "nohup", "time"];
+    loop {
+        let (word, rest) = s.split_once(char::is_whitespace).unwrap_or((s, ""));
+        let assignment = word.split_once('=').is_some_and(|(name, _)| {
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        if (assignment || WRAPPERS.contains(&word)) && !rest.trim().is_empty() {
+            s = rest.trim_start();
+        } else {
+            return s;
+        }
+    }
+}
+
+/// Glob match of a whole text: `*` any run of characters, `?` one character, runs of
+/// whitespace in either compared as one space.
+pub fn command_matches(pattern: &str, text: &str) -> bool {
+    let norm = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (p, t): (Vec<char>, Vec<char>) =
+        (norm(pattern).chars().collect(), norm(text).chars().collect());
+    // Iterative wildcard matching with one backtrack point (linear in practice, never
+    // exponential): the last `*` and where the text stood when it was seen.
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
 /// `note` cut to [`MAX_NOTE`] bytes at a character boundary, control characters but newline
 /// and tab replaced (it is shown on terminals and in the console).
 pub fn clean_note(note: &str) -> String {
@@ -182,6 +331,51 @@ mod tests {
         let long = "é".repeat(400);
         let cut = clean_note(&long);
         assert!(cut.len() <= MAX_NOTE && cut.chars().all(|c| c == 'é'), "{}", cut.len());
+    }
+
+    #[test]
+    fn command_patterns_match_whole_lines_and_simple_commands() {
+        assert!(command_matches("git push*", "git push origin main"));
+        assert!(command_matches("git push*", "git   push"));
+        // A glob, not a word boundary: `git push *` needs the space.
+        assert!(command_matches("git push*", "git pushy"));
+        assert!(!command_matches("git push *", "git pushy"));
+        assert!(command_matches("git push *", "git push origin"));
+        assert!(!command_matches("git push *", "git status"));
+        assert!(command_matches("kubectl delete*", "kubectl delete pod x"));
+        assert!(command_matches("?s -l", "ls -l"));
+        assert!(command_matches("*apply*", "terraform apply -auto-approve"));
+        let parts = command_parts("cd /app && git push origin main | tee log");
+        assert!(parts.iter().any(|p| p == "git push origin main"), "{parts:?}");
+        for line in ["(cd x; FOO=1 sudo git push)", "true || env A=b git push -f", "x &\ngit push"]
+        {
+            let parts = command_parts(line);
+            assert!(parts.iter().any(|p| command_matches("git push*", p)), "{line}: {parts:?}");
+        }
+        assert!(!command_parts("echo 'git push'").iter().any(|p| command_matches("git push*", p)));
+        // Pathological patterns stay fast.
+        let long = "a".repeat(5000);
+        assert!(!command_matches(&"*a".repeat(200), &format!("{long}b")));
+    }
+
+    #[test]
+    fn command_patterns_are_checked() {
+        assert!(check_command_pattern("git push*").is_ok());
+        for bad in ["", "  ", "*", "* ?", "a\u{1b}b"] {
+            assert!(check_command_pattern(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_command_pattern(&"x".repeat(2000)).is_err());
+    }
+
+    #[test]
+    fn tool_actions_bind_the_exact_text() {
+        let a = ToolAction { session: "s", attempt: "a", tool: "Bash", action: "git push" };
+        assert_eq!(
+            a.canonical(),
+            r#"{"action":"git push","attempt":"a","kind":"tool","session":"s","tool":"Bash"}"#
+        );
+        let b = ToolAction { action: "git push --force", ..a.clone() };
+        assert_ne!(digest(&a.canonical()), digest(&b.canonical()));
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub struct PolicyLayer {
     pub gates: Vec<GateEntry>,
     /// `[gate] timeout`, in milliseconds (`None` when the file is silent).
     pub gate_timeout_ms: Option<u64>,
+    /// `[gate] commands`: patterns of agents' shell commands asked for first.
+    pub gate_commands: Vec<String>,
 }
 
 /// One gated target: an entry in the `allow` syntax and how much approving it matters.
@@ -80,9 +82,13 @@ impl PolicyLayer {
             allow_private: Vec::new(),
             gates: Vec::new(),
             gate_timeout_ms: None,
+            gate_commands: Vec::new(),
         }
     }
 }
+
+/// The name agents ask for tool-call gates at (docs/gates.md); never a target.
+pub const RESERVED_GATE_NAME: &str = "gate.airlock";
 
 /// A review-plane server host: always refused, in both modes, on every port.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -451,6 +457,17 @@ impl Policy {
     }
 
     fn decide_name(&self, name: &str, port: u16) -> Decision {
+        // The tool-gate endpoint is answered by the proxy itself (`proxy::toolgate`): as a
+        // target it is never allowed, so it is never resolved or dialed, in either mode.
+        if name == RESERVED_GATE_NAME {
+            return Decision {
+                verdict: Verdict::Deny,
+                reason: Reason::NotAllowed,
+                rule: Some(RESERVED_GATE_NAME.to_owned()),
+                layer: LayerKind::None,
+                policy: Some("reserved: only POST http://gate.airlock/v1/gates is answered".into()),
+            };
+        }
         if let Some(r) = self.review_names.find(name, port) {
             return self.review_plane(r.id);
         }
@@ -559,7 +576,27 @@ impl Policy {
 
     /// Whether any layer gates anything.
     pub fn has_gates(&self) -> bool {
-        self.layers.iter().any(|l| !l.gates.is_empty())
+        self.layers.iter().any(|l| !l.gates.is_empty() || !l.gate_commands.is_empty())
+    }
+
+    /// The `[gate] commands` pattern a shell command falls under, if any: the whole text or
+    /// any of its simple commands (`cd app && git push` is a `git push*`), first by layer and
+    /// file order. Returns `(pattern, layer kind, file)`.
+    pub fn gated_command(&self, command: &str) -> Option<GateMatch> {
+        let parts = crate::gate::command_parts(command);
+        for layer in &self.layers {
+            for pattern in &layer.gate_commands {
+                if parts.iter().any(|p| crate::gate::command_matches(pattern, p)) {
+                    return Some(GateMatch {
+                        rule: pattern.clone(),
+                        layer: layer.kind,
+                        policy: layer.name.clone(),
+                        severity: Severity::Medium,
+                    });
+                }
+            }
+        }
+        None
     }
 
     /// How long a held attempt waits for a decision: `[gate] timeout` of the managed layer,
@@ -705,6 +742,9 @@ fn digest(mode: Mode, layers: &[PolicyLayer], review: &[ReviewHost]) -> String {
         if let Some(ms) = l.gate_timeout_ms {
             h.update(format!("gate-timeout {ms}\n"));
         }
+        for c in &l.gate_commands {
+            h.update(format!("gate-command {c:?}\n"));
+        }
     }
     for r in review {
         h.update(format!("review {}\n", r.host));
@@ -800,6 +840,19 @@ mod tests {
         assert_eq!((g.severity, g.layer), (Severity::High, LayerKind::Managed));
         assert_eq!(g.policy, MANAGED);
         assert!(gate(&p, "unrelated.test", 443).is_none());
+    }
+
+    #[test]
+    fn the_tool_gate_name_is_never_a_target_in_either_mode() {
+        for mode in [Mode::Allowlist, Mode::Blocklist] {
+            let mut l = layer(LayerKind::User, &["gate.airlock", "*.airlock"], &[]);
+            l.mode = Some(mode);
+            let p = build(vec![l]);
+            let d = decide(&p, "gate.airlock", 80);
+            assert_eq!((d.verdict, d.reason), (Verdict::Deny, Reason::NotAllowed), "{mode:?}");
+            assert_eq!(d.rule.as_deref(), Some("gate.airlock"));
+            assert!(!p.decide_name_any_port("gate.airlock").is_allowed());
+        }
     }
 
     #[test]

@@ -83,30 +83,67 @@ async fn hold(
         request,
     }
     .canonical();
-    let digest = digest(&action);
-    let timeout = session.policy.gate_timeout();
+    let info = gate_info(line, gate, "egress", &method, port, request, action, session);
+    wait_for_decision(session, book, line, gate, info, client).await
+}
+
+/// The [`GateInfo`] of one held attempt: `action` is its canonical text.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gate_info(
+    line: &AuditLine,
+    gate: &GateMatch,
+    kind: &str,
+    method: &str,
+    port: u16,
+    request: Option<&str>,
+    action: String,
+    session: &SessionProxy,
+) -> GateInfo {
     let now = SystemTime::now();
-    let deadline = rfc3339_ms(now + timeout);
-    let info = GateInfo {
+    GateInfo {
         id: String::new(),
-        kind: "egress".into(),
+        kind: kind.into(),
         session: line.session.clone(),
         repo: line.repo.clone(),
         repo_key: line.repo_key.clone(),
         user_id: line.user_id.clone(),
-        method: method.clone(),
+        method: method.to_owned(),
         host: line.host.clone(),
         port,
         request: request.map(str::to_owned),
+        digest: digest(&action),
         action,
-        digest: digest.clone(),
         severity: gate.severity.as_str().to_owned(),
         rule: gate.rule.clone(),
         layer: gate.layer.as_str().to_owned(),
         policy: gate.policy.clone(),
         requested_at: rfc3339_ms(now),
-        deadline: deadline.clone(),
+        deadline: rfc3339_ms(now + session.policy.gate_timeout()),
+    }
+}
+
+/// Opens the gate for `info` in `book`, writes its `requested` line, waits for the decision,
+/// the `[gate] timeout`, the client hanging up or the session stopping, and writes the step
+/// that ended it. `Ok` once approved; `line.gate` holds the last step either way.
+pub(super) async fn wait_for_decision(
+    session: &SessionProxy,
+    book: &std::sync::Arc<crate::gate::GateBook>,
+    line: &mut AuditLine,
+    gate: &GateMatch,
+    info: GateInfo,
+    client: Option<&TcpStream>,
+) -> Result<(), Unreachable> {
+    let refused = |reason, detail: String| Unreachable::Gated {
+        reason,
+        detail,
+        rule: gate.rule.clone(),
+        layer: gate.layer,
+        policy: gate.policy.clone(),
     };
+    let timeout = session.policy.gate_timeout();
+    let (digest, deadline, method) =
+        (info.digest.clone(), info.deadline.clone(), info.method.clone());
+    let port = info.port;
     let mut ticket = match book.open(info) {
         Ok(t) => t,
         Err(e @ OpenError::Limit { .. }) => {

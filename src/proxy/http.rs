@@ -109,6 +109,10 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
         Ok(t) => t,
         Err(msg) => return malformed(s, &method, &url, &msg),
     };
+    // Tool-call gates: answered here, on the host side; the name is never resolved.
+    if super::toolgate::is_reserved(&host) {
+        return super::toolgate::serve(s, req, started).await;
+    }
     // A synthetic address of this session (absolute-form URL host) stands for its name.
     let host = match s.synthetic.target(host) {
         Ok(h) => h,

@@ -27,6 +27,7 @@ pub mod splice;
 pub mod standalone;
 pub mod synthetic;
 pub mod tls_peek;
+pub mod toolgate;
 pub mod transparent;
 pub mod udp;
 

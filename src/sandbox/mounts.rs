@@ -187,6 +187,17 @@ pub struct PlanInput<'a> {
     pub user_mounts: &'a [super::usermount::UserMount],
     /// Git configs shown through a symlink into a private writable copy instead of read-only.
     pub git_configs: &'a [super::gitconfig::Redirect],
+    /// Files of Airlock's own in the synthesized `/etc` (read-only with the rest of the root).
+    pub etc_files: &'a [EtcFile],
+}
+
+/// A file Airlock writes under `/etc` inside, e.g. `/etc/claude-code/managed-settings.json`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcFile {
+    /// Absolute, under `/etc/`, no `..`; its parent directories are made (0755).
+    pub path: PathBuf,
+    pub contents: String,
+    pub mode: u32,
 }
 
 fn root(p: &str) -> PathBuf {
@@ -250,6 +261,21 @@ pub fn plan(input: &PlanInput<'_>, host: &HostView) -> Vec<Op> {
     // The resolver airlockd answers on the sockets made inside (proxy::dns). A file of the new
     // root (a tmpfs, read-only at the end): nothing of the host's is written or read back.
     ops.push(file("/etc/resolv.conf", RESOLV_CONF.to_owned()));
+    for f in input.etc_files {
+        // Only under /etc, never through `..`: the plan is built from the CLI's own constants,
+        // and this keeps it so.
+        let plain = f
+            .path
+            .components()
+            .all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)));
+        if !plain || !f.path.starts_with("/etc/") {
+            continue;
+        }
+        if let Some(parent) = f.path.parent().filter(|p| *p != Path::new("/etc")) {
+            ops.push(Op::Dir { path: parent.to_owned(), mode: 0o755 });
+        }
+        ops.push(Op::File { path: f.path.clone(), contents: f.contents.clone(), mode: f.mode });
+    }
     for (name, kind) in &host.etc {
         let path = Path::new("/etc").join(name);
         match kind {
@@ -718,6 +744,7 @@ mod tests {
             symlinks: &[],
             user_mounts,
             git_configs,
+            etc_files: &[],
         };
         plan(&input, &host())
     }

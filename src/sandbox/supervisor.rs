@@ -96,6 +96,9 @@ pub struct Request {
     pub workdir: Option<PathBuf>,
     /// `--port` (command line only): servers inside made reachable from the host.
     pub ports: Vec<super::ports::PortSpec>,
+    /// Files Airlock writes into the synthesized, read-only `/etc` (the Claude Code managed
+    /// settings and hook of `[gate] commands`: docs/gates.md).
+    pub etc_files: Vec<mounts::EtcFile>,
 }
 
 /// The result of a session.
@@ -301,6 +304,7 @@ pub fn run(
             symlinks: &req.symlinks,
             user_mounts: &req.mounts,
             git_configs: &git_configs.redirects,
+            etc_files: &req.etc_files,
         },
         &HostView::read(),
     );

@@ -27,6 +27,16 @@ fn gated(name: &str, ip: &str, timeout: &str) -> Gated {
 }
 
 fn gated_with(name: &str, ip: &str, timeout: &str, extra_env: &[(&str, String)]) -> Gated {
+    gated_config(name, ip, timeout, extra_env, "")
+}
+
+fn gated_config(
+    name: &str,
+    ip: &str,
+    timeout: &str,
+    extra_env: &[(&str, String)],
+    extra_gate: &str,
+) -> Gated {
     let world = World::new();
     let repo = world.repo(name);
     let (port, hits) = crate::support::http_upstream(ip, "gated-ok\n");
@@ -35,7 +45,7 @@ fn gated_with(name: &str, ip: &str, timeout: &str, extra_env: &[(&str, String)])
         world.home.join(".airlock/config.toml"),
         &format!(
             "[network]\nallow = [\"gated.test:{port}\"]\nallow_private = [\"{ip}/32\"]\n\
-             [gate]\nhosts = [\"gated.test:{port}\"]\ntimeout = \"{timeout}\"\n"
+             [gate]\nhosts = [\"gated.test:{port}\"]\ntimeout = \"{timeout}\"\n{extra_gate}"
         ),
     );
     world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
@@ -360,4 +370,85 @@ fn a_captured_connection_to_a_gated_host_is_held_too() {
     let last = attempts.iter().find(|l| l["gate"]["id"] == id.as_str()).unwrap();
     assert_eq!(last["capture"], "transparent");
     assert_eq!(last["allowed"], true);
+}
+
+/// A real Claude Code `PreToolUse` payload for a Bash call (the fields Claude Code sends).
+const PUSH_PAYLOAD: &str = r#"{"session_id":"9f3c2a1e-5b7d-4c8e-a1f2-3d4e5f6a7b8c","transcript_path":"/home/agent/.claude/projects/-toolgate/9f3c2a1e-5b7d-4c8e-a1f2-3d4e5f6a7b8c.jsonl","cwd":"/toolgate","permission_mode":"default","hook_event_name":"PreToolUse","tool_name":"Bash","tool_input":{"command":"cd /toolgate && git push origin main","description":"Push the branch to origin"}}"#;
+const LS_PAYLOAD: &str = r#"{"session_id":"9f3c2a1e-5b7d-4c8e-a1f2-3d4e5f6a7b8c","transcript_path":"/home/agent/.claude/projects/-toolgate/9f3c2a1e-5b7d-4c8e-a1f2-3d4e5f6a7b8c.jsonl","cwd":"/toolgate","permission_mode":"default","hook_event_name":"PreToolUse","tool_name":"Bash","tool_input":{"command":"ls -la","description":"List files"}}"#;
+
+/// `[gate] commands` (advisory tool-call gates): the sandbox's read-only `/etc` carries Claude
+/// Code's managed settings and the hook; fed a real `PreToolUse` payload the hook lets a
+/// command that matches no pattern run at once, and one that matches only once a person
+/// approved it; a denial, an expiry and a malformed payload all exit 2 (the only status that
+/// stops Claude Code's tool call).
+#[test]
+fn the_claude_code_hook_asks_before_a_gated_command_and_fails_closed() {
+    if !have("curl") {
+        return;
+    }
+    let g = gated_config("toolgate", "127.0.0.9", "8s", &[], "commands = [\"git push*\"]\n");
+    g.world.write(g.repo.join("push.json"), PUSH_PAYLOAD);
+    g.world.write(g.repo.join("ls.json"), LS_PAYLOAD);
+    let script = "H=/etc/claude-code/airlock-gate-hook\n\
+         tr -d ' \\n' < /etc/claude-code/managed-settings.json; echo\n\
+         (echo '{}' > /etc/claude-code/managed-settings.json) 2>/dev/null; echo \"write:$?\"\n\
+         $H 23 < ls.json; echo \"ls:$?\"\n\
+         $H 23 < push.json 2>/dev/null; echo \"approved:$?\"\n\
+         $H 23 < push.json 2>/tmp/denied; echo \"denied:$?\"; sed 's/^/denied-why:/' /tmp/denied\n\
+         $H 23 < push.json 2>/dev/null; echo \"expired:$?\"\n\
+         echo 'not json' | $H 23 2>/dev/null; echo \"malformed:$?\"\n";
+    let run = std::thread::scope(|s| {
+        let exec = s.spawn(|| g.exec(script));
+        let mut done = Vec::new();
+        let first = g.next_gate(&done);
+        assert_eq!(first["kind"], "tool");
+        assert_eq!(first["method"], "Bash");
+        assert_eq!(first["request"], "cd /toolgate && git push origin main");
+        assert_eq!(first["rule"], "git push*");
+        let action: Value = serde_json::from_str(first["action"].as_str().unwrap()).unwrap();
+        assert_eq!(action["action"], "cd /toolgate && git push origin main");
+        let id = first["id"].as_str().unwrap().to_owned();
+        g.airlock(&["gate", "approve", &id]).expect_code(0);
+        done.push(id);
+        let second = g.next_gate(&done);
+        assert_ne!(second["digest"], first["digest"], "each ask is its own action");
+        let id2 = second["id"].as_str().unwrap().to_owned();
+        g.airlock(&["gate", "deny", &id2, "--note", "no pushes today"]).expect_code(0);
+        // The third is left to expire.
+        exec.join().unwrap()
+    });
+    let out = run.expect_code(0).stdout();
+    assert!(
+        out.contains(r#"{"hooks":[{"command":"/etc/claude-code/airlock-gate-hook23","timeout":38,"type":"command"}],"matcher":"Bash"}"#),
+        "{out}"
+    );
+    assert!(
+        out.contains("write:1\n") || out.contains("write:2\n"),
+        "the managed settings are writable: {out}"
+    );
+    assert!(out.contains("ls:0\n"), "{out}");
+    assert!(out.contains("approved:0\n"), "{out}");
+    assert!(out.contains("denied:2\n"), "{out}");
+    assert!(
+        out.contains("denied-why:airlock gate: the gate answered 403")
+            && out.contains("no pushes today"),
+        "{out}"
+    );
+    assert!(out.contains("expired:2\n"), "{out}");
+    assert!(out.contains("malformed:2\n"), "{out}");
+    let (steps, attempts) = gate_lines(&g.world, "toolgate");
+    let names: Vec<_> = steps.iter().map(|l| l["gate"]["step"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["requested", "approved", "requested", "denied", "requested", "expired"],
+        "{steps:#?}"
+    );
+    assert!(steps.iter().all(|l| l["host"] == "gate.airlock"), "{steps:#?}");
+    let reasons: Vec<_> = attempts
+        .iter()
+        .filter(|l| l["host"] == "gate.airlock")
+        .map(|l| l["reason"].as_str().unwrap())
+        .collect();
+    // `ls` asked nothing and left no line; the malformed payload did.
+    assert_eq!(reasons, ["allowed", "gate_denied", "gate_expired", "malformed"], "{attempts:#?}");
 }

@@ -5,6 +5,7 @@
 use crate::config::{self, ClientLayers, trust::TrustState};
 use crate::env::Env;
 use crate::paths::Paths;
+use crate::policy::LayerKind;
 use crate::repo::Repo;
 use crate::sandbox::env::{Extra, IdentityEnv};
 use crate::sandbox::termfilter::TerminalPolicy;
@@ -53,6 +54,9 @@ pub struct Prepared {
     /// Some applied layer has `[gate]` entries: the session watches for its gates
     /// (`gatenotice`).
     pub gated: bool,
+    /// Some applied layer has `[gate] commands`: the `[gate] timeout` in force, for the Claude
+    /// Code hook the sandbox's `/etc` gets (`toolgates`).
+    pub tool_gates: Option<std::time::Duration>,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -124,7 +128,17 @@ impl TrustGate for ConfigGate {
         let layers = session.loaded.as_ref().map(|l| l.client_layers()).unwrap_or_default();
         let (mounts, caches) = config::sandbox_mounts(&applied);
         let publish_at_end = config::publish_at_end(&applied);
-        let gated = applied.iter().any(|d| !d.gate.hosts.is_empty() || !d.gate.rules.is_empty());
+        let gated = applied.iter().any(|d| {
+            !d.gate.hosts.is_empty() || !d.gate.rules.is_empty() || !d.gate.commands.is_empty()
+        });
+        let tool_gates = applied.iter().any(|d| !d.gate.commands.is_empty()).then(|| {
+            [LayerKind::Managed, LayerKind::User, LayerKind::Operator, LayerKind::Repo]
+                .iter()
+                .find_map(|k| {
+                    applied.iter().filter(|d| d.kind == *k).find_map(|d| d.gate.timeout_ms)
+                })
+                .map_or(crate::gate::DEFAULT_TIMEOUT, std::time::Duration::from_millis)
+        });
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
@@ -138,6 +152,7 @@ impl TrustGate for ConfigGate {
             caches,
             publish_at_end,
             gated,
+            tool_gates,
         })
     }
 }

@@ -16,6 +16,7 @@ mod gatenotice;
 mod options;
 mod refusals;
 mod toolchains;
+mod toolgates;
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -194,6 +195,7 @@ pub fn run_with(
         mounts: chosen.mounts,
         workdir: Some(workdir),
         ports,
+        etc_files: prepared.tool_gates.map(toolgates::etc_files).unwrap_or_default(),
     };
     let mut bridge = make_bridge(&prepared);
     match target {
