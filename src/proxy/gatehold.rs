@@ -55,13 +55,7 @@ async fn hold(
     request: Option<&str>,
     client: Option<&TcpStream>,
 ) -> Result<(), Unreachable> {
-    let refused = |reason, detail: String| Unreachable::Gated {
-        reason,
-        detail,
-        rule: gate.rule.clone(),
-        layer: gate.layer,
-        policy: gate.policy.clone(),
-    };
+    let refused = |reason, detail: String| refusal(gate, reason, detail);
     let Some(book) = session.gates.as_ref() else {
         return Err(refused(
             Reason::GateUnavailable,
@@ -133,13 +127,7 @@ pub(super) async fn wait_for_decision(
     info: GateInfo,
     client: Option<&TcpStream>,
 ) -> Result<(), Unreachable> {
-    let refused = |reason, detail: String| Unreachable::Gated {
-        reason,
-        detail,
-        rule: gate.rule.clone(),
-        layer: gate.layer,
-        policy: gate.policy.clone(),
-    };
+    let refused = |reason, detail: String| refusal(gate, reason, detail);
     let timeout = session.policy.gate_timeout();
     let (digest, deadline, method) =
         (info.digest.clone(), info.deadline.clone(), info.method.clone());
@@ -168,13 +156,7 @@ pub(super) async fn wait_for_decision(
     if let Err(e) = session.audit.append(&step_line(line, gate, &record)) {
         // No record of the request: nothing may be approved (DESIGN §5, audit first).
         tracing::error!("cannot write the gate request line of {}: {e}", line.id);
-        return Err(Unreachable::Gated {
-            reason: Reason::AuditUnavailable,
-            detail: e.to_string(),
-            rule: gate.rule.clone(),
-            layer: gate.layer,
-            policy: gate.policy.clone(),
-        });
+        return Err(refused(Reason::AuditUnavailable, e.to_string()));
     }
     tracing::info!(
         "gate {} holds {} {}:{port} of session {} (rule {:?}, {}s)",
@@ -236,15 +218,20 @@ pub(super) async fn wait_for_decision(
     line.gate = Some(record);
     if let Err(e) = session.audit.append(&step) {
         tracing::error!("cannot write the gate decision line of {}: {e}", line.id);
-        return Err(Unreachable::Gated {
-            reason: Reason::AuditUnavailable,
-            detail: e.to_string(),
-            rule: gate.rule.clone(),
-            layer: gate.layer,
-            policy: gate.policy.clone(),
-        });
+        return Err(refused(Reason::AuditUnavailable, e.to_string()));
     }
     result
+}
+
+/// A gated attempt's refusal, naming the gate entry that held it.
+fn refusal(gate: &GateMatch, reason: Reason, detail: String) -> Unreachable {
+    Unreachable::Gated {
+        reason,
+        detail,
+        rule: gate.rule.clone(),
+        layer: gate.layer,
+        policy: gate.policy.clone(),
+    }
 }
 
 enum Outcome {
