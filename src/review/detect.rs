@@ -822,7 +822,9 @@ fn denial_bursts(user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
     // (ts, pk, attempts)
     let mut by_session: BTreeMap<&str, Vec<(Micros, i64, u64)>> = BTreeMap::new();
     for c in created {
+        // A gate's step lines (type `gate`) are not attempts; the attempt's own line counts.
         if c.event.source == Source::Egress
+            && c.event.kind != "gate"
             && c.payload.get("allowed").and_then(Value::as_bool) == Some(false)
         {
             let attempts = session::suppressed_seqs(c.payload)

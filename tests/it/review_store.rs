@@ -361,6 +361,22 @@ async fn console_reads_conformance<S: Store>(admin: &S, s: &S) {
     let got: Vec<String> =
         s.query_event_page(&kinds).await.unwrap().events.into_iter().map(|e| e.id).collect();
     assert_eq!(got, ["c2", "c3", "c4"]);
+
+    // An action gate's step line (egress type `gate`, `allowed: false`) is an event, but not an
+    // attempt: neither allowed nor denied.
+    let step = NewEvent {
+        kind: "gate".into(),
+        ts: week + HOUR,
+        session: Some("QS".into()),
+        payload: r#"{"id":"g1","method":"GATE","host":"h.test","allowed":false,"gate":{"step":"requested"}}"#.into(),
+        ..ev(Source::Egress, "g1", Some("QS"), None)
+    };
+    s.insert_events(&quiet.id, T0, &[step]).await.unwrap();
+    let act = s.person_activity(std::slice::from_ref(&quiet.id), week).await.unwrap();
+    assert_eq!(act[0].daily[0], (1, 0), "{act:?}");
+    let hours = s.hour_counts(&quiet.id, week, 24).await.unwrap();
+    let counts: Vec<_> = hours.iter().map(|h| (h.hour, h.allowed, h.denied)).collect();
+    assert_eq!(counts, [(1, 0, 0)], "{hours:?}");
 }
 
 /// The transcript columns round-trip, and the comparison's reads agree on both stores: the

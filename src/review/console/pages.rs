@@ -240,7 +240,8 @@ fn payload_matches(f: &TimelineFilter, e: &StoredEvent, needle: &str) -> bool {
     let p: Value = serde_json::from_str(&e.payload).unwrap_or(Value::Null);
     let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("");
     if !f.decision.is_empty() {
-        if e.source != Source::Egress {
+        // A gate's step lines are neither allowed nor denied attempts.
+        if e.source != Source::Egress || e.kind == "gate" {
             return false;
         }
         let allowed = p.get("allowed").and_then(Value::as_bool) == Some(true);

@@ -210,6 +210,21 @@ fn entry(e: &Entry) -> Markup {
                 } }
             }
         }
+        Entry::Egress(l, v) if v.get("method").and_then(Value::as_str) == Some("GATE") => {
+            let g = |k: &str| {
+                v.pointer(&format!("/gate/{k}")).and_then(Value::as_str).unwrap_or("").to_string()
+            };
+            let host = v.get("host").and_then(Value::as_str).unwrap_or("");
+            html! {
+                div.e {
+                    time { (when(l.ts)) } " "
+                    span.mut { "gate " (one_line(&g("step"), 20)) }
+                    br;
+                    code { (one_line(&format!("{} {host}", g("method")), 200)) }
+                    @if !g("by").is_empty() { " " span.mut { "by " (one_line(&g("by"), 120)) } }
+                }
+            }
+        }
         Entry::Egress(l, v) => {
             let allowed = v.get("allowed").and_then(Value::as_bool) == Some(true);
             let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();

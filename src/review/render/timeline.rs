@@ -122,8 +122,10 @@ impl TimelineEvent {
         }
     }
 
+    /// Whether an egress attempt was refused; `None` for other events, and for an action
+    /// gate's step lines (type `gate`), which are not attempts.
     fn denied(&self, p: &Value) -> Option<bool> {
-        (self.source == Source::Egress)
+        (self.source == Source::Egress && self.kind != "gate")
             .then(|| p.get("allowed").and_then(Value::as_bool) != Some(true))
     }
 }

@@ -306,12 +306,13 @@ pub struct HourCount {
 /// substring function): its payload lacks `"allowed":true`. Payloads are kept as received and
 /// the capture plane writes audit lines compactly, so this is the audit line's own field; the
 /// chart and `/people` count with it (cheap over a week of everyone), while the timeline's
-/// rows and its decision filter read the parsed payload.
-pub(crate) const DENIED_SQL: &str =
-    "(e.source = 'egress' AND {strpos}(e.payload, '\"allowed\":true') = 0)";
+/// rows and its decision filter read the parsed payload. An action gate's step lines (type
+/// `gate`) are not attempts: they count as neither.
+pub(crate) const DENIED_SQL: &str = "(e.source = 'egress' AND e.type <> 'gate' AND \
+     {strpos}(e.payload, '\"allowed\":true') = 0)";
 /// The converse of [`DENIED_SQL`].
-pub(crate) const ALLOWED_SQL: &str =
-    "(e.source = 'egress' AND {strpos}(e.payload, '\"allowed\":true') > 0)";
+pub(crate) const ALLOWED_SQL: &str = "(e.source = 'egress' AND e.type <> 'gate' AND \
+     {strpos}(e.payload, '\"allowed\":true') > 0)";
 
 /// `/people`'s per-day counts of one user (`{1}` user, `{2}` week start, `{3}` its end).
 pub(crate) fn activity_sql(strpos: &str, ph: fn(usize) -> String) -> String {
