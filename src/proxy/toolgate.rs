@@ -47,6 +47,12 @@ pub fn is_reserved(host: &Host) -> bool {
     matches!(host, Host::Name(n) if n == NAME)
 }
 
+/// A tool name the decider's terminal and desktop can show as it is.
+fn is_tool_name(t: &str) -> bool {
+    (1..=64).contains(&t.len())
+        && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-'))
+}
+
 #[derive(Deserialize)]
 struct Body {
     #[serde(default)]
@@ -142,10 +148,14 @@ pub async fn serve(
         }
         Err(msg) => return bad(s, &mut line, started, StatusCode::BAD_REQUEST, &msg),
     };
-    if action.len() > MAX_ACTION || tool.len() > 128 {
-        let msg =
-            format!("the action is longer than {MAX_ACTION} bytes (or the tool name than 128)");
+    if action.len() > MAX_ACTION {
+        let msg = format!("the action is longer than {MAX_ACTION} bytes; it is never cut");
         return bad(s, &mut line, started, StatusCode::PAYLOAD_TOO_LARGE, &msg);
+    }
+    if !is_tool_name(&tool) {
+        let msg = "`tool` must be 1 to 64 of A-Z a-z 0-9 _ . : - (it is shown on terminals and \
+                   desktop notifications)";
+        return bad(s, &mut line, started, StatusCode::BAD_REQUEST, msg);
     }
     let Some(book) = s.gates.as_ref() else {
         line.reason = Some(Reason::GateUnavailable);
@@ -161,19 +171,28 @@ pub async fn serve(
         ToolAction { session: &line.session, attempt: &line.id, tool: &tool, action: &action }
             .canonical();
     let info = gate_info(&line, &gate, "tool", &tool, 80, Some(&action), canonical, s);
-    match wait_for_decision(s, book, &mut line, &gate, info, None).await {
-        Ok(()) => {
-            line.allowed = true;
-            line.reason = Some(Reason::Allowed);
-            finish(s, &mut line, started, &gate, "")
-        }
-        Err(Unreachable::Gated { reason, detail, .. }) => {
-            line.reason = Some(reason);
-            finish(s, &mut line, started, &gate, &detail)
-        }
-        Err(other) => {
-            line.reason = Some(other.reason());
-            finish(s, &mut line, started, &gate, "")
+    // In a task of its own: hyper drops this request's future when the agent hangs up, and
+    // the gate's lines must still be written to the end (the decision then reaches no one).
+    let (session, book) = (Arc::clone(s), Arc::clone(book));
+    let decided = tokio::spawn(async move {
+        let outcome = wait_for_decision(&session, &book, &mut line, &gate, info, None).await;
+        let (reason, detail) = match outcome {
+            Ok(()) => {
+                line.allowed = true;
+                (Reason::Allowed, String::new())
+            }
+            Err(Unreachable::Gated { reason, detail, .. }) => (reason, detail),
+            Err(other) => (other.reason(), String::new()),
+        };
+        line.reason = Some(reason);
+        finish(&session, &mut line, started, &gate, &detail)
+    });
+    match decided.await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::error!("gate request task failed: {e}");
+            let body = serde_json::json!({"state": "error", "reason": "gate_unavailable"});
+            json(StatusCode::SERVICE_UNAVAILABLE, Some(Reason::GateUnavailable), &body)
         }
     }
 }
@@ -254,4 +273,19 @@ fn json(
         h.insert("x-airlock-reason", HeaderValue::from_static(r.as_str()));
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_names_are_plain() {
+        for ok in ["Bash", "mcp__github__create_pr", "deploy-bot:prod", "a.b"] {
+            assert!(is_tool_name(ok), "{ok}");
+        }
+        for bad in ["", "x y", "<b>", "a\u{1b}[2J", &"x".repeat(65)] {
+            assert!(!is_tool_name(bad), "{bad:?}");
+        }
+    }
 }
