@@ -499,9 +499,11 @@ impl Walker<'_> {
         }
     }
 
-    /// A gated target in the `allow` syntax, kept as written when it parses.
+    /// A gated target in the entry syntax, kept as written when it parses. Read like a
+    /// `block` entry: without a port it covers every port (a gate never allows anything, so
+    /// covering more only holds more).
     fn gate_entry(&mut self, text: &str, span: &Range<usize>, what: &str) -> Option<String> {
-        match Entry::parse(text, EntryKind::Allow) {
+        match Entry::parse(text, EntryKind::Block) {
             Ok(_) => Some(text.to_owned()),
             Err(e) => {
                 self.error(span.clone(), format!("{what} entry {text:?}: {}", e.message()));
@@ -1078,7 +1080,7 @@ impl LayerDoc {
                 hosts
                     .chain(rules)
                     .map(|(text, severity)| {
-                        Entry::parse(text, EntryKind::Allow)
+                        Entry::parse(text, EntryKind::Block)
                             .map(|entry| GateEntry { entry, severity })
                             .map_err(|e| ConfigError::Entry {
                                 file: self.name.clone(),

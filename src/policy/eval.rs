@@ -558,9 +558,32 @@ impl Policy {
     /// severity wins, then the first in layer and file order. Call it only for allowed targets;
     /// it says nothing about whether the target may be dialed.
     pub fn gate(&self, host: &Host, port: u16) -> Option<GateMatch> {
+        self.best_gate(|e| e.matches(host, port))
+    }
+
+    /// The gate an allowed name falls under through its resolved `answers`: an address-range
+    /// gate entry (`10.20.0.0/16:5432`) holds every name that resolves into it.
+    pub fn gate_answers(&self, answers: &[IpAddr], port: u16) -> Option<GateMatch> {
+        self.best_gate(|e| {
+            matches!(e.pattern(), Pattern::Net(_))
+                && answers.iter().any(|ip| e.matches(&Host::Ip(*ip), port))
+        })
+    }
+
+    /// Whether some gate entry is an address range ([`Self::gate_answers`] can match).
+    pub fn has_address_gates(&self) -> bool {
+        self.layers
+            .iter()
+            .flat_map(|l| &l.gates)
+            .any(|g| matches!(g.entry.pattern(), Pattern::Net(_)))
+    }
+
+    /// Of the gate entries `hit` accepts, the highest severity, then the first in layer and
+    /// file order.
+    fn best_gate(&self, hit: impl Fn(&Entry) -> bool) -> Option<GateMatch> {
         let mut best: Option<(&PolicyLayer, &GateEntry)> = None;
         for layer in &self.layers {
-            for g in layer.gates.iter().filter(|g| g.entry.matches(host, port)) {
+            for g in layer.gates.iter().filter(|g| hit(&g.entry)) {
                 if best.is_none_or(|(_, b)| g.severity > b.severity) {
                     best = Some((layer, g));
                 }
@@ -792,7 +815,7 @@ mod tests {
         l.gates = gates
             .iter()
             .map(|(t, severity)| GateEntry {
-                entry: Entry::parse(t, EntryKind::Allow).unwrap(),
+                entry: Entry::parse(t, EntryKind::Block).unwrap(),
                 severity: *severity,
             })
             .collect();
@@ -816,8 +839,10 @@ mod tests {
             ("api.example.test", LayerKind::Repo, Severity::Medium)
         );
         assert_eq!(g.policy, REPO);
-        // The allow-entry port default (80/443) and `=` exactness carry over.
-        assert!(gate(&p, "api.example.test", 22).is_none());
+        // Without a port a gate covers every port (like a block entry); `=` exactness and
+        // explicit ports carry over.
+        assert!(gate(&p, "api.example.test", 22).is_some());
+        assert!(gate(&p, "api.example.test", 8443).is_some());
         assert!(gate(&p, "db.example.test", 5432).is_some());
         assert!(gate(&p, "x.db.example.test", 5432).is_none());
         assert!(gate(&p, "db.example.test", 443).is_none());
@@ -827,6 +852,29 @@ mod tests {
         let p = build(vec![only_gate]);
         assert_eq!(reason(&p, "pay.test", 443), Reason::NotAllowed);
         assert!(p.has_gates());
+    }
+
+    #[test]
+    fn an_address_range_gate_holds_the_names_that_resolve_into_it() {
+        let repo = gated(
+            layer(LayerKind::Repo, &["db.test:*"], &[]),
+            &[("10.20.0.0/16:5432", Severity::High)],
+        );
+        let p = build(vec![repo]);
+        assert!(p.has_address_gates());
+        assert!(gate(&p, "db.test", 5432).is_none(), "a name is not an address");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let g = p.gate_answers(&[ip("192.0.2.1"), ip("10.20.3.4")], 5432).unwrap();
+        assert_eq!((g.rule.as_str(), g.severity), ("10.20.0.0/16:5432", Severity::High));
+        assert!(p.gate_answers(&[ip("10.20.3.4")], 5433).is_none());
+        assert!(p.gate_answers(&[ip("10.21.0.1")], 5432).is_none());
+        // IPv4-mapped IPv6 answers are the same address.
+        assert!(p.gate_answers(&[ip("::ffff:10.20.3.4")], 5432).is_some());
+        let names_only = build(vec![gated(
+            layer(LayerKind::Repo, &["a.test"], &[]),
+            &[("a.test", Severity::Low)],
+        )]);
+        assert!(!names_only.has_address_gates());
     }
 
     #[test]

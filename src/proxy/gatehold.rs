@@ -26,7 +26,8 @@ use super::guard::{self, Unreachable};
 pub const STEP_METHOD: &str = "GATE";
 
 /// [`guard::reach`] with the gate in between: resolve and check every answer, hold the
-/// attempt if its target is gated, then dial. `request` is a plain-HTTP request line (part of
+/// attempt if its target (by name, or by an answer in a gated address range) is gated, then
+/// dial. `request` is a plain-HTTP request line (part of
 /// what is approved); `client` is the agent's socket when the proxy owns it, watched so a hold
 /// whose client went away ends at once. On a gated attempt `line.gate` is set to the last
 /// step, for the attempt's final line.
@@ -38,11 +39,15 @@ pub async fn reach(
     request: Option<&str>,
     client: Option<&TcpStream>,
 ) -> Result<(TcpStream, SocketAddr), Unreachable> {
-    let Some(gate) = session.policy.gate(host, port) else {
+    let by_name = session.policy.gate(host, port);
+    if by_name.is_none() && !session.policy.has_address_gates() {
         return guard::reach(session, host, port).await;
-    };
+    }
     let addrs = guard::resolve_checked(session, host, port).await?;
-    hold(session, line, &gate, port, request, client).await?;
+    // An address-range gate holds every name that resolves into it.
+    if let Some(gate) = by_name.or_else(|| session.policy.gate_answers(&addrs, port)) {
+        hold(session, line, &gate, port, request, client).await?;
+    }
     guard::dial(session, &addrs, port).await
 }
 

@@ -380,7 +380,9 @@ const LS_PAYLOAD: &str = r#"{"session_id":"9f3c2a1e-5b7d-4c8e-a1f2-3d4e5f6a7b8c"
 /// Code's managed settings and the hook; fed a real `PreToolUse` payload the hook lets a
 /// command that matches no pattern run at once, and one that matches only once a person
 /// approved it; a denial, an expiry and a malformed payload all exit 2 (the only status that
-/// stops Claude Code's tool call).
+/// stops Claude Code's tool call). What the agent can set — `~/.curlrc`, the proxy variables,
+/// a `curl` earlier on `PATH` — does not steer the hook away from the real gate (the denied
+/// call is made with all three in place and still reaches the person who denies it).
 #[test]
 fn the_claude_code_hook_asks_before_a_gated_command_and_fails_closed() {
     if !have("curl") {
@@ -392,11 +394,15 @@ fn the_claude_code_hook_asks_before_a_gated_command_and_fails_closed() {
     let script = "H=/etc/claude-code/airlock-gate-hook\n\
          tr -d ' \\n' < /etc/claude-code/managed-settings.json; echo\n\
          (echo '{}' > /etc/claude-code/managed-settings.json) 2>/dev/null; echo \"write:$?\"\n\
-         $H 23 < ls.json; echo \"ls:$?\"\n\
-         $H 23 < push.json 2>/dev/null; echo \"approved:$?\"\n\
-         $H 23 < push.json 2>/tmp/denied; echo \"denied:$?\"; sed 's/^/denied-why:/' /tmp/denied\n\
-         $H 23 < push.json 2>/dev/null; echo \"expired:$?\"\n\
-         echo 'not json' | $H 23 2>/dev/null; echo \"malformed:$?\"\n";
+         $H 23 http://127.0.0.1:8888 < ls.json; echo \"ls:$?\"\n\
+         $H 23 http://127.0.0.1:8888 < push.json 2>/dev/null; echo \"approved:$?\"\n\
+         printf 'proxy = \"http://127.0.0.1:9\"\\n' > ~/.curlrc; mkdir -p /tmp/shim\n\
+         printf '#!/bin/sh\\necho 200\\n' > /tmp/shim/curl; chmod +x /tmp/shim/curl\n\
+         (export http_proxy=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 PATH=/tmp/shim:$PATH\n\
+          $H 23 http://127.0.0.1:8888 < push.json 2>/tmp/denied; echo \"denied:$?\")\n\
+         sed 's/^/denied-why:/' /tmp/denied\n\
+         $H 23 http://127.0.0.1:8888 < push.json 2>/dev/null; echo \"expired:$?\"\n\
+         echo 'not json' | $H 23 http://127.0.0.1:8888 2>/dev/null; echo \"malformed:$?\"\n";
     let run = std::thread::scope(|s| {
         let exec = s.spawn(|| g.exec(script));
         let mut done = Vec::new();
@@ -419,7 +425,7 @@ fn the_claude_code_hook_asks_before_a_gated_command_and_fails_closed() {
     });
     let out = run.expect_code(0).stdout();
     assert!(
-        out.contains(r#"{"hooks":[{"command":"/etc/claude-code/airlock-gate-hook23","timeout":38,"type":"command"}],"matcher":"Bash"}"#),
+        out.contains(r#"{"hooks":[{"command":"/etc/claude-code/airlock-gate-hook23http://127.0.0.1:8888","timeout":38,"type":"command"}],"matcher":"Bash"}"#),
         "{out}"
     );
     assert!(

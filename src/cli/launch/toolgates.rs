@@ -32,7 +32,7 @@ pub fn settings(timeout: Duration) -> String {
                 "matcher": "Bash",
                 "hooks": [{
                     "type": "command",
-                    "command": format!("{HOOK_PATH} {deadline}"),
+                    "command": format!("{HOOK_PATH} {deadline} {}", crate::sandbox::env::PROXY_URL),
                     "timeout": hook_timeout,
                 }],
             }],
@@ -62,7 +62,10 @@ mod tests {
             serde_json::from_str(&settings(Duration::from_secs(110))).unwrap();
         let hook = &v["hooks"]["PreToolUse"][0];
         assert_eq!(hook["matcher"], "Bash");
-        assert_eq!(hook["hooks"][0]["command"], "/etc/claude-code/airlock-gate-hook 125");
+        assert_eq!(
+            hook["hooks"][0]["command"],
+            "/etc/claude-code/airlock-gate-hook 125 http://127.0.0.1:8888"
+        );
         assert_eq!(hook["hooks"][0]["timeout"], 140);
         let files = etc_files(Duration::from_secs(5));
         assert_eq!(files[0].mode, 0o755);
