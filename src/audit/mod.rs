@@ -154,6 +154,22 @@ pub struct GateRecord {
     pub self_decided: Option<bool>,
 }
 
+impl GateRecord {
+    /// The record as the attempt's own final line carries it: which gate, its last step and
+    /// digest; who decided and why are on the step line (this keeps the final line's other
+    /// evidence, such as `sni`, within the line cap).
+    pub fn on_final_line(&self) -> Self {
+        Self {
+            deadline: None,
+            method: None,
+            by: None,
+            decided_at: None,
+            note: None,
+            ..self.clone()
+        }
+    }
+}
+
 /// One step of a gate's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -184,7 +184,8 @@ fn describe(g: &GateInfo) -> String {
         g.layer,
         g.requested_at,
         g.digest,
-        g.action
+        // The agent chose parts of it; serde_json leaves DEL, C1 and bidi controls as they are.
+        printable(&g.action)
     ));
     s
 }

@@ -216,6 +216,11 @@ struct Filter {
 
 impl Filter {
     fn matches(&self, line: &AuditLine) -> bool {
+        // `--denied`/`--allowed` select attempts; a gate's step lines are neither.
+        let step = line.method == crate::proxy::gatehold::STEP_METHOD && line.gate.is_some();
+        if (self.denied || self.allowed) && step {
+            return false;
+        }
         if (self.denied && line.allowed) || (self.allowed && !line.allowed) {
             return false;
         }
@@ -501,8 +506,13 @@ impl<W: Write> Printer<W> {
             write!(self.out, "{:<24} ", escape_for_terminal(repo))?;
         }
         let interrupted = line.interrupted == Some(true);
+        let step =
+            line.gate.as_ref().filter(|_| line.method == crate::proxy::gatehold::STEP_METHOD);
         let verdict = if in_flight {
             "OPEN"
+        } else if step.is_some() {
+            // A gate's step is not an attempt: neither allowed nor denied.
+            "GATE"
         } else if interrupted {
             "INTR"
         } else if line.allowed {
@@ -521,7 +531,15 @@ impl<W: Write> Printer<W> {
         };
         let duration = line.duration_ms.map(human_ms).unwrap_or_else(|| "-".into());
         let mut reason = String::new();
-        if in_flight {
+        if let Some(g) = step {
+            reason.push_str(&format!("{} {}", g.step.as_str(), escape_for_terminal(&g.id)));
+            if let Some(by) = &g.by {
+                reason.push_str(&format!(" by {}", escape_for_terminal(by)));
+            }
+            if let Some(note) = &g.note {
+                reason.push_str(&format!(": {}", escape_for_terminal(note)));
+            }
+        } else if in_flight {
             reason.push_str("in flight (or its writer died and it is not settled yet)");
         } else if interrupted {
             reason.push_str("interrupted: its writer died while it was open");

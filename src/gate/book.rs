@@ -31,6 +31,14 @@ pub enum OpenError {
     Limit { max: usize },
 }
 
+/// Why [`GateBook::open_recorded`] opened nothing.
+#[derive(Debug)]
+pub enum Opening<E> {
+    Limit(OpenError),
+    /// The `record` callback failed; nothing was opened.
+    Record(E),
+}
+
 /// Why a decision was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {
@@ -96,6 +104,19 @@ impl Ticket {
     }
 }
 
+impl Ticket {
+    /// Ends the wait from the attempt's side (expiry, hang-up, stop). If a decision won the
+    /// race (the book no longer holds the gate because it was decided), that decision is
+    /// returned, so what the decider was told is what the attempt does.
+    pub async fn withdraw(&mut self) -> Option<Decided> {
+        if self.book.remove(&self.id) {
+            return None;
+        }
+        // Decided or abandoned: `decide` sends right after taking it out of the book.
+        (&mut self.rx).await.ok()
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.book.remove(&self.id);
@@ -122,16 +143,31 @@ impl GateBook {
 
     /// Opens a gate for `info` (its `id` is assigned here: `g` + a sequence number + random
     /// hex, so ids sort in opening order and cannot be guessed from another session).
-    pub fn open(self: &Arc<Self>, mut info: GateInfo) -> Result<Ticket, OpenError> {
+    pub fn open(self: &Arc<Self>, info: GateInfo) -> Result<Ticket, OpenError> {
+        self.open_recorded(info, |_| Ok::<(), std::convert::Infallible>(())).map_err(|e| match e {
+            Opening::Limit(e) => e,
+            Opening::Record(never) => match never {},
+        })
+    }
+
+    /// [`Self::open`], calling `record` with the new id before the gate becomes visible: a
+    /// gate that cannot be recorded (its `requested` audit line) is never listed, notified or
+    /// decidable. `record` runs under the book's lock, so keep it short (one `write(2)`).
+    pub fn open_recorded<E>(
+        self: &Arc<Self>,
+        mut info: GateInfo,
+        record: impl FnOnce(&str) -> Result<(), E>,
+    ) -> Result<Ticket, Opening<E>> {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut inner = self.lock();
             let held = inner.pending.values().filter(|p| p.info.session == info.session).count();
             if held >= self.max_per_session {
-                return Err(OpenError::Limit { max: self.max_per_session });
+                return Err(Opening::Limit(OpenError::Limit { max: self.max_per_session }));
             }
             inner.opened += 1;
             let id = format!("g{:06}-{}", inner.opened, random_hex());
+            record(&id).map_err(Opening::Record)?;
             info.id = id.clone();
             inner.pending.insert(id.clone(), Pending { info, tx });
             id
@@ -140,11 +176,13 @@ impl GateBook {
         Ok(Ticket { book: Arc::clone(self), id, rx })
     }
 
-    fn remove(&self, id: &str) {
+    /// Takes `id` out of the book; false if it was no longer there.
+    fn remove(&self, id: &str) -> bool {
         let removed = self.lock().pending.remove(id).is_some();
         if removed {
             self.bump();
         }
+        removed
     }
 
     /// The pending gates, oldest first, and the book's version.
@@ -230,10 +268,48 @@ fn random_hex() -> String {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
+mod withdraw_tests {
+    use super::tests::info;
+    use super::*;
+
+    #[tokio::test]
+    async fn a_decision_that_won_the_race_is_what_the_attempt_does() {
+        let book = GateBook::new(4);
+        let mut t = book.open(info("s", "sha256:a")).unwrap();
+        let d = GateDecision {
+            id: t.id().to_owned(),
+            digest: "sha256:a".into(),
+            approve: true,
+            note: String::new(),
+            by: "me".into(),
+        };
+        book.decide(&d, true, "t".into()).unwrap();
+        // The attempt had just given up: it still gets the decision the decider was told of.
+        assert!(t.withdraw().await.unwrap().approve);
+        // Withdrawn first: a late decision finds nothing.
+        let mut t = book.open(info("s", "sha256:b")).unwrap();
+        let id = t.id().to_owned();
+        assert!(t.withdraw().await.is_none());
+        let late = GateDecision { id, digest: "sha256:b".into(), ..d };
+        assert!(matches!(book.decide(&late, true, "t".into()), Err(DecideError::Unknown(_))));
+    }
+
+    #[test]
+    fn a_gate_that_cannot_be_recorded_is_never_visible() {
+        let book = GateBook::new(4);
+        let r = book.open_recorded(info("s", "sha256:a"), |_| Err("disk full"));
+        assert!(matches!(r, Err(Opening::Record("disk full"))));
+        assert!(book.list().1.is_empty());
+        assert_eq!(book.list().0, 0, "no change was announced");
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
-    fn info(session: &str, digest: &str) -> GateInfo {
+    pub(super) fn info(session: &str, digest: &str) -> GateInfo {
         GateInfo {
             id: String::new(),
             kind: "egress".into(),

@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime};
 use tokio::net::TcpStream;
 
 use crate::audit::{AuditLine, GateRecord, GateStep, rfc3339_ms};
-use crate::gate::{EgressAction, OpenError, book::Decided, digest};
+use crate::gate::book::{Decided, Opening};
+use crate::gate::{EgressAction, digest};
 use crate::policy::{GateMatch, Host, Reason};
 use crate::protocol::GateInfo;
 
@@ -83,7 +84,7 @@ async fn hold(
     }
     .canonical();
     let info = gate_info(line, gate, "egress", &method, port, request, action, session);
-    wait_for_decision(session, book, line, gate, info, client).await
+    wait_for_decision(session, book, line, gate, info, client, true).await
 }
 
 /// The [`GateInfo`] of one held attempt: `action` is its canonical text.
@@ -124,6 +125,8 @@ pub(super) fn gate_info(
 /// Opens the gate for `info` in `book`, writes its `requested` line, waits for the decision,
 /// the `[gate] timeout`, the client hanging up or the session stopping, and writes the step
 /// that ended it. `Ok` once approved; `line.gate` holds the last step either way.
+/// `journaled`: the attempt's journal record is open (egress), so a hold whose future is
+/// dropped (hyper drops a plain-HTTP request's when the agent hangs up) closes it `abandoned`.
 pub(super) async fn wait_for_decision(
     session: &SessionProxy,
     book: &std::sync::Arc<crate::gate::GateBook>,
@@ -131,38 +134,42 @@ pub(super) async fn wait_for_decision(
     gate: &GateMatch,
     info: GateInfo,
     client: Option<&TcpStream>,
+    journaled: bool,
 ) -> Result<(), Unreachable> {
     let refused = |reason, detail: String| refusal(gate, reason, detail);
     let timeout = session.policy.gate_timeout();
-    let (digest, deadline, method) =
-        (info.digest.clone(), info.deadline.clone(), info.method.clone());
-    let port = info.port;
-    let mut ticket = match book.open(info) {
-        Ok(t) => t,
-        Err(e @ OpenError::Limit { .. }) => {
-            return Err(refused(
-                Reason::GateLimit,
-                format!("{e}; wait for a decision on them before asking again"),
-            ));
-        }
-    };
     let mut record = GateRecord {
-        id: ticket.id().to_owned(),
+        id: String::new(),
         step: GateStep::Requested,
-        digest,
+        digest: info.digest.clone(),
         severity: gate.severity,
-        method: Some(method),
-        deadline: Some(deadline),
+        method: Some(info.method.clone()),
+        deadline: Some(info.deadline.clone()),
         by: None,
         decided_at: None,
         note: None,
         self_decided: None,
     };
-    if let Err(e) = session.audit.append(&step_line(line, gate, &record)) {
-        // No record of the request: nothing may be approved (DESIGN §5, audit first).
-        tracing::error!("cannot write the gate request line of {}: {e}", line.id);
-        return Err(refused(Reason::AuditUnavailable, e.to_string()));
-    }
+    let port = info.port;
+    // The `requested` line is written before the gate is visible: a gate that cannot be
+    // recorded is never listed, notified or decided (DESIGN §5, audit first).
+    let opened = book.open_recorded(info, |id| {
+        record.id = id.to_owned();
+        session.audit.append(&step_line(line, gate, &record))
+    });
+    let mut ticket = match opened {
+        Ok(t) => t,
+        Err(Opening::Limit(e)) => {
+            return Err(refused(
+                Reason::GateLimit,
+                format!("{e}; wait for a decision on them before asking again"),
+            ));
+        }
+        Err(Opening::Record(e)) => {
+            tracing::error!("cannot write the gate request line of {}: {e}", line.id);
+            return Err(refused(Reason::AuditUnavailable, e.to_string()));
+        }
+    };
     tracing::info!(
         "gate {} holds {} {}:{port} of session {} (rule {:?}, {}s)",
         record.id,
@@ -172,9 +179,10 @@ pub(super) async fn wait_for_decision(
         gate.rule,
         timeout.as_secs()
     );
+    let mut dropped = DroppedHold::arm(session, line, gate, &record, journaled);
 
     let mut kill = session.kill.subscribe();
-    let outcome = tokio::select! {
+    let waited = tokio::select! {
         d = ticket.decided() => match d {
             Some(d) => Outcome::Decided(d),
             None => Outcome::Abandoned("the session ended before anyone decided"),
@@ -183,7 +191,13 @@ pub(super) async fn wait_for_decision(
         () = client_gone(client) => Outcome::Abandoned("the agent closed the connection"),
         () = super::stopped(&mut kill) => Outcome::Abandoned("the session is stopping"),
     };
+    // A decision that raced the expiry or the hang-up wins: the decider was told it took.
+    let outcome = match waited {
+        Outcome::Decided(d) => Outcome::Decided(d),
+        other => ticket.withdraw().await.map_or(other, Outcome::Decided),
+    };
     drop(ticket);
+    dropped.disarm();
 
     record.deadline = None;
     record.method = None;
@@ -220,12 +234,65 @@ pub(super) async fn wait_for_decision(
     // The step line, then the attempt's own outcome: the journal record is still open, so a
     // failure here leaves the attempt to be settled, never forwarded unrecorded.
     let step = step_line(line, gate, &record);
-    line.gate = Some(record);
+    line.gate = Some(record.on_final_line());
     if let Err(e) = session.audit.append(&step) {
         tracing::error!("cannot write the gate decision line of {}: {e}", line.id);
         return Err(refused(Reason::AuditUnavailable, e.to_string()));
     }
     result
+}
+
+/// Written if a hold's future is dropped before it ends (its task was cancelled): the
+/// `abandoned` step and, for a journaled attempt, its final line.
+struct DroppedHold {
+    audit: std::sync::Arc<dyn crate::audit::AuditSink>,
+    lines: Option<(AuditLine, Option<AuditLine>)>,
+}
+
+impl DroppedHold {
+    fn arm(
+        session: &SessionProxy,
+        line: &AuditLine,
+        gate: &GateMatch,
+        record: &GateRecord,
+        journaled: bool,
+    ) -> Self {
+        let mut abandoned = record.clone();
+        abandoned.step = GateStep::Abandoned;
+        abandoned.deadline = None;
+        abandoned.method = None;
+        let step = step_line(line, gate, &abandoned);
+        let last = journaled.then(|| {
+            let mut last = line.clone();
+            last.allowed = false;
+            last.reason = Some(Reason::GateAbandoned);
+            last.layer = Some(gate.layer);
+            last.policy = Some(gate.policy.clone());
+            last.rule = Some(gate.rule.clone());
+            last.gate = Some(abandoned.on_final_line());
+            last
+        });
+        Self { audit: std::sync::Arc::clone(&session.audit), lines: Some((step, last)) }
+    }
+
+    fn disarm(&mut self) {
+        self.lines = None;
+    }
+}
+
+impl Drop for DroppedHold {
+    fn drop(&mut self) {
+        let Some((step, last)) = self.lines.take() else { return };
+        if let Err(e) = self.audit.append(&step) {
+            tracing::error!("cannot write the abandoned gate line of {}: {e}", step.id);
+        }
+        if let Some(last) = last
+            && let Err(e) = self.audit.journal_close(&last)
+        {
+            // The journal record stays; a later writer settles it as interrupted.
+            tracing::error!("cannot write the final line of {}: {e}", last.id);
+        }
+    }
 }
 
 /// A gated attempt's refusal, naming the gate entry that held it.

@@ -116,12 +116,17 @@ pub async fn serve(
 ) -> Response<ProxyBody> {
     let method = req.method().as_str().to_owned();
     let url = req.uri().to_string();
-    let mut line = respond::new_line(s, NAME, Some(80), &method);
-    line.url = Some(url.clone());
+    // The line (and its `seq`) only for requests that get one: a `not_gated` answer writes
+    // nothing, and a stamped but unwritten `seq` would read as a lost line.
+    let new_line = || {
+        let mut line = respond::new_line(s, NAME, Some(80), &method);
+        line.url = Some(url.clone());
+        line
+    };
     if req.method() != http::Method::POST || req.uri().path() != "/v1/gates" {
         return bad(
             s,
-            &mut line,
+            &mut new_line(),
             started,
             StatusCode::NOT_FOUND,
             "only POST /v1/gates is answered here",
@@ -131,14 +136,14 @@ pub async fn serve(
         Ok(b) => b.to_bytes(),
         Err(e) => {
             let msg = format!("cannot read the body (at most {MAX_BODY} bytes): {e}");
-            return bad(s, &mut line, started, StatusCode::BAD_REQUEST, &msg);
+            return bad(s, &mut new_line(), started, StatusCode::BAD_REQUEST, &msg);
         }
     };
     let body: Body = match serde_json::from_slice(&bytes) {
         Ok(b) => b,
         Err(e) => {
             let msg = format!("the body is not a JSON object of the gate request: {e}");
-            return bad(s, &mut line, started, StatusCode::BAD_REQUEST, &msg);
+            return bad(s, &mut new_line(), started, StatusCode::BAD_REQUEST, &msg);
         }
     };
     let (tool, action, gate) = match asked(s, &body) {
@@ -146,17 +151,18 @@ pub async fn serve(
         Ok(Asked::NotGated) => {
             return json(StatusCode::OK, None, &serde_json::json!({"state": "not_gated"}));
         }
-        Err(msg) => return bad(s, &mut line, started, StatusCode::BAD_REQUEST, &msg),
+        Err(msg) => return bad(s, &mut new_line(), started, StatusCode::BAD_REQUEST, &msg),
     };
     if action.len() > MAX_ACTION {
         let msg = format!("the action is longer than {MAX_ACTION} bytes; it is never cut");
-        return bad(s, &mut line, started, StatusCode::PAYLOAD_TOO_LARGE, &msg);
+        return bad(s, &mut new_line(), started, StatusCode::PAYLOAD_TOO_LARGE, &msg);
     }
     if !is_tool_name(&tool) {
         let msg = "`tool` must be 1 to 64 of A-Z a-z 0-9 _ . : - (it is shown on terminals and \
                    desktop notifications)";
-        return bad(s, &mut line, started, StatusCode::BAD_REQUEST, msg);
+        return bad(s, &mut new_line(), started, StatusCode::BAD_REQUEST, msg);
     }
+    let mut line = new_line();
     let Some(book) = s.gates.as_ref() else {
         line.reason = Some(Reason::GateUnavailable);
         return finish(
@@ -175,7 +181,7 @@ pub async fn serve(
     // the gate's lines must still be written to the end (the decision then reaches no one).
     let (session, book) = (Arc::clone(s), Arc::clone(book));
     let decided = tokio::spawn(async move {
-        let outcome = wait_for_decision(&session, &book, &mut line, &gate, info, None).await;
+        let outcome = wait_for_decision(&session, &book, &mut line, &gate, info, None, false).await;
         let (reason, detail) = match outcome {
             Ok(()) => {
                 line.allowed = true;

@@ -260,6 +260,14 @@ fn held_attempts_proceed_only_when_approved_and_each_approval_is_single_use() {
     assert_eq!(f2["rule"], format!("gated.test:{port}"));
     assert!(f2.get("addr").is_none(), "the denied request was dialed: {f2:#}");
     assert_eq!(final_of(&id3)["allowed"], true);
+
+    // `airlock logs` shows the steps as gate steps, never as denials.
+    let logs = g.airlock(&["logs"]).expect_code(0).stdout();
+    let row = logs.lines().find(|l| l.contains(&format!("approved {id1}"))).unwrap_or_default();
+    assert!(row.contains(" GATE ") && row.contains("by dev@example.test: deploy window"), "{logs}");
+    let denied = g.airlock(&["logs", "--denied"]).expect_code(0).stdout();
+    assert!(!denied.contains(" GATE "), "{denied}");
+    assert!(denied.contains("gate_denied"), "{denied}");
 }
 
 #[test]
@@ -272,6 +280,7 @@ fn an_undecided_gate_expires_and_one_the_agent_gives_up_is_abandoned() {
     // curl gives up after 1 s (the agent went away); the next attempt waits out the timeout.
     let script = format!(
         "curl -sS -m 1 -p http://gated.test:{port}/gone 2>/dev/null; echo \"gone:$?\"\n\
+         curl -sS -m 1 http://gated.test:{port}/gone-http 2>/dev/null; echo \"gone-http:$?\"\n\
          curl -sS -m 30 -D - -o /dev/null http://gated.test:{port}/late | tr -d '\\r' | \
            grep -i -e '^HTTP/' -e '^x-airlock-reason:' | sed 's/^/late:/'\n\
          curl -sS -m 30 -p -o /dev/null -w 'connect:%{{http_connect}}\\n' \
@@ -281,6 +290,7 @@ fn an_undecided_gate_expires_and_one_the_agent_gives_up_is_abandoned() {
     let run = g.exec(&script);
     let out = run.expect_code(0).stdout();
     assert!(out.contains("gone:28\n"), "curl timed out: {out}");
+    assert!(out.contains("gone-http:28\n"), "curl timed out: {out}");
     assert!(out.contains("late:HTTP/1.1 403"), "{out}");
     assert!(out.to_ascii_lowercase().contains("late:x-airlock-reason: gate_expired"), "{out}");
     assert!(out.contains("connect:403\n"), "{out}");
@@ -291,11 +301,24 @@ fn an_undecided_gate_expires_and_one_the_agent_gives_up_is_abandoned() {
     let names: Vec<_> = steps.iter().map(|l| l["gate"]["step"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["requested", "abandoned", "requested", "expired", "requested", "expired"],
+        [
+            "requested",
+            "abandoned",
+            "requested",
+            "abandoned",
+            "requested",
+            "expired",
+            "requested",
+            "expired"
+        ],
         "{steps:#?}"
     );
     let reasons: Vec<_> = attempts.iter().map(|l| l["reason"].as_str().unwrap()).collect();
-    assert_eq!(reasons, ["gate_abandoned", "gate_expired", "gate_expired"], "{attempts:#?}");
+    assert_eq!(
+        reasons,
+        ["gate_abandoned", "gate_abandoned", "gate_expired", "gate_expired"],
+        "{attempts:#?}"
+    );
 }
 
 #[test]
