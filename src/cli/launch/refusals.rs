@@ -213,7 +213,9 @@ fn hint(g: &Group, repo: &str) -> Option<String> {
         Reason::GateExpired => {
             "an action gate: no one decided in time; `airlock gate watch` shows the next one".into()
         }
-        Reason::GateAbandoned => "an action gate: the agent gave up before a decision".into(),
+        Reason::GateAbandoned => {
+            "an action gate: the agent gave up, or the session stopped, before a decision".into()
+        }
         Reason::GateLimit => "an action gate: too many attempts were waiting at once".into(),
         Reason::GateUnavailable => "an action gate, and no one can decide here".into(),
         _ => return None,

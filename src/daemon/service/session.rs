@@ -462,7 +462,8 @@ pub(super) async fn end_session(
     end: &SessionEnd,
     reason: Option<&'static str>,
 ) {
-    // Held attempts first: each writes its `abandoned` step before the proxy stops.
+    // Held attempts first: their waits end now (each then writes its `abandoned` step and
+    // final line as its task finishes, like any attempt the proxy's drain ends).
     daemon.gates.abandon_session(&session.id);
     session.stop_proxy();
     // The sandbox is gone, but the kernel may still hold reports of datagrams it refused:
