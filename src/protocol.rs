@@ -286,14 +286,12 @@ pub struct GateDecision {
     pub by: String,
 }
 
-/// Where a gate ended.
+/// What a decision made of a gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GateState {
     Approved,
     Denied,
-    Expired,
-    Abandoned,
 }
 
 impl GateState {
@@ -301,8 +299,6 @@ impl GateState {
         match self {
             Self::Approved => "approved",
             Self::Denied => "denied",
-            Self::Expired => "expired",
-            Self::Abandoned => "abandoned",
         }
     }
 }

@@ -597,11 +597,6 @@ impl Policy {
         })
     }
 
-    /// Whether any layer gates anything.
-    pub fn has_gates(&self) -> bool {
-        self.layers.iter().any(|l| !l.gates.is_empty() || !l.gate_commands.is_empty())
-    }
-
     /// The `[gate] commands` pattern a shell command falls under, if any: the whole text or
     /// any of its simple commands (`cd app && git push` is a `git push*`), first by layer and
     /// file order. Returns `(pattern, layer kind, file)`.
@@ -851,7 +846,6 @@ mod tests {
             gated(layer(LayerKind::User, &["other.test"], &[]), &[("pay.test", Severity::High)]);
         let p = build(vec![only_gate]);
         assert_eq!(reason(&p, "pay.test", 443), Reason::NotAllowed);
-        assert!(p.has_gates());
     }
 
     #[test]
@@ -919,7 +913,6 @@ mod tests {
         assert_eq!(p.gate_timeout(), std::time::Duration::from_secs(9));
         let p = build(vec![layer(LayerKind::Repo, &["a.test"], &[])]);
         assert_eq!(p.gate_timeout(), crate::gate::DEFAULT_TIMEOUT);
-        assert!(!p.has_gates());
     }
 
     #[test]
