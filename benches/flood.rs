@@ -27,7 +27,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,19 +35,10 @@ use std::time::{Duration, Instant};
 
 use airlock::audit::{AuditSink, FileAuditSink, RepoLog, SessionInfo, volume::Volume};
 use airlock::policy::{Entry, EntryKind, LayerKind, Policy, PolicyLayer};
-use airlock::proxy::resolver::Resolving;
-use airlock::proxy::{Identity, Limits, Resolver, SessionProxy, local_addrs, serve_session};
+use airlock::proxy::{Identity, Limits, SessionProxy, local_addrs, serve_session};
 
-/// Maps every name to one loopback address (no DNS anywhere).
-#[derive(Debug)]
-struct Fixed(IpAddr);
-
-impl Resolver for Fixed {
-    fn resolve<'a>(&'a self, _name: &'a str) -> Resolving<'a> {
-        let ip = self.0;
-        Box::pin(async move { Ok(vec![ip]) })
-    }
-}
+mod support;
+use support::Fixed;
 
 const UPSTREAM_IP: &str = "127.0.0.2";
 /// The name A's clients ask for: not on the allowlist, so refused `not_allowed`.

@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,18 +17,10 @@ use airlock::audit::{AuditSink, RepoLog, SessionInfo};
 use airlock::gate::{GateBook, Severity};
 use airlock::policy::{Entry, EntryKind, GateEntry, LayerKind, Policy, PolicyLayer};
 use airlock::protocol::GateDecision;
-use airlock::proxy::resolver::Resolving;
-use airlock::proxy::{Identity, Limits, Resolver, SessionProxy, local_addrs, serve_session};
+use airlock::proxy::{Identity, Limits, SessionProxy, local_addrs, serve_session};
 
-#[derive(Debug)]
-struct Fixed(IpAddr);
-
-impl Resolver for Fixed {
-    fn resolve<'a>(&'a self, _name: &'a str) -> Resolving<'a> {
-        let ip = self.0;
-        Box::pin(async move { Ok(vec![ip]) })
-    }
-}
+mod support;
+use support::Fixed;
 
 fn start_upstream(rt: &tokio::runtime::Runtime) -> SocketAddr {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

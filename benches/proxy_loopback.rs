@@ -25,19 +25,10 @@ use std::time::{Duration, Instant};
 
 use airlock::audit::{AuditSink, RepoLog, SessionInfo};
 use airlock::policy::{Entry, EntryKind, LayerKind, Policy, PolicyLayer};
-use airlock::proxy::resolver::Resolving;
-use airlock::proxy::{Identity, Limits, Resolver, SessionProxy, local_addrs, serve_session};
+use airlock::proxy::{Identity, Limits, SessionProxy, local_addrs, serve_session};
 
-/// Maps every name to one loopback address (no DNS anywhere).
-#[derive(Debug)]
-struct Fixed(IpAddr);
-
-impl Resolver for Fixed {
-    fn resolve<'a>(&'a self, _name: &'a str) -> Resolving<'a> {
-        let ip = self.0;
-        Box::pin(async move { Ok(vec![ip]) })
-    }
-}
+mod support;
+use support::Fixed;
 
 fn policy(entries: &[String]) -> Arc<Policy> {
     let mut layer = PolicyLayer::new(LayerKind::Operator, "bench.toml");

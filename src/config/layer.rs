@@ -1091,12 +1091,8 @@ impl LayerDoc {
                     .collect::<Result<_, _>>()?
             },
             gate_commands: self.gate.commands.clone(),
-            gate_timeout_ms: self.gate.timeout_ms.map(|ms| {
-                let bounds =
-                    crate::gate::MIN_TIMEOUT.as_millis()..=crate::gate::MAX_TIMEOUT.as_millis();
-                // Clamped again: the daemon rebuilds this from documents it received.
-                u64::try_from(u128::from(ms).clamp(*bounds.start(), *bounds.end())).unwrap_or(ms)
-            }),
+            // Bounded where it is used (`gate::timeout_of`).
+            gate_timeout_ms: self.gate.timeout_ms,
         })
     }
 }

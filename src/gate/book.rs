@@ -268,48 +268,10 @@ fn random_hex() -> String {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod withdraw_tests {
-    use super::tests::info;
-    use super::*;
-
-    #[tokio::test]
-    async fn a_decision_that_won_the_race_is_what_the_attempt_does() {
-        let book = GateBook::new(4);
-        let mut t = book.open(info("s", "sha256:a")).unwrap();
-        let d = GateDecision {
-            id: t.id().to_owned(),
-            digest: "sha256:a".into(),
-            approve: true,
-            note: String::new(),
-            by: "me".into(),
-        };
-        book.decide(&d, true, "t".into()).unwrap();
-        // The attempt had just given up: it still gets the decision the decider was told of.
-        assert!(t.withdraw().await.unwrap().approve);
-        // Withdrawn first: a late decision finds nothing.
-        let mut t = book.open(info("s", "sha256:b")).unwrap();
-        let id = t.id().to_owned();
-        assert!(t.withdraw().await.is_none());
-        let late = GateDecision { id, digest: "sha256:b".into(), ..d };
-        assert!(matches!(book.decide(&late, true, "t".into()), Err(DecideError::Unknown(_))));
-    }
-
-    #[test]
-    fn a_gate_that_cannot_be_recorded_is_never_visible() {
-        let book = GateBook::new(4);
-        let r = book.open_recorded(info("s", "sha256:a"), |_| Err("disk full"));
-        assert!(matches!(r, Err(Opening::Record("disk full"))));
-        assert!(book.list().1.is_empty());
-        assert_eq!(book.list().0, 0, "no change was announced");
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
-    pub(super) fn info(session: &str, digest: &str) -> GateInfo {
+    fn info(session: &str, digest: &str) -> GateInfo {
         GateInfo {
             id: String::new(),
             kind: "egress".into(),
@@ -422,5 +384,36 @@ mod tests {
         let (v3, _) = book.list();
         let (v4, _) = book.wait_change(v3, Duration::from_millis(20)).await;
         assert_eq!(v3, v4);
+    }
+
+    #[tokio::test]
+    async fn a_decision_that_won_the_race_is_what_the_attempt_does() {
+        let book = GateBook::new(4);
+        let mut t = book.open(info("s", "sha256:a")).unwrap();
+        let d = GateDecision {
+            id: t.id().to_owned(),
+            digest: "sha256:a".into(),
+            approve: true,
+            note: String::new(),
+            by: "me".into(),
+        };
+        book.decide(&d, true, "t".into()).unwrap();
+        // The attempt had just given up: it still gets the decision the decider was told of.
+        assert!(t.withdraw().await.unwrap().approve);
+        // Withdrawn first: a late decision finds nothing.
+        let mut t = book.open(info("s", "sha256:b")).unwrap();
+        let id = t.id().to_owned();
+        assert!(t.withdraw().await.is_none());
+        let late = GateDecision { id, digest: "sha256:b".into(), ..d };
+        assert!(matches!(book.decide(&late, true, "t".into()), Err(DecideError::Unknown(_))));
+    }
+
+    #[test]
+    fn a_gate_that_cannot_be_recorded_is_never_visible() {
+        let book = GateBook::new(4);
+        let r = book.open_recorded(info("s", "sha256:a"), |_| Err("disk full"));
+        assert!(matches!(r, Err(Opening::Record("disk full"))));
+        assert!(book.list().1.is_empty());
+        assert_eq!(book.list().0, 0, "no change was announced");
     }
 }

@@ -24,6 +24,21 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(110);
 /// The shortest and longest `[gate] timeout` a file may set.
 pub const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The `[gate] timeout` in force among layers given as `(kind, timeout in ms)`: the managed
+/// layer's, else the user's, the operator's, then the repo's (the order `mode` follows);
+/// [`DEFAULT_TIMEOUT`] when none sets one. Clamped to [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`]: the
+/// daemon rebuilds layers from documents it received, so a value is bounded again here.
+pub fn timeout_of(
+    layers: impl IntoIterator<Item = (crate::policy::LayerKind, Option<u64>)>,
+) -> Duration {
+    use crate::policy::LayerKind;
+    let layers: Vec<_> = layers.into_iter().collect();
+    [LayerKind::Managed, LayerKind::User, LayerKind::Operator, LayerKind::Repo]
+        .iter()
+        .find_map(|k| layers.iter().filter(|(kind, _)| kind == k).find_map(|(_, ms)| *ms))
+        .map_or(DEFAULT_TIMEOUT, |ms| Duration::from_millis(ms).clamp(MIN_TIMEOUT, MAX_TIMEOUT))
+}
+
 /// Attempts one session may have held at once (beyond: `503 gate_limit`, audited): a session
 /// that floods gate requests cannot bury a reviewer's queue or the daemon's memory.
 pub const MAX_HELD_PER_SESSION: usize = 16;
@@ -376,6 +391,23 @@ mod tests {
         );
         let b = ToolAction { action: "git push --force", ..a.clone() };
         assert_ne!(digest(&a.canonical()), digest(&b.canonical()));
+    }
+
+    #[test]
+    fn the_timeout_in_force_follows_the_layer_order_and_is_bounded() {
+        use crate::policy::LayerKind as K;
+        assert_eq!(timeout_of([]), DEFAULT_TIMEOUT);
+        assert_eq!(timeout_of([(K::Repo, Some(5_000)), (K::User, None)]), Duration::from_secs(5));
+        assert_eq!(
+            timeout_of([(K::Repo, Some(5_000)), (K::User, Some(7_000))]),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            timeout_of([(K::User, Some(7_000)), (K::Managed, Some(9_000))]),
+            Duration::from_secs(9)
+        );
+        assert_eq!(timeout_of([(K::User, Some(10))]), MIN_TIMEOUT);
+        assert_eq!(timeout_of([(K::User, Some(u64::MAX))]), MAX_TIMEOUT);
     }
 
     #[test]

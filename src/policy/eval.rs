@@ -621,12 +621,7 @@ impl Policy {
     /// else the user's, the operator's, then the repo's; [`crate::gate::DEFAULT_TIMEOUT`] when
     /// none sets it.
     pub fn gate_timeout(&self) -> std::time::Duration {
-        [LayerKind::Managed, LayerKind::User, LayerKind::Operator, LayerKind::Repo]
-            .iter()
-            .find_map(|k| {
-                self.layers.iter().filter(|l| l.kind == *k).find_map(|l| l.gate_timeout_ms)
-            })
-            .map_or(crate::gate::DEFAULT_TIMEOUT, std::time::Duration::from_millis)
+        crate::gate::timeout_of(self.layers.iter().map(|l| (l.kind, l.gate_timeout_ms)))
     }
 
     /// User/repo/operator `allow` entries that the managed `allow` list can never permit (no

@@ -83,18 +83,17 @@ async fn hold(
         request,
     }
     .canonical();
-    let info = gate_info(line, gate, "egress", &method, port, request, action, session);
+    let info = gate_info(line, gate, "egress", &method, request, action, session);
     wait_for_decision(session, book, line, gate, info, client, true).await
 }
 
-/// The [`GateInfo`] of one held attempt: `action` is its canonical text.
-#[allow(clippy::too_many_arguments)]
+/// The [`GateInfo`] of one held attempt (its target is `line`'s): `action` is its canonical
+/// text.
 pub(super) fn gate_info(
     line: &AuditLine,
     gate: &GateMatch,
     kind: &str,
     method: &str,
-    port: u16,
     request: Option<&str>,
     action: String,
     session: &SessionProxy,
@@ -109,7 +108,7 @@ pub(super) fn gate_info(
         user_id: line.user_id.clone(),
         method: method.to_owned(),
         host: line.host.clone(),
-        port,
+        port: line.port.unwrap_or_default(),
         request: request.map(str::to_owned),
         digest: digest(&action),
         action,

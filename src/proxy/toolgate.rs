@@ -176,7 +176,7 @@ pub async fn serve(
     let canonical =
         ToolAction { session: &line.session, attempt: &line.id, tool: &tool, action: &action }
             .canonical();
-    let info = gate_info(&line, &gate, "tool", &tool, 80, Some(&action), canonical, s);
+    let info = gate_info(&line, &gate, "tool", &tool, Some(&action), canonical, s);
     // In a task of its own: hyper drops this request's future when the agent hangs up, and
     // the gate's lines must still be written to the end (the decision then reaches no one).
     let (session, book) = (Arc::clone(s), Arc::clone(book));

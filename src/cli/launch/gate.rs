@@ -5,7 +5,6 @@
 use crate::config::{self, ClientLayers, trust::TrustState};
 use crate::env::Env;
 use crate::paths::Paths;
-use crate::policy::LayerKind;
 use crate::repo::Repo;
 use crate::sandbox::env::{Extra, IdentityEnv};
 use crate::sandbox::termfilter::TerminalPolicy;
@@ -131,14 +130,10 @@ impl TrustGate for ConfigGate {
         let gated = applied.iter().any(|d| {
             !d.gate.hosts.is_empty() || !d.gate.rules.is_empty() || !d.gate.commands.is_empty()
         });
-        let tool_gates = applied.iter().any(|d| !d.gate.commands.is_empty()).then(|| {
-            [LayerKind::Managed, LayerKind::User, LayerKind::Operator, LayerKind::Repo]
-                .iter()
-                .find_map(|k| {
-                    applied.iter().filter(|d| d.kind == *k).find_map(|d| d.gate.timeout_ms)
-                })
-                .map_or(crate::gate::DEFAULT_TIMEOUT, std::time::Duration::from_millis)
-        });
+        let tool_gates = applied
+            .iter()
+            .any(|d| !d.gate.commands.is_empty())
+            .then(|| crate::gate::timeout_of(applied.iter().map(|d| (d.kind, d.gate.timeout_ms))));
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
