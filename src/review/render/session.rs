@@ -410,6 +410,24 @@ mod tests {
     }
 
     #[test]
+    fn a_gate_step_shows_its_step_and_decider_never_as_a_denial() {
+        let mut p = sample();
+        p.egress = vec![EgressLine {
+            pk: 302,
+            ts: crate::review::parse_rfc3339("2026-03-04T09:12:08.500Z").unwrap(),
+            payload: serde_json::json!({"method": "GATE", "host": "pay.test", "allowed": false,
+                "gate": {"id": "g000001-aa", "step": "denied", "by": "rev<i>@example.test",
+                         "digest": "sha256:00", "severity": "high"}})
+            .to_string(),
+        }];
+        let html = render(&p).into_string();
+        assert!(html.contains("gate denied"), "{html}");
+        assert!(html.contains("by rev&lt;i&gt;@example.test"), "{html}");
+        assert!(!html.contains(r#"<div class="e no">"#), "a step is not a refused attempt");
+        assert_no_urls(&html);
+    }
+
+    #[test]
     fn a_cut_session_says_so_and_links_the_timeline() {
         let mut p = sample();
         p.cut_at = Some(5_000);

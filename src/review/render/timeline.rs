@@ -464,6 +464,20 @@ mod tests {
     }
 
     #[test]
+    fn gate_steps_are_charted_as_neither_allowed_nor_denied() {
+        let step = ev(
+            1,
+            Source::Egress,
+            "gate",
+            T0 + 1,
+            serde_json::json!({"method": "GATE", "allowed": false}),
+        );
+        let denied = ev(2, Source::Egress, "denied", T0 + 2, serde_json::json!({"allowed": false}));
+        let b = buckets(&[step, denied], T0, 1);
+        assert_eq!((b[0].allowed, b[0].denied), (0, 1));
+    }
+
+    #[test]
     fn filters_are_kept_in_form_links_and_chart() {
         let f = TimelineFilter {
             source: "egress".into(),
