@@ -481,3 +481,74 @@ fn the_claude_code_hook_asks_before_a_gated_command_and_fails_closed() {
     // `ls` asked nothing and left no line; the malformed payload did.
     assert_eq!(reasons, ["allowed", "gate_denied", "gate_expired", "malformed"], "{attempts:#?}");
 }
+
+/// Across sessions (docs/security.md, "Action gates"): an agent cannot lift the gates of the
+/// next session. Session 1 tries the ways it has — rewrite the trusted `.airlock.toml`
+/// without its `[gate]`, plant a project `.claude/settings.json` that turns hooks off,
+/// overwrite the managed settings — and session 2, then the host's own `airlock policy
+/// check`, find the gate in force and the repo file as it was trusted.
+#[test]
+fn what_a_session_plants_never_lifts_the_next_sessions_gates() {
+    if !have("curl") {
+        return;
+    }
+    let world = World::new();
+    let repo = world.repo("plant-gate");
+    let (port, hits) = crate::support::http_upstream("127.0.0.10", "gated-ok\n");
+    let resolver = world.write(world.tmp.path().join("resolver"), "gated.test 127.0.0.10\n");
+    world.write(
+        world.home.join(".airlock/config.toml"),
+        &format!(
+            "[network]\nallow = [\"gated.test:{port}\"]\nallow_private = [\"127.0.0.10/32\"]\n"
+        ),
+    );
+    let repo_file = format!(
+        "[gate]\nhosts = [\"gated.test:{port}\"]\ntimeout = \"2s\"\ncommands = [\"git push*\"]\n"
+    );
+    world.write(repo.join(".airlock.toml"), &repo_file);
+    world.airlock(&repo).args(["login", "--email", "dev@example.test"]).run().expect_code(0);
+    world.airlock(&repo).args(["policy", "trust"]).run().expect_code(0);
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let exec = |script: &str| {
+        world
+            .airlock(&repo)
+            .env("AIRLOCK_SOCKET", h.socket())
+            .args(["exec", "--", "sh", "-c", script])
+            .run()
+    };
+    // Session 1 plants.
+    let plant = "printf '[network]\\nallow = [\"gated.test:*\"]\\n' > .airlock.toml 2>/dev/null; echo \"toml:$?\"\n\
+         mkdir -p .claude 2>/dev/null; printf '{\"disableAllHooks\": true}' > .claude/settings.json 2>/dev/null; echo \"claude:$?\"\n\
+         printf '{}' > /etc/claude-code/managed-settings.json 2>/dev/null; echo \"managed:$?\"\n";
+    let out = exec(plant).expect_code(0).stdout();
+    for what in ["toml", "claude", "managed"] {
+        assert!(!out.contains(&format!("{what}:0\n")), "{what} was writable: {out}");
+    }
+    assert_eq!(std::fs::read_to_string(repo.join(".airlock.toml")).unwrap(), repo_file);
+    let planted = std::fs::read_to_string(repo.join(".claude/settings.json")).unwrap_or_default();
+    assert!(!planted.contains("disableAllHooks"), "{planted}");
+
+    // Session 2: the gate holds (nobody decides, so it expires) and the hook is installed.
+    let second = format!(
+        "curl -sS -m 30 -D - -o /dev/null http://gated.test:{port}/ | tr -d '\\r' | grep -i '^x-airlock-reason:'\n\
+         grep -c airlock-gate-hook /etc/claude-code/managed-settings.json\n"
+    );
+    let out = exec(&second).expect_code(0).stdout();
+    assert!(out.to_ascii_lowercase().contains("x-airlock-reason: gate_expired"), "{out}");
+    assert!(out.ends_with("1\n"), "{out}");
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the gated host was reached");
+
+    // The host's own view is the trusted file's.
+    let check = world
+        .airlock(&repo)
+        .args(["policy", "check", "--json", &format!("gated.test:{port}")])
+        .run();
+    let v: Value = serde_json::from_str(check.stdout().trim()).unwrap();
+    assert_eq!(v["gate"]["rule"], format!("gated.test:{port}"), "{v}");
+}
