@@ -111,6 +111,7 @@ pub struct Metrics {
     ingest_latency: Histogram,
     rejections: Family<(Level, u16)>,
     flags: Family<String>,
+    gate_steps: Family<&'static str>,
     store_errors: Family<&'static str>,
     rate_limited: Family<&'static str>,
     connections_open: AtomicU64,
@@ -130,7 +131,7 @@ pub fn global() -> &'static Metrics {
 /// Item statuses counted by name (the rest as `other`).
 const ITEM_STATUSES: [&str; 4] = ["created", "duplicate", "conflict", "rejected"];
 /// The limits whose refusals are counted (`rate_limited_total{limit}`).
-pub const LIMITS: [&str; 8] = [
+pub const LIMITS: [&str; 11] = [
     "token",
     "auth_failures",
     "ingest_global",
@@ -139,7 +140,12 @@ pub const LIMITS: [&str; 8] = [
     "read_per_user",
     "login_per_address",
     "login_per_account",
+    "gate_pending",
+    "gate_wait_global",
+    "gate_wait_per_user",
 ];
+/// The steps of action gates counted (`gate_steps_total{step}`).
+pub const GATE_STEPS: [&str; 5] = ["requested", "approved", "denied", "expired", "abandoned"];
 const STORE_ERROR_KINDS: [&str; 2] = ["unavailable", "other"];
 
 impl Default for Metrics {
@@ -156,6 +162,7 @@ impl Metrics {
             ingest_latency: Histogram::new(),
             rejections: Family::new(),
             flags: Family::new(),
+            gate_steps: Family::new(),
             store_errors: Family::new(),
             rate_limited: Family::new(),
             connections_open: AtomicU64::new(0),
@@ -195,6 +202,13 @@ impl Metrics {
             self.flags.add(key, 1);
         } else {
             self.flags.add("other".to_string(), 1);
+        }
+    }
+
+    /// One step of an action gate on this server ([`GATE_STEPS`]; anything else is ignored).
+    pub fn gate_step(&self, step: &str) {
+        if let Some(s) = GATE_STEPS.into_iter().find(|s| *s == step) {
+            self.gate_steps.add(s, 1);
         }
     }
 
@@ -298,6 +312,17 @@ impl Metrics {
         );
         for (rule, n) in self.flags.snapshot() {
             w.sample("airlock_review_flags_raised_total", &[("rule", &rule)], n);
+        }
+
+        w.head(
+            "airlock_review_gate_steps_total",
+            "counter",
+            "Action-gate steps this server recorded (opened, decided, expired, abandoned).",
+        );
+        let steps: BTreeMap<&str, u64> = self.gate_steps.snapshot().into_iter().collect();
+        for step in GATE_STEPS {
+            let n = steps.get(step).copied().unwrap_or(0);
+            w.sample("airlock_review_gate_steps_total", &[("step", step)], n);
         }
 
         w.head(

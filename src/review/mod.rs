@@ -14,6 +14,8 @@ pub mod console;
 pub mod dedup;
 pub mod detect;
 pub mod flag_rules;
+pub mod gate_api;
+pub mod gates;
 pub mod ingest;
 pub mod limits;
 pub mod metrics;

@@ -12,6 +12,7 @@ use super::dedup;
 use super::detect::session::SessionScan;
 use super::detect::{self, Created, Engine};
 use super::flag_rules;
+use super::gate_api::{self, GateHub};
 use super::ingest::{self, BodyError, ItemError, ParsedItem};
 use super::limits::{self, AcceptBackoff, LimitsConfig, RateLimiter, SlotRefusal, Slots};
 use super::metrics::{self, SlotUse};
@@ -69,6 +70,8 @@ pub struct AppState<S> {
     touched: Arc<Touched>,
     /// The browser console's settings and sign-in rate limiters ([`console`]).
     pub console: console::Console,
+    /// Action gates: the self-approval setting, long-poll slots and change signal.
+    pub gates: GateHub,
 }
 
 /// Sessions tracked for the settle sweep at most; a session arriving when the map is full is
@@ -129,7 +132,15 @@ impl<S: Store> AppState<S> {
             reads: ReadSlots::default(),
             touched: Arc::new(std::sync::Mutex::new(HashMap::new())),
             console: console::Console::default(),
+            gates: GateHub::default(),
         }
+    }
+
+    /// Sets how requesters' own approvals of their gates are treated
+    /// (`--gate-self-approve`).
+    pub fn with_gate_self_approve(mut self, policy: super::gates::SelfApprove) -> Self {
+        self.gates = GateHub::new(policy);
+        self
     }
 
     /// Sets the console's settings (session lifetimes, sign-in rate limits).
@@ -298,9 +309,9 @@ pub async fn settle_loop<S: Store>(state: Arc<AppState<S>>, settle: Duration) {
     }
 }
 
-type Resp = Response<Full<Bytes>>;
+pub(crate) type Resp = Response<Full<Bytes>>;
 
-fn json_resp(status: StatusCode, body: &Value) -> Resp {
+pub(crate) fn json_resp(status: StatusCode, body: &Value) -> Resp {
     bytes_resp(status, body.to_string().into_bytes())
 }
 
@@ -312,7 +323,7 @@ fn bytes_resp(status: StatusCode, body: Vec<u8>) -> Resp {
     r
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Resp {
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Resp {
     json_resp(status, &json!({ "error": message.into(), "code": status.as_u16() }))
 }
 
@@ -321,7 +332,7 @@ fn with_header(mut r: Resp, name: header::HeaderName, value: &'static str) -> Re
     r
 }
 
-fn store_error(e: StoreError) -> Resp {
+pub(crate) fn store_error(e: StoreError) -> Resp {
     match e {
         StoreError::Unavailable(m) => {
             metrics::global().store_error(true);
@@ -349,7 +360,7 @@ fn store_error(e: StoreError) -> Resp {
 }
 
 /// A 429 for `limit` ([`metrics::LIMITS`]) with `Retry-After` in whole seconds.
-fn too_many(limit: &'static str, wait: Duration, message: impl Into<String>) -> Resp {
+pub(crate) fn too_many(limit: &'static str, wait: Duration, message: impl Into<String>) -> Resp {
     metrics::global().rate_limited(limit);
     let mut r = error(StatusCode::TOO_MANY_REQUESTS, message);
     r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(limits::retry_after_secs(wait)));
@@ -357,6 +368,10 @@ fn too_many(limit: &'static str, wait: Duration, message: impl Into<String>) -> 
 }
 
 /// The bearer token of a request, if its Authorization header has one.
+pub(crate) fn bearer_of(req: &Request<Incoming>) -> Option<&str> {
+    bearer_secret(req)
+}
+
 fn bearer_secret(req: &Request<Incoming>) -> Option<&str> {
     let value = req.headers().get(header::AUTHORIZATION)?;
     value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
@@ -410,6 +425,21 @@ async fn authenticate<S: Store>(
 enum ReadError {
     TooLarge,
     Io(String),
+}
+
+/// Reads a request's body of at most `cap` bytes; the error answer (413, or 400 when it
+/// could not be read) otherwise.
+pub(crate) async fn read_body(req: Request<Incoming>, cap: usize) -> Result<Vec<u8>, Resp> {
+    match read_capped(req.into_body(), cap).await {
+        Ok(b) => Ok(b),
+        Err(ReadError::TooLarge) => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body exceeds {} KiB", cap / 1024),
+        )),
+        Err(ReadError::Io(m)) => {
+            Err(error(StatusCode::BAD_REQUEST, format!("could not read the body: {m}")))
+        }
+    }
 }
 
 /// Reads a body, stopping as soon as it exceeds `cap`.
@@ -539,6 +569,22 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
             &json!({"id": user.id, "email": user.email, "role": user.role}),
         ),
         (Method::GET, "/api/v1/flags") => get_flags(&st, &user, &req).await,
+        (Method::POST, "/api/v1/gates") => gate_api::post_gates(&st, &user, req).await,
+        (Method::GET, "/api/v1/gates") => gate_api::get_gates(&st, &user, &req).await,
+        (Method::GET, p) if gate_path(p).is_some() => {
+            let id = gate_path(p).unwrap_or_default().to_string();
+            gate_api::get_gate(&st, &user, &id, &req).await
+        }
+        (Method::POST, p) if gate_path(p).is_some() => {
+            let id = gate_path(p).unwrap_or_default().to_string();
+            gate_api::post_gate(&st, &user, &id, req).await
+        }
+        (_, "/api/v1/gates") => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this endpoint")
+        }
+        (_, p) if gate_path(p).is_some() => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "a gate is read with GET and decided with POST")
+        }
         (Method::POST, p) if p.starts_with("/api/v1/flags/") => {
             let id = p["/api/v1/flags/".len()..].to_string();
             post_flag(&st, &user, &id, req).await
@@ -747,7 +793,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
 /// bytes that are not UTF-8 become U+FFFD, so they can only fail the checks of a value).
 /// A NUL (`%00`) anywhere is refused: no stored value holds one, and PostgreSQL cannot even
 /// compare against one, so it must not reach the store.
-fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Resp> {
+pub(crate) fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Resp> {
     let params: Vec<(String, String)> =
         serde_urlencoded::from_str(query.unwrap_or("")).map_err(|e| {
             error(StatusCode::BAD_REQUEST, format!("the query string cannot be decoded: {e}"))
@@ -761,7 +807,7 @@ fn query_params(query: Option<&str>) -> Result<Vec<(String, String)>, Resp> {
     Ok(params)
 }
 
-fn parse_limit(v: &str) -> Result<u32, Resp> {
+pub(crate) fn parse_limit(v: &str) -> Result<u32, Resp> {
     v.parse::<u32>()
         .ok()
         .filter(|n| (1..=1000).contains(n))
@@ -942,6 +988,16 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
         }
     }
     bytes_resp(StatusCode::OK, w.finish(more))
+}
+
+/// The `{id}` of `/api/v1/gates/{id}`: gate ids are URL-safe (anything else names no gate,
+/// and is answered 404 like an unknown one).
+fn gate_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/api/v1/gates/").filter(|t| {
+        !t.is_empty()
+            && t.len() <= 64
+            && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
 }
 
 /// The raw (still percent-encoded) `{session}` of `/api/v1/sessions/{session}/transcripts`.
@@ -1128,6 +1184,8 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/api/v1/events" => Some("GET, POST"),
         "/api/v1/me" | "/api/v1/flags" | "/api/v1/export" | "/metrics" | "/healthz" => Some("GET"),
         p if p.starts_with("/api/v1/flags/") => Some("POST"),
+        "/api/v1/gates" => Some("GET, POST"),
+        p if gate_path(p).is_some() => Some("GET, POST"),
         p if session_of_transcripts_path(p).is_some() => Some("GET"),
         _ => None,
     }
@@ -1598,7 +1656,7 @@ pub async fn serve<S: Store>(
 /// member sees only their own records, and naming anyone else is 403 *before* any lookup, so
 /// the answer is the same whether that user exists or not; reviewers and admins may name any
 /// user (resolved, 404 if unknown) or none (`None`: everyone).
-async fn scoped_user<S: Store>(
+pub(crate) async fn scoped_user<S: Store>(
     st: &AppState<S>,
     user: &User,
     wanted: Option<String>,

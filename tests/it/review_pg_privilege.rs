@@ -279,6 +279,72 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
             format!("f-ana:acknowledged:{rev_id}:false:true:{adm_id},f-adm:dismissed:{adm_id}:true:true:-")
         );
 
+        // --- Action gates (migration 0011): the runtime role opens gates; decisions only
+        // through `airlock_gate_decide`, which checks the credential and the gate rule. ---
+        let gate = |id: &str, owner: &str, severity: &str| {
+            format!(
+                "INSERT INTO gates (id, user_id, kind, action, digest, severity, timeout_ms)
+                 VALUES ('{id}', '{owner}', 'external', 'a-{id}',
+                         'sha256:' || encode(sha256(convert_to('a-{id}', 'UTF8')), 'hex'), '{severity}', 60000)"
+            )
+        };
+        runtime.batch_execute(&gate("g-ana", &ana_id, "medium")).await.unwrap();
+        runtime.batch_execute(&gate("g-rev", &rev_id, "medium")).await.unwrap();
+        runtime.batch_execute(&gate("g-high", &ana_id, "high")).await.unwrap();
+        runtime.batch_execute(&gate("g-adm", &adm_id, "medium")).await.unwrap();
+        refused(
+            &runtime,
+            &format!("INSERT INTO gates (id, user_id, kind, action, digest, severity, timeout_ms)
+               VALUES ('g-bad', '{ana_id}', 'external', 'one thing', 'sha256:00', 'low', 60000)"),
+            "23514",
+            "SHA-256 of its action",
+        )
+        .await;
+        refused(
+            &runtime,
+            &format!("INSERT INTO gates (id, user_id, kind, action, digest, severity, timeout_ms, requested_at)
+               VALUES ('g-bd', '{ana_id}', 'external', 'x', 'sha256:' || encode(sha256('x'), 'hex'), 'low', 60000, now() - interval '1 day')"),
+            "42501",
+            "set by the database",
+        )
+        .await;
+        for sql in [
+            "UPDATE gates SET severity = 'low'".to_string(),
+            "DELETE FROM gates".into(),
+            format!("INSERT INTO gate_decisions (gate_id, state, actor) VALUES ('g-ana', 'approved', '{rev_id}')"),
+            "SELECT * FROM airlock_credential('x')".into(),
+        ] {
+            denied(&runtime, &sql).await;
+        }
+        let decide = |secret: Option<&str>, g: &str, state: &str, over: bool, step: bool| {
+            let secret = secret.map_or("NULL".to_string(), |s| format!("'{s}'"));
+            format!("SELECT outcome FROM airlock_gate_decide({secret}, '{g}', '{state}', 'n', NULL, {over}, {step})")
+        };
+        refused(&runtime, &decide(None, "g-ana", "approved", false, false), "AL401", "no credential").await;
+        refused(&runtime, &decide(Some(&rev_old), "g-ana", "approved", false, false), "AL401", "invalid or revoked").await;
+        // A member decides no one else's gate; nobody approves their own with another
+        // reviewer there; `override` is an admin's; `high` needs the step-up.
+        refused(&runtime, &decide(Some(&ana2), "g-rev", "approved", false, false), "AL403", "only reviewers and admins").await;
+        refused(&runtime, &decide(Some(&rev), "g-rev", "approved", false, false), "AL403", "nobody approves their own").await;
+        refused(&runtime, &decide(Some(&rev), "g-rev", "approved", true, false), "AL403", "for admins only").await;
+        refused(&runtime, &decide(Some(&ana2), "g-ana", "approved", false, false), "AL403", "nobody approves their own").await;
+        refused(&runtime, &decide(Some(&rev), "g-high", "approved", false, false), "AL403", "step_up_required").await;
+        refused(&runtime, &decide(Some(&rev), "g-ana", "abandoned", false, false), "AL403", "only the requester").await;
+        // Accepted: a reviewer's approval; the requester's own withdrawal (self); an admin's
+        // override on their own (self); a step-up decision; then the gate is decided.
+        assert_eq!(one(&runtime, &decide(Some(&rev), "g-ana", "approved", false, false)).await, "done");
+        assert_eq!(one(&runtime, &decide(Some(&rev), "g-rev", "abandoned", false, false)).await, "done");
+        assert_eq!(one(&runtime, &decide(Some(&adm), "g-adm", "approved", true, false)).await, "done");
+        assert_eq!(one(&runtime, &decide(Some(&adm), "g-high", "denied", false, true)).await, "done");
+        assert_eq!(one(&runtime, &decide(Some(&adm), "g-ana", "denied", false, false)).await, "not_pending");
+        assert_eq!(one(&runtime, &format!("SELECT count(*) FROM ({}) x", decide(Some(&rev), "nope", "denied", false, false))).await, "0");
+        assert_eq!(
+            one(&owner, "SELECT string_agg(gate_id || ':' || state || ':' || actor || ':' || self || ':' || step_up, ',' ORDER BY gate_id) FROM gate_decisions").await,
+            format!("g-adm:approved:{adm_id}:true:false,g-ana:approved:{rev_id}:false:false,g-high:denied:{adm_id}:false:true,g-rev:abandoned:{rev_id}:true:false")
+        );
+        insert_only(&owner, "UPDATE gate_decisions SET state = 'denied'").await;
+        insert_only(&owner, "DELETE FROM gates").await;
+
         // --- The admin role: users, roles, tokens, revocations; no evidence at all. ---
         admin
             .batch_execute(&format!("INSERT INTO user_roles (user_id, role) VALUES ('{ana_id}', 'member')"))
@@ -300,6 +366,10 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
             "INSERT INTO schema_migrations (version) VALUES (999)".into(),
             flag_call(Some(&adm), "f-ana", "resolved", false),
             assign_call(Some(&adm), "f-ana", Some(&adm_id), false),
+            "SELECT count(*) FROM gates".into(),
+            "SELECT count(*) FROM gate_decisions".into(),
+            format!("SELECT * FROM airlock_gate_decide('{adm}', 'g-ana', 'denied', NULL, NULL, false, false)"),
+            "SELECT * FROM airlock_gate_expire(10)".into(),
         ] {
             denied(&admin, &sql).await;
         }
@@ -344,6 +414,14 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
             "true search_path=pg_catalog, public, pg_temp"
         );
         assert_eq!(one(&owner, "SELECT has_function_privilege('public', 'airlock_flag_assign(text,text,text,text,boolean)', 'EXECUTE')::text").await, "false");
+        for f in ["airlock_gate_decide", "airlock_gate_expire"] {
+            assert_eq!(
+                one(&owner, &format!("SELECT prosecdef::text || ' ' || array_to_string(proconfig, ';') FROM pg_proc WHERE proname = '{f}'")).await,
+                "true search_path=pg_catalog, public, pg_temp"
+            );
+        }
+        assert_eq!(one(&owner, "SELECT has_function_privilege('public', 'airlock_gate_decide(text,text,text,text,text,boolean,boolean)', 'EXECUTE')::text").await, "false");
+        assert_eq!(one(&owner, "SELECT has_function_privilege('public', 'airlock_credential(text)', 'EXECUTE')::text").await, "false");
     });
 }
 

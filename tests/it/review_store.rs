@@ -255,6 +255,177 @@ pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
     );
     transcripts_conformance(admin, s, &ana.id, &bob.id).await;
     console_reads_conformance(admin, s).await;
+    gates_conformance(s, &ana, t2, &bob, tb).await;
+}
+
+/// Action gates agree on both stores: opening (with its `gate.requested` event, under the
+/// pending caps), reading and listing by state, one decision per gate bound to the digest
+/// (with its event), and the expiry sweep writing `expired` once.
+async fn gates_conformance<S: Store>(
+    s: &S,
+    ana: &airlock::review::User,
+    ana_secret: &str,
+    bob: &airlock::review::User,
+    bob_secret: &str,
+) {
+    use airlock::review::gates::{
+        Decided, DecisionRequest, GateKind, GateQuery, GateState, NewGate, Verdict,
+    };
+    use airlock::review::store::{GateCaps, Opened};
+    let new_gate = |id: &str, session: &str, timeout_ms: i64| {
+        let action = airlock::gate::EgressAction {
+            session,
+            attempt: id,
+            method: "CONNECT",
+            host: "api.pay.test",
+            port: 443,
+            request: None,
+        }
+        .canonical();
+        NewGate {
+            id: id.into(),
+            user_id: ana.id.clone(),
+            kind: GateKind::Egress,
+            session: Some(session.into()),
+            repo: Some("payments".into()),
+            method: Some("CONNECT".into()),
+            host: Some("api.pay.test".into()),
+            port: Some(443),
+            request: None,
+            digest: airlock::gate::digest(&action),
+            action,
+            severity: airlock::gate::Severity::Medium,
+            rule: Some("api.pay.test".into()),
+            layer: Some("user".into()),
+            policy: Some("~/.airlock/config.toml".into()),
+            local_id: Some("g000001-x".into()),
+            context: Some(r#"{"why":"refund"}"#.into()),
+            self_approve: false,
+            timeout_ms,
+        }
+    };
+    let caps = GateCaps { per_session: 2, per_user: 3 };
+    let open = |g: NewGate| async move { s.open_gate(&g, caps).await.unwrap() };
+    let Opened::Gate(g1) = open(new_gate("gt_1", "GS1", 60_000)).await else { panic!("g1") };
+    assert_eq!((g1.user_email.as_str(), g1.gate.port), ("ana@example.test", Some(443)));
+    assert_eq!(g1.deadline - g1.requested_at, 60_000_000, "the deadline is the timeout after");
+    assert!(g1.decision.is_none());
+    let Opened::Gate(_) = open(new_gate("gt_2", "GS1", 60_000)).await else { panic!("g2") };
+    // The session's cap, then the user's, refuse without storing anything.
+    assert_eq!(open(new_gate("gt_3", "GS1", 60_000)).await, Opened::SessionLimit(2));
+    let Opened::Gate(_) = open(new_gate("gt_4", "GS2", 1_000)).await else { panic!("g4") };
+    assert_eq!(open(new_gate("gt_5", "GS3", 60_000)).await, Opened::UserLimit(3));
+    assert!(s.get_gate("gt_3").await.unwrap().is_none());
+    assert!(s.get_gate("gt_nope").await.unwrap().is_none());
+    let got = s.get_gate("gt_1").await.unwrap().unwrap();
+    assert_eq!(got, *g1, "read back as opened");
+
+    // Decisions: bound to the digest, once.
+    let decide =
+        |id: &'static str, verdict, digest: Option<&'static str>, actor, secret| DecisionRequest {
+            gate_id: id,
+            verdict,
+            note: Some("looks right"),
+            actor,
+            self_decided: false,
+            override_requested: false,
+            step_up: false,
+            digest,
+            secret,
+            at: 0,
+        };
+    let wrong = decide("gt_1", Verdict::Approve, Some("sha256:00"), bob, bob_secret);
+    assert!(matches!(s.decide_gate(&wrong).await.unwrap(), Decided::Digest(_)));
+    let right = DecisionRequest {
+        digest: Some(g1.gate.digest.as_str()),
+        ..decide("gt_1", Verdict::Approve, None, bob, bob_secret)
+    };
+    let Decided::Done(d1) = s.decide_gate(&right).await.unwrap() else { panic!("decided") };
+    let dec = d1.decision.clone().unwrap();
+    assert_eq!(dec.state, GateState::Approved);
+    assert_eq!(
+        (dec.actor.as_deref(), dec.actor_email.as_deref()),
+        (Some(bob.id.as_str()), Some("bob@example.test"))
+    );
+    assert_eq!((dec.note.as_deref(), dec.self_decided), (Some("looks right"), false));
+    assert!(matches!(s.decide_gate(&right).await.unwrap(), Decided::NotPending(_)));
+    let deny = decide("gt_1", Verdict::Deny, None, bob, bob_secret);
+    assert!(matches!(s.decide_gate(&deny).await.unwrap(), Decided::NotPending(_)));
+    let none = decide("gt_nope", Verdict::Deny, None, bob, bob_secret);
+    assert_eq!(s.decide_gate(&none).await.unwrap(), Decided::NoGate);
+    // The requester withdraws their own.
+    let abandon = DecisionRequest {
+        self_decided: true,
+        ..decide("gt_2", Verdict::Abandon, None, ana, ana_secret)
+    };
+    let Decided::Done(d2) = s.decide_gate(&abandon).await.unwrap() else { panic!("abandon") };
+    let dec = d2.decision.unwrap();
+    assert_eq!((dec.state, dec.self_decided), (GateState::Abandoned, true));
+
+    // gt_4 expires (1 s), and the sweep writes it once.
+    tokio::time::sleep(std::time::Duration::from_millis(1_200)).await;
+    let q =
+        |state| GateQuery { user_id: Some(ana.id.clone()), state, limit: 10, ..Default::default() };
+    let ids =
+        |v: Vec<airlock::review::gates::Gate>| v.into_iter().map(|g| g.gate.id).collect::<Vec<_>>();
+    assert_eq!(ids(s.list_gates(&q(Some(GateState::Expired))).await.unwrap()), ["gt_4"]);
+    let expired = s.expire_gates(10).await.unwrap();
+    assert_eq!(ids(expired.clone()), ["gt_4"]);
+    assert_eq!(expired[0].decision.as_ref().unwrap().at, expired[0].deadline);
+    assert!(s.expire_gates(10).await.unwrap().is_empty(), "written once");
+    let late = decide("gt_4", Verdict::Approve, None, bob, bob_secret);
+    assert!(matches!(s.decide_gate(&late).await.unwrap(), Decided::NotPending(_)));
+    // Listings by state; newest first unless ascending; the cursor.
+    assert_eq!(ids(s.list_gates(&q(None)).await.unwrap()), ["gt_4", "gt_2", "gt_1"]);
+    assert_eq!(
+        ids(s.list_gates(&GateQuery { ascending: true, ..q(None) }).await.unwrap()),
+        ["gt_1", "gt_2", "gt_4"]
+    );
+    assert_eq!(ids(s.list_gates(&q(Some(GateState::Approved))).await.unwrap()), ["gt_1"]);
+    assert_eq!(ids(s.list_gates(&q(Some(GateState::Abandoned))).await.unwrap()), ["gt_2"]);
+    assert!(s.list_gates(&q(Some(GateState::Pending))).await.unwrap().is_empty());
+    let page = s.list_gates(&GateQuery { after: Some(d2.n), ..q(None) }).await.unwrap();
+    assert_eq!(ids(page), ["gt_1"]);
+    let session = GateQuery { session: Some("GS2".into()), ..q(None) };
+    assert_eq!(ids(s.list_gates(&session).await.unwrap()), ["gt_4"]);
+    // A decided gate frees its place under the caps.
+    let Opened::Gate(_) = open(new_gate("gt_6", "GS1", 60_000)).await else { panic!("g6") };
+
+    // Every step is an event of the requester's history, source `gate`, once.
+    let events = s
+        .query_events(&EventQuery {
+            user_id: Some(ana.id.clone()),
+            source: Some(Source::Gate),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut kinds: Vec<(String, String)> =
+        events.iter().map(|e| (e.id.clone(), e.kind.clone())).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            ("gt_1:approved", "gate.approved"),
+            ("gt_1:requested", "gate.requested"),
+            ("gt_2:abandoned", "gate.abandoned"),
+            ("gt_2:requested", "gate.requested"),
+            ("gt_4:expired", "gate.expired"),
+            ("gt_4:requested", "gate.requested"),
+            ("gt_6:requested", "gate.requested"),
+        ]
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+    let approved = events.iter().find(|e| e.id == "gt_1:approved").unwrap();
+    assert_eq!(approved.airlock_session.as_deref(), Some("GS1"));
+    assert_eq!(approved.session, None);
+    let p: serde_json::Value = serde_json::from_str(&approved.payload).unwrap();
+    assert_eq!(
+        (p["by_email"].as_str(), p["note"].as_str()),
+        (Some("bob@example.test"), Some("looks right"))
+    );
+    assert_eq!(p["digest"], g1.gate.digest.as_str());
 }
 
 /// The console's reads agree on both stores: `/people`'s per-day counts, denied attempts,
@@ -546,6 +717,7 @@ fn col(table: &str) -> &'static str {
         | "console_session_seen"
         | "console_session_ends" => "hash",
         "auth_log" => "slot",
+        "gate_decisions" => "gate_id",
         _ => "id",
     }
 }

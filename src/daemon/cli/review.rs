@@ -161,6 +161,13 @@ pub struct ReviewArgs {
     #[arg(long, default_value_t = crate::review::console::LOGIN_PER_ADDRESS.burst, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub login_attempts_per_address: u32,
+    /// Whether a requester may approve their own action gates: `never` (only the store's sole
+    /// reviewer/admin or an admin's override), `managed` (also when the requesting client's
+    /// managed layer, /etc/airlock/policy.toml, says `[gate] self_approve = true`), or `always`.
+    /// Self-approvals are recorded `"self": true` either way (docs/gates.md).
+    #[arg(long, default_value = "managed", value_name = "POLICY",
+          value_parser = clap::builder::PossibleValuesParser::new(crate::review::gates::SelfApprove::NAMES))]
+    pub gate_self_approve: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -686,14 +693,20 @@ fn run_server(args: ReviewArgs) -> i32 {
         let state = Arc::new(
             AppState::with_limits(store, engine, limits)
                 .with_read_slots(args.read_concurrency_per_user, args.read_concurrency)
-                .with_console(console_config),
+                .with_console(console_config)
+                .with_gate_self_approve(
+                    crate::review::gates::SelfApprove::parse(&args.gate_self_approve)
+                        .unwrap_or_default(),
+                ),
         );
+        let expiry = tokio::spawn(crate::review::gate_api::expiry_loop(Arc::clone(&state)));
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
             std::time::Duration::from_secs(args.settle_secs.max(1)),
         ));
         serve(listener, tls, state, shutdown_signal()).await;
         settle.abort();
+        expiry.abort();
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         0
     })

@@ -43,6 +43,8 @@ type Resp = Response<Full<Bytes>>;
 pub const EVENT_LOGIN: &str = "airlock.auth.login";
 pub const EVENT_LOGIN_FAILED: &str = "airlock.auth.login_failed";
 pub const EVENT_LOGOUT: &str = "airlock.auth.logout";
+/// A wrong (or absent) password re-entered to decide a `high` action gate (step-up).
+pub const EVENT_STEP_UP_FAILED: &str = "airlock.auth.step_up_failed";
 
 /// Default sign-in attempts per account before the refill applies
 /// (`--login-attempts-per-account`): failed attempts count.
@@ -101,6 +103,19 @@ impl Console {
             by_account: RateLimiter::new(config.login_per_account),
             by_address: RateLimiter::new(config.login_per_address),
         }
+    }
+}
+
+impl Console {
+    /// Whether `account` (a lowercased email) may try a password now (step-up shares the
+    /// sign-in budget, so neither is a way around the other's limit).
+    pub fn check_account(&self, account: &str, now: Instant) -> Result<(), std::time::Duration> {
+        self.by_account.check(&account.to_owned(), now)
+    }
+
+    /// Charges one failed password attempt to `account`.
+    pub fn take_account(&self, account: &str, now: Instant) {
+        let _ = self.by_account.take(&account.to_owned(), now);
     }
 }
 

@@ -12,6 +12,7 @@ pub mod postgres;
 pub mod sqlite;
 
 use super::detect::session::{SessionRow, SessionScan, covers_of};
+use super::gates::{Decided, DecisionRequest, Gate, GateQuery, GateState, NewGate};
 use super::{
     Flag, FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Source, StoredEvent, User,
 };
@@ -394,6 +395,178 @@ pub(crate) const TRANSCRIPT_FILE_ROWS: &str = "user_id = {1} AND airlock_session
 pub(crate) const TRANSCRIPT_LINE_ROWS: &str = "user_id = {1} AND airlock_session = {2} \
      AND source IN ('claude', 'codex') AND conflict_of IS NULL";
 
+/// What [`Store::open_gate`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    /// Stored with its `gate.requested` event.
+    Gate(Box<Gate>),
+    /// The requester's session already has this many pending gates (nothing stored).
+    SessionLimit(usize),
+    /// The requester already has this many pending gates (nothing stored).
+    UserLimit(usize),
+}
+
+/// The pending caps [`Store::open_gate`] applies inside its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateCaps {
+    pub per_session: usize,
+    pub per_user: usize,
+}
+
+/// The columns a gate is read with, over `gates g JOIN users u ON u.id = g.user_id LEFT JOIN
+/// gate_decisions d ON d.gate_id = g.id LEFT JOIN users a ON a.id = d.actor`; `{requested}`,
+/// `{deadline}` and `{at}` are the backend's expressions for those times in microseconds.
+pub(crate) const GATE_COLS: &str = "g.n, g.id, g.user_id, u.email, g.kind, g.session, g.repo, \
+     g.method, g.host, g.port, g.request, g.action, g.digest, g.severity, g.rule, g.layer, \
+     g.policy, g.local_id, g.context, g.self_approve, g.timeout_ms, {requested}, {deadline}, \
+     d.state, d.actor, a.email, d.note, d.self, d.step_up, {at}";
+
+/// The `FROM` of a gate read.
+pub(crate) const GATE_FROM: &str = " FROM gates g JOIN users u ON u.id = g.user_id \
+     LEFT JOIN gate_decisions d ON d.gate_id = g.id LEFT JOIN users a ON a.id = d.actor";
+
+/// One gate row's values, in [`GATE_COLS`] order, as both backends read them.
+#[derive(Debug, Clone)]
+pub(crate) struct GateRowValues {
+    pub n: i64,
+    pub id: String,
+    pub user_id: String,
+    pub email: String,
+    pub kind: String,
+    pub session: Option<String>,
+    pub repo: Option<String>,
+    pub method: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<i64>,
+    pub request: Option<String>,
+    pub action: String,
+    pub digest: String,
+    pub severity: String,
+    pub rule: Option<String>,
+    pub layer: Option<String>,
+    pub policy: Option<String>,
+    pub local_id: Option<String>,
+    pub context: Option<String>,
+    pub self_approve: bool,
+    pub timeout_ms: i64,
+    pub requested_at: Micros,
+    pub deadline: Micros,
+    pub state: Option<String>,
+    pub actor: Option<String>,
+    pub actor_email: Option<String>,
+    pub note: Option<String>,
+    pub self_decided: Option<bool>,
+    pub step_up: Option<bool>,
+    pub at: Option<Micros>,
+}
+
+impl GateRowValues {
+    /// The gate these values describe; a value the schema's checks would never let in is a
+    /// store error.
+    pub(crate) fn into_gate(self) -> Result<Gate, StoreError> {
+        use super::gates::{Decision, GateKind};
+        let bad = |what: &str| StoreError::Other(format!("gate {} has a bad {what}", self.id));
+        let kind = GateKind::parse(&self.kind).ok_or_else(|| bad("kind"))?;
+        let severity =
+            crate::gate::Severity::parse(&self.severity).ok_or_else(|| bad("severity"))?;
+        let decision = match (&self.state, self.at) {
+            (Some(s), Some(at)) => Some(Decision {
+                state: GateState::parse(s).ok_or_else(|| bad("decision state"))?,
+                actor: self.actor.clone(),
+                actor_email: self.actor_email.clone(),
+                note: self.note.clone(),
+                self_decided: self.self_decided.unwrap_or(false),
+                step_up: self.step_up.unwrap_or(false),
+                at,
+            }),
+            _ => None,
+        };
+        let port = match self.port {
+            Some(p) => Some(u16::try_from(p).map_err(|_| bad("port"))?),
+            None => None,
+        };
+        Ok(Gate {
+            n: self.n,
+            user_email: self.email,
+            requested_at: self.requested_at,
+            deadline: self.deadline,
+            decision,
+            gate: NewGate {
+                id: self.id,
+                user_id: self.user_id,
+                kind,
+                session: self.session,
+                repo: self.repo,
+                method: self.method,
+                host: self.host,
+                port,
+                request: self.request,
+                action: self.action,
+                digest: self.digest,
+                severity,
+                rule: self.rule,
+                layer: self.layer,
+                policy: self.policy,
+                local_id: self.local_id,
+                context: self.context,
+                self_approve: self.self_approve,
+                timeout_ms: self.timeout_ms,
+            },
+        })
+    }
+}
+
+impl GateQuery {
+    /// The `WHERE`…`LIMIT` tail of a gate listing and its arguments, with placeholders from
+    /// `placeholder(n)`; `now` is the backend's current time as a value comparable with
+    /// `g.deadline` (an expression, or `None` to bind [`FlagArg::Time`] of `now_us`).
+    pub(crate) fn sql_tail(
+        &self,
+        placeholder: fn(usize) -> String,
+        now: Option<&str>,
+        now_us: Micros,
+    ) -> (String, Vec<FlagArg>) {
+        let mut sql = String::from(" WHERE 1=1");
+        let mut args = Vec::new();
+        let mut bind = |sql: &mut String, clause: &str, arg: FlagArg| {
+            args.push(arg);
+            sql.push_str(&clause.replace("{}", &placeholder(args.len())));
+        };
+        if let Some(u) = &self.user_id {
+            bind(&mut sql, " AND g.user_id = {}", FlagArg::Text(u.clone()));
+        }
+        if let Some(s) = &self.session {
+            bind(&mut sql, " AND g.session = {}", FlagArg::Text(s.clone()));
+        }
+        if let Some(state) = self.state {
+            match state {
+                GateState::Pending | GateState::Expired => {
+                    let clause = if state == GateState::Pending {
+                        " AND d.gate_id IS NULL AND g.deadline > {}"
+                    } else {
+                        " AND (d.state = 'expired' OR (d.gate_id IS NULL AND g.deadline <= {}))"
+                    };
+                    match now {
+                        Some(expr) => sql.push_str(&clause.replace("{}", expr)),
+                        None => bind(&mut sql, clause, FlagArg::Int(now_us)),
+                    }
+                }
+                other => {
+                    bind(&mut sql, " AND d.state = {}", FlagArg::Text(other.as_str().to_owned()))
+                }
+            }
+        }
+        let desc = !self.ascending;
+        if let Some(a) = self.after {
+            let op = if desc { "<" } else { ">" };
+            bind(&mut sql, &format!(" AND g.n {op} {{}}"), FlagArg::Int(a));
+        }
+        sql.push_str(if desc { " ORDER BY g.n DESC" } else { " ORDER BY g.n" });
+        bind(&mut sql, " LIMIT {}", FlagArg::Int(i64::from(self.limit)));
+        (sql, args)
+    }
+}
+
 /// Filters for reading flags.
 #[derive(Debug, Clone, Default)]
 pub struct FlagQuery {
@@ -532,6 +705,11 @@ pub struct ConsoleSessionRow {
     pub last_seen: Micros,
     /// Whether the session was ended (logout).
     pub ended: bool,
+}
+
+/// The refusal of gate methods by a store that does not implement them (a test wrapper).
+fn no_gates<T>() -> Result<T, StoreError> {
+    Err(StoreError::Other("this store does not keep action gates".into()))
 }
 
 /// The refusal of console methods by a store that does not implement them (a test wrapper).
@@ -692,6 +870,47 @@ pub trait Store: Send + Sync + 'static {
         &self,
         assignment: &FlagAssignment<'_>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    // --- Action gates (docs/gates.md "With a review server"). Defaults refuse, so a
+    // wrapper store that does not serve gates need not implement them. ---
+
+    /// Opens `gate` (its requester is `gate.user_id`) with its `gate.requested` event, in one
+    /// transaction, unless the requester already has `caps` pending gates (in the gate's
+    /// session, or in all): then nothing is stored.
+    fn open_gate(
+        &self,
+        _gate: &NewGate,
+        _caps: GateCaps,
+    ) -> impl Future<Output = Result<Opened, StoreError>> + Send {
+        async { no_gates() }
+    }
+    /// One gate with its decision.
+    fn get_gate(&self, _id: &str) -> impl Future<Output = Result<Option<Gate>, StoreError>> + Send {
+        async { no_gates() }
+    }
+    /// Gates matching `q`, in its order.
+    fn list_gates(
+        &self,
+        _q: &GateQuery,
+    ) -> impl Future<Output = Result<Vec<Gate>, StoreError>> + Send {
+        async { no_gates() }
+    }
+    /// Records one decision with its `gate.<state>` event, in one transaction, if the gate is
+    /// still pending (by the store's clock) and its digest is the one given.
+    fn decide_gate(
+        &self,
+        _d: &DecisionRequest<'_>,
+    ) -> impl Future<Output = Result<Decided, StoreError>> + Send {
+        async { no_gates() }
+    }
+    /// Writes the `expired` decision (and its event) of up to `max` gates whose deadline
+    /// passed undecided; returns them.
+    fn expire_gates(
+        &self,
+        _max: usize,
+    ) -> impl Future<Output = Result<Vec<Gate>, StoreError>> + Send {
+        async { no_gates() }
+    }
 
     // --- Console sign-in (docs/console.md). Defaults refuse, so a wrapper store that does
     // not serve the console need not implement them. ---
@@ -900,6 +1119,21 @@ impl Store for AnyStore {
     }
     async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
         dispatch!(self, s => s.assign_flag(a))
+    }
+    async fn open_gate(&self, g: &NewGate, caps: GateCaps) -> Result<Opened, StoreError> {
+        dispatch!(self, s => s.open_gate(g, caps))
+    }
+    async fn get_gate(&self, id: &str) -> Result<Option<Gate>, StoreError> {
+        dispatch!(self, s => s.get_gate(id))
+    }
+    async fn list_gates(&self, q: &GateQuery) -> Result<Vec<Gate>, StoreError> {
+        dispatch!(self, s => s.list_gates(q))
+    }
+    async fn decide_gate(&self, d: &DecisionRequest<'_>) -> Result<Decided, StoreError> {
+        dispatch!(self, s => s.decide_gate(d))
+    }
+    async fn expire_gates(&self, max: usize) -> Result<Vec<Gate>, StoreError> {
+        dispatch!(self, s => s.expire_gates(max))
     }
     async fn set_password(&self, u: &str, phc: &str) -> Result<(), StoreError> {
         dispatch!(self, s => s.set_password(u, phc))

@@ -16,11 +16,12 @@
 
 use super::pg_tls::{PgOptions, PgTarget};
 use super::{
-    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, IngestScan, Store, StoreError,
-    crash_point, random_id,
+    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, GATE_COLS, GATE_FROM, GateCaps,
+    GateRowValues, IngestScan, Opened, Store, StoreError, crash_point, random_id,
 };
 use super::{HourCount, PersonActivity, PublishedFile, SessionTranscriptItems};
 use crate::review::detect::session::SessionScan;
+use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, NewGate};
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
     StoredEvent, User, dedup,
@@ -42,6 +43,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (8, include_str!("../migrations/pg_0008.sql")),
     (9, include_str!("../migrations/pg_0009.sql")),
     (10, include_str!("../migrations/pg_0010.sql")),
+    (11, include_str!("../migrations/pg_0011.sql")),
 ];
 
 /// Every table of the store (each has a row in [`GRANTS`]).
@@ -64,6 +66,8 @@ pub const TABLES: &[&str] = &[
     "console_session_seen",
     "console_session_ends",
     "auth_log",
+    "gates",
+    "gate_decisions",
 ];
 
 /// The grants contract, as `migrate` applies it and docs/review.md tabulates it:
@@ -92,6 +96,10 @@ pub const GRANTS: &[(&str, &str, &str)] = &[
     ("console_session_seen", "SELECT, INSERT", ""),
     ("console_session_ends", "SELECT, INSERT", ""),
     ("auth_log", "", ""),
+    // Action gates (migration 0011): opened by the server; decided only through
+    // `airlock_gate_decide` and expired only through `airlock_gate_expire`.
+    ("gates", "SELECT, INSERT", ""),
+    ("gate_decisions", "SELECT", ""),
 ];
 
 /// Sequences each role draws ids from (USAGE): (sequence, runtime, admin).
@@ -103,6 +111,7 @@ pub const SEQUENCE_GRANTS: &[(&str, bool, bool)] = &[
     ("flag_states_n_seq", false, false),
     ("user_passwords_n_seq", false, true),
     ("auth_log_seq", false, false),
+    ("gates_n_seq", true, false),
 ];
 
 /// Functions the runtime role may EXECUTE (EXECUTE is revoked from PUBLIC on each).
@@ -111,6 +120,8 @@ pub const RUNTIME_FUNCTIONS: &[&str] = &[
     "airlock_flag_assign(text, text, text, text, boolean)",
     "airlock_accept_invite(bytea, text)",
     "airlock_auth_log(text, text)",
+    "airlock_gate_decide(text, text, text, text, text, boolean, boolean)",
+    "airlock_gate_expire(integer)",
 ];
 
 /// A small fixed pool of pipelined connections; a closed one is replaced on next use.
@@ -350,6 +361,84 @@ impl PgStore {
         }
         Ok(out)
     }
+}
+
+/// [`GATE_COLS`] with this store's time columns as microseconds.
+fn gate_cols() -> String {
+    GATE_COLS
+        .replace("{requested}", "(extract(epoch from g.requested_at) * 1000000)::int8")
+        .replace("{deadline}", "(extract(epoch from g.deadline) * 1000000)::int8")
+        .replace("{at}", "(extract(epoch from d.at) * 1000000)::int8")
+}
+
+fn gate_values(r: &Row) -> GateRowValues {
+    GateRowValues {
+        n: r.get(0),
+        id: r.get(1),
+        user_id: r.get(2),
+        email: r.get(3),
+        kind: r.get(4),
+        session: r.get(5),
+        repo: r.get(6),
+        method: r.get(7),
+        host: r.get(8),
+        port: r.get::<_, Option<i32>>(9).map(i64::from),
+        request: r.get(10),
+        action: r.get(11),
+        digest: r.get(12),
+        severity: r.get(13),
+        rule: r.get(14),
+        layer: r.get(15),
+        policy: r.get(16),
+        local_id: r.get(17),
+        context: r.get(18),
+        self_approve: r.get(19),
+        timeout_ms: r.get(20),
+        requested_at: r.get(21),
+        deadline: r.get(22),
+        state: r.get(23),
+        actor: r.get(24),
+        actor_email: r.get(25),
+        note: r.get(26),
+        self_decided: r.get(27),
+        step_up: r.get(28),
+        at: r.get(29),
+    }
+}
+
+async fn load_gate(c: &impl GenericClient, id: &str) -> Result<Option<Gate>, StoreError> {
+    let sql = format!("SELECT {}{GATE_FROM} WHERE g.id = $1", gate_cols());
+    let row = c.query_opt(&sql, &[&id]).await?;
+    row.map(|r| gate_values(&r).into_gate()).transpose()
+}
+
+/// Loads gate `id` on `c` (inside the transaction that just decided it) and inserts its
+/// `gate.<state>` event there.
+async fn record_decision(c: &impl GenericClient, id: &str) -> Result<Gate, StoreError> {
+    let g = load_gate(c, id)
+        .await?
+        .ok_or_else(|| StoreError::Other(format!("gate {id} vanished while it was decided")))?;
+    let event = gates::step_event(&g, g.decision.as_ref());
+    insert_event_rows(c, &g.gate.user_id, 0, &[event]).await?;
+    Ok(g)
+}
+
+/// Pending gates of `user_id` by the database clock (of `session` when given).
+async fn pending_gates(
+    c: &impl GenericClient,
+    user_id: &str,
+    session: Option<&str>,
+) -> Result<usize, StoreError> {
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM gates g WHERE g.user_id = $1 AND g.deadline > now()
+               AND ($2::text IS NULL OR g.session = $2)
+               AND NOT EXISTS (SELECT 1 FROM gate_decisions d WHERE d.gate_id = g.id)",
+            &[&user_id, &session],
+        )
+        .await?
+        .get(0);
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
 const FLAG_COLS: &str = "n, id, rule_id, title, severity, user_id, session, detail, \
@@ -1222,6 +1311,148 @@ impl Store for PgStore {
             .await
             .map_err(flag_state_error)?;
         Ok(!rows.is_empty())
+    }
+
+    async fn open_gate(&self, gate: &NewGate, caps: GateCaps) -> Result<Opened, StoreError> {
+        let mut guard = self.tx_client().await?;
+        let Some(client) = guard.as_mut() else {
+            return Err(StoreError::Unavailable("no connection for the gate".into()));
+        };
+        let tx = client.transaction().await?;
+        // One opening per requester at a time, so the caps below hold under concurrency
+        // (released at commit or rollback).
+        tx.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 18))", &[&gate.user_id])
+            .await?;
+        let user = pending_gates(&tx, &gate.user_id, None).await?;
+        if user >= caps.per_user {
+            return Ok(Opened::UserLimit(user));
+        }
+        if let Some(session) = gate.session.as_deref() {
+            let n = pending_gates(&tx, &gate.user_id, Some(session)).await?;
+            if n >= caps.per_session {
+                return Ok(Opened::SessionLimit(n));
+            }
+        }
+        let port = gate.port.map(i32::from);
+        // `requested_at` and `deadline` are the database's (trigger, migration 0011).
+        tx.execute(
+            "INSERT INTO gates (id, user_id, kind, session, repo, method, host, port, request,
+               action, digest, severity, rule, layer, policy, local_id, context, self_approve,
+               timeout_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+               $18, $19)",
+            &[
+                &gate.id,
+                &gate.user_id,
+                &gate.kind.as_str(),
+                &gate.session,
+                &gate.repo,
+                &gate.method,
+                &gate.host,
+                &port,
+                &gate.request,
+                &gate.action,
+                &gate.digest,
+                &gate.severity.as_str(),
+                &gate.rule,
+                &gate.layer,
+                &gate.policy,
+                &gate.local_id,
+                &gate.context,
+                &gate.self_approve,
+                &gate.timeout_ms,
+            ],
+        )
+        .await?;
+        let g = load_gate(&tx, &gate.id)
+            .await?
+            .ok_or_else(|| StoreError::Other(format!("gate {} vanished", gate.id)))?;
+        insert_event_rows(&tx, &gate.user_id, 0, &[gates::step_event(&g, None)]).await?;
+        tx.commit().await?;
+        Ok(Opened::Gate(Box::new(g)))
+    }
+
+    async fn get_gate(&self, id: &str) -> Result<Option<Gate>, StoreError> {
+        let c = self.client().await?;
+        load_gate(&*c, id).await
+    }
+
+    async fn list_gates(&self, q: &GateQuery) -> Result<Vec<Gate>, StoreError> {
+        let c = self.client().await?;
+        let (tail, args) = q.sql_tail(|n| format!("${n}"), Some("now()"), 0);
+        let sql = format!("SELECT {}{GATE_FROM}{tail}", gate_cols());
+        let args: Vec<Box<dyn ToSql + Sync + Send>> = args.into_iter().map(pg_arg).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            args.iter().map(|a| a.as_ref() as &(dyn ToSql + Sync)).collect();
+        let rows = c.query(&sql, &refs).await?;
+        rows.iter().map(|r| gate_values(r).into_gate()).collect()
+    }
+
+    async fn decide_gate(&self, d: &DecisionRequest<'_>) -> Result<Decided, StoreError> {
+        // The function re-checks the credential, the role, the self rule and the step-up flag
+        // and stamps the database clock; the caller's `actor`, `self_decided` and `at` are
+        // not trusted here (the runtime role cannot write gate_decisions itself).
+        let mut guard = self.tx_client().await?;
+        let Some(client) = guard.as_mut() else {
+            return Err(StoreError::Unavailable("no connection for the decision".into()));
+        };
+        let tx = client.transaction().await?;
+        let state = d.verdict.state().as_str();
+        let row = tx
+            .query_opt(
+                "SELECT outcome FROM airlock_gate_decide($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &d.secret,
+                    &d.gate_id,
+                    &state,
+                    &d.note,
+                    &d.digest,
+                    &d.override_requested,
+                    &d.step_up,
+                ],
+            )
+            .await
+            .map_err(flag_state_error)?;
+        let Some(row) = row else {
+            return Ok(Decided::NoGate);
+        };
+        let outcome: String = row.get(0);
+        let result = match outcome.as_str() {
+            "done" => Decided::Done(Box::new(record_decision(&tx, d.gate_id).await?)),
+            other => {
+                let g = load_gate(&tx, d.gate_id)
+                    .await?
+                    .ok_or_else(|| StoreError::Other(format!("gate {} vanished", d.gate_id)))?;
+                if other == "digest" {
+                    Decided::Digest(Box::new(g))
+                } else {
+                    Decided::NotPending(Box::new(g))
+                }
+            }
+        };
+        tx.commit().await?;
+        Ok(result)
+    }
+
+    async fn expire_gates(&self, max: usize) -> Result<Vec<Gate>, StoreError> {
+        let mut guard = self.tx_client().await?;
+        let Some(client) = guard.as_mut() else {
+            return Err(StoreError::Unavailable("no connection for the expiry".into()));
+        };
+        let tx = client.transaction().await?;
+        let max = i32::try_from(max).unwrap_or(i32::MAX);
+        let ids: Vec<String> = tx
+            .query("SELECT gate_id FROM airlock_gate_expire($1)", &[&max])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in &ids {
+            out.push(record_decision(&tx, id).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn set_password(&self, user_id: &str, phc: &str) -> Result<(), StoreError> {

@@ -7,11 +7,12 @@
 //! other command) refuses a dir that holds no store instead of silently creating an empty one.
 
 use super::{
-    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, HourCount, IngestScan,
-    PersonActivity, PublishedFile, SessionTranscriptItems, Store, StoreError, crash_point,
-    random_id,
+    EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, GATE_COLS, GATE_FROM, GateCaps,
+    GateRowValues, HourCount, IngestScan, Opened, PersonActivity, PublishedFile,
+    SessionTranscriptItems, Store, StoreError, crash_point, random_id,
 };
 use crate::review::detect::session::SessionScan;
+use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, GateState, NewGate};
 use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
     StoredEvent, User, dedup, now_micros,
@@ -30,6 +31,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (6, include_str!("../migrations/sqlite_0006.sql")),
     (7, include_str!("../migrations/sqlite_0007.sql")),
     (8, include_str!("../migrations/sqlite_0008.sql")),
+    (9, include_str!("../migrations/sqlite_0009.sql")),
 ];
 
 /// The embedded store. Cloning shares the connection.
@@ -680,6 +682,100 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     })
 }
 
+/// [`GATE_COLS`] with this store's time columns (integer microseconds already).
+fn gate_cols() -> String {
+    GATE_COLS
+        .replace("{requested}", "g.requested_at")
+        .replace("{deadline}", "g.deadline")
+        .replace("{at}", "d.at")
+}
+
+fn gate_values(r: &rusqlite::Row<'_>) -> rusqlite::Result<GateRowValues> {
+    Ok(GateRowValues {
+        n: r.get(0)?,
+        id: r.get(1)?,
+        user_id: r.get(2)?,
+        email: r.get(3)?,
+        kind: r.get(4)?,
+        session: r.get(5)?,
+        repo: r.get(6)?,
+        method: r.get(7)?,
+        host: r.get(8)?,
+        port: r.get(9)?,
+        request: r.get(10)?,
+        action: r.get(11)?,
+        digest: r.get(12)?,
+        severity: r.get(13)?,
+        rule: r.get(14)?,
+        layer: r.get(15)?,
+        policy: r.get(16)?,
+        local_id: r.get(17)?,
+        context: r.get(18)?,
+        self_approve: r.get(19)?,
+        timeout_ms: r.get(20)?,
+        requested_at: r.get(21)?,
+        deadline: r.get(22)?,
+        state: r.get(23)?,
+        actor: r.get(24)?,
+        actor_email: r.get(25)?,
+        note: r.get(26)?,
+        self_decided: r.get(27)?,
+        step_up: r.get(28)?,
+        at: r.get(29)?,
+    })
+}
+
+fn load_gate(conn: &Connection, id: &str) -> Result<Option<Gate>, StoreError> {
+    let sql = format!("SELECT {}{GATE_FROM} WHERE g.id = ?1", gate_cols());
+    let row = conn.prepare_cached(&sql)?.query_row([id], gate_values).optional()?;
+    row.map(GateRowValues::into_gate).transpose()
+}
+
+/// Pending gates of `user_id` at `now` (of `session` when given).
+fn pending_gates(
+    conn: &Connection,
+    user_id: &str,
+    session: Option<&str>,
+    now: Micros,
+) -> Result<usize, StoreError> {
+    let n: i64 = conn.query_row(
+        "SELECT count(*) FROM gates g WHERE g.user_id = ?1 AND g.deadline > ?2
+           AND (?3 IS NULL OR g.session = ?3)
+           AND NOT EXISTS (SELECT 1 FROM gate_decisions d WHERE d.gate_id = g.id)",
+        params![user_id, now, session],
+        |r| r.get(0),
+    )?;
+    Ok(usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// Appends `g`'s decision row and its `gate.<state>` event on `tx` (the caller commits);
+/// returns the gate as decided.
+fn append_decision(
+    tx: &Connection,
+    id: &str,
+    decision: &gates::Decision,
+    now: Micros,
+) -> Result<Gate, StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO gate_decisions(gate_id, state, actor, note, self, step_up, at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![
+        id,
+        decision.state.as_str(),
+        decision.actor,
+        decision.note,
+        decision.self_decided,
+        decision.step_up,
+        decision.at
+    ])?;
+    let g = load_gate(tx, id)?
+        .ok_or_else(|| StoreError::Other(format!("gate {id} vanished while it was decided")))?;
+    let event = gates::step_event(&g, g.decision.as_ref());
+    insert_event_rows(tx, &g.gate.user_id, now, &[event])?;
+    Ok(g)
+}
+
 fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreError> {
     let row = conn
         .query_row(
@@ -1228,6 +1324,145 @@ impl Store for SqliteStore {
         })
         .await
     }
+    async fn open_gate(&self, gate: &NewGate, caps: GateCaps) -> Result<Opened, StoreError> {
+        let gate = gate.clone();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let now = now_micros();
+            let user = pending_gates(&tx, &gate.user_id, None, now)?;
+            if user >= caps.per_user {
+                return Ok(Opened::UserLimit(user));
+            }
+            if let Some(session) = gate.session.as_deref() {
+                let n = pending_gates(&tx, &gate.user_id, Some(session), now)?;
+                if n >= caps.per_session {
+                    return Ok(Opened::SessionLimit(n));
+                }
+            }
+            tx.prepare_cached(
+                "INSERT INTO gates(id, user_id, kind, session, repo, method, host, port, request,
+                   action, digest, severity, rule, layer, policy, local_id, context, self_approve,
+                   timeout_ms, requested_at, deadline)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                   ?17, ?18, ?19, ?20, ?21)",
+            )?
+            .execute(params![
+                gate.id,
+                gate.user_id,
+                gate.kind.as_str(),
+                gate.session,
+                gate.repo,
+                gate.method,
+                gate.host,
+                gate.port,
+                gate.request,
+                gate.action,
+                gate.digest,
+                gate.severity.as_str(),
+                gate.rule,
+                gate.layer,
+                gate.policy,
+                gate.local_id,
+                gate.context,
+                gate.self_approve,
+                gate.timeout_ms,
+                now,
+                now.saturating_add(gate.timeout_ms.saturating_mul(1000)),
+            ])?;
+            let g = load_gate(&tx, &gate.id)?
+                .ok_or_else(|| StoreError::Other(format!("gate {} vanished", gate.id)))?;
+            insert_event_rows(&tx, &gate.user_id, now, &[gates::step_event(&g, None)])?;
+            tx.commit()?;
+            Ok(Opened::Gate(Box::new(g)))
+        })
+        .await
+    }
+
+    async fn get_gate(&self, id: &str) -> Result<Option<Gate>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| load_gate(c, &id)).await
+    }
+
+    async fn list_gates(&self, q: &GateQuery) -> Result<Vec<Gate>, StoreError> {
+        let q = q.clone();
+        self.with(move |c| {
+            let (tail, args) = q.sql_tail(|n| format!("?{n}"), None, now_micros());
+            let sql = format!("SELECT {}{GATE_FROM}{tail}", gate_cols());
+            let mut stmt = c.prepare(&sql)?;
+            let rows = stmt
+                .query_map(params_from_iter(args.into_iter().map(sql_value)), gate_values)?
+                .collect::<Result<Vec<_>, _>>()?;
+            rows.into_iter().map(GateRowValues::into_gate).collect()
+        })
+        .await
+    }
+
+    async fn decide_gate(&self, d: &DecisionRequest<'_>) -> Result<Decided, StoreError> {
+        // One process owns the file: the server's checks are the only ones needed, so
+        // `d.secret` is not used here.
+        let (id, digest) = (d.gate_id.to_string(), d.digest.map(str::to_string));
+        let decision = gates::Decision {
+            state: d.verdict.state(),
+            actor: Some(d.actor.id.clone()),
+            actor_email: Some(d.actor.email.clone()),
+            note: d.note.map(str::to_string),
+            self_decided: d.self_decided,
+            step_up: d.step_up && d.verdict != gates::Verdict::Abandon,
+            at: d.at,
+        };
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let Some(g) = load_gate(&tx, &id)? else {
+                return Ok(Decided::NoGate);
+            };
+            let now = now_micros();
+            if g.state(now) != GateState::Pending {
+                return Ok(Decided::NotPending(Box::new(g)));
+            }
+            if digest.as_ref().is_some_and(|d| *d != g.gate.digest) {
+                return Ok(Decided::Digest(Box::new(g)));
+            }
+            let g = append_decision(&tx, &id, &gates::Decision { at: now, ..decision }, now)?;
+            tx.commit()?;
+            Ok(Decided::Done(Box::new(g)))
+        })
+        .await
+    }
+
+    async fn expire_gates(&self, max: usize) -> Result<Vec<Gate>, StoreError> {
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let now = now_micros();
+            let week = 7 * 24 * 3600 * 1_000_000i64;
+            let due: Vec<(String, Micros)> = tx
+                .prepare_cached(
+                    "SELECT g.id, g.deadline FROM gates g WHERE g.deadline <= ?1 AND g.deadline > ?2
+                       AND NOT EXISTS (SELECT 1 FROM gate_decisions d WHERE d.gate_id = g.id)
+                     ORDER BY g.deadline LIMIT ?3",
+                )?
+                .query_map(params![now, now - week, i64::try_from(max).unwrap_or(i64::MAX)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?
+                .collect::<Result<_, _>>()?;
+            let mut out = Vec::with_capacity(due.len());
+            for (id, deadline) in due {
+                let expired = gates::Decision {
+                    state: GateState::Expired,
+                    actor: None,
+                    actor_email: None,
+                    note: None,
+                    self_decided: false,
+                    step_up: false,
+                    at: deadline,
+                };
+                out.push(append_decision(&tx, &id, &expired, now)?);
+            }
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
     async fn set_password(&self, user_id: &str, phc: &str) -> Result<(), StoreError> {
         let (user_id, phc) = (user_id.to_string(), phc.to_string());
         self.with(move |c| {
