@@ -45,6 +45,7 @@ mod review_detect;
 mod review_export;
 mod review_flag_assign;
 mod review_flags;
+mod review_gates;
 mod review_init;
 mod review_limits;
 mod review_metrics;
