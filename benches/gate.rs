@@ -101,8 +101,9 @@ fn start_approver(rt: &tokio::runtime::Runtime, book: Arc<GateBook>) {
                     approve: true,
                     note: String::new(),
                     by: "bench@example.test".into(),
+                    relay: None,
                 };
-                let _ = book.decide(&d, true, "2026-12-04T00:00:00.000Z".into());
+                let _ = book.decide(&d, "2026-12-04T00:00:00.000Z".into());
             }
         }
     });

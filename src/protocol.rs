@@ -111,6 +111,7 @@ impl Capabilities {
             SESSION_INBOUND,
             LAYER_DIGESTS,
             GATES,
+            GATE_RELAY,
         ]
         .into_iter()
         .collect()
@@ -184,6 +185,14 @@ pub const SESSION_INBOUND: &str = "session_inbound";
 /// gates). Without it `airlock gate` says the daemon is too old to hold gates; an older daemon
 /// never holds an attempt either, since it does not know `[gate]`.
 pub const GATES: &str = "gates";
+
+/// Capability `gate_relay` (with [`GATES`]): a session may be registered with
+/// [`SessionSpec::gate_relay`], whose gates are then decided on the review server only: the
+/// daemon takes a decision on them only with the relay key's [`RelayedDecision`], which the
+/// session's own supervisor holds and sends once the server decided. Without it the CLI
+/// refuses a gated session of a user logged in to a review server (an older daemon would let
+/// `airlock gate approve` decide locally, past the server's rules).
+pub const GATE_RELAY: &str = "gate_relay";
 
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
@@ -270,6 +279,10 @@ pub struct GateInfo {
     pub requested_at: String,
     /// When it expires unless decided (RFC 3339 UTC with milliseconds).
     pub deadline: String,
+    /// Under [`GATE_RELAY`]: the review server that decides this session's gates (local
+    /// decisions are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<String>,
 }
 
 /// A decision on one pending gate, bound to the digest the decider saw.
@@ -284,6 +297,41 @@ pub struct GateDecision {
     pub note: String,
     /// Who decides (their email, or their local user name without a login).
     pub by: String,
+    /// Under [`GATE_RELAY`]: the review server's decision, relayed by the session's own
+    /// supervisor; the only kind of decision a relayed session's gate takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayedDecision>,
+}
+
+/// A decision the review server made, as the supervisor relays it to the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayedDecision {
+    /// The session's relay key (its SHA-256 is [`GateRelaySpec::key_sha256`]).
+    pub key: String,
+    /// The server's id of the gate (`gt_…`), recorded on the audit line.
+    pub server_gate: String,
+    /// The server marked the decision a self-decision.
+    #[serde(rename = "self", default)]
+    pub self_decided: bool,
+    /// Nobody could decide: the server was unreachable or refused the gate (the note says
+    /// why). The attempt is refused `gate_unavailable`; `approve` is ignored.
+    #[serde(default)]
+    pub unavailable: bool,
+}
+
+/// Under [`GATE_RELAY`]: this session's gates are decided on a review server.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRelaySpec {
+    /// The server (for messages and `airlock gate list`).
+    pub server: String,
+    /// Lowercase hex SHA-256 of the relay key the supervisor keeps.
+    pub key_sha256: String,
+}
+
+impl std::fmt::Debug for GateRelaySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GateRelaySpec").field("server", &self.server).finish_non_exhaustive()
+    }
 }
 
 /// What a decision made of a gate.
@@ -423,6 +471,9 @@ pub enum ErrorCode {
     UnknownGate,
     /// Under [`GATES`]: the decision names another digest than the pending gate's.
     GateDigest,
+    /// Under [`GATE_RELAY`]: the gate's session is decided on a review server; a local
+    /// decision (or a relayed one without the session's key) is refused.
+    GateRelayed,
     /// Anything else on the daemon's side.
     Internal,
 }
@@ -475,6 +526,9 @@ pub struct SessionSpec {
     /// `capture_udp_log` under [`CAPTURE_UDP_LOG`]). Empty = the proxy listener alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sockets: Vec<String>,
+    /// Under [`GATE_RELAY`]: decide this session's gates on a review server only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_relay: Option<GateRelaySpec>,
 }
 
 /// `session_start`'s policy layers: what the client read and trusts, as documents (DESIGN §4).
@@ -1001,6 +1055,7 @@ mod tests {
             layers: vec!["seccomp".into()],
             supervisor_pid: 42,
             sockets: vec![],
+            gate_relay: None,
         }
     }
 

@@ -45,10 +45,12 @@ const CAP_PEER: usize = 64;
 const CAP_LISTEN: usize = 64;
 // The `gate` object. A line with one never carries `refused_addrs`, `peer`, `listen`, `qtype`
 // or `answer`, nor a step line `sni` (they are cleared if a hand-made line has them), whose
-// caps (1 114) exceed these (1 024); an attempt's final line that keeps its `sni` carries the
-// gate without `by`, `note`, `method`, `deadline` and `decided_at` (216 of the 602 freed), so
-// the bound above holds for every line with a gate.
+// caps (1 114) exceed these (1 072); an attempt's final line that keeps its `sni` carries the
+// gate without `by`, `note`, `method`, `deadline`, `decided_at` and `server` (216 of the 650
+// freed), so the bound above holds for every line with a gate.
 const CAP_GATE_ID: usize = 64;
+/// A review server's gate id (`gt_` and 32 hex digits).
+const CAP_GATE_SERVER: usize = 48;
 const CAP_GATE_DIGEST: usize = 80;
 const CAP_GATE_BY: usize = 256;
 const CAP_GATE_NOTE: usize = 512;
@@ -148,6 +150,7 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
                 && fits_opt(&g.method, CAP_METHOD)
                 && fits_opt(&g.deadline, CAP_GATE_TS)
                 && fits_opt(&g.decided_at, CAP_GATE_TS)
+                && fits_opt(&g.server, CAP_GATE_SERVER)
                 && (line.sni.is_none() || (!is_step(line) && g.on_final_line() == *g))
                 && line.refused_addrs.is_none()
                 && line.peer.is_none()
@@ -197,6 +200,7 @@ pub fn fit_line(line: &AuditLine) -> Cow<'_, AuditLine> {
         cut |= cap_opt(&mut g.method, CAP_METHOD);
         cut |= cap_opt(&mut g.deadline, CAP_GATE_TS);
         cut |= cap_opt(&mut g.decided_at, CAP_GATE_TS);
+        cut |= cap_opt(&mut g.server, CAP_GATE_SERVER);
         if step {
             cut |= l.sni.take().is_some();
         } else if l.sni.is_some() && g.on_final_line() != *g {
@@ -443,6 +447,7 @@ pub(crate) mod tests {
                 decided_at: Some(s.clone()),
                 note: Some(s.clone()),
                 self_decided: Some(true),
+                server: Some(s.clone()),
             });
             let bytes = encode_line(&line).unwrap();
             assert!(bytes.len() <= MAX_LINE, "gate line: {} > {MAX_LINE}", bytes.len());

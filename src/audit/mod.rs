@@ -152,6 +152,10 @@ pub struct GateRecord {
     /// The decider was the requester (always so without a review server).
     #[serde(rename = "self", default, skip_serializing_if = "Option::is_none")]
     pub self_decided: Option<bool>,
+    /// Decided on a review server: the server's id of the gate (`gt_…`), under which its
+    /// `gate.*` events and the decider are recorded there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 impl GateRecord {
@@ -165,6 +169,7 @@ impl GateRecord {
             by: None,
             decided_at: None,
             note: None,
+            server: None,
             ..self.clone()
         }
     }

@@ -1,9 +1,12 @@
-//! `airlock gate list|show|approve|deny|watch`: the person at the host decides the attempts
-//! airlockd holds for a `[gate]` (docs/gates.md). Each decision is bound to the digest of the
-//! exact action shown, and is single-use: the next attempt asks again.
+//! `airlock gate list|show|approve|deny|watch`: a person decides the attempts held for a
+//! `[gate]` (docs/gates.md). Each decision is bound to the digest of the exact action shown,
+//! and is single-use: the next attempt asks again.
 //!
-//! Without a review server the decider is the only person there is, the requester: every
-//! decision here is a self-decision and is recorded `"self": true`.
+//! Logged in to a review server (`airlock login --server`), these commands talk to the
+//! server's gate queue with the login's token ([`server`]): a reviewer decides anyone's gates,
+//! under the server's rules (no self-approval, step-up for `high`). Otherwise (or with
+//! `--local`) they talk to this machine's airlockd: the decider is the only person there is,
+//! the requester, so every decision is a self-decision and is recorded `"self": true`.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime};
@@ -13,6 +16,19 @@ use crate::protocol::{ErrorCode, GateDecision, GateInfo, GateState};
 
 use super::Context;
 
+mod server;
+
+/// `airlock gate [--local] COMMAND`.
+#[derive(Debug, clap::Args)]
+pub struct GateArgs {
+    /// Talk to this machine's airlockd even when logged in to a review server (its relayed
+    /// sessions' gates are decided on the server only)
+    #[arg(long, global = true)]
+    pub local: bool,
+    #[command(subcommand)]
+    pub command: GateCommand,
+}
+
 #[derive(Debug, clap::Subcommand)]
 pub enum GateCommand {
     /// List the attempts waiting for a decision, oldest first
@@ -21,7 +37,7 @@ pub enum GateCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Show one pending gate: who asked, the exact action and its digest
+    /// Show one gate: who asked, the exact action and its digest
     Show {
         id: String,
         #[arg(long)]
@@ -45,18 +61,42 @@ pub enum GateCommand {
 #[derive(Debug, clap::Args)]
 pub struct DecideArgs {
     pub id: String,
-    /// Why (kept with the decision in the audit log; at most 500 bytes).
+    /// Why (kept with the decision in the audit log and on the server; at most 500 bytes).
     #[arg(long, default_value = "")]
     pub note: String,
     /// Decide only if the gate's action has this digest (`sha256:…`, as `gate show` prints).
     #[arg(long)]
     pub digest: Option<String>,
+    /// Review server, a `high` gate: read your console password from stdin (step-up).
+    #[arg(long)]
+    pub password_stdin: bool,
+    /// Review server, an admin's own gate: decide it anyway (recorded as a self-approval).
+    #[arg(long = "override")]
+    pub override_self: bool,
 }
 
 /// A gate that is not (or no longer) pending.
 pub const EXIT_UNKNOWN: i32 = 1;
 
-pub fn run(cmd: &GateCommand, ctx: &Context<'_>) -> i32 {
+pub fn run(args: &GateArgs, ctx: &Context<'_>) -> i32 {
+    if !args.local
+        && let Some(client) = server::login(ctx)
+    {
+        return match client {
+            Ok(client) => server::run(&args.command, ctx, &client),
+            Err(code) => code,
+        };
+    }
+    let cmd = &args.command;
+    if let GateCommand::Approve(a) | GateCommand::Deny(a) = cmd
+        && (a.password_stdin || a.override_self)
+    {
+        eprintln!(
+            "airlock: --password-stdin and --override are for a review server's gates; this \
+             machine's gates are decided without them"
+        );
+        return EXIT_UNKNOWN;
+    }
     let result = match cmd {
         GateCommand::List { json } => list(ctx, *json),
         GateCommand::Show { id, json } => show(ctx, id, *json),
@@ -70,7 +110,7 @@ pub fn run(cmd: &GateCommand, ctx: &Context<'_>) -> i32 {
             eprintln!("airlock: {e}");
             match e {
                 ClientError::Refused {
-                    code: ErrorCode::UnknownGate | ErrorCode::GateDigest,
+                    code: ErrorCode::UnknownGate | ErrorCode::GateDigest | ErrorCode::GateRelayed,
                     ..
                 } => EXIT_UNKNOWN,
                 e => e.exit_code(),
@@ -187,6 +227,12 @@ fn describe(g: &GateInfo) -> String {
         // The agent chose parts of it; serde_json leaves DEL, C1 and bidi controls as they are.
         printable(&g.action)
     ));
+    if let Some(server) = &g.relay {
+        s.push_str(&format!(
+            "  decided on the review server {server} (its /gates page, or `airlock gate` \
+             logged in there); not here\n"
+        ));
+    }
     s
 }
 
@@ -234,6 +280,7 @@ fn send_decision(
         approve,
         note: note.to_owned(),
         by: decider(ctx),
+        relay: None,
     };
     Ok(client.gate_decide(decision)?)
 }
@@ -303,13 +350,13 @@ fn prompt_and_decide(ctx: &Context<'_>, g: &GateInfo) -> Result<(), Failure> {
     }
 }
 
-fn target(g: &GateInfo) -> String {
+pub(super) fn target(g: &GateInfo) -> String {
     let host = if g.host.contains(':') { format!("[{}]", g.host) } else { g.host.clone() };
     format!("{} {host}:{}", g.method, g.port)
 }
 
 /// Time left until `deadline` (RFC 3339), `expired` once past, `?` if it does not parse.
-fn left(deadline: &str) -> String {
+pub(super) fn left(deadline: &str) -> String {
     let Some(at) = crate::publish::envelope::parse_ts(deadline) else {
         return "?".into();
     };
@@ -326,7 +373,7 @@ fn left(deadline: &str) -> String {
     }
 }
 
-fn truncate(s: &str, n: usize) -> String {
+pub(super) fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         return s.to_owned();
     }
@@ -336,7 +383,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 /// The agent chose the host and the request line: nothing in them reaches the terminal raw.
-fn printable(s: &str) -> String {
+pub(super) fn printable(s: &str) -> String {
     crate::audit::escape_for_terminal(s).into_owned()
 }
 
@@ -365,6 +412,7 @@ mod tests {
             policy: "/src/app/.airlock.toml".into(),
             requested_at: "2026-12-04T10:00:00.000Z".into(),
             deadline: "2000-01-01T00:00:00.000Z".into(),
+            relay: None,
         }
     }
 

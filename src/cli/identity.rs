@@ -230,7 +230,7 @@ fn read_login_token(from_stdin: bool) -> Result<Zeroizing<String>, String> {
 
 /// The no-echo prompt: echo, canonical mode and signal keys are turned off so that Ctrl-C
 /// arrives as a byte we act on, and the terminal is restored on every path (a guard).
-mod prompt {
+pub(crate) mod prompt {
     use std::io::{Read, Write};
     use std::os::fd::AsFd;
 

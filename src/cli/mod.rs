@@ -96,8 +96,7 @@ pub enum Command {
     /// Upload the repo's audit lines, session records and agent transcripts to the review server
     Publish(publish::PublishArgs),
     /// Decide the attempts held for a person's approval (`[gate]`): list, show, approve, deny
-    #[command(subcommand)]
-    Gate(gate::GateCommand),
+    Gate(gate::GateArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.

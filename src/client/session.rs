@@ -125,6 +125,16 @@ fn register(
                 .into(),
         ));
     }
+    // An older daemon would let `airlock gate approve` decide a relayed session's gates
+    // locally, past the review server's rules.
+    if spec.gate_relay.is_some() && !client.capabilities.contains(protocol::GATE_RELAY) {
+        return Err(ClientError::Unexpected(
+            "this session's gates are decided on your review server, but the running airlockd \
+             cannot relay them; restart it from this airlock build (`systemctl --user restart \
+             airlockd.socket`) before starting a session"
+                .into(),
+        ));
+    }
     let request = |spec: &SessionSpec| {
         let spec = Box::new(spec.clone());
         if reregister { Request::SessionReregister(spec) } else { Request::SessionStart(spec) }

@@ -57,7 +57,7 @@ use crate::sandbox::termfilter::Clipboard;
 
 const TOP_KEYS: &[&str] =
     &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate"];
-const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands"];
+const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands", "self_approve"];
 const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
 const LOGS_KEYS: &[&str] = &["keep"];
@@ -128,6 +128,10 @@ pub struct GateDoc {
     /// calls are gated on (advisory: docs/gates.md, "Gated tool calls").
     #[serde(default)]
     pub commands: Vec<String>,
+    /// `self_approve` (managed layer only): with a review server, the requester may approve
+    /// their own gates (the server may refuse to honour it; docs/gates.md).
+    #[serde(default)]
+    pub self_approve: Option<bool>,
 }
 
 /// One `[[gate.rule]]` table.
@@ -494,6 +498,25 @@ impl Walker<'_> {
                         }
                     }
                 }
+                "self_approve" if self.kind != LayerKind::Managed => self.error(
+                    key.span(),
+                    format!(
+                        "gate.self_approve is not allowed in the {} layer: only the managed \
+                         policy (/etc/airlock/policy.toml) may let requesters approve their own \
+                         gates; remove it here",
+                        self.kind
+                    ),
+                ),
+                "self_approve" => match value.get_ref() {
+                    DeValue::Boolean(b) => doc.gate.self_approve = Some(*b),
+                    other => self.error(
+                        value.span(),
+                        format!(
+                            "gate.self_approve must be true or false, found {}",
+                            other.type_str()
+                        ),
+                    ),
+                },
                 _ => self.unknown(key, "[gate]", GATE_KEYS),
             }
         }

@@ -250,6 +250,8 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
                 .collect::<Result<_, ConfigError>>()?,
             timeout_ms: doc.gate.timeout_ms,
             commands: doc.gate.commands.clone(),
+            // Managed only: never on the wire (the daemon reads the managed file itself).
+            self_approve: None,
         },
     })
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 
-use crate::protocol::{GateDecision, GateInfo};
+use crate::protocol::{GateDecision, GateInfo, GateRelaySpec};
 
 /// A decision as the held attempt receives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +22,11 @@ pub struct Decided {
     pub self_decided: bool,
     /// RFC 3339 UTC with milliseconds.
     pub at: String,
+    /// A relayed session's review server could not decide (unreachable, or it refused the
+    /// gate): the attempt is refused `gate_unavailable`, `note` says why.
+    pub unavailable: bool,
+    /// The review server's id of the gate, for a relayed decision.
+    pub server_gate: Option<String>,
 }
 
 /// Why a gate could not be opened.
@@ -52,11 +57,21 @@ pub enum DecideError {
          again (`airlock gate show {id}`) and decide what it holds"
     )]
     Digest { id: String, held: String, given: String },
+    #[error(
+        "gate {id} is decided on the review server {server}, not here: a reviewer decides it in \
+         the console's /gates page or with `airlock gate approve` while logged in to that server"
+    )]
+    Relayed { id: String, server: String },
+    #[error("gate {0} is decided here, not on a review server: the relayed decision was refused")]
+    NotRelayed(String),
 }
 
 struct Pending {
     info: GateInfo,
     tx: oneshot::Sender<Decided>,
+    /// A relayed session's key hash ([`GateRelaySpec::key_sha256`]): only a decision carrying
+    /// that key is taken.
+    relay_key_sha256: Option<String>,
 }
 
 #[derive(Default)]
@@ -144,20 +159,26 @@ impl GateBook {
     /// Opens a gate for `info` (its `id` is assigned here: `g` + a sequence number + random
     /// hex, so ids sort in opening order and cannot be guessed from another session).
     pub fn open(self: &Arc<Self>, info: GateInfo) -> Result<Ticket, OpenError> {
-        self.open_recorded(info, |_| Ok::<(), std::convert::Infallible>(())).map_err(|e| match e {
-            Opening::Limit(e) => e,
-            Opening::Record(never) => match never {},
+        self.open_recorded(info, None, |_| Ok::<(), std::convert::Infallible>(())).map_err(|e| {
+            match e {
+                Opening::Limit(e) => e,
+                Opening::Record(never) => match never {},
+            }
         })
     }
 
     /// [`Self::open`], calling `record` with the new id before the gate becomes visible: a
     /// gate that cannot be recorded (its `requested` audit line) is never listed, notified or
     /// decidable. `record` runs under the book's lock, so keep it short (one `write(2)`).
+    /// `relay`: the session's gates are decided on a review server (its decisions only).
     pub fn open_recorded<E>(
         self: &Arc<Self>,
         mut info: GateInfo,
+        relay: Option<&GateRelaySpec>,
         record: impl FnOnce(&str) -> Result<(), E>,
     ) -> Result<Ticket, Opening<E>> {
+        info.relay = relay.map(|r| r.server.clone());
+        let relay_key_sha256 = relay.map(|r| r.key_sha256.clone());
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut inner = self.lock();
@@ -169,7 +190,7 @@ impl GateBook {
             let id = format!("g{:06}-{}", inner.opened, random_hex());
             record(&id).map_err(Opening::Record)?;
             info.id = id.clone();
-            inner.pending.insert(id.clone(), Pending { info, tx });
+            inner.pending.insert(id.clone(), Pending { info, tx, relay_key_sha256 });
             id
         };
         self.bump();
@@ -200,18 +221,26 @@ impl GateBook {
     }
 
     /// Decides the pending gate `d.id` if its digest is `d.digest`; the held attempt is told
-    /// at once. `self_decided`: the decider is the requester. Returns the gate decided.
-    pub fn decide(
-        &self,
-        d: &GateDecision,
-        self_decided: bool,
-        at: String,
-    ) -> Result<GateInfo, DecideError> {
+    /// at once. A local decision (the session is not relayed) is the requester's own, marked
+    /// so; a relayed session's gate takes only a decision carrying its relay key, marked as the
+    /// server marked it. Returns the gate decided.
+    pub fn decide(&self, d: &GateDecision, at: String) -> Result<GateInfo, DecideError> {
         let pending = {
             let mut inner = self.lock();
             let Some(p) = inner.pending.get(&d.id) else {
                 return Err(DecideError::Unknown(d.id.clone()));
             };
+            match (&p.relay_key_sha256, &d.relay) {
+                (None, None) => {}
+                (Some(want), Some(r)) if key_matches(want, &r.key) => {}
+                (Some(_), _) => {
+                    return Err(DecideError::Relayed {
+                        id: d.id.clone(),
+                        server: p.info.relay.clone().unwrap_or_default(),
+                    });
+                }
+                (None, Some(_)) => return Err(DecideError::NotRelayed(d.id.clone())),
+            }
             if p.info.digest != d.digest {
                 return Err(DecideError::Digest {
                     id: d.id.clone(),
@@ -222,15 +251,18 @@ impl GateBook {
             inner.pending.remove(&d.id)
         };
         self.bump();
-        let Some(Pending { info, tx }) = pending else {
+        let Some(Pending { info, tx, .. }) = pending else {
             return Err(DecideError::Unknown(d.id.clone()));
         };
+        let unavailable = d.relay.as_ref().is_some_and(|r| r.unavailable);
         let decided = Decided {
-            approve: d.approve,
+            approve: d.approve && !unavailable,
             by: d.by.clone(),
             note: super::clean_note(&d.note),
-            self_decided,
+            self_decided: d.relay.as_ref().is_none_or(|r| r.self_decided),
             at,
+            unavailable,
+            server_gate: d.relay.as_ref().map(|r| r.server_gate.clone()),
         };
         // The attempt may have given up in between (its ticket is being dropped): then the
         // decision reaches no one, which is what a late decision must do.
@@ -256,6 +288,14 @@ impl GateBook {
             self.bump();
         }
     }
+}
+
+/// Whether `key` hashes to `want_sha256` (lowercase hex); compared in constant time.
+fn key_matches(want_sha256: &str, key: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    let got = hex::encode(Sha256::digest(key.as_bytes()));
+    got.len() == want_sha256.len()
+        && got.bytes().zip(want_sha256.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 fn random_hex() -> String {
@@ -291,6 +331,7 @@ mod tests {
             policy: "~/.airlock/config.toml".into(),
             requested_at: "2026-12-04T00:00:00.000Z".into(),
             deadline: "2026-12-04T00:01:50.000Z".into(),
+            relay: None,
         }
     }
 
@@ -301,6 +342,7 @@ mod tests {
             approve,
             note: "ok".into(),
             by: "dev@example.test".into(),
+            relay: None,
         }
     }
 
@@ -312,14 +354,14 @@ mod tests {
         let (v, list) = book.list();
         assert_eq!(list.len(), 1);
         assert_eq!(list[0].id, id);
-        let got = book.decide(&decision(&id, "sha256:a", true), true, "t".into()).unwrap();
+        let got = book.decide(&decision(&id, "sha256:a", true), "t".into()).unwrap();
         assert_eq!(got.id, id);
         let d = t.decided().await.unwrap();
         assert!(d.approve && d.self_decided && d.by == "dev@example.test");
         assert!(book.list().1.is_empty());
         assert!(book.list().0 > v);
         // Single use: the same decision again finds nothing.
-        let again = book.decide(&decision(&id, "sha256:a", true), true, "t".into());
+        let again = book.decide(&decision(&id, "sha256:a", true), "t".into());
         assert!(matches!(again, Err(DecideError::Unknown(_))), "{again:?}");
     }
 
@@ -327,7 +369,7 @@ mod tests {
     async fn a_decision_for_another_digest_is_refused_and_the_gate_stays() {
         let book = GateBook::new(4);
         let t = book.open(info("s", "sha256:a")).unwrap();
-        let err = book.decide(&decision(t.id(), "sha256:b", true), true, "t".into()).unwrap_err();
+        let err = book.decide(&decision(t.id(), "sha256:b", true), "t".into()).unwrap_err();
         assert!(matches!(err, DecideError::Digest { .. }), "{err}");
         assert_eq!(book.list().1.len(), 1, "still pending");
     }
@@ -339,7 +381,7 @@ mod tests {
         let id = t.id().to_owned();
         drop(t);
         assert!(book.list().1.is_empty());
-        let late = book.decide(&decision(&id, "sha256:a", true), true, "t".into());
+        let late = book.decide(&decision(&id, "sha256:a", true), "t".into());
         assert!(matches!(late, Err(DecideError::Unknown(_))), "{late:?}");
     }
 
@@ -396,8 +438,9 @@ mod tests {
             approve: true,
             note: String::new(),
             by: "me".into(),
+            relay: None,
         };
-        book.decide(&d, true, "t".into()).unwrap();
+        book.decide(&d, "t".into()).unwrap();
         // The attempt had just given up: it still gets the decision the decider was told of.
         assert!(t.withdraw().await.unwrap().approve);
         // Withdrawn first: a late decision finds nothing.
@@ -405,15 +448,69 @@ mod tests {
         let id = t.id().to_owned();
         assert!(t.withdraw().await.is_none());
         let late = GateDecision { id, digest: "sha256:b".into(), ..d };
-        assert!(matches!(book.decide(&late, true, "t".into()), Err(DecideError::Unknown(_))));
+        assert!(matches!(book.decide(&late, "t".into()), Err(DecideError::Unknown(_))));
     }
 
     #[test]
     fn a_gate_that_cannot_be_recorded_is_never_visible() {
         let book = GateBook::new(4);
-        let r = book.open_recorded(info("s", "sha256:a"), |_| Err("disk full"));
+        let r = book.open_recorded(info("s", "sha256:a"), None, |_| Err("disk full"));
         assert!(matches!(r, Err(Opening::Record("disk full"))));
         assert!(book.list().1.is_empty());
         assert_eq!(book.list().0, 0, "no change was announced");
+    }
+
+    #[tokio::test]
+    async fn a_relayed_gate_takes_only_its_supervisors_relayed_decision() {
+        use crate::protocol::RelayedDecision;
+        use sha2::{Digest, Sha256};
+        let book = GateBook::new(4);
+        let spec = GateRelaySpec {
+            server: "https://review.example.test".into(),
+            key_sha256: hex::encode(Sha256::digest(b"the-key")),
+        };
+        let mut t =
+            book.open_recorded(info("s", "sha256:a"), Some(&spec), |_| Ok::<(), ()>(())).unwrap();
+        let id = t.id().to_owned();
+        assert_eq!(book.list().1[0].relay.as_deref(), Some("https://review.example.test"));
+        // A local decision (`airlock gate approve` on the host) is refused.
+        let local = book.decide(&decision(&id, "sha256:a", true), "t".into());
+        assert!(matches!(local, Err(DecideError::Relayed { .. })), "{local:?}");
+        // So is a relayed one with another key.
+        let relayed = |key: &str, unavailable| GateDecision {
+            relay: Some(RelayedDecision {
+                key: key.into(),
+                server_gate: "gt_1".into(),
+                self_decided: false,
+                unavailable,
+            }),
+            ..decision(&id, "sha256:a", true)
+        };
+        let wrong = book.decide(&relayed("another-key", false), "t".into());
+        assert!(matches!(wrong, Err(DecideError::Relayed { .. })), "{wrong:?}");
+        assert_eq!(book.list().1.len(), 1, "still pending");
+        book.decide(&relayed("the-key", false), "t".into()).unwrap();
+        let d = t.decided().await.unwrap();
+        assert!(d.approve && !d.self_decided && !d.unavailable);
+        assert_eq!(d.server_gate.as_deref(), Some("gt_1"));
+        // Unavailable: never an approval, whatever `approve` says.
+        let mut t =
+            book.open_recorded(info("s", "sha256:b"), Some(&spec), |_| Ok::<(), ()>(())).unwrap();
+        let d = GateDecision {
+            id: t.id().to_owned(),
+            digest: "sha256:b".into(),
+            ..relayed("the-key", true)
+        };
+        book.decide(&d, "t".into()).unwrap();
+        let d = t.decided().await.unwrap();
+        assert!(!d.approve && d.unavailable);
+        // A relayed decision on a local gate is refused too.
+        let t = book.open(info("s", "sha256:c")).unwrap();
+        let d = GateDecision {
+            id: t.id().to_owned(),
+            digest: "sha256:c".into(),
+            ..relayed("the-key", false)
+        };
+        assert!(matches!(book.decide(&d, "t".into()), Err(DecideError::NotRelayed(_))));
     }
 }

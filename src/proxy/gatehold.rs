@@ -118,6 +118,8 @@ pub(super) fn gate_info(
         policy: gate.policy.clone(),
         requested_at: rfc3339_ms(now),
         deadline: rfc3339_ms(now + session.policy.gate_timeout()),
+        // Set by the book from the session's relay.
+        relay: None,
     }
 }
 
@@ -148,11 +150,12 @@ pub(super) async fn wait_for_decision(
         decided_at: None,
         note: None,
         self_decided: None,
+        server: None,
     };
     let port = info.port;
     // The `requested` line is written before the gate is visible: a gate that cannot be
     // recorded is never listed, notified or decided (DESIGN §5, audit first).
-    let opened = book.open_recorded(info, |id| {
+    let opened = book.open_recorded(info, session.gate_relay.as_ref(), |id| {
         record.id = id.to_owned();
         session.audit.append(&step_line(line, gate, &record))
     });
@@ -201,12 +204,21 @@ pub(super) async fn wait_for_decision(
     record.deadline = None;
     record.method = None;
     let result = match &outcome {
+        Outcome::Decided(d) if d.unavailable => {
+            // Nobody could decide (the review server was unreachable or refused the gate):
+            // withdrawn, never approved.
+            record.step = GateStep::Abandoned;
+            record.note = (!d.note.is_empty()).then(|| d.note.clone());
+            record.server = d.server_gate.clone().filter(|g| !g.is_empty());
+            Err(refused(Reason::GateUnavailable, d.note.clone()))
+        }
         Outcome::Decided(d) => {
             record.step = if d.approve { GateStep::Approved } else { GateStep::Denied };
             record.by = Some(d.by.clone());
             record.decided_at = Some(d.at.clone());
             record.note = (!d.note.is_empty()).then(|| d.note.clone());
             record.self_decided = Some(d.self_decided);
+            record.server = d.server_gate.clone();
             if d.approve {
                 Ok(())
             } else {

@@ -221,6 +221,9 @@ pub struct SessionProxy {
     /// Where gated attempts wait for a decision ([`gatehold`]); `None` (the standalone proxy):
     /// a gated attempt is refused `gate_unavailable`.
     pub(crate) gates: Option<Arc<crate::gate::GateBook>>,
+    /// This session's gates are decided on a review server, relayed by its supervisor
+    /// (protocol capability `gate_relay`): local decisions are refused.
+    pub(crate) gate_relay: Option<crate::protocol::GateRelaySpec>,
 }
 
 impl std::fmt::Debug for SessionProxy {
@@ -305,12 +308,20 @@ impl SessionProxy {
             synthetic,
             resolutions,
             gates: None,
+            gate_relay: None,
         }
     }
 
     /// Gated attempts of this session wait in `book` for a decision.
     pub fn with_gates(mut self, book: Arc<crate::gate::GateBook>) -> Self {
         self.gates = Some(book);
+        self
+    }
+
+    /// This session's gates are decided on the review server `relay` names, and only through
+    /// its supervisor's relay key.
+    pub fn with_gate_relay(mut self, relay: Option<crate::protocol::GateRelaySpec>) -> Self {
+        self.gate_relay = relay;
         self
     }
 

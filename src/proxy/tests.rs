@@ -849,8 +849,9 @@ mod gates {
             approve: true,
             note: String::new(),
             by: "t@example.test".into(),
+            relay: None,
         };
-        book.decide(&d, true, "2026-12-04T00:00:00.000Z".into()).unwrap();
+        book.decide(&d, "2026-12-04T00:00:00.000Z".into()).unwrap();
         let mut head = vec![0u8; 39];
         held.read_exact(&mut head).await.unwrap();
         assert_eq!(&head, b"HTTP/1.1 200 Connection established\r\n\r\n");

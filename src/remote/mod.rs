@@ -7,6 +7,7 @@
 //! here and nowhere else, never passed to `airlockd` or into a sandbox, and never printed
 //! (no `Debug`, no error message holds it).
 
+pub mod gates;
 pub mod tls;
 pub mod token;
 pub mod url;
@@ -59,7 +60,13 @@ pub enum RemoteError {
     #[error("{server} is busy (HTTP {status}: {message}); retry {}", retry_hint(*.after))]
     Retry { server: String, status: u16, after: Option<Duration>, message: String },
     #[error("{server} answered HTTP {status}: {message}")]
-    Status { server: String, status: u16, message: String },
+    Status {
+        server: String,
+        status: u16,
+        message: String,
+        /// The answer's machine-readable `reason` (`X-Airlock-Reason`), when it has one.
+        reason: Option<String>,
+    },
     #[error("cannot reach {server}: {message}")]
     Transport { server: String, message: String },
     #[error("TLS with {server} failed: {message}")]
@@ -291,7 +298,7 @@ impl Client {
         })
     }
 
-    fn protocol(&self, e: impl std::fmt::Display) -> RemoteError {
+    pub(crate) fn protocol(&self, e: impl std::fmt::Display) -> RemoteError {
         RemoteError::Protocol { server: self.inner.server.clone(), message: e.to_string() }
     }
 
@@ -299,7 +306,12 @@ impl Client {
         RemoteError::Transport { server: self.inner.server.clone(), message: message.into() }
     }
 
-    fn status_error(&self, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> RemoteError {
+    pub(crate) fn status_error(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> RemoteError {
         let server = self.inner.server.clone();
         let message = error_text(status, body);
         match status.as_u16() {
@@ -311,16 +323,46 @@ impl Client {
                     .and_then(|v| parse_retry_after(v, SystemTime::now()));
                 RemoteError::Retry { server, status: code, after, message }
             }
-            code => RemoteError::Status { server, status: code, message },
+            code => {
+                let reason = headers
+                    .get("x-airlock-reason")
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|r| {
+                        r.len() <= 64 && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+                    .map(str::to_owned);
+                RemoteError::Status { server, status: code, message, reason }
+            }
         }
     }
 
-    /// One request and its whole answer, within [`REQUEST_TIMEOUT`].
+    /// One request and its whole answer, within [`REQUEST_TIMEOUT`]; a body is gzipped NDJSON
+    /// (ingest).
     async fn exchange(
         &self,
         method: Method,
         path: &str,
         body: Option<Bytes>,
+    ) -> Result<(StatusCode, HeaderMap, Bytes), RemoteError> {
+        self.exchange_as(method, path, body.map(|b| (b, BodyKind::GzipNdjson))).await
+    }
+
+    /// [`Self::exchange`] with a JSON body (the gate endpoints).
+    pub(crate) async fn exchange_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<(StatusCode, HeaderMap, Bytes), RemoteError> {
+        let body = body.map(|v| (Bytes::from(v.to_string()), BodyKind::Json));
+        self.exchange_as(method, path, body).await
+    }
+
+    async fn exchange_as(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Bytes, BodyKind)>,
     ) -> Result<(StatusCode, HeaderMap, Bytes), RemoteError> {
         let work = self.exchange_inner(method, path, body);
         match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
@@ -336,11 +378,12 @@ impl Client {
         &self,
         method: Method,
         path: &str,
-        body: Option<Bytes>,
+        body: Option<(Bytes, BodyKind)>,
     ) -> Result<(StatusCode, HeaderMap, Bytes), RemoteError> {
         // A kept-alive connection may have been closed by the server meanwhile; such a
-        // failure (before any answer) is retried on a fresh connection. Both requests are
-        // safe to repeat: GET, and an ingest the server deduplicates.
+        // failure (before any answer) is retried on a fresh connection. Every request is
+        // safe to repeat then: a GET, an ingest the server deduplicates, and a gate request
+        // the server never received (it failed before any answer).
         while let Some(mut sender) = self.take_idle() {
             if sender.ready().await.is_err() {
                 continue;
@@ -366,7 +409,7 @@ impl Client {
         &self,
         method: &Method,
         path: &str,
-        body: Option<Bytes>,
+        body: Option<(Bytes, BodyKind)>,
     ) -> Result<Request<Full<Bytes>>, RemoteError> {
         let mut auth = HeaderValue::from_str(&self.inner.authorization).map_err(|_| {
             // The token passed the shape check, so this cannot happen; say so without it.
@@ -383,12 +426,20 @@ impl Client {
             .header(http::header::AUTHORIZATION, auth)
             .header(http::header::ACCEPT, "application/json")
             .header(http::header::USER_AGENT, concat!("airlock/", env!("CARGO_PKG_VERSION")));
-        if body.is_some() {
-            b = b
-                .header(http::header::CONTENT_TYPE, "application/x-ndjson")
-                .header(http::header::CONTENT_ENCODING, "gzip");
-        }
-        b.body(Full::new(body.unwrap_or_default())).map_err(|e| self.protocol(e))
+        let body = match body {
+            Some((bytes, BodyKind::GzipNdjson)) => {
+                b = b
+                    .header(http::header::CONTENT_TYPE, "application/x-ndjson")
+                    .header(http::header::CONTENT_ENCODING, "gzip");
+                bytes
+            }
+            Some((bytes, BodyKind::Json)) => {
+                b = b.header(http::header::CONTENT_TYPE, "application/json");
+                bytes
+            }
+            None => Bytes::new(),
+        };
+        b.body(Full::new(body)).map_err(|e| self.protocol(e))
     }
 
     async fn finish(
@@ -511,6 +562,14 @@ impl Client {
         };
         RemoteError::Tls { server, message }
     }
+}
+
+/// How a request body is sent.
+#[derive(Debug, Clone, Copy)]
+enum BodyKind {
+    /// `POST /api/v1/events`: gzipped NDJSON.
+    GzipNdjson,
+    Json,
 }
 
 fn ingest_concurrency(headers: &HeaderMap) -> Option<usize> {

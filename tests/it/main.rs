@@ -66,6 +66,8 @@ mod sandbox_dns;
 #[cfg(feature = "test-hooks")]
 mod sandbox_gate;
 #[cfg(feature = "test-hooks")]
+mod sandbox_gate_server;
+#[cfg(feature = "test-hooks")]
 mod sandbox_gitconfig;
 #[cfg(feature = "test-hooks")]
 mod sandbox_layer_digests;

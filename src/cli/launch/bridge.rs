@@ -2,6 +2,7 @@
 //! [`crate::client`] (a test-hooks build may substitute the test bridge).
 
 use super::Prepared;
+use super::gaterelay::RelayKey;
 use crate::cli::Context;
 use std::sync::Arc;
 
@@ -21,8 +22,10 @@ pub struct DaemonBridge {
     handle: Option<SessionHandle>,
     /// `notify-send`, when a desktop session is there.
     notifier: Option<std::path::PathBuf>,
-    /// Stops the gate watcher at the session's end.
+    /// Stops the gate watcher (or relay) at the session's end.
     gate_watch: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Where the review-server login is read (for relaying gates).
+    paths: Option<crate::paths::Paths>,
 }
 
 impl DaemonBridge {
@@ -33,7 +36,30 @@ impl DaemonBridge {
             prepared,
             handle: None,
             gate_watch: None,
+            paths: crate::paths::Paths::from_env(env).ok(),
         }
+    }
+
+    /// The review-server client and relay key when this session's gates are decided there:
+    /// the policy has gates and the user is logged in to a server. A login that cannot be
+    /// used refuses the session (deciding locally instead would skip the server's rules).
+    fn relay(&self) -> Result<Option<(crate::remote::Client, RelayKey)>, BridgeError> {
+        let (true, Some(server)) = (self.prepared.gated, self.prepared.server.as_deref()) else {
+            return Ok(None);
+        };
+        let paths = self.paths.as_ref().ok_or_else(|| {
+            BridgeError("cannot find the home directory to read the review-server login".into())
+        })?;
+        let client = crate::remote::Client::from_login(paths).map_err(|e| {
+            BridgeError(format!(
+                "this session's policy has [gate] entries and you are logged in to the review \
+                 server {server}, which decides them, but the login cannot be used: {e}; run \
+                 `airlock login --server {server}` again, or `airlock logout` to decide gates on \
+                 this machine"
+            ))
+        })?;
+        let key = RelayKey::new().map_err(BridgeError)?;
+        Ok(Some((client, key)))
     }
 }
 
@@ -65,7 +91,11 @@ impl ProxyBridge for DaemonBridge {
             supervisor_pid: std::process::id(),
             // Filled by the client per connection (only under `session_sockets`).
             sockets: Vec::new(),
+            gate_relay: None,
         };
+        let relay = self.relay()?;
+        let mut spec = spec;
+        spec.gate_relay = relay.as_ref().map(|(client, key)| key.spec(client.server()));
         // For a daemon without `layer_digests`: the layers parsed from the same texts.
         let documents: Documents = Arc::new(|layers| {
             crate::config::documents_from_sources(layers).map_err(|e| e.to_string())
@@ -76,8 +106,17 @@ impl ProxyBridge for DaemonBridge {
         self.handle = Some(handle);
         if let Some(endpoint) = watcher {
             let notifier = self.notifier.clone();
-            self.gate_watch =
-                Some(super::gatenotice::spawn(endpoint, info.session.clone(), notifier));
+            self.gate_watch = Some(match relay {
+                Some((client, key)) => super::gaterelay::spawn(super::gaterelay::RelayConfig {
+                    endpoint,
+                    session: info.session.clone(),
+                    client,
+                    key,
+                    self_approve: self.prepared.gate_self_approve,
+                    notifier,
+                }),
+                None => super::gatenotice::spawn(endpoint, info.session.clone(), notifier),
+            });
         }
         Ok(())
     }

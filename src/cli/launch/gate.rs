@@ -56,6 +56,9 @@ pub struct Prepared {
     /// Some applied layer has `[gate] commands`: the `[gate] timeout` in force, for the Claude
     /// Code hook the sandbox's `/etc` gets (`toolgates`).
     pub tool_gates: Option<std::time::Duration>,
+    /// The managed layer's `[gate] self_approve`: reported to the review server when this
+    /// session's gates are relayed there (the server decides whether to honour it).
+    pub gate_self_approve: bool,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -134,6 +137,11 @@ impl TrustGate for ConfigGate {
             .iter()
             .any(|d| !d.gate.commands.is_empty())
             .then(|| crate::gate::timeout_of(applied.iter().map(|d| (d.kind, d.gate.timeout_ms))));
+        let gate_self_approve = applied
+            .iter()
+            .filter(|d| d.kind == crate::policy::LayerKind::Managed)
+            .find_map(|d| d.gate.self_approve)
+            .unwrap_or(false);
         Ok(Prepared {
             extra,
             server: identity.as_ref().and_then(|i| i.server.clone()),
@@ -148,6 +156,7 @@ impl TrustGate for ConfigGate {
             publish_at_end,
             gated,
             tool_gates,
+            gate_self_approve,
         })
     }
 }

@@ -101,14 +101,19 @@ pub fn notice(g: &GateInfo) -> String {
 }
 
 fn tell(g: &GateInfo, notifier: Option<&Path>) {
-    // The agent chose the host: nothing in it reaches the terminal raw.
-    let text = notice(g);
-    tracing::warn!("{}", crate::audit::escape_for_terminal(&text));
+    let body = format!(
+        "{} {}:{} waits for approval.\nairlock gate approve {}",
+        g.method, g.host, g.port, g.id
+    );
+    announce(&notice(g), &body, notifier);
+}
+
+/// Tells the person at the host: `text` as a warning through the CLI's log, and `body` as a
+/// desktop notification when `notifier` is given. Both are escaped or passed as arguments:
+/// the agent chose parts of them.
+pub fn announce(text: &str, body: &str, notifier: Option<&Path>) {
+    tracing::warn!("{}", crate::audit::escape_for_terminal(text));
     if let Some(bin) = notifier {
-        let body = format!(
-            "{} {}:{} waits for approval.\nairlock gate approve {}",
-            g.method, g.host, g.port, g.id
-        );
         // Arguments, never a shell; nothing of ours is inherited but the environment.
         let spawned = std::process::Command::new(bin)
             .args(["--app-name=airlock", "--urgency=critical", "Airlock: a gate is waiting"])

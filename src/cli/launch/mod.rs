@@ -13,6 +13,7 @@ mod agent;
 mod bridge;
 mod gate;
 mod gatenotice;
+mod gaterelay;
 mod options;
 mod refusals;
 mod toolchains;

@@ -317,23 +317,28 @@ async fn gate_list(daemon: &Arc<Daemon>, after: Option<u64>, wait_ms: Option<u64
     Response::Gates { version, gates }
 }
 
-/// Decides one pending gate. Every decision through the control socket is the local user's
-/// own: without a review server the requester is the only person there is, so it is a
-/// self-decision and marked so (docs/gates.md).
+/// Decides one pending gate. A local decision through the control socket is the local
+/// user's own: without a review server the requester is the only person there is, so it is a
+/// self-decision and marked so (docs/gates.md). A session relayed to a review server takes
+/// only its supervisor's relayed decisions (the book checks the relay key).
 fn gate_decide(daemon: &Daemon, d: &protocol::GateDecision) -> Response {
     if d.by.trim().is_empty() {
         return error(ErrorCode::Protocol, "gate_decide needs `by`: who decides");
     }
-    match daemon.gates.decide(d, true, crate::timefmt::rfc3339_ms(std::time::SystemTime::now())) {
+    match daemon.gates.decide(d, crate::timefmt::rfc3339_ms(std::time::SystemTime::now())) {
         Ok(_) => Response::GateDecided {
             id: d.id.clone(),
-            state: if d.approve {
+            state: if d.approve && !d.relay.as_ref().is_some_and(|r| r.unavailable) {
                 protocol::GateState::Approved
             } else {
                 protocol::GateState::Denied
             },
-            self_decided: true,
+            self_decided: d.relay.as_ref().is_none_or(|r| r.self_decided),
         },
+        Err(
+            e @ (crate::gate::book::DecideError::Relayed { .. }
+            | crate::gate::book::DecideError::NotRelayed(_)),
+        ) => error(ErrorCode::GateRelayed, e.to_string()),
         Err(e @ crate::gate::book::DecideError::Unknown(_)) => {
             error(ErrorCode::UnknownGate, e.to_string())
         }
@@ -456,6 +461,7 @@ mod tests {
             policy: "~/.airlock/config.toml".into(),
             requested_at: "2026-12-04T00:00:00.000Z".into(),
             deadline: "2026-12-04T00:01:50.000Z".into(),
+            relay: None,
         };
         let mut ticket = d.gates.open(info).unwrap();
         // A waiting list returns at once when the book is already past `after`.
@@ -474,6 +480,7 @@ mod tests {
                 approve: true,
                 note: "ok".into(),
                 by: by.into(),
+                relay: None,
             })
         };
         assert_eq!(

@@ -376,7 +376,8 @@ pub(super) async fn start_session(
             },
         )
         .with_host_addrs(local)
-        .with_gates(Arc::clone(&daemon.gates)),
+        .with_gates(Arc::clone(&daemon.gates))
+        .with_gate_relay(spec.gate_relay.clone()),
     );
     let (shutdown, shutdown_rx) = watch::channel(false);
     let session = Arc::new(Session {
