@@ -84,7 +84,7 @@ async fn hold(
     }
     .canonical();
     let info = gate_info(line, gate, "egress", &method, request, action, session);
-    wait_for_decision(session, book, line, gate, info, client, true).await
+    wait_for_decision(session, book, line, gate, info, client, true, &mut None).await
 }
 
 /// The [`GateInfo`] of one held attempt (its target is `line`'s): `action` is its canonical
@@ -125,9 +125,11 @@ pub(super) fn gate_info(
 
 /// Opens the gate for `info` in `book`, writes its `requested` line, waits for the decision,
 /// the `[gate] timeout`, the client hanging up or the session stopping, and writes the step
-/// that ended it. `Ok` once approved; `line.gate` holds the last step either way.
+/// that ended it. `Ok` once approved; `line.gate` holds the last step either way (as a final
+/// line carries it), and `last_step` the whole step (who decided, the note, the server's id).
 /// `journaled`: the attempt's journal record is open (egress), so a hold whose future is
 /// dropped (hyper drops a plain-HTTP request's when the agent hangs up) closes it `abandoned`.
+#[allow(clippy::too_many_arguments)] // One hold's whole context; a struct would be built once.
 pub(super) async fn wait_for_decision(
     session: &SessionProxy,
     book: &std::sync::Arc<crate::gate::GateBook>,
@@ -136,6 +138,7 @@ pub(super) async fn wait_for_decision(
     info: GateInfo,
     client: Option<&TcpStream>,
     journaled: bool,
+    last_step: &mut Option<GateRecord>,
 ) -> Result<(), Unreachable> {
     let refused = |reason, detail: String| refusal(gate, reason, detail);
     let timeout = session.policy.gate_timeout();
@@ -246,6 +249,7 @@ pub(super) async fn wait_for_decision(
     // failure here leaves the attempt to be settled, never forwarded unrecorded.
     let step = step_line(line, gate, &record);
     line.gate = Some(record.on_final_line());
+    *last_step = Some(record);
     if let Err(e) = session.audit.append(&step) {
         tracing::error!("cannot write the gate decision line of {}: {e}", line.id);
         return Err(refused(Reason::AuditUnavailable, e.to_string()));

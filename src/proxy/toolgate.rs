@@ -171,6 +171,7 @@ pub async fn serve(
             started,
             &gate,
             "this proxy keeps no gates: no one can decide here",
+            None,
         );
     };
     let canonical =
@@ -181,7 +182,10 @@ pub async fn serve(
     // the gate's lines must still be written to the end (the decision then reaches no one).
     let (session, book) = (Arc::clone(s), Arc::clone(book));
     let decided = tokio::spawn(async move {
-        let outcome = wait_for_decision(&session, &book, &mut line, &gate, info, None, false).await;
+        let mut step = None;
+        let outcome =
+            wait_for_decision(&session, &book, &mut line, &gate, info, None, false, &mut step)
+                .await;
         let (reason, detail) = match outcome {
             Ok(()) => {
                 line.allowed = true;
@@ -191,7 +195,7 @@ pub async fn serve(
             Err(other) => (other.reason(), String::new()),
         };
         line.reason = Some(reason);
-        finish(&session, &mut line, started, &gate, &detail)
+        finish(&session, &mut line, started, &gate, &detail, step.as_ref())
     });
     match decided.await {
         Ok(resp) => resp,
@@ -203,13 +207,15 @@ pub async fn serve(
     }
 }
 
-/// Writes the request's line and answers with the gate's outcome.
+/// Writes the request's line and answers with the gate's outcome (`step`: the gate's last step
+/// line's record, which names who decided and why).
 fn finish(
     s: &SessionProxy,
     line: &mut crate::audit::AuditLine,
     started: Instant,
     gate: &GateMatch,
     detail: &str,
+    step: Option<&crate::audit::GateRecord>,
 ) -> Response<ProxyBody> {
     line.duration_ms = Some(ms_since(started));
     line.layer = Some(gate.layer);
@@ -221,7 +227,7 @@ fn finish(
         let body = serde_json::json!({"state": "error", "reason": "audit_unavailable", "detail": e.to_string()});
         return json(StatusCode::SERVICE_UNAVAILABLE, Some(Reason::AuditUnavailable), &body);
     }
-    let g = line.gate.as_ref();
+    let g = step.or(line.gate.as_ref());
     let state = match g.map(|g| g.step) {
         Some(GateStep::Approved) => "approved",
         Some(GateStep::Denied) => "denied",
@@ -236,6 +242,7 @@ fn finish(
         "by": g.and_then(|g| g.by.clone()),
         "note": g.and_then(|g| g.note.clone()),
         "self": g.and_then(|g| g.self_decided),
+        "server": g.and_then(|g| g.server.clone()),
         "reason": reason.as_str(),
         "detail": (!detail.is_empty()).then_some(detail),
     });

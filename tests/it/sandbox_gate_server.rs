@@ -124,7 +124,10 @@ fn a_reviewer_decides_the_developers_held_attempts_on_the_review_server() {
     let script = format!(
         "curl -sS -m 90 -p http://gated.test:{port}/first; echo \"first:$?\"\n\
          curl -sS -m 90 -D - -o /dev/null http://gated.test:{port}/second | tr -d '\\r' | \
-           grep -i -e '^HTTP/' -e '^x-airlock-reason:' | sed 's/^/second:/'\n"
+           grep -i -e '^HTTP/' -e '^x-airlock-reason:' | sed 's/^/second:/'\n\
+         curl -sS -m 90 -X POST http://gate.airlock/v1/gates -H 'Content-Type: application/json' \
+           -d '{{\"action\":\"terraform apply -auto-approve\",\"tool\":\"Bash\"}}' \
+           | tr -d '\\n' | sed 's/^/tool:/'; echo\n"
     );
     let (run, first, second) = std::thread::scope(|s| {
         let exec = s.spawn(|| g.exec(&script));
@@ -172,6 +175,15 @@ fn a_reviewer_decides_the_developers_held_attempts_on_the_review_server() {
         g.rev(&["gate", "deny", &id2, "--note", "not in prod"]).expect_code(0);
         let again = g.rev(&["gate", "approve", &id2]).expect_code(1);
         assert!(again.stderr().contains("denied already"), "{}", again.stderr());
+
+        // 3: an agent's own tool call asked through gate.airlock, relayed the same way.
+        let third = g.next_gate(&[id.clone(), id2.clone()]);
+        assert_eq!(
+            (third["kind"].as_str(), third["method"].as_str()),
+            (Some("tool"), Some("Bash"))
+        );
+        assert_eq!(third["request"], "terraform apply -auto-approve");
+        g.rev(&["gate", "approve", third["id"].as_str().unwrap()]).expect_code(0);
         (exec.join().unwrap(), first, (second, hits))
     });
     let (second, hits_before_deny) = second;
@@ -180,6 +192,15 @@ fn a_reviewer_decides_the_developers_held_attempts_on_the_review_server() {
     assert!(out.contains("gated-ok\nfirst:0\n"), "{out}");
     assert!(out.contains("second:HTTP/1.1 403"), "{out}");
     assert!(out.to_ascii_lowercase().contains("second:x-airlock-reason: gate_denied"), "{out}");
+    let tool: Value =
+        serde_json::from_str(out.lines().find_map(|l| l.strip_prefix("tool:")).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (tool["state"].as_str(), tool["by"].as_str()),
+        (Some("approved"), Some("rev@example.test")),
+        "{out}"
+    );
+    assert!(tool["server"].as_str().is_some_and(|s| s.starts_with("gt_")), "{out}");
     assert_eq!(
         (hits_before_deny, g.hits.load(Ordering::SeqCst)),
         (1, 1),
@@ -219,7 +240,14 @@ fn a_reviewer_decides_the_developers_held_attempts_on_the_review_server() {
     let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["gate.requested", "gate.approved", "gate.requested", "gate.denied"],
+        [
+            "gate.requested",
+            "gate.approved",
+            "gate.requested",
+            "gate.denied",
+            "gate.requested",
+            "gate.approved"
+        ],
         "{events:#?}"
     );
 }
