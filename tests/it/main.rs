@@ -16,6 +16,7 @@ mod cli_policy_edit;
 mod cli_policy_init;
 mod console_auth;
 mod console_browser;
+mod console_gates;
 mod console_pages;
 mod daemon;
 mod daemon_units;

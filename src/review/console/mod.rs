@@ -16,6 +16,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod auth;
+mod gates;
 mod pages;
 pub use pages::export;
 mod queue;
@@ -210,6 +211,11 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
             let id = flag_path(p).unwrap_or_default().to_string();
             queue::post_flag(st, req, &id).await.unwrap_or_else(|r| r)
         }
+        (&Method::GET, "/gates") => gates::get_gates(st, &req).await.unwrap_or_else(|r| r),
+        (&Method::POST, p) if gate_path(p).is_some() => {
+            let id = gate_path(p).unwrap_or_default().to_string();
+            gates::post_gate(st, req, &id).await.unwrap_or_else(|r| r)
+        }
         (&Method::GET, render::CSS_ROUTE) => asset(&req, render::CSS, "text/css; charset=utf-8"),
         (&Method::GET, render::JS_ROUTE) => {
             asset(&req, render::JS, "text/javascript; charset=utf-8")
@@ -222,7 +228,7 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
             let token = invite_token(p).unwrap_or_default().to_string();
             post_invite(st, peer, req, &token).await
         }
-        (_, "/" | "/login" | "/people" | "/access-log" | "/export" | "/flags")
+        (_, "/" | "/login" | "/people" | "/access-log" | "/export" | "/flags" | "/gates")
         | (_, render::CSS_ROUTE | render::JS_ROUTE | "/favicon.ico") => with_allow(
             message_page(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -252,6 +258,14 @@ pub async fn route<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incomi
                 StatusCode::METHOD_NOT_ALLOWED,
                 "Method not allowed",
                 "Flags are acted on with the queue's forms (POST).",
+            ),
+            "POST",
+        ),
+        (_, p) if gate_path(p).is_some() => with_allow(
+            message_page(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "Gates are decided with the forms on /gates (POST).",
             ),
             "POST",
         ),
@@ -335,6 +349,11 @@ fn flag_path(path: &str) -> Option<&str> {
             && *t != "bulk"
             && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     })
+}
+
+/// The gate id of `POST /gates/{id}` (gate ids are URL-safe; anything else names no gate).
+fn gate_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/gates/").filter(|t| gates::is_gate_id(t))
 }
 
 fn invite_token(path: &str) -> Option<&str> {

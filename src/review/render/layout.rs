@@ -77,7 +77,13 @@ tr.fd>td{background:#fafbfc}
 .actions{display:flex;flex-wrap:wrap;gap:1em}
 .actions form{display:flex;flex-direction:column;gap:.2em}
 textarea{min-height:3em}
-@media print{header nav,header .me form,.actions,form.filters{display:none}}
+section.gate{border:1px solid var(--line);border-radius:3px;padding:.4em .8em;margin:.8em 0}
+section.gate h3{font-size:1em;margin:.2em 0 .4em}
+form.decide{display:flex;flex-direction:column;gap:.3em;max-width:42em}
+form.decide label{display:flex;flex-direction:column}
+.notice{border-left:3px solid var(--al);padding:.2em .6em}
+code.digest{overflow-wrap:anywhere}
+@media print{header nav,header .me form,.actions,form.filters,form.decide{display:none}}
 "#;
 
 /// The keyboard script for the flags queue: `j`/`k` move between rows (from inside a row's
@@ -107,6 +113,7 @@ else if(e.key==="Enter"&&i>=0){e.preventDefault();open(l[i]);}
 pub enum Section {
     People,
     Flags,
+    Gates,
     AccessLog,
     /// A page outside the navigation (a session drill-down is under People).
     Other,
@@ -149,6 +156,7 @@ pub fn page(title: &str, viewer: &Viewer, current: Section, body: Markup) -> Mar
                     nav aria-label="Console" {
                         (nav(Section::People, "/people", "People"))
                         (nav(Section::Flags, "/flags", "Flags"))
+                        (nav(Section::Gates, "/gates", "Gates"))
                         @if viewer.role == Role::Admin {
                             (nav(Section::AccessLog, "/access-log", "Access log"))
                         }
@@ -184,6 +192,7 @@ mod tests {
         assert!(html.contains("<title>People · Airlock review</title>"));
         assert!(html.contains(r#"<a href="/people" aria-current="page">People</a>"#));
         assert!(html.contains(r#"<a href="/flags">Flags</a>"#));
+        assert!(html.contains(r#"<a href="/gates">Gates</a>"#));
         assert!(!html.contains("/access-log"), "only admins see the access log");
         assert!(html.contains(r#"<form method="post" action="/logout"><input type="hidden" name="csrf" value="tok-123">"#));
         assert!(html.contains(r#"<link rel="stylesheet" href="/assets/console.css">"#));

@@ -4,7 +4,8 @@
 //! Owns the page layout and the embedded assets ([`layout`]), the `/people` table
 //! ([`people`]), one person's timeline ([`timeline`]), the session drill-down ([`session`],
 //! with the transcript-as-conversation parser in [`conversation`]), the flags queue
-//! ([`flags`]) and the server-drawn SVG charts ([`svg`]).
+//! ([`flags`]), the action gates decided in the browser ([`gates`]) and the server-drawn SVG
+//! charts ([`svg`]).
 //!
 //! Hostile content: every string handed in is attacker-controlled. maud escapes text and
 //! attribute values; nothing here wraps data in `PreEscaped`; stored data placed in a URL goes
@@ -13,6 +14,7 @@
 
 pub mod conversation;
 pub mod flags;
+pub mod gates;
 pub mod layout;
 pub mod people;
 pub mod session;
