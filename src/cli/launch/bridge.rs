@@ -22,8 +22,10 @@ pub struct DaemonBridge {
     handle: Option<SessionHandle>,
     /// `notify-send`, when a desktop session is there.
     notifier: Option<std::path::PathBuf>,
-    /// Stops the gate watcher (or relay) at the session's end.
+    /// Stops the gate watcher at the session's end.
     gate_watch: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The gate relay, when the session's gates are decided on a review server.
+    gate_relay: Option<super::gaterelay::RelayHandle>,
     /// Where the review-server login is read (for relaying gates).
     paths: Option<crate::paths::Paths>,
 }
@@ -36,6 +38,7 @@ impl DaemonBridge {
             prepared,
             handle: None,
             gate_watch: None,
+            gate_relay: None,
             paths: crate::paths::Paths::from_env(env).ok(),
         }
     }
@@ -106,17 +109,22 @@ impl ProxyBridge for DaemonBridge {
         self.handle = Some(handle);
         if let Some(endpoint) = watcher {
             let notifier = self.notifier.clone();
-            self.gate_watch = Some(match relay {
-                Some((client, key)) => super::gaterelay::spawn(super::gaterelay::RelayConfig {
-                    endpoint,
-                    session: info.session.clone(),
-                    client,
-                    key,
-                    self_approve: self.prepared.gate_self_approve,
-                    notifier,
-                }),
-                None => super::gatenotice::spawn(endpoint, info.session.clone(), notifier),
-            });
+            match relay {
+                Some((client, key)) => {
+                    self.gate_relay = Some(super::gaterelay::spawn(super::gaterelay::RelayConfig {
+                        endpoint,
+                        session: info.session.clone(),
+                        client,
+                        key,
+                        self_approve: self.prepared.gate_self_approve,
+                        notifier,
+                    }))
+                }
+                None => {
+                    self.gate_watch =
+                        Some(super::gatenotice::spawn(endpoint, info.session.clone(), notifier))
+                }
+            }
         }
         Ok(())
     }
@@ -146,6 +154,9 @@ impl ProxyBridge for DaemonBridge {
     fn end(&mut self, end: &SessionEnd) {
         if let Some(stop) = self.gate_watch.take() {
             stop.store(true, std::sync::atomic::Ordering::Release);
+        }
+        if let Some(relay) = self.gate_relay.take() {
+            relay.finish();
         }
         if let Some(handle) = self.handle.take() {
             let outcome = SessionOutcome {

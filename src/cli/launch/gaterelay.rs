@@ -76,9 +76,26 @@ pub struct RelayConfig {
     pub notifier: Option<PathBuf>,
 }
 
-/// Starts the relay on a thread of its own; setting the returned flag stops it (pending
-/// server gates are withdrawn first, for at most [`DRAIN`]).
-pub fn spawn(config: RelayConfig) -> Arc<AtomicBool> {
+/// A running relay: [`RelayHandle::finish`] stops it once the session is over.
+#[derive(Debug)]
+pub struct RelayHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RelayHandle {
+    /// Stops the relay and waits (at most [`DRAIN`] and a tick) while it withdraws the gates
+    /// still pending on the server, so they do not wait out their deadline there.
+    pub fn finish(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the relay on a thread of its own.
+pub fn spawn(config: RelayConfig) -> RelayHandle {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
     let spawned = std::thread::Builder::new().name("gate-relay".into()).spawn(move || {
@@ -91,10 +108,14 @@ pub fn spawn(config: RelayConfig) -> Arc<AtomicBool> {
         };
         rt.block_on(run(Arc::new(config), flag));
     });
-    if let Err(e) = spawned {
-        tracing::error!("cannot start the gate relay: {e}; this session's gates expire");
-    }
-    stop
+    let thread = match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!("cannot start the gate relay: {e}; this session's gates expire");
+            None
+        }
+    };
+    RelayHandle { stop, thread }
 }
 
 /// What the relay of one held attempt is told from the host's side.
