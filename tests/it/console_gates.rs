@@ -496,3 +496,49 @@ fn console_gates_decided_in_a_real_browser_postgres() {
     db.migrate(&world);
     decide_in_browser(&world, &StoreSel::Pg(db.runtime_url.clone()));
 }
+
+/// The whole path in a real browser: a developer's sandboxed curl holds a CONNECT to a gated
+/// host; its supervisor relays it to the review server; a reviewer signs in to the console,
+/// finds it on `/gates` and approves it there; only then does the upstream see a connection.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn console_gates_a_held_connect_approved_in_a_real_browser() {
+    use std::sync::atomic::Ordering;
+    if !have("curl") || !browser::available() {
+        return;
+    }
+    let g = crate::sandbox_gate_server::relayed("console", "127.0.0.14", "90s", "");
+    let port = g.port;
+    let script = format!("curl -sS -m 120 -p http://gated.test:{port}/console; echo \"held:$?\"\n");
+    let run = std::thread::scope(|s| {
+        let exec = s.spawn(|| g.exec(&script));
+        let gate = g.next_gate(&[]);
+        let id = gate["id"].as_str().unwrap().to_owned();
+        let b = browser::Browser::start();
+        let base = g.server.base.as_str();
+        b.goto(&format!("{base}/login"));
+        b.get("input[name=email]").type_text("rev@example.test");
+        b.get("input[name=password]").type_text(crate::sandbox_gate_server::PW);
+        b.click_and_wait("button[type=submit]");
+        b.goto(&format!("{base}/gates"));
+        let sel = |what: &str| format!("section#g-{id} {what}");
+        let shown = b.get(&sel("")).text();
+        assert!(shown.contains(&format!("CONNECT gated.test:{port}")), "{shown}");
+        assert!(shown.contains("dev@example.test"), "{shown}");
+        assert_eq!(g.hits.load(Ordering::SeqCst), 0, "dialed before the decision");
+        b.get(&sel("textarea[name=note]")).type_text("approved from the console");
+        b.click_and_wait(&sel("button[value=approve]"));
+        assert!(b.url().ends_with(&format!("/gates?decided={id}")), "{}", b.source());
+        exec.join().unwrap()
+    });
+    let out = run.expect_code(0).stdout();
+    assert!(out.contains("held:0"), "{out}");
+    assert_eq!(g.hits.load(Ordering::SeqCst), 1, "dialed once, after the approval");
+    let lines = g.dev.audit_lines("console");
+    let approved = lines
+        .iter()
+        .find(|l| l["method"] == "GATE" && l["gate"]["step"] == "approved")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(approved["gate"]["by"], "rev@example.test");
+    assert_eq!(approved["gate"]["note"], "approved from the console");
+}

@@ -17,25 +17,25 @@ use crate::harness::{Harness, Options};
 use crate::review_support::{Server, StoreSel, get, user_with_token};
 use crate::support::{World, airlock_stdin, have, wait_until};
 
-const PW: &str = "reviewer password 42";
+pub(crate) const PW: &str = "reviewer password 42";
 
-struct Relayed {
-    dev: World,
+pub(crate) struct Relayed {
+    pub(crate) dev: World,
     /// The reviewer's own home (`airlock login --server` with the reviewer's token).
     rev: World,
     repo: std::path::PathBuf,
     harness: Harness,
-    server: Server,
+    pub(crate) server: Server,
     /// The reviewer's token, for reading the server's record.
-    rev_token: String,
-    port: u16,
-    hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) rev_token: String,
+    pub(crate) port: u16,
+    pub(crate) hits: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A developer world whose user config allows and gates `gated.test:PORT` (`extra` adds to
 /// `[gate]`), logged in to a fresh review server with a reviewer (with a console password)
 /// and an admin besides the developer.
-fn relayed(name: &str, ip: &str, timeout: &str, extra: &str) -> Relayed {
+pub(crate) fn relayed(name: &str, ip: &str, timeout: &str, extra: &str) -> Relayed {
     let dev = World::new();
     let rev = World::new();
     let repo = dev.repo(name);
@@ -82,7 +82,7 @@ impl Relayed {
     }
 
     /// The next pending server gate not in `done`, as the reviewer lists it.
-    fn next_gate(&self, done: &[String]) -> Value {
+    pub(crate) fn next_gate(&self, done: &[String]) -> Value {
         let mut found = None;
         let arrived = wait_until(Duration::from_secs(60), || {
             let run = self.rev(&["gate", "list", "--json"]);
@@ -99,13 +99,13 @@ impl Relayed {
         found.unwrap()
     }
 
-    fn server_gate(&self, id: &str) -> Value {
+    pub(crate) fn server_gate(&self, id: &str) -> Value {
         let r = get(&self.server.base, &self.rev_token, &format!("/api/v1/gates/{id}"), &[]);
         assert_eq!(r.status, 200, "{}", r.body);
         r.json()
     }
 
-    fn exec(&self, script: &str) -> crate::support::Run {
+    pub(crate) fn exec(&self, script: &str) -> crate::support::Run {
         self.dev(&["exec", "--", "sh", "-c", script])
     }
 }
