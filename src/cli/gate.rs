@@ -104,6 +104,38 @@ pub fn run(args: &GateArgs, ctx: &Context<'_>) -> i32 {
         GateCommand::Deny(args) => decide(ctx, args, false),
         GateCommand::Watch { json, no_prompt } => watch(ctx, *json, *no_prompt),
     };
+    exit_code(result)
+}
+
+/// What went wrong in a gate command, on this machine's airlockd or on the review server.
+enum Failure {
+    Client(ClientError),
+    Remote(crate::remote::RemoteError),
+    Usage(String),
+    Io(std::io::Error),
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Self {
+        Self::Client(e)
+    }
+}
+
+impl From<crate::remote::RemoteError> for Failure {
+    fn from(e: crate::remote::RemoteError) -> Self {
+        Self::Remote(e)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+/// Prints a failure and gives the exit code: 1 for a gate that could not be decided as asked
+/// (not pending, another digest, refused), 125 when airlockd or the server could not be asked.
+fn exit_code(result: Result<i32, Failure>) -> i32 {
     match result {
         Ok(code) => code,
         Err(Failure::Client(e)) => {
@@ -116,6 +148,10 @@ pub fn run(args: &GateArgs, ctx: &Context<'_>) -> i32 {
                 e => e.exit_code(),
             }
         }
+        Err(Failure::Remote(e)) => {
+            eprintln!("airlock: {e}");
+            server::exit_of(&e)
+        }
         Err(Failure::Usage(msg)) => {
             eprintln!("airlock: {msg}");
             EXIT_UNKNOWN
@@ -125,24 +161,6 @@ pub fn run(args: &GateArgs, ctx: &Context<'_>) -> i32 {
             eprintln!("airlock: cannot write the output: {e}");
             125
         }
-    }
-}
-
-enum Failure {
-    Client(ClientError),
-    Usage(String),
-    Io(std::io::Error),
-}
-
-impl From<ClientError> for Failure {
-    fn from(e: ClientError) -> Self {
-        Self::Client(e)
-    }
-}
-
-impl From<std::io::Error> for Failure {
-    fn from(e: std::io::Error) -> Self {
-        Self::Io(e)
     }
 }
 

@@ -138,6 +138,34 @@ impl Store for Alternating {
     async fn assign_flag(&self, a: &FlagAssignment<'_>) -> Result<bool, StoreError> {
         self.pick().assign_flag(a).await
     }
+    async fn open_gate(
+        &self,
+        g: &airlock::review::gates::NewGate,
+        caps: airlock::review::store::GateCaps,
+    ) -> Result<airlock::review::store::Opened, StoreError> {
+        self.pick().open_gate(g, caps).await
+    }
+    async fn get_gate(&self, id: &str) -> Result<Option<airlock::review::gates::Gate>, StoreError> {
+        self.pick().get_gate(id).await
+    }
+    async fn list_gates(
+        &self,
+        q: &airlock::review::gates::GateQuery,
+    ) -> Result<Vec<airlock::review::gates::Gate>, StoreError> {
+        self.pick().list_gates(q).await
+    }
+    async fn decide_gate(
+        &self,
+        d: &airlock::review::gates::DecisionRequest<'_>,
+    ) -> Result<airlock::review::gates::Decided, StoreError> {
+        self.pick().decide_gate(d).await
+    }
+    async fn expire_gates(
+        &self,
+        max: usize,
+    ) -> Result<Vec<airlock::review::gates::Gate>, StoreError> {
+        self.pick().expire_gates(max).await
+    }
 }
 
 #[test]

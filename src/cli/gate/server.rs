@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use zeroize::Zeroizing;
 
-use super::{DecideArgs, EXIT_UNKNOWN, GateCommand, left, printable, truncate};
+use super::{DecideArgs, EXIT_UNKNOWN, Failure, GateCommand, left, printable, truncate};
 use crate::cli::Context;
 use crate::remote::gates::ServerGate;
 use crate::remote::{self, RemoteError};
@@ -53,44 +53,11 @@ pub(super) fn run(cmd: &GateCommand, ctx: &Context<'_>, client: &remote::Client)
             GateCommand::Watch { json, no_prompt } => watch(client, *json, *no_prompt).await,
         }
     });
-    match result {
-        Ok(code) => code,
-        Err(Failure::Remote(e)) => {
-            eprintln!("airlock: {e}");
-            exit_of(&e)
-        }
-        Err(Failure::Usage(m)) => {
-            eprintln!("airlock: {m}");
-            EXIT_UNKNOWN
-        }
-        Err(Failure::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
-        Err(Failure::Io(e)) => {
-            eprintln!("airlock: {e}");
-            EXIT_UNREACHABLE
-        }
-    }
-}
-
-enum Failure {
-    Remote(RemoteError),
-    Usage(String),
-    Io(std::io::Error),
-}
-
-impl From<RemoteError> for Failure {
-    fn from(e: RemoteError) -> Self {
-        Self::Remote(e)
-    }
-}
-
-impl From<std::io::Error> for Failure {
-    fn from(e: std::io::Error) -> Self {
-        Self::Io(e)
-    }
+    super::exit_code(result)
 }
 
 /// A refusal the server gave (4xx but 401 and 429) is the caller's: 1; the rest: 125.
-fn exit_of(e: &RemoteError) -> i32 {
+pub(super) fn exit_of(e: &RemoteError) -> i32 {
     match e {
         RemoteError::Status { status, .. } if (400..500).contains(status) => EXIT_UNKNOWN,
         _ => EXIT_UNREACHABLE,
