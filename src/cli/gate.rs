@@ -342,35 +342,42 @@ fn watch(ctx: &Context<'_>, json: bool, no_prompt: bool) -> Result<i32, Failure>
     }
 }
 
-fn prompt_and_decide(ctx: &Context<'_>, g: &GateInfo) -> Result<(), Failure> {
+/// `gate watch`'s question on a terminal: `Some((approve, note))`, or `None` to skip the gate
+/// (an empty answer, `s`, or the end of input).
+fn ask_decision(id: &str) -> std::io::Result<Option<(bool, String)>> {
     let stdin = std::io::stdin();
-    loop {
-        eprint!("approve, deny or skip {}? [a/d/s] ", g.id);
+    let approve = loop {
+        eprint!("approve, deny or skip {id}? [a/d/s] ");
         let mut answer = String::new();
         if stdin.lock().read_line(&mut answer)? == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let approve = match answer.trim() {
-            "a" | "approve" | "y" | "yes" => true,
-            "d" | "deny" | "n" | "no" => false,
-            "s" | "skip" | "" => return Ok(()),
+        match answer.trim() {
+            "a" | "approve" | "y" | "yes" => break true,
+            "d" | "deny" | "n" | "no" => break false,
+            "s" | "skip" | "" => return Ok(None),
             _ => continue,
-        };
-        eprint!("note (optional): ");
-        let mut note = String::new();
-        stdin.lock().read_line(&mut note)?;
-        match send_decision(ctx, g, approve, note.trim()) {
-            Ok((state, self_decided)) => println!("{}", decided_line(g, state, self_decided)),
-            Err(Failure::Client(e @ ClientError::Refused { .. })) => eprintln!("airlock: {e}"),
-            Err(e) => return Err(e),
         }
-        return Ok(());
-    }
+    };
+    eprint!("note (optional): ");
+    let mut note = String::new();
+    stdin.lock().read_line(&mut note)?;
+    Ok(Some((approve, note.trim().to_owned())))
 }
 
-pub(super) fn target(g: &GateInfo) -> String {
-    let host = if g.host.contains(':') { format!("[{}]", g.host) } else { g.host.clone() };
-    format!("{} {host}:{}", g.method, g.port)
+fn prompt_and_decide(ctx: &Context<'_>, g: &GateInfo) -> Result<(), Failure> {
+    let Some((approve, note)) = ask_decision(&g.id)? else { return Ok(()) };
+    match send_decision(ctx, g, approve, &note) {
+        Ok((state, self_decided)) => println!("{}", decided_line(g, state, self_decided)),
+        Err(Failure::Client(e @ ClientError::Refused { .. })) => eprintln!("airlock: {e}"),
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// The held attempt as airlockd names it (a tool gate too: its tool at `gate.airlock`).
+pub(crate) fn target(g: &GateInfo) -> String {
+    crate::gate::target_text("egress", Some(&g.method), Some(&g.host), Some(g.port), None)
 }
 
 /// Time left until `deadline` (RFC 3339), `expired` once past, `?` if it does not parse.

@@ -283,6 +283,27 @@ pub fn command_matches(pattern: &str, text: &str) -> bool {
     pi == p.len()
 }
 
+/// One line naming what a gate holds, for terminals and pages: an egress gate's `METHOD
+/// host:port` (an IPv6 host bracketed), a tool gate's `Tool: action`, an external gate's
+/// action text. Not escaped: the caller escapes for where it shows it.
+pub fn target_text(
+    kind: &str,
+    method: Option<&str>,
+    host: Option<&str>,
+    port: Option<u16>,
+    request: Option<&str>,
+) -> String {
+    match kind {
+        "egress" => {
+            let host = host.unwrap_or("?");
+            let host = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
+            format!("{} {host}:{}", method.unwrap_or("?"), port.unwrap_or_default())
+        }
+        "tool" => format!("{}: {}", method.unwrap_or("tool"), request.unwrap_or("")),
+        _ => request.unwrap_or("").to_owned(),
+    }
+}
+
 /// `note` cut to [`MAX_NOTE`] bytes at a character boundary, control characters but newline
 /// and tab replaced (it is shown on terminals and in the console).
 pub fn clean_note(note: &str) -> String {
@@ -337,6 +358,18 @@ mod tests {
         for o in others {
             assert_ne!(o, base);
         }
+    }
+
+    #[test]
+    fn targets_read_as_one_line_per_kind() {
+        let t = |kind, host| target_text(kind, Some("CONNECT"), Some(host), Some(443), Some("x"));
+        assert_eq!(t("egress", "pay.test"), "CONNECT pay.test:443");
+        assert_eq!(t("egress", "2001:db8::1"), "CONNECT [2001:db8::1]:443");
+        assert_eq!(
+            target_text("tool", Some("Bash"), None, None, Some("git push")),
+            "Bash: git push"
+        );
+        assert_eq!(target_text("external", None, None, None, Some("deploy v2")), "deploy v2");
     }
 
     #[test]

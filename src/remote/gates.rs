@@ -77,23 +77,13 @@ impl ServerGate {
 
     /// One line naming what is gated (`CONNECT host:443`, `Bash: git push`, an action).
     pub fn target(&self) -> String {
-        match self.kind.as_str() {
-            "egress" => {
-                let host = self.host.as_deref().unwrap_or("?");
-                let host = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
-                format!(
-                    "{} {host}:{}",
-                    self.method.as_deref().unwrap_or("?"),
-                    self.port.unwrap_or_default()
-                )
-            }
-            "tool" => format!(
-                "{}: {}",
-                self.method.as_deref().unwrap_or("tool"),
-                self.request.as_deref().unwrap_or("")
-            ),
-            _ => self.request.clone().unwrap_or_default(),
-        }
+        crate::gate::target_text(
+            &self.kind,
+            self.method.as_deref(),
+            self.host.as_deref(),
+            self.port,
+            self.request.as_deref(),
+        )
     }
 }
 

@@ -77,12 +77,6 @@ fn bad_request(message: impl Into<String>) -> Resp {
     super::server::error(StatusCode::BAD_REQUEST, message)
 }
 
-/// A gate this caller may see: its own, or any for a reviewer or admin. Another person's is
-/// "no such gate" for a member (the answer does not tell who asked for what).
-fn visible(user: &User, g: &Gate) -> bool {
-    user.role.can_review() || g.gate.user_id == user.id
-}
-
 fn no_gate(id: &str) -> Resp {
     refusal(StatusCode::NOT_FOUND, "no_gate", format!("no gate {id}"))
 }
@@ -121,7 +115,6 @@ pub async fn post_gates<S: Store>(st: &AppState<S>, user: &User, req: Request<In
     match st.store.open_gate(&gate, caps).await {
         Ok(Opened::Gate(g)) => {
             metrics::global().gate_step("requested");
-            st.gates.notify();
             super::server::json_resp(StatusCode::CREATED, &g.to_json(now_micros()))
         }
         Ok(Opened::SessionLimit(n)) => gate_limit(format!(
@@ -231,7 +224,7 @@ pub async fn get_gate<S: Store>(
         }
     }
     let mut g = match st.store.get_gate(id).await {
-        Ok(Some(g)) if visible(user, &g) => g,
+        Ok(Some(g)) if gates::visible(user, &g) => g,
         Ok(_) => return no_gate(id),
         Err(e) => return super::server::store_error(e),
     };
@@ -372,7 +365,7 @@ pub async fn decide<S: Store>(
     input: DecideInput<'_>,
 ) -> Result<Gate, DecideError> {
     let g = match st.store.get_gate(id).await {
-        Ok(Some(g)) if visible(user, &g) => g,
+        Ok(Some(g)) if gates::visible(user, &g) => g,
         Ok(_) => return Err(DecideError::NoGate),
         Err(e) => return Err(DecideError::Store(e)),
     };
@@ -420,7 +413,6 @@ pub async fn decide<S: Store>(
         step_up,
         digest: Some(&g.gate.digest),
         secret: input.secret,
-        at: now_micros(),
     };
     match st.store.decide_gate(&request).await {
         Ok(Decided::Done(g)) => {
@@ -450,25 +442,24 @@ async fn verify_step_up<S: Store>(
     if let Err(wait) = st.console.check_account(&account, now) {
         return Err(DecideError::StepUpLimited(wait));
     }
-    let phc = st.store.password_of(&user.id).await.map_err(DecideError::Store)?;
-    let has_password = phc.is_some();
-    let pw = password.clone();
-    // argon2 takes tens of milliseconds of CPU: off the runtime's threads.
-    let ok = tokio::task::spawn_blocking(move || {
-        super::console::auth::verify_password(&pw, phc.as_deref())
-    })
-    .await
-    .unwrap_or(false);
+    let (ok, has_password) = super::console::password_matches(st, Some(user), password)
+        .await
+        .map_err(DecideError::Store)?;
     if ok {
         return Ok(());
     }
     st.console.take_account(&account, now);
     let payload = json!({"email": user.email, "reason": if has_password { "wrong password" }
         else { "no password set" }, "for": "gate step-up"});
-    let at = now_micros();
-    let ev =
-        super::server::reserved_event("auth", super::console::EVENT_STEP_UP_FAILED, &payload, at);
-    st.store.insert_events(&user.id, at, &[ev]).await.map_err(DecideError::Store)?;
+    super::console::record_auth_event(
+        st,
+        user,
+        super::console::EVENT_STEP_UP_FAILED,
+        payload,
+        now_micros(),
+    )
+    .await
+    .map_err(DecideError::Store)?;
     Err(DecideError::StepUpFailed { has_password })
 }
 
@@ -482,7 +473,7 @@ pub async fn post_gate<S: Store>(
 ) -> Resp {
     // PostgreSQL re-checks the token inside `airlock_gate_decide`; held only for this
     // request, wiped on drop.
-    let secret = Zeroizing::new(super::server::bearer_of(&req).unwrap_or_default().to_string());
+    let secret = Zeroizing::new(super::server::bearer_secret(&req).unwrap_or_default().to_string());
     let raw = match body(st, req, 64 * 1024).await {
         Ok(b) => b,
         Err(r) => return r,

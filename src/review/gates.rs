@@ -41,6 +41,21 @@ pub const MAX_WAIT_SECS: u64 = 60;
 pub const MAX_WAITS: usize = 256;
 pub const MAX_WAITS_PER_USER: usize = 16;
 
+/// Whether `s` could be a gate id: gate ids are URL-safe (`gt_` and hex digits), so anything
+/// outside `[A-Za-z0-9_-]`, or longer than 64 bytes, names no gate (the API's and the
+/// console's routes answer it like an unknown id).
+pub fn is_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A gate `user` may see: their own, or any for a reviewer or admin. Another person's is "no
+/// such gate" for a member (the answer does not tell who asked for what).
+pub fn visible(user: &User, g: &Gate) -> bool {
+    user.role.can_review() || g.gate.user_id == user.id
+}
+
 /// What a gate holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GateKind {
@@ -218,21 +233,13 @@ impl Gate {
 
 /// See [`Gate::target`].
 pub fn target_of(g: &NewGate) -> String {
-    match g.kind {
-        GateKind::Egress => {
-            let host = g.host.as_deref().unwrap_or("?");
-            let host = if host.contains(':') { format!("[{host}]") } else { host.to_owned() };
-            format!("{} {host}:{}", g.method.as_deref().unwrap_or("?"), g.port.unwrap_or(0))
-        }
-        GateKind::Tool => {
-            format!(
-                "{}: {}",
-                g.method.as_deref().unwrap_or("tool"),
-                g.request.as_deref().unwrap_or("")
-            )
-        }
-        GateKind::External => g.request.clone().unwrap_or_default(),
-    }
+    gate::target_text(
+        g.kind.as_str(),
+        g.method.as_deref(),
+        g.host.as_deref(),
+        g.port,
+        g.request.as_deref(),
+    )
 }
 
 /// How the server treats a requester approving their own gate (`airlockd review
@@ -766,7 +773,6 @@ pub struct DecisionRequest<'a> {
     pub digest: Option<&'a str>,
     /// The credential presented (token secret or console session id; PostgreSQL re-checks).
     pub secret: &'a str,
-    pub at: Micros,
 }
 
 #[cfg(test)]
@@ -797,6 +803,15 @@ mod tests {
             SelfApprove::Managed,
             "gt_1".into(),
         )
+    }
+
+    #[test]
+    fn gate_ids_keep_to_the_route_charset() {
+        assert!(is_id("gt_0123abcd"));
+        assert!(is_id("a-b_C"));
+        for bad in ["", "gt/1", "gt 1", "gt%201", "<x>", &"a".repeat(65)] {
+            assert!(!is_id(bad), "{bad}");
+        }
     }
 
     #[test]

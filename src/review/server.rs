@@ -368,11 +368,7 @@ pub(crate) fn too_many(limit: &'static str, wait: Duration, message: impl Into<S
 }
 
 /// The bearer token of a request, if its Authorization header has one.
-pub(crate) fn bearer_of(req: &Request<Incoming>) -> Option<&str> {
-    bearer_secret(req)
-}
-
-fn bearer_secret(req: &Request<Incoming>) -> Option<&str> {
+pub(crate) fn bearer_secret(req: &Request<Incoming>) -> Option<&str> {
     let value = req.headers().get(header::AUTHORIZATION)?;
     value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
 }
@@ -432,10 +428,9 @@ enum ReadError {
 pub(crate) async fn read_body(req: Request<Incoming>, cap: usize) -> Result<Vec<u8>, Resp> {
     match read_capped(req.into_body(), cap).await {
         Ok(b) => Ok(b),
-        Err(ReadError::TooLarge) => Err(error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body exceeds {} KiB", cap / 1024),
-        )),
+        Err(ReadError::TooLarge) => {
+            Err(error(StatusCode::PAYLOAD_TOO_LARGE, format!("body exceeds {} KiB", cap / 1024)))
+        }
         Err(ReadError::Io(m)) => {
             Err(error(StatusCode::BAD_REQUEST, format!("could not read the body: {m}")))
         }
@@ -993,11 +988,7 @@ async fn get_events<S: Store>(st: &AppState<S>, user: &User, req: &Request<Incom
 /// The `{id}` of `/api/v1/gates/{id}`: gate ids are URL-safe (anything else names no gate,
 /// and is answered 404 like an unknown one).
 fn gate_path(path: &str) -> Option<&str> {
-    path.strip_prefix("/api/v1/gates/").filter(|t| {
-        !t.is_empty()
-            && t.len() <= 64
-            && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    })
+    path.strip_prefix("/api/v1/gates/").filter(|t| super::gates::is_id(t))
 }
 
 /// The raw (still percent-encoded) `{session}` of `/api/v1/sessions/{session}/transcripts`.
@@ -1327,14 +1318,9 @@ async fn post_flag<S: Store>(
     // PostgreSQL re-checks the token inside `airlock_flag_state`; held only for this request,
     // wiped on drop.
     let secret = zeroize::Zeroizing::new(bearer_secret(&req).unwrap_or_default().to_string());
-    let body = match read_capped(req.into_body(), 64 * 1024).await {
+    let body = match read_body(req, 64 * 1024).await {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => {
-            return error(StatusCode::PAYLOAD_TOO_LARGE, "body exceeds 64 KiB");
-        }
-        Err(ReadError::Io(m)) => {
-            return error(StatusCode::BAD_REQUEST, format!("could not read the body: {m}"));
-        }
+        Err(resp) => return resp,
     };
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,

@@ -332,7 +332,6 @@ async fn gates_conformance<S: Store>(
             step_up: false,
             digest,
             secret,
-            at: 0,
         };
     let wrong = decide("gt_1", Verdict::Approve, Some("sha256:00"), bob, bob_secret);
     assert!(matches!(s.decide_gate(&wrong).await.unwrap(), Decided::Digest(_)));

@@ -4,7 +4,7 @@
 //! server's words; a server that cannot be reached exits 125.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, IsTerminal, Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -191,22 +191,10 @@ async fn decide(client: &remote::Client, args: &DecideArgs, action: &str) -> Res
             g.id, g.digest, g.id
         )));
     }
-    match send(
-        client,
-        &g,
-        action,
-        &args.note,
-        password.as_deref().map(String::as_str),
-        args.override_self,
-    )
-    .await
-    {
-        Ok(done) => {
-            println!("{}", decided_line(&done));
-            Ok(0)
-        }
-        Err(e) => Err(e),
-    }
+    let pw = password.as_deref().map(String::as_str);
+    let done = send(client, &g, action, &args.note, pw, args.override_self).await?;
+    println!("{}", decided_line(&done));
+    Ok(0)
 }
 
 /// Posts one decision bound to `g`'s digest.
@@ -298,40 +286,22 @@ async fn watch(client: &remote::Client, json: bool, no_prompt: bool) -> Result<i
 }
 
 async fn prompt_and_decide(client: &remote::Client, g: &ServerGate) -> Result<(), Failure> {
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("approve, deny or skip {}? [a/d/s] ", g.id);
-        let mut answer = String::new();
-        if stdin.lock().read_line(&mut answer)? == 0 {
-            return Ok(());
-        }
-        let action = match answer.trim() {
-            "a" | "approve" | "y" | "yes" => "approve",
-            "d" | "deny" | "n" | "no" => "deny",
-            "s" | "skip" | "" => return Ok(()),
-            _ => continue,
-        };
-        eprint!("note: ");
-        let mut note = String::new();
-        stdin.lock().read_line(&mut note)?;
-        let password = if g.severity == "high" {
-            let pw =
-                crate::cli::identity::prompt::read_secret("your console password (step-up): ")?;
-            let Some(pw) = pw else { return Ok(()) };
-            Some(Zeroizing::new(String::from_utf8_lossy(&pw).into_owned()))
-        } else {
-            None
-        };
-        match send(client, g, action, note.trim(), password.as_deref().map(String::as_str), false)
-            .await
-        {
-            Ok(done) => println!("{}", decided_line(&done)),
-            Err(Failure::Usage(m)) => eprintln!("airlock: {m}"),
-            Err(Failure::Remote(e)) if exit_of(&e) == EXIT_UNKNOWN => eprintln!("airlock: {e}"),
-            Err(e) => return Err(e),
-        }
-        return Ok(());
+    let Some((approve, note)) = super::ask_decision(&g.id)? else { return Ok(()) };
+    let password = if g.severity == "high" {
+        let pw = crate::cli::identity::prompt::read_secret("your console password (step-up): ")?;
+        let Some(pw) = pw else { return Ok(()) };
+        Some(Zeroizing::new(String::from_utf8_lossy(&pw).into_owned()))
+    } else {
+        None
+    };
+    let action = if approve { "approve" } else { "deny" };
+    match send(client, g, action, &note, password.as_deref().map(String::as_str), false).await {
+        Ok(done) => println!("{}", decided_line(&done)),
+        Err(Failure::Usage(m)) => eprintln!("airlock: {m}"),
+        Err(Failure::Remote(e)) if exit_of(&e) == EXIT_UNKNOWN => eprintln!("airlock: {e}"),
+        Err(e) => return Err(e),
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -55,31 +55,54 @@ pub fn spawn(endpoint: Endpoint, session: String, notifier: Option<PathBuf>) -> 
 
 fn watch(endpoint: &Endpoint, session: &str, notifier: Option<&Path>, stop: &AtomicBool) {
     let mut seen = BTreeSet::new();
+    watch_session(endpoint, session, stop, protocol::MAX_GATE_WAIT_MS, |gates| {
+        for g in &gates {
+            if seen.insert(g.id.clone()) {
+                tell(g, notifier);
+            }
+        }
+        seen.retain(|id| gates.iter().any(|g| &g.id == id));
+        true
+    });
+}
+
+/// Long-polls airlockd's book (each poll at most `wait_ms`) and hands `on_change` the pending
+/// gates of `session` after each change, and an empty list while airlockd cannot be reached
+/// (its holds went with it); until `stop` is set or `on_change` answers false. The session's
+/// gate notices and its relay to a review server both watch this way.
+pub fn watch_session(
+    endpoint: &Endpoint,
+    session: &str,
+    stop: &AtomicBool,
+    wait_ms: u64,
+    mut on_change: impl FnMut(Vec<GateInfo>) -> bool,
+) {
     while !stop.load(Ordering::Acquire) {
         let mut client = match endpoint.connect() {
             Ok(c) if c.capabilities.contains(protocol::GATES) => c,
             // A daemon without gates refused the session already (`client::session`).
             Ok(_) => return,
             Err(_) => {
+                if !on_change(Vec::new()) {
+                    return;
+                }
                 std::thread::sleep(RECONNECT);
                 continue;
             }
         };
         let mut version = None;
         while !stop.load(Ordering::Acquire) {
-            let Ok((v, gates)) = client.gate_list(version, Some(protocol::MAX_GATE_WAIT_MS)) else {
+            let Ok((v, gates)) = client.gate_list(version, Some(wait_ms)) else {
                 break;
             };
             version = Some(v);
             if stop.load(Ordering::Acquire) {
                 return;
             }
-            for g in gates.iter().filter(|g| g.session == session) {
-                if seen.insert(g.id.clone()) {
-                    tell(g, notifier);
-                }
+            let mine = gates.into_iter().filter(|g| g.session == session).collect();
+            if !on_change(mine) {
+                return;
             }
-            seen.retain(|id| gates.iter().any(|g| &g.id == id));
         }
         std::thread::sleep(RECONNECT);
     }
@@ -87,13 +110,11 @@ fn watch(endpoint: &Endpoint, session: &str, notifier: Option<&Path>, stop: &Ato
 
 /// The notice for one gate: what waits, and the commands that decide it.
 pub fn notice(g: &GateInfo) -> String {
-    let host = if g.host.contains(':') { format!("[{}]", g.host) } else { g.host.clone() };
     format!(
-        "gate {id}: the agent's {method} {host}:{port} waits for your approval ({severity}, rule \
+        "gate {id}: the agent's {target} waits for your approval ({severity}, rule \
          {rule:?}, until {deadline}); `airlock gate approve {id}` or `airlock gate deny {id}`",
         id = g.id,
-        method = g.method,
-        port = g.port,
+        target = crate::cli::gate::target(g),
         severity = g.severity,
         rule = g.rule,
         deadline = g.deadline,

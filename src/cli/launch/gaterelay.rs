@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 use zeroize::Zeroizing;
 
 use crate::client::Endpoint;
-use crate::protocol::{self, GateDecision, GateInfo, GateRelaySpec, RelayedDecision};
+use crate::protocol::{GateDecision, GateInfo, GateRelaySpec, RelayedDecision};
 use crate::remote::gates::ServerGate;
 use crate::remote::{self, RemoteError};
 
@@ -177,38 +177,14 @@ async fn run(config: Arc<RelayConfig>, stop: Arc<AtomicBool>) {
     let _ = tokio::time::timeout(DRAIN, async { while tasks.join_next().await.is_some() {} }).await;
 }
 
-/// Long-polls airlockd's book and sends each change of this session's pending gates.
+/// Sends each change of this session's pending gates (short polls, so a stop is seen soon).
 fn watch_book(
     endpoint: &Endpoint,
     session: &str,
     stop: &AtomicBool,
     tx: &mpsc::UnboundedSender<Vec<GateInfo>>,
 ) {
-    while !stop.load(Ordering::Acquire) {
-        let mut client = match endpoint.connect() {
-            Ok(c) if c.capabilities.contains(protocol::GATES) => c,
-            Ok(_) => return,
-            Err(_) => {
-                // The daemon is gone (its holds with it): nothing of this session is pending.
-                if tx.send(Vec::new()).is_err() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_secs(1));
-                continue;
-            }
-        };
-        let mut version = None;
-        while !stop.load(Ordering::Acquire) {
-            let Ok((v, gates)) = client.gate_list(version, Some(2_000)) else {
-                break;
-            };
-            version = Some(v);
-            let mine: Vec<GateInfo> = gates.into_iter().filter(|g| g.session == session).collect();
-            if tx.send(mine).is_err() {
-                return;
-            }
-        }
-    }
+    super::gatenotice::watch_session(endpoint, session, stop, 2_000, |mine| tx.send(mine).is_ok());
 }
 
 /// Relays one held attempt: open the server's gate, wait for its decision, hand it to

@@ -353,7 +353,7 @@ fn flag_path(path: &str) -> Option<&str> {
 
 /// The gate id of `POST /gates/{id}` (gate ids are URL-safe; anything else names no gate).
 fn gate_path(path: &str) -> Option<&str> {
-    path.strip_prefix("/gates/").filter(|t| gates::is_gate_id(t))
+    path.strip_prefix("/gates/").filter(|t| crate::review::gates::is_id(t))
 }
 
 fn invite_token(path: &str) -> Option<&str> {
@@ -531,7 +531,7 @@ fn presession_csrf_ok(cookies: &[String], fields: &[(String, String)]) -> bool {
 }
 
 /// Stores a sign-in event of reserved type `kind` in the user's own history.
-async fn record_auth_event<S: Store>(
+pub(crate) async fn record_auth_event<S: Store>(
     st: &AppState<S>,
     user: &User,
     kind: &str,
@@ -599,19 +599,10 @@ async fn post_login<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incom
         Ok(u) => u,
         Err(e) => return store_page(e),
     };
-    let phc = match &user {
-        Some(u) => match st.store.password_of(&u.id).await {
-            Ok(p) => p,
-            Err(e) => return store_page(e),
-        },
-        None => None,
+    let (ok, had_password) = match password_matches(st, user.as_ref(), &password).await {
+        Ok(r) => r,
+        Err(e) => return store_page(e),
     };
-    let had_password = phc.is_some();
-    let pw = password.clone();
-    // argon2 takes tens of milliseconds of CPU: off the runtime's threads.
-    let ok = tokio::task::spawn_blocking(move || auth::verify_password(&pw, phc.as_deref()))
-        .await
-        .unwrap_or(false);
     if let (true, Some(u)) = (ok, &user) {
         return start_session(st, u, peer, "password").await;
     }
@@ -632,6 +623,27 @@ async fn post_login<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incom
         StatusCode::UNAUTHORIZED,
         login_form(&csrf, &email, Some("The email or the password is wrong.")),
     )
+}
+
+/// Whether `password` is `user`'s console password, and whether they have one at all. With no
+/// user (an unknown email) it is checked against a dummy, so the answer takes as long either
+/// way. argon2 takes tens of milliseconds of CPU: it runs off the runtime's threads. Sign-in
+/// and the gates' step-up share it.
+pub(crate) async fn password_matches<S: Store>(
+    st: &AppState<S>,
+    user: Option<&User>,
+    password: &Zeroizing<String>,
+) -> Result<(bool, bool), crate::review::store::StoreError> {
+    let phc = match user {
+        Some(u) => st.store.password_of(&u.id).await?,
+        None => None,
+    };
+    let had_password = phc.is_some();
+    let pw = password.clone();
+    let ok = tokio::task::spawn_blocking(move || auth::verify_password(&pw, phc.as_deref()))
+        .await
+        .unwrap_or(false);
+    Ok((ok, had_password))
 }
 
 async fn post_logout<S: Store>(st: &AppState<S>, peer: IpAddr, req: Request<Incoming>) -> Resp {

@@ -16,7 +16,6 @@ use crate::gate::Severity;
 use crate::review::gates::{Gate, GateKind, GateState};
 use crate::review::{Role, Source};
 use maud::{Markup, html};
-use serde_json::Value;
 
 /// Where one gate's decision form posts.
 pub fn action_href(gate_id: &str) -> String {
@@ -319,19 +318,6 @@ fn state_class(s: GateState) -> &'static str {
     }
 }
 
-/// One line for a `gate.*` event of the recent timeline: its step and what it gates (the
-/// timeline's summary shows these as raw JSON, too long for a compact row).
-pub fn gate_step_summary(p: &Value) -> Option<String> {
-    let s = |k: &str| p.get(k).and_then(Value::as_str);
-    let step = s("step")?;
-    let what = s("request").or(s("host")).unwrap_or("");
-    let mut t = format!("{step}: {what}");
-    if let Some(by) = s("by_email") {
-        t.push_str(&format!(" (by {by})"));
-    }
-    Some(one_line(&t, 100))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -542,10 +528,7 @@ mod tests {
     }
 
     #[test]
-    fn gate_steps_read_as_one_line() {
-        let p = serde_json::json!({"step": "approved", "request": "deploy\nv2", "by_email": "r@x"});
-        assert_eq!(gate_step_summary(&p).as_deref(), Some("approved: deploy v2 (by r@x)"));
-        assert_eq!(gate_step_summary(&serde_json::json!({"x": 1})), None);
+    fn a_passed_deadline_says_so() {
         assert_eq!(time_left(10, 5), "past its deadline");
     }
 }

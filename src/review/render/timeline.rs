@@ -208,9 +208,28 @@ pub fn summary(e: &TimelineEvent, p: &Value) -> String {
             let what = v.command.first().or(v.text.first()).cloned().unwrap_or_default();
             if v.tool.is_empty() { what } else { format!("[{}] {what}", v.tool.join(", ")) }
         }
-        Source::External | Source::Gate => compact(p),
+        Source::Gate => gate_step(p).unwrap_or_else(|| compact(p)),
+        Source::External => compact(p),
     };
     one_line(&text, SUMMARY_MAX)
+}
+
+/// A server-written `gate.*` event as one line: its step, what the gate holds, who decided.
+fn gate_step(p: &Value) -> Option<String> {
+    let s = |k: &str| p.get(k).and_then(Value::as_str);
+    let port = p.get("port").and_then(Value::as_u64).and_then(|n| u16::try_from(n).ok());
+    let target = crate::gate::target_text(
+        s("kind").unwrap_or("external"),
+        s("method"),
+        s("host"),
+        port,
+        s("request"),
+    );
+    let mut t = format!("{}: {target}", s("step")?);
+    if let Some(by) = s("by_email") {
+        t.push_str(&format!(" (by {by})"));
+    }
+    Some(t)
 }
 
 /// A command as recorded (an argv array or a string), space-joined.
@@ -370,6 +389,18 @@ mod tests {
             flags: 0,
             span: None,
         }
+    }
+
+    #[test]
+    fn gate_steps_read_as_one_line() {
+        let step = |p: Value| summary(&ev(9, Source::Gate, "gate.approved", T0, p.clone()), &p);
+        let p = serde_json::json!({"step": "approved", "request": "deploy\nv2", "by_email": "r@x"});
+        assert_eq!(step(p), "approved: deploy v2 (by r@x)");
+        let p = serde_json::json!({"step": "requested", "kind": "egress", "method": "CONNECT",
+            "host": "api.pay.test", "port": 443});
+        assert_eq!(step(p), "requested: CONNECT api.pay.test:443");
+        let p = serde_json::json!({"x": 1});
+        assert_eq!(step(p.clone()), p.to_string(), "anything else stays raw");
     }
 
     fn sample() -> Vec<TimelineEvent> {

@@ -748,6 +748,25 @@ fn pending_gates(
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
+/// Undecided gates whose deadline passed at `now` within the last week, oldest deadline
+/// first, at most `max`: (id, deadline).
+fn due_gates(
+    conn: &Connection,
+    now: Micros,
+    max: i64,
+) -> Result<Vec<(String, Micros)>, StoreError> {
+    let week = 7 * 24 * 3600 * 1_000_000i64;
+    let due = conn
+        .prepare_cached(
+            "SELECT g.id, g.deadline FROM gates g WHERE g.deadline <= ?1 AND g.deadline > ?2
+               AND NOT EXISTS (SELECT 1 FROM gate_decisions d WHERE d.gate_id = g.id)
+             ORDER BY g.deadline LIMIT ?3",
+        )?
+        .query_map(params![now, now - week, max], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok(due)
+}
+
 /// Appends `g`'s decision row and its `gate.<state>` event on `tx` (the caller commits);
 /// returns the gate as decided.
 fn append_decision(
@@ -1401,15 +1420,10 @@ impl Store for SqliteStore {
         // One process owns the file: the server's checks are the only ones needed, so
         // `d.secret` is not used here.
         let (id, digest) = (d.gate_id.to_string(), d.digest.map(str::to_string));
-        let decision = gates::Decision {
-            state: d.verdict.state(),
-            actor: Some(d.actor.id.clone()),
-            actor_email: Some(d.actor.email.clone()),
-            note: d.note.map(str::to_string),
-            self_decided: d.self_decided,
-            step_up: d.step_up && d.verdict != gates::Verdict::Abandon,
-            at: d.at,
-        };
+        let (state, actor, actor_email) =
+            (d.verdict.state(), d.actor.id.clone(), d.actor.email.clone());
+        let (note, self_decided) = (d.note.map(str::to_string), d.self_decided);
+        let step_up = d.step_up && d.verdict != gates::Verdict::Abandon;
         self.with(move |c| {
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let Some(g) = load_gate(&tx, &id)? else {
@@ -1422,7 +1436,16 @@ impl Store for SqliteStore {
             if digest.as_ref().is_some_and(|d| *d != g.gate.digest) {
                 return Ok(Decided::Digest(Box::new(g)));
             }
-            let g = append_decision(&tx, &id, &gates::Decision { at: now, ..decision }, now)?;
+            let decision = gates::Decision {
+                state,
+                actor: Some(actor),
+                actor_email: Some(actor_email),
+                note,
+                self_decided,
+                step_up,
+                at: now,
+            };
+            let g = append_decision(&tx, &id, &decision, now)?;
             tx.commit()?;
             Ok(Decided::Done(Box::new(g)))
         })
@@ -1431,19 +1454,14 @@ impl Store for SqliteStore {
 
     async fn expire_gates(&self, max: usize) -> Result<Vec<Gate>, StoreError> {
         self.with(move |c| {
-            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let now = now_micros();
-            let week = 7 * 24 * 3600 * 1_000_000i64;
-            let due: Vec<(String, Micros)> = tx
-                .prepare_cached(
-                    "SELECT g.id, g.deadline FROM gates g WHERE g.deadline <= ?1 AND g.deadline > ?2
-                       AND NOT EXISTS (SELECT 1 FROM gate_decisions d WHERE d.gate_id = g.id)
-                     ORDER BY g.deadline LIMIT ?3",
-                )?
-                .query_map(params![now, now - week, i64::try_from(max).unwrap_or(i64::MAX)], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?
-                .collect::<Result<_, _>>()?;
+            let max = i64::try_from(max).unwrap_or(i64::MAX);
+            // The sweep runs every second: the write lock is taken only when a gate is due.
+            if due_gates(c, now, max)?.is_empty() {
+                return Ok(Vec::new());
+            }
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let due = due_gates(&tx, now, max)?;
             let mut out = Vec::with_capacity(due.len());
             for (id, deadline) in due {
                 let expired = gates::Decision {
