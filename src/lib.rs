@@ -41,3 +41,4 @@ pub mod sandbox;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod timefmt;
+pub mod tlog;
