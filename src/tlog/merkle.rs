@@ -295,7 +295,7 @@ impl<'a, S: StoredHashes> Prover<'a, S> {
         if n == 0 {
             return Ok(empty_root());
         }
-        if n.is_power_of_two() && start % n == 0 {
+        if n.is_power_of_two() && start.is_multiple_of(n) {
             return self.complete(n.trailing_zeros(), start / n);
         }
         let k = split(n);
@@ -422,12 +422,11 @@ impl StoredHashes for MemTree {
 pub fn inclusion_len(index: u64, size: u64) -> usize {
     let (mut fnode, mut snode, mut n) = (index, size - 1, 0);
     while snode > 0 {
-        if fnode & 1 == 1 || fnode == snode {
-            if fnode & 1 == 0 {
-                while fnode & 1 == 0 && fnode != 0 {
-                    fnode >>= 1;
-                    snode >>= 1;
-                }
+        // At the right edge a node with no right sibling moves up without a proof hash.
+        if fnode == snode && fnode & 1 == 0 {
+            while fnode & 1 == 0 && fnode != 0 {
+                fnode >>= 1;
+                snode >>= 1;
             }
         }
         fnode >>= 1;
