@@ -269,6 +269,9 @@ pub struct Inserted {
     /// Set when the created event is a conflict: a different content under a stored
     /// `(user, source, id)`.
     pub conflict: Option<dedup::Conflict>,
+    /// The event's leaf index in the review log when the store sequenced it in the same
+    /// transaction (the embedded store; PostgreSQL sequences after commit: `None`).
+    pub leaf_index: Option<u64>,
 }
 
 /// Flag severity.

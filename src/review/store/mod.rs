@@ -707,6 +707,57 @@ pub struct ConsoleSessionRow {
     pub ended: bool,
 }
 
+/// One leaf of the review log (docs/evidence.md): its index and hash, the event row it
+/// commits to and the leaf's preimage fields ([`crate::tlog::EventLeaf`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLeaf {
+    pub index: u64,
+    pub event_pk: i64,
+    pub hash: crate::tlog::Hash,
+    pub user_id: String,
+    pub source: String,
+    pub id: String,
+    pub received_at: Micros,
+    pub payload_sha256: crate::tlog::Hash,
+}
+
+/// The stored tree: its size and root, and how many leaves the call appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogHead {
+    pub size: u64,
+    pub root: crate::tlog::Hash,
+    pub appended: u64,
+}
+
+/// A checkpoint the server signed, as stored (`note`: the whole signed note).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    pub size: u64,
+    pub root: crate::tlog::Hash,
+    pub note: String,
+    pub signed_at: Micros,
+}
+
+/// A cosignature the server verified, to record. `key` is the cosigner's verifier key text
+/// (`name+id+base64(0x04 || key)`); a key belongs to the first user who posts it.
+#[derive(Debug, Clone, Copy)]
+pub struct NewCosignature<'a> {
+    pub user_id: &'a str,
+    pub key: &'a str,
+    pub size: u64,
+    pub root: crate::tlog::Hash,
+    /// The cosigner's own timestamp (Unix seconds, from the signature).
+    pub time: u64,
+    /// The signature line as posted.
+    pub line: &'a str,
+    pub at: Micros,
+}
+
+/// The refusal of log methods by a store that does not keep the log (a test wrapper).
+fn no_log<T>() -> Result<T, StoreError> {
+    Err(StoreError::Other("this store does not keep the review log".into()))
+}
+
 /// The refusal of gate methods by a store that does not implement them (a test wrapper).
 fn no_gates<T>() -> Result<T, StoreError> {
     Err(StoreError::Other("this store does not keep action gates".into()))
@@ -910,6 +961,82 @@ pub trait Store: Send + Sync + 'static {
         _max: usize,
     ) -> impl Future<Output = Result<Vec<Gate>, StoreError>> + Send {
         async { no_gates() }
+    }
+
+    // --- The review log (docs/evidence.md). Defaults refuse, so a wrapper store that does
+    // not keep the log need not implement them. ---
+
+    /// Appends a leaf for up to `max` stored events that have none yet (oldest `pk` first;
+    /// commit order is not `pk` order, so it selects by "no leaf row", never by a `pk`
+    /// watermark), with the tier hashes they complete, in one transaction; indices are
+    /// gapless. PostgreSQL first takes the sequencer's advisory lock (held by one instance
+    /// at a time, on a connection kept for it) and answers `Ok(None)` when another instance
+    /// holds it. The embedded store also sequences inside [`Store::ingest`]'s transaction.
+    fn log_sequence(
+        &self,
+        _max: usize,
+    ) -> impl Future<Output = Result<Option<LogHead>, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// The stored tree's size and root (`appended` 0), without sequencing.
+    fn log_head(&self) -> impl Future<Output = Result<LogHead, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// Stored tier hashes `[start, end)` of tier `level` (0: leaf hashes), fewer when the
+    /// tree holds fewer; in index order.
+    fn log_tier(
+        &self,
+        _level: u8,
+        _start: u64,
+        _end: u64,
+    ) -> impl Future<Output = Result<Vec<crate::tlog::Hash>, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// The leaves of the events `pks` that have one, in `pks` order.
+    fn log_leaves(
+        &self,
+        _pks: &[i64],
+    ) -> impl Future<Output = Result<Vec<LogLeaf>, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// Leaves of `user_id` whose event row is gone (an edit by the database's owner), leaf
+    /// order, at most `limit`.
+    fn log_orphans(
+        &self,
+        _user_id: &str,
+        _limit: u32,
+    ) -> impl Future<Output = Result<Vec<LogLeaf>, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// Records a signed checkpoint.
+    fn log_add_checkpoint(
+        &self,
+        _cp: &StoredCheckpoint,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { no_log() }
+    }
+    /// The latest signed checkpoint (`size` `None`), or the latest one of that size.
+    fn log_checkpoint(
+        &self,
+        _size: Option<u64>,
+    ) -> impl Future<Output = Result<Option<StoredCheckpoint>, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// Records a verified cosignature; answers how many distinct keys have cosigned that
+    /// tree size. `Conflict` when the key was first posted by another user.
+    fn log_add_cosignature(
+        &self,
+        _c: &NewCosignature<'_>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// How many distinct keys cosigned tree size `size`.
+    fn log_witnesses(&self, _size: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async { no_log() }
+    }
+    /// The largest cosigned tree size with its number of distinct cosigning keys.
+    fn log_witnessed(&self) -> impl Future<Output = Result<Option<(u64, u64)>, StoreError>> + Send {
+        async { no_log() }
     }
 
     // --- Console sign-in (docs/console.md). Defaults refuse, so a wrapper store that does
@@ -1134,6 +1261,44 @@ impl Store for AnyStore {
     }
     async fn expire_gates(&self, max: usize) -> Result<Vec<Gate>, StoreError> {
         dispatch!(self, s => s.expire_gates(max))
+    }
+    async fn log_sequence(&self, max: usize) -> Result<Option<LogHead>, StoreError> {
+        dispatch!(self, s => s.log_sequence(max))
+    }
+    async fn log_head(&self) -> Result<LogHead, StoreError> {
+        dispatch!(self, s => s.log_head())
+    }
+    async fn log_tier(
+        &self,
+        level: u8,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<crate::tlog::Hash>, StoreError> {
+        dispatch!(self, s => s.log_tier(level, start, end))
+    }
+    async fn log_leaves(&self, pks: &[i64]) -> Result<Vec<LogLeaf>, StoreError> {
+        dispatch!(self, s => s.log_leaves(pks))
+    }
+    async fn log_orphans(&self, u: &str, limit: u32) -> Result<Vec<LogLeaf>, StoreError> {
+        dispatch!(self, s => s.log_orphans(u, limit))
+    }
+    async fn log_add_checkpoint(&self, cp: &StoredCheckpoint) -> Result<(), StoreError> {
+        dispatch!(self, s => s.log_add_checkpoint(cp))
+    }
+    async fn log_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        dispatch!(self, s => s.log_checkpoint(size))
+    }
+    async fn log_add_cosignature(&self, c: &NewCosignature<'_>) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.log_add_cosignature(c))
+    }
+    async fn log_witnesses(&self, size: u64) -> Result<u64, StoreError> {
+        dispatch!(self, s => s.log_witnesses(size))
+    }
+    async fn log_witnessed(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        dispatch!(self, s => s.log_witnessed())
     }
     async fn set_password(&self, u: &str, phc: &str) -> Result<(), StoreError> {
         dispatch!(self, s => s.set_password(u, phc))

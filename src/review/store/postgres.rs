@@ -588,8 +588,13 @@ async fn insert_event_rows(
     let mut results: Vec<Option<Inserted>> = vec![None; events.len()];
     for r in rows {
         let ord: i32 = r.get(0);
-        results[ord as usize] =
-            Some(Inserted { created: true, pk: r.get(1), received_at: r.get(2), conflict: None });
+        results[ord as usize] = Some(Inserted {
+            created: true,
+            pk: r.get(1),
+            received_at: r.get(2),
+            conflict: None,
+            leaf_index: None,
+        });
     }
     let rest: Vec<usize> = (0..events.len()).filter(|n| results[*n].is_none()).collect();
     if !rest.is_empty() {
@@ -683,7 +688,13 @@ async fn decide_rest(
         };
         match dedup::decide(e.source, &shas[*n], &value, &dedup::view(rows)) {
             dedup::Decision::Duplicate { pk, received_at } => {
-                results[*n] = Some(Inserted { created: false, pk, received_at, conflict: None });
+                results[*n] = Some(Inserted {
+                    created: false,
+                    pk,
+                    received_at,
+                    conflict: None,
+                    leaf_index: None,
+                });
             }
             // Unreachable: every key in `rest` has its original stored.
             dedup::Decision::Create => {
@@ -754,7 +765,8 @@ async fn decide_rest(
         let pk = *pk_of
             .get(&n)
             .ok_or_else(|| StoreError::Other("a conflict event was not inserted".into()))?;
-        results[n] = Some(Inserted { created: true, pk, received_at, conflict: Some(cf) });
+        results[n] =
+            Some(Inserted { created: true, pk, received_at, conflict: Some(cf), leaf_index: None });
     }
     // Later items of the batch that duplicate a conflict inserted here.
     for r in results.iter_mut().flatten() {

@@ -451,7 +451,13 @@ fn insert_event_rows(
         };
         let conflict = match decision {
             dedup::Decision::Duplicate { pk, received_at } => {
-                out.push(Inserted { created: false, pk, received_at, conflict: None });
+                out.push(Inserted {
+                    created: false,
+                    pk,
+                    received_at,
+                    conflict: None,
+                    leaf_index: None,
+                });
                 continue;
             }
             dedup::Decision::Create => None,
@@ -501,7 +507,7 @@ fn insert_event_rows(
                 ])?;
             }
         }
-        out.push(Inserted { created: true, pk, received_at, conflict });
+        out.push(Inserted { created: true, pk, received_at, conflict, leaf_index: None });
     }
     Ok(out)
 }
