@@ -60,6 +60,11 @@ impl Paths {
         self.home.join(".airlock")
     }
 
+    /// `~/.airlock/keys/` (0700): this machine's signing key (docs/evidence.md).
+    pub fn keys_dir(&self) -> PathBuf {
+        self.airlock_dir().join("keys")
+    }
+
     /// `~/.airlock/identity.toml` (0600)
     pub fn identity_file(&self) -> PathBuf {
         self.airlock_dir().join("identity.toml")

@@ -14,6 +14,7 @@ mod diag;
 pub mod fsutil;
 pub mod identity;
 mod layer;
+pub mod machine_key;
 pub mod review;
 pub mod trust;
 mod wire;
