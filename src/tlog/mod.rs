@@ -51,6 +51,9 @@ pub struct EventLeaf<'a> {
     pub user_id: &'a str,
     pub source: &'a str,
     pub id: &'a str,
+    /// Microseconds since the Unix epoch, as the stores keep it; the leaf holds it at the
+    /// millisecond the API shows (`received_at` in answers and exports is RFC 3339 with
+    /// milliseconds), so a reader rebuilds the leaf from what it was shown.
     pub received_at: i64,
     /// SHA-256 of the payload's bytes as received (the stored text).
     pub payload_sha256: Hash,
@@ -58,7 +61,8 @@ pub struct EventLeaf<'a> {
 
 impl EventLeaf<'_> {
     /// `0x01`, then `user_id`, `source` and `id` each as a 16-bit big-endian length and its
-    /// UTF-8 bytes, then `received_at` as a 64-bit big-endian signed integer, then the 32-byte
+    /// UTF-8 bytes, then `received_at` in milliseconds (rounded down) as a 64-bit big-endian
+    /// signed integer, then the 32-byte
     /// payload hash (the TLS presentation language's style, RFC 8446 §3). Every field the
     /// server accepts fits: ids are at most 1,536 bytes (docs/api.md).
     pub fn encode(&self) -> Vec<u8> {
@@ -74,7 +78,7 @@ impl EventLeaf<'_> {
             out.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
             out.extend_from_slice(bytes);
         }
-        out.extend_from_slice(&self.received_at.to_be_bytes());
+        out.extend_from_slice(&self.received_at.div_euclid(1000).to_be_bytes());
         out.extend_from_slice(&self.payload_sha256);
         out
     }
@@ -104,7 +108,10 @@ mod tests {
         assert_eq!(&enc[1..4], b"\x00\x01u");
         assert_eq!(&enc[4..12], b"\x00\x06egress");
         assert_eq!(&enc[12..17], b"\x00\x03a:1");
-        assert_eq!(&enc[17..25], &1_700_000_000_000_001i64.to_be_bytes());
+        assert_eq!(&enc[17..25], &1_700_000_000_000i64.to_be_bytes());
+        // The microseconds the API does not show do not change the leaf.
+        let same_ms = EventLeaf { received_at: 1_700_000_000_000_999, ..leaf.clone() };
+        assert_eq!(same_ms.hash(), leaf.hash());
         assert_eq!(&enc[25..], &sha256(b"{}"));
         // Moving a byte between fields changes the leaf (no ambiguity).
         let shifted = EventLeaf { user_id: "ue", source: "gress", ..leaf.clone() };
