@@ -999,6 +999,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<LogLeaf>, StoreError>> + Send {
         async { no_log() }
     }
+    /// The stored event `(user_id, source, id)` names (the original, for a key with a
+    /// conflict): its `pk`, `received_at` and its leaf once sequenced.
+    fn log_event_leaf(
+        &self,
+        _user_id: &str,
+        _source: &str,
+        _id: &str,
+    ) -> impl Future<Output = Result<Option<(i64, Micros, Option<LogLeaf>)>, StoreError>> + Send
+    {
+        async { no_log() }
+    }
     /// Leaves of `user_id` whose event row is gone (an edit by the database's owner), leaf
     /// order, at most `limit`.
     fn log_orphans(
@@ -1278,6 +1289,14 @@ impl Store for AnyStore {
     }
     async fn log_leaves(&self, pks: &[i64]) -> Result<Vec<LogLeaf>, StoreError> {
         dispatch!(self, s => s.log_leaves(pks))
+    }
+    async fn log_event_leaf(
+        &self,
+        u: &str,
+        source: &str,
+        id: &str,
+    ) -> Result<Option<(i64, Micros, Option<LogLeaf>)>, StoreError> {
+        dispatch!(self, s => s.log_event_leaf(u, source, id))
     }
     async fn log_orphans(&self, u: &str, limit: u32) -> Result<Vec<LogLeaf>, StoreError> {
         dispatch!(self, s => s.log_orphans(u, limit))
