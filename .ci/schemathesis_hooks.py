@@ -29,4 +29,7 @@ def ndjson_lines(ctx, response):
     is_header = [isinstance(line, dict) and "export" in line for line in lines]
     if not is_header or not is_header[0] or any(is_header[1:]):
         raise ValueError("an export must have its header line first, and only there")
+    is_end = [isinstance(line, dict) and "end" in line for line in lines]
+    if not is_end[-1] or any(is_end[:-1]):
+        raise ValueError("an export must end with its `end` line, and only there")
     return lines

@@ -18,6 +18,7 @@ pub mod gate_api;
 pub mod gates;
 pub mod ingest;
 pub mod limits;
+pub mod log;
 pub mod metrics;
 pub mod reads;
 pub mod render;

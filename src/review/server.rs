@@ -72,6 +72,8 @@ pub struct AppState<S> {
     pub console: console::Console,
     /// Action gates: the self-approval setting, long-poll slots and change signal.
     pub gates: GateHub,
+    /// The review log: signing key, sequencer signal, proof tiles (docs/evidence.md).
+    pub log: super::log::LogHub,
 }
 
 /// Sessions tracked for the settle sweep at most; a session arriving when the map is full is
@@ -133,7 +135,15 @@ impl<S: Store> AppState<S> {
             touched: Arc::new(std::sync::Mutex::new(HashMap::new())),
             console: console::Console::default(),
             gates: GateHub::default(),
+            log: super::log::LogHub::default(),
         }
+    }
+
+    /// Sets the review log's signing key (`--log-key`); without one the tree is kept but
+    /// nothing is signed.
+    pub fn with_log_key(mut self, signer: Option<crate::tlog::note::NoteSigner>) -> Self {
+        self.log = super::log::LogHub::new(signer);
+        self
     }
 
     /// Sets how requesters' own approvals of their gates are treated
@@ -564,6 +574,7 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
             &json!({"id": user.id, "email": user.email, "role": user.role}),
         ),
         (Method::GET, "/api/v1/flags") => get_flags(&st, &user, &req).await,
+        (_, p) if p.starts_with("/api/v1/log/") => super::log::route(&st, &user, req).await,
         (Method::POST, "/api/v1/gates") => gate_api::post_gates(&st, &user, req).await,
         (Method::GET, "/api/v1/gates") => gate_api::get_gates(&st, &user, &req).await,
         (Method::GET, p) if gate_path(p).is_some() => {
@@ -714,6 +725,9 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         }
     };
     super::store::crash_point("after-commit");
+    if inserted.iter().any(|i| i.created) {
+        st.log.wake();
+    }
     if let Ok(raised) = scan.raised.lock() {
         raised.iter().for_each(|rule| metrics::global().flag_raised(rule));
     }
@@ -721,6 +735,8 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let mut all_ok = true;
     let mut it = inserted.iter();
     let (mut n_created, mut n_dup, mut n_conflict, mut n_rej) = (0, 0, 0, 0);
+    // Whether every stored item has its leaf, and the tree size that covers them all.
+    let (mut covered, mut needed) = (true, 0u64);
     for (index, p) in outcomes.iter().enumerate() {
         match p {
             Ok(id) => {
@@ -748,6 +764,9 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
                 };
                 let mut item = json!({"index": index, "id": id, "status": status, "code": code,
                     "error": null, "received_at": format_micros(ins.received_at)});
+                super::log::receipt(&mut item, ins.leaf_index, ins.received_at);
+                covered &= ins.leaf_index.is_some();
+                needed = needed.max(ins.leaf_index.map_or(0, |i| i + 1));
                 if let Some(c) = ins.conflict {
                     // The conflict is stored (as event `pk`); the 409 says it is not the original.
                     item["pk"] = json!(ins.pk);
@@ -776,11 +795,17 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         metrics::global().ingest_item(r["status"].as_str().unwrap_or(""), code);
     }
     let status = if all_ok { StatusCode::OK } else { StatusCode::MULTI_STATUS };
-    json_resp(
-        status,
-        &json!({"results": results, "created": n_created, "duplicate": n_dup,
-            "conflict": n_conflict, "rejected": n_rej}),
-    )
+    let mut answer = json!({"results": results, "created": n_created, "duplicate": n_dup,
+            "conflict": n_conflict, "rejected": n_rej});
+    // The embedded store sequenced the batch in its transaction: the checkpoint that covers
+    // it follows within moments (the sequencer signs right after this commit).
+    if covered
+        && needed > 0
+        && let Some(cp) = st.log.covering(needed, super::log::RECEIPT_WAIT).await
+    {
+        answer["checkpoint"] = json!(cp.note);
+    }
+    json_resp(status, &answer)
 }
 
 /// The query string's `name=value` pairs, decoded as `application/x-www-form-urlencoded`
@@ -1136,6 +1161,7 @@ async fn get_export<S: Store>(
     // Every export is recorded, one's own included: it is a bulk copy of the evidence.
     let now = now_micros();
     record_query_read(&st, &user, "airlock.review.export", &q, now).await?;
+    let (log_header, log) = super::log::export_part(&st, &q).await.map_err(store_error)?;
     let mut header = serde_json::to_vec(&json!({"export": {
         "query": {
             "user": q.user_id, "source": q.source, "session": q.session, "flagged": q.flagged,
@@ -1148,6 +1174,7 @@ async fn get_export<S: Store>(
         "exported_at": format_micros(now),
         "by": user.id,
         "format": 1,
+        "log": log_header,
     }}))
     .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     header.push(b'\n');
@@ -1159,6 +1186,7 @@ async fn get_export<S: Store>(
         with_view,
         header,
         slot,
+        log.map(|l| (l, (|s: &AppState<S>| &s.log) as fn(&AppState<S>) -> &super::log::LogHub)),
     );
     let mut r = Response::new(body);
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
@@ -1178,6 +1206,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/api/v1/gates" => Some("GET, POST"),
         p if gate_path(p).is_some() => Some("GET, POST"),
         p if session_of_transcripts_path(p).is_some() => Some("GET"),
+        p if p.starts_with("/api/v1/log/") => super::log::allowed_methods(p),
         _ => None,
     }
 }

@@ -11,11 +11,42 @@ fn lines(body: &str) -> Vec<Value> {
     body.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
 }
 
+/// The event lines of an export (between the header and the `end` line, which must close
+/// it and count them), without the review log's `leaf` member (docs/evidence.md), so they
+/// compare with the listing's items.
+fn events_of(out: &[Value]) -> Vec<Value> {
+    let end = &out.last().unwrap()["end"];
+    let events: Vec<Value> = out[1..out.len() - 1]
+        .iter()
+        .filter(|l| l.get("missing").is_none())
+        .map(|l| {
+            let mut e = l.clone();
+            e.as_object_mut().unwrap().remove("leaf");
+            e
+        })
+        .collect();
+    assert_eq!(end["events"], events.len(), "the end line counts the events: {end}");
+    events
+}
+
 fn export_suite(world: &World, store: &StoreSel) {
     let ana = user_with_token(world, store, "ana@example.test", "member");
     let bob = user_with_token(world, store, "bob@example.test", "member");
     let rev = user_with_token(world, store, "rev@example.test", "reviewer");
-    let server = Server::start(world, store, &[]);
+    // PostgreSQL has no data dir for `review init` to put a log key in: pass one.
+    let key = world.tmp.path().join("log.key");
+    let mut extra = Vec::new();
+    if let StoreSel::Pg(_) = store {
+        world
+            .airlockd(world.tmp.path())
+            .args(["review", "log-key", "init", "--out"])
+            .args([&key])
+            .run()
+            .expect_code(0);
+        extra = vec!["--log-key".to_string(), key.display().to_string()];
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let server = Server::start(world, store, &extra);
     // 2,500 of ana's (more than one store page of 1,000), with `ts` running backwards.
     for batch in 0..3 {
         let items: Vec<Value> = (batch * 1000..(batch * 1000 + 1000).min(2500))
@@ -55,7 +86,10 @@ fn export_suite(world: &World, store: &StoreSel) {
     // Every event, in the events API's shape, in its order.
     let listed = all_events(&server.base, &rev, "&user=ana%40example.test");
     assert_eq!(listed.len(), 2500);
-    assert_eq!(&out[1..], &listed[..], "the export's lines are the listing's items");
+    assert_eq!(events_of(&out), listed, "the export's lines are the listing's items");
+    // With the store's log key, every event carries its leaf and proof.
+    assert!(head["log"]["checkpoint"].is_string(), "{head}");
+    assert!(out[1..out.len() - 1].iter().all(|l| l["leaf"]["index"].is_u64()), "{}", out[1]);
 
     // order=ts and a filter apply as in the listing.
     let r = get(
@@ -67,7 +101,8 @@ fn export_suite(world: &World, store: &StoreSel) {
     assert_eq!(r.status, 200);
     let out = lines(&r.body);
     assert_eq!(out[0]["export"]["query"]["order"], "ts");
-    let ts: Vec<&str> = out[1..].iter().map(|e| e["ts"].as_str().unwrap()).collect();
+    let evs = events_of(&out);
+    let ts: Vec<&str> = evs.iter().map(|e| e["ts"].as_str().unwrap()).collect();
     assert!(!ts.is_empty() && ts.windows(2).all(|w| w[0] <= w[1]), "sorted by ts");
     assert!(ts.iter().all(|t| *t >= "2026-03-04T09:30:00.000Z"), "{:?}", &ts[..3]);
     let want = listed.iter().filter(|e| e["ts"].as_str().unwrap() >= "2026-03-04T09:30").count();
@@ -77,8 +112,9 @@ fn export_suite(world: &World, store: &StoreSel) {
     let r = get(&server.base, &bob, "/api/v1/export", &[]);
     assert_eq!(r.status, 200);
     let out = lines(&r.body);
-    // The header, bob's event, and the record of this export (written before it starts).
-    assert_eq!(out.len(), 3, "{out:?}");
+    // The header, bob's event, the record of this export (written before it starts), and
+    // the end line.
+    assert_eq!(out.len(), 4, "{out:?}");
     assert_eq!(out[1]["id"], "b0");
     assert_eq!(out[2]["type"], "airlock.review.export");
     let r = get(&server.base, &bob, "/api/v1/export?user=ana%40example.test", &[]);

@@ -168,6 +168,11 @@ pub struct ReviewArgs {
     #[arg(long, default_value = "managed", value_name = "POLICY",
           value_parser = clap::builder::PossibleValuesParser::new(crate::review::gates::SelfApprove::NAMES))]
     pub gate_self_approve: String,
+    /// The review log's signing key (`airlockd review log-key init`): checkpoints of the
+    /// event log are signed with it (docs/evidence.md). Default with the embedded store:
+    /// `<data dir>/log.key` when it exists; without a key the tree is kept but not signed.
+    #[arg(long, value_name = "FILE")]
+    pub log_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -181,6 +186,26 @@ pub enum ReviewCommand {
     Migrate(MigrateArgs),
     /// Create monthly partitions ahead; warn if the DEFAULT partition holds rows.
     Maintain(MaintainArgs),
+    /// The review log's signing key (docs/evidence.md).
+    #[command(subcommand)]
+    LogKey(LogKeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LogKeyCommand {
+    /// Write a new Ed25519 signing key (0600; never over an existing file) and print its
+    /// verifier key, which clients pin at `airlock login`.
+    Init(LogKeyInitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LogKeyInitArgs {
+    /// Where to write the signer key.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// The log's name (its checkpoints' origin); default `airlock-review/<host name>`.
+    #[arg(long, value_name = "ORIGIN")]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -365,6 +390,7 @@ pub fn run_review(args: ReviewArgs) -> i32 {
         Some(ReviewCommand::InitTls(a)) => init_tls(&a),
         Some(ReviewCommand::Migrate(a)) => migrate(&a),
         Some(ReviewCommand::Maintain(a)) => maintain(&a),
+        Some(ReviewCommand::LogKey(LogKeyCommand::Init(a))) => log_key_init(&a),
         None => run_server(args),
     }
 }
@@ -387,6 +413,14 @@ fn init(a: &InitArgs) -> i32 {
     }));
     match created {
         Ok((store, (id, secret))) => {
+            let key_path = dir.join(LOG_KEY_FILE);
+            match write_log_key(&key_path, &default_log_name()) {
+                Ok(v) => eprintln!(
+                    "wrote the review log's signing key {} (0600); verifier key {v}",
+                    key_path.display()
+                ),
+                Err(e) => return fail(format!("the store was created, but {e}")),
+            }
             eprintln!(
                 "created the review store {} (directory 0700, files 0600) with admin {}; \
                  token id {id}; the token below is shown once and cannot be shown again \
@@ -407,6 +441,87 @@ fn init(a: &InitArgs) -> i32 {
         }
         Err(e) => fail(e),
     }
+}
+
+/// The log key file `airlockd review init` writes into an embedded store's directory.
+pub const LOG_KEY_FILE: &str = "log.key";
+
+/// The default log name: `airlock-review/<host name>` (characters a key name may hold).
+fn default_log_name() -> String {
+    let host =
+        nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+    let host: String = host
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .collect();
+    format!("airlock-review/{}", if host.is_empty() { "localhost" } else { &host })
+}
+
+/// Writes a new signer key to `path` (0600, failing if it exists); returns the verifier.
+fn write_log_key(
+    path: &std::path::Path,
+    name: &str,
+) -> Result<crate::tlog::note::NoteVerifier, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let signer = crate::tlog::note::NoteSigner::generate(name).map_err(|e| e.to_string())?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                format!(
+                    "{} exists; a log key is never overwritten (clients pinned it):                      choose another path",
+                    path.display()
+                )
+            } else {
+                format!("cannot create {}: {e}", path.display())
+            }
+        })?;
+    f.write_all(signer.to_private_string().as_bytes())
+        .and_then(|()| f.write_all(b"\n"))
+        .and_then(|()| f.sync_all())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(signer.verifier())
+}
+
+fn log_key_init(a: &LogKeyInitArgs) -> i32 {
+    let name = a.name.clone().unwrap_or_else(default_log_name);
+    match write_log_key(&a.out, &name) {
+        Ok(v) => {
+            eprintln!(
+                "wrote the review log's signing key to {} (0600; keep it secret and backed                  up: a new key is a new log that every client must re-pin). Serve with                  `airlockd review --log-key {}`; its verifier key:",
+                a.out.display(),
+                a.out.display()
+            );
+            println!("{v}");
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Reads the signer key `airlockd review` signs with: `--log-key`, else the embedded
+/// store's `log.key` when present. `Ok(None)`: no key.
+fn load_log_key(args: &ReviewArgs) -> Result<Option<crate::tlog::note::NoteSigner>, String> {
+    let (path, explicit) = match (&args.log_key, &args.store.database) {
+        (Some(p), _) => (p.clone(), true),
+        (None, None) => (args.store.data_dir().join(LOG_KEY_FILE), false),
+        (None, Some(_)) => return Ok(None),
+    };
+    let bytes = match crate::config::fsutil::read_private(&path) {
+        Ok(Some(b)) => zeroize::Zeroizing::new(b),
+        Ok(None) if !explicit => return Ok(None),
+        Ok(None) => return Err(format!("--log-key {}: no such file", path.display())),
+        Err(e) => return Err(format!("log key {}: {e}", path.display())),
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    crate::tlog::note::NoteSigner::parse(&text)
+        .map(Some)
+        .map_err(|e| format!("log key {}: {e}", path.display()))
 }
 
 /// Where `airlock service install --review` makes the personal review plane listen
@@ -659,6 +774,10 @@ fn run_server(args: ReviewArgs) -> i32 {
     if let Err(e) = std_listener.set_nonblocking(true) {
         return fail(format!("cannot make the listener non-blocking: {e}"));
     }
+    let log_key = match load_log_key(&args) {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
     let limits = args.limits();
     let console_config = args.console_config();
     raise_nofile(limits.max_connections);
@@ -697,8 +816,10 @@ fn run_server(args: ReviewArgs) -> i32 {
                 .with_gate_self_approve(
                     crate::review::gates::SelfApprove::parse(&args.gate_self_approve)
                         .unwrap_or_default(),
-                ),
+                )
+                .with_log_key(log_key),
         );
+        let sequencer = tokio::spawn(crate::review::log::sequencer_loop(Arc::clone(&state)));
         let expiry = tokio::spawn(crate::review::gate_api::expiry_loop(Arc::clone(&state)));
         let settle = tokio::spawn(settle_loop(
             Arc::clone(&state),
@@ -707,6 +828,7 @@ fn run_server(args: ReviewArgs) -> i32 {
         serve(listener, tls, state, shutdown_signal()).await;
         settle.abort();
         expiry.abort();
+        sequencer.abort();
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         0
     })

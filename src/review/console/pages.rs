@@ -730,6 +730,7 @@ pub async fn export<S: Store>(
         false,
         header,
         slot,
+        None,
     );
     let (content_type, ext) = match format {
         export::Format::Csv => ("text/csv; charset=utf-8", "csv"),

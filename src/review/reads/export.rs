@@ -8,9 +8,13 @@
 //! that looks complete.
 
 use super::{Cursor, ReadPermit};
+use crate::review::format_micros;
+use crate::review::log::LogHub;
 use crate::review::store::{EventQuery, Store};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
+use serde_json::json;
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
@@ -103,7 +107,6 @@ pub fn csv_cell(out: &mut Vec<u8>, v: &str) {
 
 /// One event as a CSV row (CRLF-terminated, RFC 4180).
 pub fn csv_row(out: &mut Vec<u8>, e: &crate::review::StoredEvent) {
-    use crate::review::format_micros;
     let opt = |v: Option<i64>| v.map(|n| n.to_string()).unwrap_or_default();
     let cells: [String; 15] = [
         e.pk.to_string(),
@@ -138,9 +141,29 @@ pub fn csv_header() -> Vec<u8> {
     out
 }
 
+/// The review log's part of a JSONL export (docs/evidence.md "Exports"): each event line
+/// gets its leaf and inclusion proof in the checkpoint of `size` the header names, and leaves
+/// whose event row is gone are listed after the events.
+#[derive(Debug, Clone)]
+pub struct ExportLog {
+    pub size: u64,
+    /// Users whose orphan leaves are listed (`None`: the export is narrowed by a field a leaf
+    /// does not hold, so orphans are not looked for).
+    pub orphan_users: Option<Vec<String>>,
+}
+
+/// How an export's producer reaches the server's [`LogHub`] from its state.
+pub type HubOf<St> = fn(&St) -> &LogHub;
+
+/// Orphan leaves listed per user at most (each is a failure a verifier reports; past this
+/// many the export says so in its `end` line).
+pub const MAX_ORPHANS: u32 = 10_000;
+
 /// Starts an export of `q` in `format` (its `limit` and `max_bytes` are set here): the
-/// `header` first, then one line or row per event. The returned body ends after the last
-/// matching event.
+/// `header` first, then one line or row per event; a JSONL export ends with an
+/// `{"end": {...}}` line, so a reader can tell a complete file from a cut one. The returned
+/// body ends after that.
+#[allow(clippy::too_many_arguments)]
 pub fn start_as<S: Store, St>(
     state: std::sync::Arc<St>,
     store: fn(&St) -> &S,
@@ -149,6 +172,7 @@ pub fn start_as<S: Store, St>(
     with_view: bool,
     header: Vec<u8>,
     permit: ReadPermit,
+    log: Option<(ExportLog, HubOf<St>)>,
 ) -> ExportBody
 where
     St: Send + Sync + 'static,
@@ -162,25 +186,53 @@ where
         if tx.send(Ok(Bytes::from(header))).await.is_err() {
             return;
         }
+        let log = log.filter(|_| format == Format::Jsonl);
+        let mut events = 0u64;
         loop {
             let page = match store(&state).query_event_page(&q).await {
                 Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!("export aborted by a store error: {e}");
-                    let _ = tx.send(Err(ExportError(e.to_string()))).await;
-                    return;
-                }
+                Err(e) => return abort(&tx, e.to_string()).await,
             };
             let more = page.truncated || page.events.len() == q.limit as usize;
+            let leaves = match &log {
+                Some(_) => {
+                    let pks: Vec<i64> = page.events.iter().map(|e| e.pk).collect();
+                    match store(&state).log_leaves(&pks).await {
+                        Ok(l) => l.into_iter().map(|l| (l.event_pk, l)).collect(),
+                        Err(e) => return abort(&tx, e.to_string()).await,
+                    }
+                }
+                None => HashMap::new(),
+            };
             let mut chunk = Vec::with_capacity(64 * 1024);
             for e in &page.events {
+                events += 1;
                 if format == Format::Csv {
                     csv_row(&mut chunk, e);
                     continue;
                 }
+                let at = chunk.len();
                 if let Err(e) = serde_json::to_writer(&mut chunk, &e.api_json(with_view)) {
-                    let _ = tx.send(Err(ExportError(e.to_string()))).await;
-                    return;
+                    return abort(&tx, e.to_string()).await;
+                }
+                if let Some((l, hub)) = &log {
+                    let leaf = match leaves.get(&e.pk).filter(|leaf| leaf.index < l.size) {
+                        Some(leaf) => {
+                            match hub(&state).inclusion(store(&state), leaf.index, l.size).await {
+                                Ok(Ok(h)) => json!({"index": leaf.index, "hashes": hashes(&h)}),
+                                Ok(Err(err)) => return abort(&tx, err.to_string()).await,
+                                Err(err) => return abort(&tx, err.to_string()).await,
+                            }
+                        }
+                        None => serde_json::Value::Null,
+                    };
+                    // The item is an object: its closing brace makes room for the leaf.
+                    if chunk.last() == Some(&b'}') && chunk.len() > at + 2 {
+                        chunk.pop();
+                        chunk.extend_from_slice(b",\"leaf\":");
+                        chunk.extend_from_slice(leaf.to_string().as_bytes());
+                        chunk.push(b'}');
+                    }
                 }
                 chunk.push(b'\n');
             }
@@ -194,11 +246,54 @@ where
                     q.after = Some(c.pk);
                     q.after_ts = c.ts;
                 }
-                None => return,
+                None => break,
             }
         }
+        if format != Format::Jsonl {
+            return;
+        }
+        let mut missing = 0u64;
+        let mut tail = Vec::new();
+        if let Some((l, hub)) = &log {
+            for user in l.orphan_users.iter().flatten() {
+                let orphans = match store(&state).log_orphans(user, MAX_ORPHANS).await {
+                    Ok(o) => o,
+                    Err(e) => return abort(&tx, e.to_string()).await,
+                };
+                for o in orphans.into_iter().filter(|o| o.index < l.size) {
+                    let proof = match hub(&state).inclusion(store(&state), o.index, l.size).await {
+                        Ok(Ok(h)) => h,
+                        Ok(Err(err)) => return abort(&tx, err.to_string()).await,
+                        Err(err) => return abort(&tx, err.to_string()).await,
+                    };
+                    missing += 1;
+                    let line = json!({"missing": {
+                        "leaf_index": o.index, "user_id": o.user_id, "source": o.source,
+                        "id": o.id, "received_at": format_micros(o.received_at),
+                        "leaf_hash": crate::tlog::b64(&o.hash), "hashes": hashes(&proof),
+                    }});
+                    tail.extend_from_slice(line.to_string().as_bytes());
+                    tail.push(b'\n');
+                }
+            }
+        }
+        let end = json!({"end": {"events": events, "missing": missing}});
+        tail.extend_from_slice(end.to_string().as_bytes());
+        tail.push(b'\n');
+        let _ = tx.send(Ok(Bytes::from(tail))).await;
     });
     ExportBody { rx }
+}
+
+/// A store error mid-stream: the body ends in an error, so the client sees a truncated
+/// transfer, never a short file that looks complete.
+async fn abort(tx: &mpsc::Sender<Result<Bytes, ExportError>>, why: String) {
+    tracing::warn!("export aborted: {why}");
+    let _ = tx.send(Err(ExportError(why))).await;
+}
+
+fn hashes(h: &[crate::tlog::Hash]) -> Vec<String> {
+    h.iter().map(|h| crate::tlog::b64(h)).collect()
 }
 
 #[cfg(test)]
