@@ -49,6 +49,7 @@ mod review_flags;
 mod review_gates;
 mod review_init;
 mod review_limits;
+mod review_log;
 mod review_metrics;
 mod review_pg_privilege;
 mod review_pg_tls;
