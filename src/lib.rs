@@ -25,6 +25,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod env;
+pub mod evidence;
 pub mod fsat;
 pub mod gate;
 pub mod hostpath;

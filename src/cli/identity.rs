@@ -31,6 +31,10 @@ pub struct LoginArgs {
     /// copied to ~/.airlock/server-ca.pem and used by every later call
     #[arg(long, value_name = "FILE", requires = "server")]
     pub cacert: Option<PathBuf>,
+    /// Accept a review-log key other than the one pinned at the last login to this server
+    /// (only after its operator confirms the log key was changed on purpose)
+    #[arg(long, requires = "server")]
+    pub accept_new_log_key: bool,
 }
 
 #[derive(Debug, Args)]
@@ -153,12 +157,27 @@ fn login_server(paths: &Paths, server: &str, args: &LoginArgs) -> Result<(), Str
             me.email
         )
     })?;
+    let log_key = rt.block_on(client.log_key()).map_err(|e| {
+        format!(
+            "cannot read the server's review-log key (GET /api/v1/log/key): {e}; nothing was saved"
+        )
+    })?;
+    let log_key = log_key.map(|k| k.to_string());
+    let before = identity::read(&paths.identity_file()).ok().flatten();
+    check_log_pin(before.as_ref(), client.server(), log_key.as_deref(), args.accept_new_log_key)?;
     let id = identity::Identity {
         email: me.email.clone(),
         user_id: me.id.clone(),
         server: Some(client.server().to_owned()),
         role: Some(me.role.clone()),
+        log_key: log_key.clone(),
     };
+    // Another log (another server, or a key accepted anew): what this client witnessed of
+    // the old one is kept aside, never compared with the new log.
+    let pin_before = before.as_ref().and_then(|b| b.log_key.clone());
+    if pin_before != log_key {
+        retire_witness_state(paths)?;
+    }
     store_login(paths, &token, ca_pem.as_deref(), &id)?;
     println!(
         "logged in to {} as {} (user_id {}, role {}); token saved to {}",
@@ -167,6 +186,71 @@ fn login_server(paths: &Paths, server: &str, args: &LoginArgs) -> Result<(), Str
         me.id,
         me.role,
         config::display_path(paths, &token::token_path(paths))
+    );
+    match &log_key {
+        Some(k) => println!(
+            "review-log key pinned: {k}\n`airlock publish` checks every checkpoint of this \
+             server's log against it (docs/evidence.md)"
+        ),
+        None => println!(
+            "the server keeps no signed log: no log key pinned, so `airlock publish` cannot \
+             check the server's record (docs/evidence.md)"
+        ),
+    }
+    Ok(())
+}
+
+/// Refuses a login whose server answers with another log key than the one pinned for it
+/// (or none any more), unless `accept`.
+fn check_log_pin(
+    before: Option<&identity::Identity>,
+    server: &str,
+    new: Option<&str>,
+    accept: bool,
+) -> Result<(), String> {
+    let Some(before) = before.filter(|b| b.server.as_deref() == Some(server)) else {
+        return Ok(());
+    };
+    let Some(pinned) = before.log_key.as_deref() else { return Ok(()) };
+    if accept || new == Some(pinned) {
+        return Ok(());
+    }
+    let now = match new {
+        Some(k) => format!("now answers with the log key {k}"),
+        None => "now says it keeps no signed log".to_owned(),
+    };
+    Err(format!(
+        "{server} {now}, but the key pinned at your last login is {pinned}. A changed log key \
+         lets the server start a new history that hides the old one. Ask the server's operator \
+         whether the key was changed on purpose; only then run `airlock login --server \
+         {server} --accept-new-log-key`. Nothing was saved."
+    ))
+}
+
+/// Moves `~/.airlock/publish/log-checkpoint` and `receipts/` (what was witnessed of the
+/// previous log) to `~/.airlock/publish/retired/<UTC time>/`.
+fn retire_witness_state(paths: &Paths) -> Result<(), String> {
+    let air = paths.airlock_dir();
+    let publish = crate::publish::state::dir(&air);
+    let held = crate::evidence::held_path(&air);
+    let receipts = crate::publish::receipts::dir(&air);
+    let present: Vec<PathBuf> =
+        [held, receipts].into_iter().filter(|p| p.symlink_metadata().is_ok()).collect();
+    if present.is_empty() {
+        return Ok(());
+    }
+    let stamp = crate::timefmt::rfc3339_ms(std::time::SystemTime::now()).replace(':', "");
+    let dest = publish.join("retired").join(stamp);
+    fsutil::private_dir(&dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+    for p in present {
+        let name = p.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        std::fs::rename(&p, dest.join(name)).map_err(|e| {
+            format!("cannot move {} to {}: {e}; nothing was saved", p.display(), dest.display())
+        })?;
+    }
+    println!(
+        "the previous review log's witness state was moved to {}",
+        config::display_path(paths, &dest)
     );
     Ok(())
 }
@@ -324,6 +408,10 @@ pub fn whoami(args: &WhoamiArgs, ctx: &Context<'_>) -> i32 {
     println!("email: {}", id.email);
     println!("user_id: {}", id.user_id);
     println!("role: {}", id.role.as_deref().unwrap_or("unknown"));
+    match &id.log_key {
+        Some(k) => println!("log key: {k}"),
+        None => println!("log key: none (the server kept no signed log at login)"),
+    }
     if args.offline {
         println!("token: not checked (--offline)");
         return 0;

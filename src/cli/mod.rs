@@ -13,6 +13,7 @@ pub mod policy_resolve;
 pub mod publish;
 pub mod quarantine;
 pub mod run;
+pub mod verify;
 
 use std::path::PathBuf;
 
@@ -97,6 +98,9 @@ pub enum Command {
     Publish(publish::PublishArgs),
     /// Decide the attempts held for a person's approval (`[gate]`): list, show, approve, deny
     Gate(gate::GateArgs),
+    /// Check the review server's record without trusting it: an export, a checkpoint from
+    /// someone else, or the local audit files (docs/evidence.md)
+    Verify(verify::VerifyArgs),
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
@@ -151,6 +155,7 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Agent(cmd) => agent::run(&cmd, ctx),
         Command::Quarantine(cmd) => quarantine::run(&cmd, ctx),
         Command::Publish(args) => publish::run(&args, ctx),
+        Command::Verify(args) => verify::run(&args, ctx),
         Command::Gate(cmd) => gate::run(&cmd, ctx),
     }
 }

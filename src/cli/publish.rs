@@ -115,12 +115,20 @@ pub fn run(args: &PublishArgs, ctx: &Context<'_>) -> i32 {
             return NOT_LOGGED_IN;
         }
         // Built at the first upload: a run where nothing changed makes no connection and
-        // loads no TLS roots.
-        publish::publish(&paths, &LazyClient { paths: &paths, client: OnceCell::new() }, &opts)
+        // loads no TLS roots (unless a pinned log key asks for the witness step).
+        let client = LazyClient { paths: &paths, client: OnceCell::new() };
+        let result = publish::publish(&paths, &client, &opts);
+        match result {
+            Ok(report) => {
+                let witnessed = witness_step(&paths, &client, &report, None);
+                return finish(&report, witnessed, args);
+            }
+            Err(e) => Err(e),
+        }
     };
     match result {
         Ok(report) => {
-            print_report(&report, args);
+            print_report(&report, args, None);
             0
         }
         Err(e @ PublishError::Unauthorized(_)) => {
@@ -140,25 +148,124 @@ struct LazyClient<'a> {
     client: OnceCell<crate::remote::Client>,
 }
 
+impl LazyClient<'_> {
+    fn get(&self) -> Result<&crate::remote::Client, crate::remote::RemoteError> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let c = crate::remote::Client::from_login(self.paths)?;
+        Ok(self.client.get_or_init(|| c))
+    }
+}
+
+/// Exit status when the witness step finds the review log inconsistent (docs/evidence.md).
+pub const INCONSISTENT: i32 = 125;
+
+/// The witness step after the uploads ([`publish::witness`]), when a log key is pinned:
+/// `Ok(None)` when none is.
+fn witness_step(
+    paths: &Paths,
+    client: &LazyClient<'_>,
+    report: &PublishReport,
+    deadline: Option<std::time::Instant>,
+) -> Result<Option<publish::witness::WitnessReport>, publish::witness::WitnessError> {
+    use publish::witness::{Witness, WitnessError, witness};
+    let Ok(Some(id)) = crate::config::identity::read(&paths.identity_file()) else {
+        return Ok(None);
+    };
+    let Some(key_text) = id.log_key.as_deref() else { return Ok(None) };
+    let key = crate::tlog::note::NoteVerifier::parse(key_text).map_err(|e| {
+        WitnessError::Transient(format!(
+            "the pinned log key in ~/.airlock/identity.toml is not a key ({e}); run `airlock \
+             login --server URL` again"
+        ))
+    })?;
+    let c = client.get().map_err(|e| WitnessError::Transient(e.to_string()))?;
+    let mut warnings = Vec::new();
+    let signer = match crate::config::machine_key::load_or_create(paths) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            warnings.push(format!("the checkpoint is not cosigned: {e}"));
+            None
+        }
+    };
+    let now =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let air = paths.airlock_dir();
+    let w = Witness {
+        airlock_dir: &air,
+        key: &key,
+        signer: signer.as_ref(),
+        fresh: &report.fresh_receipts,
+        answer_checkpoints: &report.answer_checkpoints,
+        now,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| WitnessError::Transient(format!("cannot start its runtime: {e}")))?;
+    let result = rt.block_on(async {
+        match deadline {
+            Some(d) => {
+                tokio::time::timeout_at(d.into(), witness(c, &w)).await.unwrap_or_else(|_| {
+                    Err(WitnessError::Transient("the [publish] timeout passed".into()))
+                })
+            }
+            None => witness(c, &w).await,
+        }
+    });
+    result.map(|mut r| {
+        r.warnings.extend(warnings);
+        Some(r)
+    })
+}
+
+/// Prints the run's report and the witness step's outcome; the exit status.
+fn finish(
+    report: &PublishReport,
+    witnessed: Result<Option<publish::witness::WitnessReport>, publish::witness::WitnessError>,
+    args: &PublishArgs,
+) -> i32 {
+    use publish::witness::WitnessError;
+    match witnessed {
+        Ok(w) => {
+            print_report(report, args, w.as_ref());
+            0
+        }
+        Err(WitnessError::Inconsistent(i)) => {
+            print_report(report, args, None);
+            eprintln!("{}", i.message());
+            if args.json {
+                let v = serde_json::json!({"inconsistent": *i});
+                println!("{v}");
+            }
+            INCONSISTENT
+        }
+        Err(e) => {
+            print_report(report, args, None);
+            eprintln!("airlock: the uploads are done, but {e}");
+            1
+        }
+    }
+}
+
 impl publish::Sink for LazyClient<'_> {
     async fn post(
         &self,
         gz: bytes::Bytes,
         items: usize,
     ) -> Result<publish::Reply, publish::SinkError> {
-        let client = match self.client.get() {
-            Some(c) => c,
-            None => {
-                let c = crate::remote::Client::from_login(self.paths)
-                    .map_err(|e| publish::SinkError::Fatal { message: e.to_string() })?;
-                self.client.get_or_init(|| c)
-            }
-        };
+        let client =
+            self.get().map_err(|e| publish::SinkError::Fatal { message: e.to_string() })?;
         client.post(gz, items).await
     }
 }
 
-fn print_report(r: &PublishReport, args: &PublishArgs) {
+fn print_report(
+    r: &PublishReport,
+    args: &PublishArgs,
+    log: Option<&publish::witness::WitnessReport>,
+) {
     let mut err = std::io::stderr().lock();
     for s in &r.skipped {
         let _ = writeln!(err, "airlock publish: skipped {s}");
@@ -179,10 +286,18 @@ fn print_report(r: &PublishReport, args: &PublishArgs) {
             "airlock publish: stopped at the deadline; the rest goes with the next publish"
         );
     }
+    if let Some(w) = log {
+        for warning in &w.warnings {
+            let _ = writeln!(err, "airlock publish: warning: {warning}");
+        }
+    }
     drop(err);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let v = serde_json::to_value(r).unwrap_or_default();
+        let mut v = serde_json::to_value(r).unwrap_or_default();
+        if let (Some(obj), Some(w)) = (v.as_object_mut(), log) {
+            obj.insert("log".into(), serde_json::to_value(w).unwrap_or_default());
+        }
         let _ = writeln!(out, "{v}");
         return;
     }
@@ -211,6 +326,22 @@ fn print_report(r: &PublishReport, args: &PublishArgs) {
         line.push_str("; see ~/.airlock/publish/rejected.jsonl");
     }
     let _ = writeln!(out, "{line}");
+    if let Some(w) = log {
+        let from = match w.from_size {
+            Some(n) if n == w.tree_size => "unchanged since the last check".to_owned(),
+            Some(n) => format!("consistent with the {n} verified before"),
+            None => "the first checkpoint held".to_owned(),
+        };
+        let mut l = format!(
+            "review log: checkpoint of {} events verified ({from}); {} receipts proven \
+             included, {} events re-fetched and matched",
+            w.tree_size, w.inclusion_checked, w.events_checked
+        );
+        if let Some(n) = w.witnesses {
+            l.push_str(&format!("; cosigned ({n} witnesses)"));
+        }
+        let _ = writeln!(out, "{l}");
+    }
 }
 
 /// `[publish] auto = true`: after `airlock run`/`exec`, publish the repo's new lines on the
@@ -245,6 +376,20 @@ pub fn publish_at_session_end(paths: &Paths, repo: &std::path::Path, timeout: st
     let result = rt.block_on(async {
         tokio::time::timeout(hard, publish::publish_async(paths, &client, &opts)).await
     });
+    drop(rt);
+    // The witness step, in what is left of the time; an inconsistency is loud here too, but
+    // never changes the session's exit status.
+    if let Ok(Ok(r)) = &result
+        && !r.incomplete
+        && let Some(deadline) = opts.deadline
+        && std::time::Instant::now() < deadline
+    {
+        match witness_step(paths, &client, r, Some(deadline)) {
+            Err(publish::witness::WitnessError::Inconsistent(i)) => eprintln!("{}", i.message()),
+            Err(e) => eprintln!("airlock: publish at session end: {e}"),
+            Ok(_) => {}
+        }
+    }
     match result {
         Ok(Ok(r)) if r.incomplete => eprintln!(
             "airlock: published {} new, {} already there; stopped at the [publish] timeout, the \

@@ -24,6 +24,12 @@ pub struct Identity {
     /// `airlock whoami --offline`; the server decides, this copy is only for display.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
+    /// The server's review-log key, pinned at `airlock login --server` (docs/evidence.md): a
+    /// signed-note verifier key (`<name>+<id>+<base64>`). Absent when the server keeps no
+    /// signed log. `airlock publish` checks every checkpoint against it; a later login that
+    /// is answered with another key is refused unless `--accept-new-log-key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_key: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +119,8 @@ pub fn login_email(paths: &Paths, email: &str) -> Result<Identity, IdentityError
         Some(old) if old.email.eq_ignore_ascii_case(email) && old.server.is_none() => old.user_id,
         _ => local_user_id(email),
     };
-    let identity = Identity { email: email.to_owned(), user_id, server: None, role: None };
+    let identity =
+        Identity { email: email.to_owned(), user_id, server: None, role: None, log_key: None };
     fsutil::private_dir(&paths.airlock_dir())
         .map_err(|source| IdentityError::Write { path: paths.airlock_dir(), source })?;
     write(&path, &identity)?;

@@ -643,6 +643,7 @@ mod tests {
             user_id: "u_1".into(),
             server: Some("https://r3.corp.test:8443".into()),
             role: None,
+            log_key: None,
         };
         let loaded = load(&f.paths, Some(&f.repo), Some(&identity)).unwrap();
         let client = loaded.client_layers();
@@ -717,6 +718,7 @@ mod tests {
             user_id: "u".into(),
             server: Some("a..b".into()),
             role: None,
+            log_key: None,
         };
         let err = load(&f.paths, None, Some(&identity)).unwrap_err();
         assert!(err.to_string().contains("~/.airlock/identity.toml"), "{err}");

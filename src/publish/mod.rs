@@ -11,10 +11,12 @@
 
 pub mod elide;
 pub mod envelope;
+pub mod receipts;
 pub mod rejected;
 pub mod sources;
 pub mod state;
 pub mod upload;
+pub mod witness;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -38,7 +40,7 @@ pub use sources::Scope;
 use sources::{Kind, SourceFile};
 use state::{FileState, HASH_SPAN, State};
 use upload::{BATCH_BYTES, BATCH_ITEMS, UploadError};
-pub use upload::{ItemResult, NullSink, Reply, Sink, SinkError};
+pub use upload::{ItemResult, LeafReceipt, NullSink, Reply, Sink, SinkError};
 
 /// How long a second publish waits for the first before saying it is running.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -94,7 +96,21 @@ pub struct PublishReport {
     pub retried: u64,
     /// The deadline passed before everything was sent (the rest goes next time).
     pub incomplete: bool,
+    /// With a pinned log key: receipts written this run ([`receipts`]).
+    #[serde(skip)]
+    pub receipts: u64,
+    /// A uniform sample of this run's receipts, for the witness step ([`witness`]).
+    #[serde(skip)]
+    pub fresh_receipts: Vec<receipts::Receipt>,
+    /// The signed checkpoints the ingest answers carried (distinct, the last few).
+    #[serde(skip)]
+    pub answer_checkpoints: Vec<String>,
 }
+
+/// How many of a run's own receipts the witness step gets to sample from.
+pub const FRESH_SAMPLE: usize = 8;
+/// How many distinct answer checkpoints a run keeps.
+const ANSWER_CHECKPOINTS: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
@@ -117,6 +133,14 @@ pub enum PublishError {
     },
     #[error("cannot start the upload runtime: {0}")]
     Runtime(io::Error),
+    #[error(
+        "cannot write the upload receipts under {path}: {source}; check free space and permissions"
+    )]
+    Receipts {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Publishes per `opts` (blocking: runs its own single-threaded runtime; from async code use
@@ -150,6 +174,16 @@ pub async fn publish_async<S: Sink>(
         Some(state::lock(&air, wait)?)
     };
     let state = State::load(&air)?;
+    // Receipts are kept only when there is a pinned log key to check them against.
+    let witness_user = if opts.dry_run {
+        None
+    } else {
+        crate::config::identity::read(&paths.identity_file())
+            .ok()
+            .flatten()
+            .filter(|id| id.server.is_some() && id.log_key.is_some())
+            .map(|id| id.user_id)
+    };
     let disc = sources::discover(paths, &opts.scope)?;
     let mut report = PublishReport { skipped: disc.problems.clone(), ..Default::default() };
 
@@ -189,6 +223,8 @@ pub async fn publish_async<S: Sink>(
         pending: BTreeMap::new(),
         files: Vec::new(),
         progress: None,
+        witness_user,
+        reservoir: receipts::Reservoir::default(),
     };
     if todo.is_empty() {
         engine.warn_cleanup(&disc.claude_homes, &disc.files);
@@ -245,6 +281,7 @@ pub async fn publish_async<S: Sink>(
         Err(Stop::Error(e)) => return Err(e),
     }
     engine.report.retried = retries.get();
+    engine.report.fresh_receipts = std::mem::take(&mut engine.reservoir.items);
     engine.warn_cleanup(&disc.claude_homes, &disc.files);
     Ok(engine.report)
 }
@@ -362,6 +399,9 @@ struct Meta {
     file: usize,
     offset: u64,
     id: String,
+    /// The item's line in its batch's body (`start..end`, set when queued).
+    start: usize,
+    end: usize,
 }
 
 /// A state update that takes effect once its batch and every earlier one are acknowledged.
@@ -387,7 +427,10 @@ struct FileInfo {
     transcript: bool,
 }
 
-type Posted<'a> = Pin<Box<dyn Future<Output = (u64, Vec<Meta>, Result<Reply, UploadError>)> + 'a>>;
+/// An upload in flight: its batch seq, items, body (kept for receipts when witnessing) and
+/// answer.
+type Posted<'a> =
+    Pin<Box<dyn Future<Output = (u64, Vec<Meta>, Vec<u8>, Result<Reply, UploadError>)> + 'a>>;
 
 struct Engine<'a, S: Sink> {
     sink: &'a S,
@@ -409,6 +452,9 @@ struct Engine<'a, S: Sink> {
     /// Every file (or synthetic source) items came from, indexed by `Meta::file`.
     files: Vec<FileInfo>,
     progress: Option<indicatif::ProgressBar>,
+    /// With a pinned log key: the user id receipts are written for.
+    witness_user: Option<String>,
+    reservoir: receipts::Reservoir,
 }
 
 /// The file being read: what a checkpoint is made of.
@@ -582,7 +628,7 @@ impl<'a, S: Sink> Engine<'a, S> {
                 // `reading` still stands before this line: a batch sealed here checkpoints
                 // up to, not including, it.
                 self.push(
-                    Meta { file: fidx, offset, id: built.id.clone() },
+                    Meta { file: fidx, offset, id: built.id.clone(), start: 0, end: 0 },
                     &built.text,
                     Some(&reading),
                 )
@@ -647,7 +693,7 @@ impl<'a, S: Sink> Engine<'a, S> {
             let fidx = self.files.len();
             self.files.push(FileInfo { name: file.clone(), source: "session", transcript: false });
             let id = format!("{}:transcript:{file}", rec.session);
-            self.push(Meta { file: fidx, offset: 0, id }, &text, None).await?;
+            self.push(Meta { file: fidx, offset: 0, id, start: 0, end: 0 }, &text, None).await?;
         }
         Ok(())
     }
@@ -688,7 +734,10 @@ impl<'a, S: Sink> Engine<'a, S> {
             }
             self.seal().await?;
         }
+        let mut meta = meta;
+        meta.start = self.batch.body.len();
         self.batch.body.extend_from_slice(text.as_bytes());
+        meta.end = self.batch.body.len();
         self.batch.body.push(b'\n');
         self.batch.items.push(meta);
         self.report.items += 1;
@@ -715,17 +764,19 @@ impl<'a, S: Sink> Engine<'a, S> {
         let retries = self.retries;
         let deadline = self.opts.deadline;
         let items = batch.items;
+        // The body is kept only to make receipts of what the server stores.
+        let body = if self.witness_user.is_some() { batch.body } else { Vec::new() };
         self.pending.insert(seq, batch.checkpoints);
         self.in_flight.push(Box::pin(async move {
             let r = upload::post_with_retry(sink, gz, n, deadline, retries).await;
-            (seq, items, r)
+            (seq, items, body, r)
         }));
         Ok(())
     }
 
     /// Waits for one upload and takes in its answer.
     async fn one_done(&mut self) -> Result<(), Stop> {
-        let (seq, items, result) = std::future::poll_fn(|cx| {
+        let (seq, items, body, result) = std::future::poll_fn(|cx| {
             for i in 0..self.in_flight.len() {
                 if let Poll::Ready(x) = self.in_flight[i].as_mut().poll(cx) {
                     drop(self.in_flight.swap_remove(i));
@@ -755,6 +806,7 @@ impl<'a, S: Sink> Engine<'a, S> {
                 ),
             }));
         }
+        self.receipts(&reply, &items, &body)?;
         for (r, meta) in reply.results.iter().zip(&items) {
             match r.status.as_str() {
                 "created" => self.report.created += 1,
@@ -791,6 +843,42 @@ impl<'a, S: Sink> Engine<'a, S> {
         let cps = self.pending.remove(&seq).unwrap_or_default();
         self.done.insert(seq, cps);
         self.apply()
+    }
+
+    /// Writes the receipts of one answer's `created` items (with a pinned log key only).
+    fn receipts(&mut self, reply: &Reply, items: &[Meta], body: &[u8]) -> Result<(), Stop> {
+        let Some(user) = &self.witness_user else { return Ok(()) };
+        if let Some(cp) = &reply.checkpoint
+            && !self.report.answer_checkpoints.contains(cp)
+        {
+            if self.report.answer_checkpoints.len() >= ANSWER_CHECKPOINTS {
+                self.report.answer_checkpoints.remove(0);
+            }
+            self.report.answer_checkpoints.push(cp.clone());
+        }
+        let mut out = Vec::new();
+        for (r, meta) in reply.results.iter().zip(items) {
+            let Some(leaf) = r.leaf.as_ref().filter(|_| r.status == "created") else { continue };
+            let Some(line) = body.get(meta.start..meta.end) else { continue };
+            let Some((source, id, sha)) = receipts::sent_item(line) else { continue };
+            out.push(receipts::Receipt {
+                user_id: user.clone(),
+                source,
+                id,
+                received_at: leaf.received_at.clone(),
+                payload_sha256: sha,
+                leaf_index: leaf.leaf_index,
+                deadline: leaf.deadline.clone(),
+            });
+        }
+        receipts::append(&self.air, &out).map_err(|source| {
+            Stop::Error(PublishError::Receipts { path: receipts::dir(&self.air), source })
+        })?;
+        self.report.receipts += out.len() as u64;
+        for r in out {
+            self.reservoir.offer(r, FRESH_SAMPLE);
+        }
+        Ok(())
     }
 
     /// Moves the state to the acknowledged prefix of batches and saves it.
@@ -1042,9 +1130,14 @@ mod tests {
                     "duplicate" => 200,
                     _ => 409,
                 };
-                results.push(ItemResult { index, status: status.into(), code, error: None });
+                results.push(ItemResult {
+                    index,
+                    status: status.into(),
+                    code,
+                    ..Default::default()
+                });
             }
-            Ok(Reply { concurrency: Some(2), results })
+            Ok(Reply { concurrency: Some(2), results, checkpoint: None })
         }
     }
 

@@ -20,13 +20,26 @@ pub const MAX_ATTEMPTS: u32 = 10;
 pub const MAX_CONCURRENCY: usize = 32;
 
 /// The server's answer for one item.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ItemResult {
     pub index: usize,
     /// `created`, `duplicate`, `conflict` or `rejected`.
     pub status: String,
     pub code: u16,
     pub error: Option<String>,
+    /// The review log's receipt for a stored item, when the server keeps a log.
+    pub leaf: Option<LeafReceipt>,
+}
+
+/// Where the review log put an item (docs/evidence.md "Receipts").
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeafReceipt {
+    /// The server's `received_at` for the item.
+    pub received_at: String,
+    /// `None` while pending.
+    pub leaf_index: Option<u64>,
+    /// While pending: by when the server will have sequenced it.
+    pub deadline: Option<String>,
 }
 
 /// The answer to one batch (200 or 207).
@@ -35,6 +48,8 @@ pub struct Reply {
     /// `X-Airlock-Ingest-Concurrency`, when the answer carried it.
     pub concurrency: Option<usize>,
     pub results: Vec<ItemResult>,
+    /// A signed checkpoint covering the batch, when the answer carried one.
+    pub checkpoint: Option<String>,
 }
 
 /// Why a post failed.
@@ -73,8 +88,14 @@ impl Sink for NullSink {
         Ok(Reply {
             concurrency: None,
             results: (0..items)
-                .map(|index| ItemResult { index, status: "created".into(), code: 201, error: None })
+                .map(|index| ItemResult {
+                    index,
+                    status: "created".into(),
+                    code: 201,
+                    ..Default::default()
+                })
                 .collect(),
+            checkpoint: None,
         })
     }
 }
@@ -89,13 +110,30 @@ impl Sink for crate::remote::Client {
                 results: r
                     .results
                     .into_iter()
-                    .map(|i| ItemResult {
-                        index: i.index,
-                        status: i.status,
-                        code: i.code,
-                        error: i.error,
+                    .map(|i| {
+                        let leaf = match (&i.received_at, i.leaf_index, i.leaf_pending) {
+                            (Some(at), Some(n), _) => Some(LeafReceipt {
+                                received_at: at.clone(),
+                                leaf_index: Some(n),
+                                deadline: None,
+                            }),
+                            (Some(at), None, true) => Some(LeafReceipt {
+                                received_at: at.clone(),
+                                leaf_index: None,
+                                deadline: i.deadline.clone(),
+                            }),
+                            _ => None,
+                        };
+                        ItemResult {
+                            index: i.index,
+                            status: i.status,
+                            code: i.code,
+                            error: i.error,
+                            leaf,
+                        }
                     })
                     .collect(),
+                checkpoint: r.checkpoint,
             }),
             Err(RemoteError::Retry { status, after, message, .. }) => {
                 Err(SinkError::Retry { status, after, message })

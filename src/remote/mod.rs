@@ -8,6 +8,7 @@
 //! (no `Debug`, no error message holds it).
 
 pub mod gates;
+pub mod log;
 pub mod tls;
 pub mod token;
 pub mod url;
@@ -117,6 +118,9 @@ pub struct IngestReply {
     pub ingest_concurrency: Option<usize>,
     /// One per posted item, in input order.
     pub results: Vec<ItemResult>,
+    /// A signed checkpoint that includes every item (docs/evidence.md "Receipts"), when the
+    /// server keeps a signed log and had sequenced them all.
+    pub checkpoint: Option<String>,
 }
 
 /// One item's result in an [`IngestReply`].
@@ -130,6 +134,17 @@ pub struct ItemResult {
     pub code: u16,
     #[serde(default)]
     pub error: Option<String>,
+    /// The server's clock when it stored the item (a duplicate: its original's).
+    #[serde(default)]
+    pub received_at: Option<String>,
+    /// The event's leaf in the review log (docs/evidence.md "Receipts").
+    #[serde(default)]
+    pub leaf_index: Option<u64>,
+    /// Not yet sequenced: `deadline` says by when it will be.
+    #[serde(default)]
+    pub leaf_pending: bool,
+    #[serde(default)]
+    pub deadline: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +157,8 @@ struct MeBody {
 #[derive(Deserialize)]
 struct IngestBody {
     results: Vec<ItemResult>,
+    #[serde(default)]
+    checkpoint: Option<String>,
 }
 
 /// A review-plane client. Cheap to clone (an `Arc` inside); several requests may be in flight
@@ -295,6 +312,7 @@ impl Client {
             status: status.as_u16(),
             ingest_concurrency: ingest_concurrency(&headers),
             results: parsed.results,
+            checkpoint: parsed.checkpoint,
         })
     }
 

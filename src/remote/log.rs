@@ -1,0 +1,86 @@
+//! The review log's endpoints as the host-side CLI uses them (docs/evidence.md "API"): the key
+//! `airlock login --server` pins, and the raw [`LogApi`] that `airlock publish` witnesses and
+//! `airlock verify --checkpoint` compares through.
+
+use http::{HeaderMap, Method, StatusCode};
+use serde::Deserialize;
+
+use super::{Client, RemoteError, error_text};
+use crate::evidence::{Answer, ApiError, LogApi};
+use crate::tlog::note::{ALG_ED25519, NoteVerifier};
+
+/// `GET /api/v1/log/key`.
+#[derive(Debug, Deserialize)]
+struct KeyBody {
+    key: String,
+}
+
+fn reason(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-airlock-reason")
+        .and_then(|v| v.to_str().ok())
+        .filter(|r| r.len() <= 64 && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_owned)
+}
+
+impl Client {
+    /// The server's log key (type 0x01), or `None` when it keeps no signed log (404: reason
+    /// `no_log_key`, or a server that predates the log).
+    pub async fn log_key(&self) -> Result<Option<NoteVerifier>, RemoteError> {
+        let (status, headers, body) =
+            self.exchange_json(Method::GET, "/api/v1/log/key", None).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if status != StatusCode::OK {
+            return Err(self.status_error(status, &headers, &body));
+        }
+        let k: KeyBody = serde_json::from_slice(&body).map_err(|e| self.protocol(e))?;
+        let v = NoteVerifier::parse(&k.key)
+            .map_err(|e| self.protocol(format!("its log key {:?}: {e}", k.key)))?;
+        if v.alg != ALG_ED25519 {
+            return Err(self.protocol(format!(
+                "its log key {:?} is not an Ed25519 note key (type 0x01)",
+                k.key
+            )));
+        }
+        Ok(Some(v))
+    }
+
+    async fn log_exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Answer, ApiError> {
+        match self.exchange_json(method, path, body).await {
+            Ok((status, headers, bytes)) => {
+                let code = status.as_u16();
+                if code == 401 {
+                    return Err(ApiError::Unauthorized(
+                        self.status_error(status, &headers, &bytes).to_string(),
+                    ));
+                }
+                if code == 429 || code >= 500 {
+                    return Err(ApiError::Transient(format!(
+                        "{} answered HTTP {code}: {}",
+                        self.server(),
+                        error_text(status, &bytes)
+                    )));
+                }
+                Ok(Answer { status: code, reason: reason(&headers), body: bytes.to_vec() })
+            }
+            Err(e) => Err(ApiError::Transient(e.to_string())),
+        }
+    }
+}
+
+impl LogApi for Client {
+    async fn get(&self, path: &str) -> Result<Answer, ApiError> {
+        self.log_exchange(Method::GET, path, None).await
+    }
+
+    async fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<Answer, ApiError> {
+        self.log_exchange(Method::POST, path, Some(body)).await
+    }
+}
