@@ -213,6 +213,8 @@ async fn recent_events<S: Store>(
                 payload: e.payload,
                 flags: 0,
                 span: None,
+                leaf: None,
+                witnessed_by: 0,
             };
             RecentEvent {
                 ts: t.ts,

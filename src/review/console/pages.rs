@@ -332,6 +332,15 @@ pub async fn timeline<S: Store>(
     let flag_counts: BTreeMap<i64, u64> =
         st.store.event_flag_counts(&pks).await.map_err(store_page)?.into_iter().collect();
     let spans = session_spans(st, &target.id, &shown).await?;
+    // The review log: which rows a checkpoint that clients witnessed covers. A store that
+    // keeps no log (a test wrapper) shows no marks rather than failing the page.
+    let leaves: BTreeMap<i64, u64> = st
+        .store
+        .log_leaves(&pks)
+        .await
+        .map(|l| l.into_iter().map(|l| (l.event_pk, l.index)).collect())
+        .unwrap_or_default();
+    let witnessed = st.store.log_witnessed().await.ok().flatten();
     let (chart_start, hours) = chart_window(ask.from, ask.until, now);
     let counts = st.store.hour_counts(&target.id, chart_start, hours).await.map_err(store_page)?;
     let mut buckets: Vec<HourBucket> = (0..hours)
@@ -365,6 +374,11 @@ pub async fn timeline<S: Store>(
                 airlock_session: e.airlock_session,
                 payload: e.payload,
                 flags: u32::try_from(flags).unwrap_or(u32::MAX),
+                leaf: leaves.get(&e.pk).copied(),
+                witnessed_by: match (leaves.get(&e.pk), witnessed) {
+                    (Some(i), Some((size, by))) if *i < size => by,
+                    _ => 0,
+                },
             }
         })
         .collect();

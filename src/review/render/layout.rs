@@ -42,6 +42,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:.3em 0;background:#f5f7f9;
 .mut{color:var(--mut)}
 .b{color:var(--de);font-weight:600}
 .ok{color:var(--al)}
+.w{color:var(--al);text-decoration:none}
 .no{color:var(--de)}
 .sev-critical{color:#fff;background:#8b1a12;padding:0 .3em}
 .sev-high{color:var(--de);font-weight:700}

@@ -111,6 +111,11 @@ pub struct TimelineEvent {
     pub flags: u32,
     /// The span of the event's Airlock session, when known (for the backdating rule).
     pub span: Option<SessionSpan>,
+    /// The event's leaf in the review log and, when a checkpoint that clients witnessed
+    /// covers it, how many distinct clients witnessed the latest such checkpoint
+    /// (docs/evidence.md).
+    pub leaf: Option<u64>,
+    pub witnessed_by: u64,
 }
 
 impl TimelineEvent {
@@ -314,6 +319,12 @@ fn row(p: &TimelinePage, e: &TimelineEvent, prev_session: Option<&str>) -> Marku
             td {
                 (when(e.ts))
                 @if let Some(b) = back { " " abbr.b title=(b.short()) { "⚠" } }
+                @if let (Some(leaf), true) = (e.leaf, e.witnessed_by > 0) {
+                    " " abbr.w title=(format!(
+                        "in the review log at leaf {leaf}, under a checkpoint {} client{} witnessed",
+                        e.witnessed_by, if e.witnessed_by == 1 { "" } else { "s" }
+                    )) { "✓" }
+                }
             }
             td { (e.source.as_str()) " " (one_line(&e.kind, 64)) }
             td {
@@ -387,6 +398,8 @@ mod tests {
             airlock_session: Some("s-7f3a".into()),
             payload: payload.to_string(),
             flags: 0,
+            leaf: None,
+            witnessed_by: 0,
             span: None,
         }
     }
