@@ -2,12 +2,22 @@
 //! `airlock login --server` pins, and the raw [`LogApi`] that `airlock publish` witnesses and
 //! `airlock verify --checkpoint` compares through.
 
+use std::time::Duration;
+
 use http::{HeaderMap, Method, StatusCode};
 use serde::Deserialize;
 
 use super::{Client, RemoteError, error_text};
 use crate::evidence::{Answer, ApiError, LogApi};
 use crate::tlog::note::{ALG_ED25519, NoteVerifier};
+
+/// Retries of a log request answered 429/503.
+const LOG_RETRIES: u32 = 5;
+/// The longest wait between two.
+const LOG_RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// A 429/503: the `Retry-After` delay and the message.
+struct RetryLater(Option<Duration>, String);
 
 /// `GET /api/v1/log/key`.
 #[derive(Debug, Deserialize)]
@@ -47,31 +57,64 @@ impl Client {
         Ok(Some(v))
     }
 
+    /// One log request; a 429/503 (a read slot, a log not signed yet) is retried a few
+    /// times, honouring a short `Retry-After`.
     async fn log_exchange(
         &self,
         method: Method,
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<Answer, ApiError> {
-        match self.exchange_json(method, path, body).await {
+        let mut attempt = 0u32;
+        loop {
+            match self.log_exchange_once(method.clone(), path, body).await {
+                Err(RetryLater(after, _)) if attempt < LOG_RETRIES => {
+                    attempt += 1;
+                    let wait = after.unwrap_or(Duration::from_millis(500)).min(LOG_RETRY_CAP);
+                    tokio::time::sleep(wait).await;
+                }
+                Err(RetryLater(_, message)) => return Err(ApiError::Transient(message)),
+                Ok(r) => return r,
+            }
+        }
+    }
+
+    async fn log_exchange_once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<Result<Answer, ApiError>, RetryLater> {
+        Ok(match self.exchange_json(method, path, body).await {
             Ok((status, headers, bytes)) => {
                 let code = status.as_u16();
                 if code == 401 {
-                    return Err(ApiError::Unauthorized(
+                    return Ok(Err(ApiError::Unauthorized(
                         self.status_error(status, &headers, &bytes).to_string(),
-                    ));
-                }
-                if code == 429 || code >= 500 {
-                    return Err(ApiError::Transient(format!(
-                        "{} answered HTTP {code}: {}",
-                        self.server(),
-                        error_text(status, &bytes)
                     )));
+                }
+                let message = format!(
+                    "{} answered HTTP {code}: {}",
+                    self.server(),
+                    error_text(status, &bytes)
+                );
+                if code == 429 || code == 503 {
+                    let after = headers
+                        .get(http::header::RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| super::parse_retry_after(v, std::time::SystemTime::now()));
+                    return Err(RetryLater(after, message));
+                }
+                if code >= 500 {
+                    return Ok(Err(ApiError::Transient(message)));
                 }
                 Ok(Answer { status: code, reason: reason(&headers), body: bytes.to_vec() })
             }
+            Err(RemoteError::Retry { after, message, .. }) => {
+                return Err(RetryLater(after, message));
+            }
             Err(e) => Err(ApiError::Transient(e.to_string())),
-        }
+        })
     }
 }
 

@@ -20,6 +20,7 @@ mod console_gates;
 mod console_pages;
 mod daemon;
 mod daemon_units;
+mod evidence_client;
 mod harness;
 mod logging;
 mod logs;
