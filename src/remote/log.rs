@@ -37,15 +37,29 @@ impl Client {
     /// The server's log key (type 0x01), or `None` when it keeps no signed log (404: reason
     /// `no_log_key`, or a server that predates the log).
     pub async fn log_key(&self) -> Result<Option<NoteVerifier>, RemoteError> {
-        let (status, headers, body) =
-            self.exchange_json(Method::GET, "/api/v1/log/key", None).await?;
-        if status == StatusCode::NOT_FOUND {
+        // Through the log exchange: a login right after others' requests may meet a 429.
+        let a =
+            self.log_exchange(Method::GET, "/api/v1/log/key", None).await.map_err(|e| match e {
+                ApiError::Unauthorized(message) => {
+                    RemoteError::Unauthorized { server: self.server().to_owned(), message }
+                }
+                ApiError::Transient(message) => {
+                    RemoteError::Transport { server: self.server().to_owned(), message }
+                }
+            })?;
+        if a.status == 404 {
             return Ok(None);
         }
-        if status != StatusCode::OK {
-            return Err(self.status_error(status, &headers, &body));
+        if a.status != 200 {
+            let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            return Err(RemoteError::Status {
+                server: self.server().to_owned(),
+                status: a.status,
+                message: error_text(status, &a.body),
+                reason: a.reason,
+            });
         }
-        let k: KeyBody = serde_json::from_slice(&body).map_err(|e| self.protocol(e))?;
+        let k: KeyBody = serde_json::from_slice(&a.body).map_err(|e| self.protocol(e))?;
         let v = NoteVerifier::parse(&k.key)
             .map_err(|e| self.protocol(format!("its log key {:?}: {e}", k.key)))?;
         if v.alg != ALG_ED25519 {
