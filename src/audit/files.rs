@@ -188,6 +188,12 @@ pub fn append_record<T: Serialize + ?Sized>(
 /// `(date, path)` of every `audit-<YYYY-MM-DD>.jsonl` in `dir`, oldest first. A missing
 /// directory has none.
 pub fn audit_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, AuditError> {
+    dated_files(dir, "audit")
+}
+
+/// `(date, path)` of every `<prefix>-<YYYY-MM-DD>.jsonl` in `dir`, oldest first. A missing
+/// directory has none.
+pub(crate) fn dated_files(dir: &Path, prefix: &str) -> Result<Vec<(String, PathBuf)>, AuditError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -197,7 +203,7 @@ pub fn audit_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, AuditError> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let date = audit_date(&name)?.to_owned();
+            let date = file_date(&name, prefix)?.to_owned();
             Some((date, e.path()))
         })
         .collect();
@@ -206,8 +212,14 @@ pub fn audit_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, AuditError> {
 }
 
 /// The date of an audit file name (`audit-2026-07-24.jsonl` → `2026-07-24`).
+#[cfg(test)]
 pub(super) fn audit_date(name: &str) -> Option<&str> {
-    let date = name.strip_prefix("audit-")?.strip_suffix(".jsonl")?;
+    file_date(name, "audit")
+}
+
+/// The date of a `<prefix>-<YYYY-MM-DD>.jsonl` file name.
+fn file_date<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
+    let date = name.strip_prefix(prefix)?.strip_prefix('-')?.strip_suffix(".jsonl")?;
     let b = date.as_bytes();
     let shape = b.len() == 10
         && b.iter()

@@ -9,12 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::{LayerKind, Reason};
 
+pub mod check;
 mod files;
 mod format;
 mod journal;
 pub mod logdir;
 mod reader;
 pub mod retention;
+pub mod root;
 mod settle;
 pub mod volume;
 mod writer;

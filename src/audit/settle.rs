@@ -213,7 +213,7 @@ fn ids_in_audit_files(dir: &Path, pending: &[AuditLine]) -> Result<HashSet<Strin
 
 /// `YYYY-MM-DD` of the day before `date` (or `date` itself if it does not parse, which only
 /// widens the search).
-fn day_before(date: &str) -> String {
+pub(super) fn day_before(date: &str) -> String {
     let fmt = time::macros::format_description!("[year]-[month]-[day]");
     time::Date::parse(date, fmt)
         .ok()

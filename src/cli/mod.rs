@@ -14,6 +14,7 @@ pub mod publish;
 pub mod quarantine;
 pub mod run;
 pub mod verify;
+pub mod verify_local;
 
 use std::path::PathBuf;
 

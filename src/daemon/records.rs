@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::audit::AuditError;
+use crate::audit::root::AuditRoot;
 use crate::protocol::{Quarantined, TranscriptHash};
 
 /// The start record.
@@ -66,6 +67,12 @@ pub struct EndRecord<'a> {
     pub tunnels: u64,
     pub bytes_sent: u64,
     pub bytes_recv: u64,
+    /// The signed root over the session's audit lines ([`crate::audit::root`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_root: Option<AuditRoot>,
+    /// Why there is no `audit_root` (the machine key, the files, lines still open).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_root_error: Option<String>,
 }
 
 /// Appends one record to `<logs_dir>/sessions-<UTC date>.jsonl` (one `write(2)`, `O_APPEND`).
@@ -99,6 +106,8 @@ mod tests {
             tunnels: 0,
             bytes_sent: 0,
             bytes_recv: 0,
+            audit_root: None,
+            audit_root_error: Some("why".into()),
         };
         append(&logs, &rec).unwrap();
         append(&logs, &rec).unwrap();
@@ -111,5 +120,7 @@ mod tests {
         assert_eq!(lines[0]["end_reason"], "supervisor_lost");
         assert_eq!(lines[0]["id"], "s:end");
         assert!(lines[0].get("user_id").is_none());
+        assert!(lines[0].get("audit_root").is_none());
+        assert_eq!(lines[0]["audit_root_error"], "why");
     }
 }

@@ -633,6 +633,11 @@ fn daemon_kill_9_the_supervisor_reregisters_and_the_session_keeps_its_id() {
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(lines.iter().all(|l| l["session"] == id.as_str() && l["seq"] == 1));
     assert_ne!(lines[0]["boot"], lines[1]["boot"]);
+    // The end record's audit root covers the lines of both instances (docs/evidence.md), and
+    // the local check agrees with it.
+    assert_eq!(recs[1]["audit_root"]["lines"], 2, "{}", recs[1]);
+    let run = world.airlock(world.tmp.path()).args(["verify", "--local"]).run();
+    assert_eq!(run.code(), 0, "{}\n{}", run.stdout(), run.stderr());
 }
 
 /// A socket directory that does not exist yet, for the one-shot activator.

@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[cfg(feature = "test-hooks")]
+mod audit_root;
+#[cfg(feature = "test-hooks")]
 mod audit_volume;
 mod browser;
 #[cfg(feature = "test-hooks")]

@@ -12,8 +12,10 @@ use tokio::sync::watch;
 use super::connection::{ConnState, error};
 use super::layers;
 use super::state::{Daemon, Session, blocking, lock, now};
+use crate::audit::root::AuditRoot;
 use crate::audit::{self, FileAuditSink, SessionInfo};
 use crate::config::LayerDoc;
+use crate::config::machine_key;
 use crate::daemon::records::{self, EndRecord, StartRecord};
 use crate::policy::{LocalAddrs, Policy};
 use crate::protocol::{ErrorCode, Response, SessionEnd, SessionSpec};
@@ -380,6 +382,7 @@ pub(super) async fn start_session(
         .with_gate_relay(spec.gate_relay.clone()),
     );
     let (shutdown, shutdown_rx) = watch::channel(false);
+    let (drained_tx, drained) = watch::channel(false);
     let session = Arc::new(Session {
         id: id.clone(),
         started_at: now(),
@@ -391,6 +394,7 @@ pub(super) async fn start_session(
         udp_log: std::sync::Mutex::new(None),
         log_dir,
         repo_key,
+        drained,
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
         return error(ErrorCode::Session, e);
@@ -427,12 +431,17 @@ pub(super) async fn start_session(
     *lock(&session.udp_log) =
         proxy::udp::serve_in_background(capture_udp_log, &proxy, &shutdown_rx);
     let handle = tokio::spawn(async move {
-        let _held = held;
-        let _held6 = held6;
-        let _dns = dns;
         if let Err(e) = proxy::serve_session(tcp, proxy, shutdown_rx).await {
             tracing::error!("session {sid}: proxy failed: {e}");
         }
+        // The capture listeners and the resolver stop on the same signal, with the same
+        // grace: once they are done too, every line of the session is written (its end
+        // record's `audit_root` waits for this).
+        for task in [held, held6].into_iter().flatten() {
+            let _ = task.await;
+        }
+        let _ = dns.await;
+        drained_tx.send_replace(true);
         d.running_proxies.fetch_sub(1, Ordering::SeqCst);
         d.activity.notify_one();
     });
@@ -456,6 +465,45 @@ pub(super) async fn start_session(
 /// too short on a loaded machine: the end record was written, and `airlock exec` returned,
 /// before the lines of a refusal flood were.
 const UDP_DRAIN: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// How long after the grace period a session's end waits for its proxy to have closed (and
+/// logged) its remaining connections before rooting its lines.
+const DRAIN_MARGIN: Duration = Duration::from_secs(2);
+
+/// The longest a session's end waits for that drain, whatever `--shutdown-grace` says: with
+/// [`UDP_DRAIN`] it stays below the 40 s the client waits for `session_end`'s answer. Past it
+/// the end record says why it has no `audit_root`.
+const DRAIN_WAIT_CAP: Duration = Duration::from_secs(15);
+
+/// The end record's `audit_root` (docs/evidence.md): the session's lines in `log_dir`, rooted
+/// and signed with this machine's key (made now if there is none) — or why there is none. Never
+/// fails the session's end. Blocking (reads the session's audit files).
+fn seal_audit_root(
+    paths: Result<crate::paths::Paths, String>,
+    log_dir: &std::path::Path,
+    session: &str,
+    complete: bool,
+) -> (Option<AuditRoot>, Option<String>) {
+    if !complete {
+        return (
+            None,
+            Some(
+                "the session's connections were still closing when it ended, so its lines \
+                 are not all written"
+                    .into(),
+            ),
+        );
+    }
+    let signer =
+        match paths.and_then(|p| machine_key::load_or_create(&p).map_err(|e| e.to_string())) {
+            Ok(k) => k,
+            Err(e) => return (None, Some(format!("no machine key: {e}"))),
+        };
+    match audit::root::seal(log_dir, session, &signer) {
+        Ok(root) => (Some(root), None),
+        Err(e) => (None, Some(e.to_string())),
+    }
+}
 
 pub(super) async fn end_session(
     daemon: &Arc<Daemon>,
@@ -483,12 +531,29 @@ pub(super) async fn end_session(
         Ok(Err(e)) => tracing::error!("session {}: cannot write summaries: {e}", session.id),
         Err(e) => tracing::error!("session {}: summary flush failed: {e}", session.id),
     }
+    // Every line of the session is written before its lines are rooted: its tunnels get the
+    // grace period, then are closed and logged. Bounded, like the daemon's own shutdown.
+    let bound = (daemon.options.shutdown_grace + DRAIN_MARGIN).min(DRAIN_WAIT_CAP);
+    let mut drained = session.drained.clone();
+    let complete = matches!(tokio::time::timeout(bound, drained.wait_for(|d| *d)).await, Ok(Ok(_)));
+    if !complete {
+        tracing::warn!(
+            "session {}: its connections were still closing {}s after it ended",
+            session.id,
+            bound.as_secs()
+        );
+    }
     // A session the `[audit]` bounds stopped says so in its end record.
     let reason = reason.or_else(|| session.stopped.borrow().as_ref().map(|n| n.reason.as_str()));
     let stats = session.proxy.stats();
     lock(&daemon.sessions).remove(&session.id);
     let (d, s, end) = (Arc::clone(daemon), Arc::clone(session), end.clone());
     let written = blocking(move || {
+        let (audit_root, audit_root_error) =
+            seal_audit_root(d.paths(), &s.log_dir, &s.id, complete);
+        if let Some(e) = &audit_root_error {
+            tracing::warn!("session {}: no audit root in its end record: {e}", s.id);
+        }
         let rec = EndRecord {
             id: format!("{}:end", s.id),
             kind: "end",
@@ -506,6 +571,8 @@ pub(super) async fn end_session(
             tunnels: stats.tunnels_total,
             bytes_sent: stats.bytes_sent,
             bytes_recv: stats.bytes_recv,
+            audit_root,
+            audit_root_error,
         };
         if let Err(e) = records::append(&s.log_dir, &rec) {
             tracing::error!("cannot write the end record of {}: {e}", s.id);
@@ -528,6 +595,40 @@ pub(super) mod tests {
         session_policy(&Default::default(), None, spec, false)
             .map(|(b, l, _, _)| (b, l))
             .map_err(|r| format!("{r:?}"))
+    }
+
+    /// The end record's root: signed with the machine key (made on first use); without a key
+    /// (here `~/.airlock/keys` is a file), or with lines still to come, a reason instead.
+    #[test]
+    fn the_audit_root_is_sealed_with_the_machine_key_or_says_why_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = crate::paths::Paths::with_home(tmp.path().join("home"));
+        let dir = paths.logs_root().join("r");
+        let log = audit::RepoLog::open(&dir, "b").unwrap();
+        let sink = log.session_sink(SessionInfo { session: "s1".into(), ..Default::default() });
+        use crate::audit::AuditSink;
+        sink.append(&sink.line("a.test", Some(443), "CONNECT")).unwrap();
+        drop(sink);
+        drop(log);
+        let (root, err) = seal_audit_root(Ok(paths.clone()), &dir, "s1", true);
+        let root = root.unwrap();
+        assert_eq!((root.lines, err), (1, None));
+        let key = machine_key::load(&paths).unwrap().unwrap();
+        assert_eq!(root.key, key.verifier().to_string());
+
+        let (root, err) = seal_audit_root(Ok(paths.clone()), &dir, "s1", false);
+        assert!(root.is_none());
+        assert!(err.unwrap().contains("still closing"));
+
+        let other = crate::paths::Paths::with_home(tmp.path().join("other"));
+        std::fs::create_dir_all(other.airlock_dir()).unwrap();
+        std::fs::write(other.keys_dir(), "not a directory").unwrap();
+        let (root, err) = seal_audit_root(Ok(other), &dir, "s1", true);
+        assert!(root.is_none());
+        assert!(err.unwrap().starts_with("no machine key: "));
+        let (root, err) = seal_audit_root(Err("HOME is not set".into()), &dir, "s1", true);
+        assert!(root.is_none());
+        assert!(err.unwrap().contains("HOME is not set"));
     }
 
     #[test]

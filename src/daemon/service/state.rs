@@ -41,6 +41,10 @@ pub struct Session {
     pub log_dir: std::path::PathBuf,
     /// The checkout's repo key (`repo_key` of its lines and records).
     pub repo_key: String,
+    /// Turns true once the session's proxy, capture and resolver tasks are done after
+    /// [`Session::stop_proxy`]: every line of theirs is written. The end record's
+    /// `audit_root` waits for it (bounded).
+    pub(super) drained: watch::Receiver<bool>,
 }
 
 impl Session {
@@ -420,6 +424,7 @@ pub(super) mod tests {
             udp_log: std::sync::Mutex::new(None),
             log_dir: std::path::PathBuf::from("/nonexistent/logs/r"),
             repo_key: "r-00000000".into(),
+            drained: watch::channel(true).1,
         })
     }
 
