@@ -345,6 +345,70 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
         insert_only(&owner, "UPDATE gate_decisions SET state = 'denied'").await;
         insert_only(&owner, "DELETE FROM gates").await;
 
+        // --- The review log (migration 0012): the runtime role appends leaves, tier hashes,
+        // checkpoints and cosignatures, and changes none of them. ---
+        runtime
+            .batch_execute(&format!(
+                "INSERT INTO log_leaves (idx, event_pk, user_id, source, id, received_at, payload_sha256, leaf_hash)
+                   VALUES (0, 1, '{ana_id}', 'egress', 'ok-1', 0, sha256('p'), sha256('l'));
+                 INSERT INTO log_tiers (level, idx, hash) VALUES (1, 0, sha256('t'));
+                 INSERT INTO log_checkpoints (size, root, note, signed_at) VALUES (1, sha256('l'), 'n', 0);
+                 INSERT INTO log_cosigners (key, user_id) VALUES ('k+1+AA', '{ana_id}');
+                 INSERT INTO log_cosignatures (key, user_id, size, root, time, line, at)
+                   VALUES ('k+1+AA', '{ana_id}', 1, sha256('l'), 0, 'l', 0);"
+            ))
+            .await
+            .unwrap();
+        for sql in [
+            "UPDATE log_leaves SET leaf_hash = sha256('x')",
+            "DELETE FROM log_leaves",
+            "TRUNCATE log_leaves",
+            "UPDATE log_tiers SET hash = sha256('x')",
+            "DELETE FROM log_tiers",
+            "UPDATE log_checkpoints SET note = 'x'",
+            "DELETE FROM log_checkpoints",
+            "TRUNCATE log_checkpoints",
+            "UPDATE log_cosigners SET user_id = 'x'",
+            "DELETE FROM log_cosigners",
+            "UPDATE log_cosignatures SET size = 2",
+            "DELETE FROM log_cosignatures",
+            "SELECT setval('log_checkpoints_n_seq', 1)",
+            "SELECT setval('log_cosignatures_n_seq', 1)",
+        ] {
+            denied(&runtime, sql).await;
+        }
+        // Gapless by construction: an index or an event is there once.
+        refused(
+            &runtime,
+            &format!("INSERT INTO log_leaves (idx, event_pk, user_id, source, id, received_at, payload_sha256, leaf_hash)
+               VALUES (0, 2, '{ana_id}', 'egress', 'x', 0, sha256('p'), sha256('m'))"),
+            "23505",
+            "duplicate key",
+        )
+        .await;
+        refused(
+            &runtime,
+            &format!("INSERT INTO log_leaves (idx, event_pk, user_id, source, id, received_at, payload_sha256, leaf_hash)
+               VALUES (1, 1, '{ana_id}', 'egress', 'x', 0, sha256('p'), sha256('m'))"),
+            "23505",
+            "duplicate key",
+        )
+        .await;
+        // The owner too (each table holds a row, so the row triggers fire).
+        for (t, col) in [
+            ("log_leaves", "idx"),
+            ("log_tiers", "idx"),
+            ("log_checkpoints", "n"),
+            ("log_cosigners", "key"),
+            ("log_cosignatures", "n"),
+        ] {
+            insert_only(&owner, &format!("UPDATE {t} SET {col} = {col}")).await;
+            insert_only(&owner, &format!("TRUNCATE {t} CASCADE")).await;
+        }
+        for t in ["log_leaves", "log_tiers", "log_checkpoints", "log_cosignatures"] {
+            insert_only(&owner, &format!("DELETE FROM {t}")).await;
+        }
+
         // --- The admin role: users, roles, tokens, revocations; no evidence at all. ---
         admin
             .batch_execute(&format!("INSERT INTO user_roles (user_id, role) VALUES ('{ana_id}', 'member')"))
@@ -368,6 +432,12 @@ fn pg_roles_hold_exactly_the_documented_grants_and_are_refused_the_rest() {
             assign_call(Some(&adm), "f-ana", Some(&adm_id), false),
             "SELECT count(*) FROM gates".into(),
             "SELECT count(*) FROM gate_decisions".into(),
+            "SELECT count(*) FROM log_leaves".into(),
+            "SELECT count(*) FROM log_tiers".into(),
+            "SELECT count(*) FROM log_checkpoints".into(),
+            "SELECT count(*) FROM log_cosigners".into(),
+            "SELECT count(*) FROM log_cosignatures".into(),
+            "INSERT INTO log_checkpoints (size, root, note, signed_at) VALUES (1, sha256('l'), 'n', 0)".into(),
             format!("SELECT * FROM airlock_gate_decide('{adm}', 'g-ana', 'denied', NULL, NULL, false, false)"),
             "SELECT * FROM airlock_gate_expire(10)".into(),
         ] {

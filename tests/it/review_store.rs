@@ -5,8 +5,16 @@ use crate::review_support::PgDb;
 use crate::support::World;
 use airlock::review::store::postgres::{self, PgStore};
 use airlock::review::store::sqlite::SqliteStore;
-use airlock::review::store::{EventOrder, EventQuery, FlagAction, FlagQuery, Store, StoreError};
-use airlock::review::{FlagState, Micros, NewEvent, NewFlag, Role, Severity, Source, token};
+use airlock::review::store::{
+    EventOrder, EventQuery, FlagAction, FlagQuery, IngestScan, LogHead, NewCosignature, Store,
+    StoreError, StoredCheckpoint,
+};
+use airlock::review::{
+    FlagState, Inserted, Micros, NewEvent, NewFlag, Role, Severity, Source, StoredEvent, token,
+};
+use airlock::tlog::merkle::{fold, root};
+use airlock::tlog::{EventLeaf, Hash, sha256};
+use std::sync::Arc;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
@@ -34,8 +42,9 @@ const T0: Micros = 1_772_615_600_000_000; // 2026-03-04
 
 /// The contract every store must meet. `admin` is the store as `airlockd admin` opens it
 /// (users, roles, tokens; PostgreSQL's admin role), `s` as the server does (the runtime role);
-/// for the embedded store both are the same.
-pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
+/// for the embedded store both are the same. `sequenced_at_ingest`: the store appends an
+/// ingest's leaves in the ingest's transaction (the embedded store), so results carry them.
+pub(crate) async fn conformance<S: Store>(admin: &S, s: &S, sequenced_at_ingest: bool) {
     // Users and roles (role changes are appended; the latest wins).
     let ana = admin.add_user("ana@example.test", Role::Member).await.unwrap();
     let bob = admin.add_user("bob@example.test", Role::Member).await.unwrap();
@@ -256,6 +265,213 @@ pub(crate) async fn conformance<S: Store>(admin: &S, s: &S) {
     transcripts_conformance(admin, s, &ana.id, &bob.id).await;
     console_reads_conformance(admin, s).await;
     gates_conformance(s, &ana, t2, &bob, tb).await;
+    log_conformance(s, sequenced_at_ingest, &ana.id, &bob.id).await;
+}
+
+/// Detection that finds nothing (for `Store::ingest`).
+struct NoScan;
+
+impl IngestScan for NoScan {
+    fn batch_flags(&self, _: &[Inserted]) -> Vec<NewFlag> {
+        Vec::new()
+    }
+    fn ended_sessions(&self, _: &[Inserted]) -> Vec<String> {
+        Vec::new()
+    }
+    fn session_flags(&self, _: airlock::review::detect::session::SessionScan) -> Vec<NewFlag> {
+        Vec::new()
+    }
+}
+
+/// Sequences until a pass appends nothing; an instance without the sequencer's lock answers
+/// `None` and is asked again (the alternating wrapper asks two instances in turn).
+pub(crate) async fn sequence_all<S: Store>(s: &S) -> LogHead {
+    let mut last = None;
+    for _ in 0..500 {
+        match s.log_sequence(100).await.unwrap() {
+            Some(h) if h.appended == 0 => return h,
+            Some(h) => last = Some(h),
+            None => {}
+        }
+    }
+    panic!("the log never settled: {last:?}");
+}
+
+/// Every stored event, in `pk` order.
+async fn every_event<S: Store>(s: &S) -> Vec<StoredEvent> {
+    let mut out: Vec<StoredEvent> = Vec::new();
+    loop {
+        let q = EventQuery { after: out.last().map(|e| e.pk), limit: 500, ..Default::default() };
+        let page = s.query_events(&q).await.unwrap();
+        if page.is_empty() {
+            return out;
+        }
+        out.extend(page);
+    }
+}
+
+/// The leaf hash of a stored event, rebuilt from its row (docs/evidence.md "Leaves").
+fn leaf_of(e: &StoredEvent) -> Hash {
+    EventLeaf {
+        user_id: &e.user_id,
+        source: e.source.as_str(),
+        id: &e.id,
+        received_at: e.received_at,
+        payload_sha256: sha256(e.payload.as_bytes()),
+    }
+    .hash()
+}
+
+/// Sequences everything and checks the stored tree against the stored events: one leaf per
+/// event, indices gapless from 0 (`in_pk_order`: in `pk` order), each leaf rebuilt from its
+/// event's row, tier 0 the leaf hashes, tier 1 their folds per 256, the root RFC 9162's over
+/// the leaves, and `log_head` the same head. Returns the head and the leaf hashes.
+pub(crate) async fn check_log<S: Store>(s: &S, in_pk_order: bool) -> (LogHead, Vec<Hash>) {
+    let head = sequence_all(s).await;
+    let events = every_event(s).await;
+    assert_eq!(head.size, events.len() as u64, "one leaf per event");
+    let pks: Vec<i64> = events.iter().map(|e| e.pk).collect();
+    let leaves = s.log_leaves(&pks).await.unwrap();
+    assert_eq!(leaves.len(), events.len(), "every event has its leaf");
+    let mut indices: Vec<u64> = leaves.iter().map(|l| l.index).collect();
+    if in_pk_order {
+        assert!(indices.windows(2).all(|w| w[0] < w[1]), "leaves in pk order: {indices:?}");
+    }
+    indices.sort();
+    assert!(indices.iter().copied().eq(0..head.size), "indices gapless from 0");
+    for (e, l) in events.iter().zip(&leaves) {
+        assert_eq!(l.event_pk, e.pk);
+        assert_eq!(
+            (l.user_id.as_str(), l.source.as_str(), l.id.as_str(), l.received_at),
+            (e.user_id.as_str(), e.source.as_str(), e.id.as_str(), e.received_at),
+        );
+        assert_eq!(l.payload_sha256, sha256(e.payload.as_bytes()));
+        assert_eq!(l.hash, leaf_of(e), "leaf {} of event {}", l.index, e.pk);
+    }
+    let hashes = s.log_tier(0, 0, head.size + 10).await.unwrap();
+    let mut by_index = leaves.clone();
+    by_index.sort_by_key(|l| l.index);
+    assert_eq!(hashes, by_index.iter().map(|l| l.hash).collect::<Vec<_>>(), "tier 0");
+    let tier1 = s.log_tier(1, 0, u64::MAX).await.unwrap();
+    assert_eq!(tier1.len() as u64, head.size / 256, "complete tier-1 hashes");
+    for (k, h) in tier1.iter().enumerate() {
+        assert_eq!(*h, fold(&hashes[256 * k..256 * (k + 1)]), "tier 1 hash {k}");
+    }
+    assert_eq!(head.root, root(&hashes), "RFC 9162 root over the leaves");
+    assert_eq!(s.log_head().await.unwrap(), LogHead { appended: 0, ..head });
+    (head, hashes)
+}
+
+/// The review log (docs/evidence.md) agrees on both stores: leaves for every stored event
+/// (gates' included) rebuilt from the rows, receipts' indices where the store sequences at
+/// ingest, duplicates keeping their original's leaf and conflicts getting their own, tiers
+/// past 256 leaves, the event lookup, checkpoints and cosignatures (a key is its first
+/// poster's).
+async fn log_conformance<S: Store>(s: &S, at_ingest: bool, ana: &str, bob: &str) {
+    assert_eq!(s.log_witnessed().await.unwrap(), None);
+    assert_eq!(s.log_checkpoint(None).await.unwrap(), None);
+    let (head, _) = check_log(s, true).await;
+
+    // Receipts: the embedded store answers each created item's index at once.
+    let log_ev = |id: &str| ev(Source::External, id, None, None);
+    let batch: Vec<NewEvent> = (0..3).map(|i| log_ev(&format!("log-{i}"))).collect();
+    let r = s.insert_events(ana, T0, &batch).await.unwrap();
+    let scan: Arc<dyn IngestScan> = Arc::new(NoScan);
+    let r2 = s.ingest(ana, T0, &[log_ev("log-3")], scan).await.unwrap();
+    let got: Vec<Option<u64>> = r.iter().chain(&r2).map(|i| i.leaf_index).collect();
+    if at_ingest {
+        let want: Vec<Option<u64>> = (head.size..head.size + 4).map(Some).collect();
+        assert_eq!(got, want, "indices follow the head, in pk order");
+    } else {
+        assert_eq!(got, [None; 4], "sequenced after commit");
+        let (pk, _, leaf) = s.log_event_leaf(ana, "external", "log-3").await.unwrap().unwrap();
+        assert_eq!((pk, leaf), (r2[0].pk, None), "not sequenced yet");
+    }
+    let (head, _) = check_log(s, true).await;
+
+    // A duplicate keeps its original's leaf (no new one); a conflict gets its own.
+    let dup = s.insert_events(ana, T0, &batch[..1]).await.unwrap();
+    assert!(!dup[0].created);
+    assert_eq!(dup[0].leaf_index, r[0].leaf_index);
+    let changed = NewEvent { payload: r#"{"changed":true}"#.into(), ..batch[0].clone() };
+    let c = s.insert_events(ana, T0, &[changed]).await.unwrap();
+    assert!(c[0].created && c[0].conflict.is_some(), "{c:?}");
+    let (after, _) = check_log(s, true).await;
+    assert_eq!(after.size, head.size + 1, "the duplicate added no leaf, the conflict one");
+    let leaves = s.log_leaves(&[r[0].pk, c[0].pk, -1]).await.unwrap();
+    assert_eq!(leaves.len(), 2, "an event without a leaf is left out");
+    assert_eq!((leaves[0].id.as_str(), leaves[1].id.as_str()), ("log-0", "log-0"));
+    assert_ne!(leaves[0].hash, leaves[1].hash);
+    assert_eq!(leaves[1].index, head.size);
+    if at_ingest {
+        assert_eq!(c[0].leaf_index, Some(head.size));
+    }
+    // The lookup by key names the original, with its leaf.
+    let (pk, received_at, leaf) =
+        s.log_event_leaf(ana, "external", "log-0").await.unwrap().unwrap();
+    assert_eq!((pk, received_at), (r[0].pk, r[0].received_at));
+    assert_eq!(leaf.as_ref(), Some(&leaves[0]));
+    assert_eq!(leaf.map(|l| l.received_at), Some(r[0].received_at));
+    assert!(s.log_event_leaf(bob, "external", "log-0").await.unwrap().is_none());
+    assert!(s.log_event_leaf(ana, "egress", "log-0").await.unwrap().is_none());
+
+    // Past 256 leaves: tier-1 hashes are stored and fold their 256 leaves.
+    for k in 0..3 {
+        let bulk: Vec<NewEvent> = (0..200).map(|i| log_ev(&format!("bulk-{k}-{i}"))).collect();
+        s.insert_events(bob, T0, &bulk).await.unwrap();
+    }
+    let (head, hashes) = check_log(s, true).await;
+    assert!(head.size >= 600 && head.size / 256 >= 2, "{head:?}");
+    assert_eq!(s.log_tier(0, 250, 260).await.unwrap(), hashes[250..260].to_vec());
+    assert!(s.log_tier(0, head.size, head.size + 5).await.unwrap().is_empty());
+    assert!(s.log_tier(0, 7, 7).await.unwrap().is_empty());
+    assert!(s.log_tier(2, 0, 10).await.unwrap().is_empty());
+    assert!(s.log_orphans(ana, 10).await.unwrap().is_empty(), "no event row is gone");
+
+    // Checkpoints: the latest, or the latest of a size.
+    let cp = |size: u64, root: Hash, at: Micros| StoredCheckpoint {
+        size,
+        root,
+        note: format!(
+            "airlock-review/test
+{size}
+{at}
+
+— sig
+"
+        ),
+        signed_at: at,
+    };
+    let small = [7u8; 32];
+    s.log_add_checkpoint(&cp(3, small, 10)).await.unwrap();
+    s.log_add_checkpoint(&cp(3, small, 20)).await.unwrap();
+    s.log_add_checkpoint(&cp(head.size, head.root, 30)).await.unwrap();
+    assert_eq!(s.log_checkpoint(None).await.unwrap(), Some(cp(head.size, head.root, 30)));
+    assert_eq!(s.log_checkpoint(Some(3)).await.unwrap(), Some(cp(3, small, 20)));
+    assert_eq!(s.log_checkpoint(Some(4)).await.unwrap(), None);
+
+    // Cosignatures: distinct keys per tree size; a key is its first poster's.
+    let cosig = |user_id, key, size, root| NewCosignature {
+        user_id,
+        key,
+        size,
+        root,
+        time: 1_765_000_000,
+        line: "— witness AAAA
+",
+        at: T0,
+    };
+    let (k1, k2) = ("ana-laptop+0a0b0c0d+AAAA", "bob-ci+01020304+BBBB");
+    assert_eq!(s.log_add_cosignature(&cosig(ana, k1, head.size, head.root)).await.unwrap(), 1);
+    assert_eq!(s.log_add_cosignature(&cosig(ana, k1, head.size, head.root)).await.unwrap(), 1);
+    assert_eq!(s.log_add_cosignature(&cosig(bob, k2, head.size, head.root)).await.unwrap(), 2);
+    let taken = s.log_add_cosignature(&cosig(bob, k1, 3, small)).await;
+    assert!(matches!(taken, Err(StoreError::Conflict(_))), "key_taken: {taken:?}");
+    assert_eq!(s.log_witnesses(3).await.unwrap(), 0, "the refused cosignature left nothing");
+    assert_eq!(s.log_add_cosignature(&cosig(ana, k1, 3, small)).await.unwrap(), 1);
+    assert_eq!(s.log_witnesses(head.size).await.unwrap(), 2);
+    assert_eq!(s.log_witnesses(4).await.unwrap(), 0);
+    assert_eq!(s.log_witnessed().await.unwrap(), Some((head.size, 2)));
 }
 
 /// Action gates agree on both stores: opening (with its `gate.requested` event, under the
@@ -641,7 +857,7 @@ async fn transcripts_conformance<S: Store>(admin: &S, s: &S, ana: &str, bob: &st
 fn conformance_embedded() {
     let dir = tempfile::tempdir().unwrap();
     let s = SqliteStore::open(dir.path()).unwrap();
-    rt().block_on(conformance(&s, &s));
+    rt().block_on(conformance(&s, &s, true));
     // Insert-only: the triggers refuse UPDATE and DELETE on every table.
     for sql in [
         "UPDATE events SET payload = '{}'",
@@ -651,10 +867,28 @@ fn conformance_embedded() {
         "DELETE FROM token_revocations",
         "UPDATE flag_states SET state = 'open'",
         "DELETE FROM flags",
+        "DELETE FROM log_leaves",
+        "UPDATE log_leaves SET leaf_hash = leaf_hash",
+        "UPDATE log_tiers SET hash = hash",
+        "DELETE FROM log_tiers",
+        "DELETE FROM log_checkpoints",
+        "UPDATE log_cosigners SET user_id = user_id",
+        "DELETE FROM log_cosignatures",
     ] {
         let e = s.execute_raw(sql).unwrap_err().to_string();
         assert!(e.contains("insert-only"), "{sql}: {e}");
     }
+    // An owner who lifts the trigger and deletes an event row leaves its leaf behind: an
+    // orphan of that user, found; the tree itself is unchanged.
+    let (ana, head) = rt().block_on(async {
+        (s.user_by_email("ana@example.test").await.unwrap().unwrap(), s.log_head().await.unwrap())
+    });
+    s.execute_raw("DROP TRIGGER events_no_delete").unwrap();
+    assert_eq!(s.execute_raw("DELETE FROM events WHERE id = 'log-1'").unwrap(), 1);
+    let (orphans, after) =
+        rt().block_on(async { (s.log_orphans(&ana.id, 10).await.unwrap(), s.log_head().await) });
+    assert_eq!(orphans.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(), ["log-1"]);
+    assert_eq!(after.unwrap(), head);
     // Reopening keeps the data (one file under the data dir).
     drop(s);
     assert!(dir.path().join("review.db").exists());
@@ -672,7 +906,7 @@ fn conformance_postgres_as_runtime_role() {
     rt.block_on(async {
         let admin = PgStore::connect(&db.admin_url, 1).await.unwrap();
         let s = PgStore::connect(&db.runtime_url, 2).await.unwrap();
-        conformance(&admin, &s).await;
+        conformance(&admin, &s, false).await;
     });
     // Insert-only, connected as the runtime role: no UPDATE, DELETE or TRUNCATE anywhere.
     for table in postgres::TABLES {
@@ -685,6 +919,21 @@ fn conformance_postgres_as_runtime_role() {
             assert!(e.contains("permission denied") || e.contains("insert-only"), "{sql}: {e}");
         }
     }
+    // An owner who bypasses the triggers and deletes an event row leaves its leaf behind: an
+    // orphan of that user, found.
+    db.owner_sql(
+        "SET session_replication_role = replica; DELETE FROM events WHERE id = 'log-1'; \
+         SET session_replication_role = origin;",
+    )
+    .unwrap();
+    rt.block_on(async {
+        let s = PgStore::connect(&db.runtime_url, 1).await.unwrap();
+        let ana = s.user_by_email("ana@example.test").await.unwrap().unwrap();
+        let orphans = s.log_orphans(&ana.id, 10).await.unwrap();
+        assert_eq!(orphans.iter().map(|l| l.id.as_str()).collect::<Vec<_>>(), ["log-1"]);
+        let bob = s.user_by_email("bob@example.test").await.unwrap().unwrap();
+        assert!(s.log_orphans(&bob.id, 10).await.unwrap().is_empty());
+    });
     // Even the owner is stopped by the triggers.
     let e = db.owner_sql("UPDATE events SET payload = '{}'").unwrap_err();
     assert!(e.contains("insert-only"), "{e}");
@@ -717,6 +966,9 @@ fn col(table: &str) -> &'static str {
         | "console_session_ends" => "hash",
         "auth_log" => "slot",
         "gate_decisions" => "gate_id",
+        "log_leaves" | "log_tiers" => "idx",
+        "log_checkpoints" | "log_cosignatures" => "n",
+        "log_cosigners" => "key",
         _ => "id",
     }
 }
@@ -779,4 +1031,117 @@ fn postgres_partitions_by_received_month() {
     // Every partition maintain made carries its TRUNCATE trigger.
     let e = db.owner_sql("TRUNCATE events_2031_07").unwrap_err();
     assert!(e.contains("insert-only"), "{e}");
+}
+
+async fn pg(url: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+/// The review log's sequencer on PostgreSQL: one instance at a time holds the advisory lock
+/// (the other answers `None`), an event whose transaction commits after a later `pk`'s is
+/// still sequenced, the lock goes with its session (a killed connection: another instance
+/// takes over and the first, reconnected, is refused), and the tree stays one tree throughout.
+#[test]
+fn postgres_log_has_one_sequencer_and_sequences_late_commits() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    rt().block_on(async {
+        let admin = PgStore::connect(&db.admin_url, 1).await.unwrap();
+        let u = admin.add_user("seq@example.test", Role::Member).await.unwrap();
+        let a = PgStore::connect(&db.runtime_url, 1).await.unwrap();
+        let b = PgStore::connect(&db.runtime_url, 1).await.unwrap();
+        let batch: Vec<NewEvent> =
+            (0..5).map(|i| ev(Source::External, &format!("s-{i}"), None, None)).collect();
+        let r = a.insert_events(&u.id, 0, &batch).await.unwrap();
+        assert!(r.iter().all(|i| i.leaf_index.is_none()), "ingest never waits for the log");
+        assert_eq!(a.log_sequence(100).await.unwrap().map(|h| h.appended), Some(5));
+        for _ in 0..3 {
+            assert_eq!(b.log_sequence(100).await.unwrap(), None, "A's session holds the lock");
+        }
+        assert_eq!(a.log_sequence(100).await.unwrap().map(|h| h.appended), Some(0));
+
+        // Two transactions commit out of pk order: the later pk is sequenced first, the
+        // earlier one once it commits.
+        let (c1, c2) = (pg(&db.runtime_url).await, pg(&db.runtime_url).await);
+        let insert = |id: &str| {
+            format!(
+                "INSERT INTO events (pk, user_id, source, id, type, ts, payload)
+                 VALUES (nextval('events_pk_seq'), '{}', 'external', '{id}', 't', 0, '{{}}')",
+                u.id
+            )
+        };
+        c1.batch_execute(&format!("BEGIN; {}", insert("late"))).await.unwrap();
+        c2.batch_execute(&format!("BEGIN; {}; COMMIT", insert("early"))).await.unwrap();
+        assert_eq!(a.log_sequence(100).await.unwrap().map(|h| h.appended), Some(1));
+        c1.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(
+            a.log_sequence(100).await.unwrap().map(|h| h.appended),
+            Some(1),
+            "the earlier pk, committed later, is not skipped"
+        );
+        check_log(&a, false).await;
+        let q = EventQuery { user_id: Some(u.id.clone()), limit: 100, ..Default::default() };
+        let evs = a.query_events(&q).await.unwrap();
+        let pk_of = |id: &str| evs.iter().find(|e| e.id == id).unwrap().pk;
+        let (late, early) = (pk_of("late"), pk_of("early"));
+        assert!(late < early);
+        let l = a.log_leaves(&[late, early]).await.unwrap();
+        assert!(l[0].index > l[1].index, "leaves in commit order: {l:?}");
+
+        // A's sequencer connection dies while it waits for an open transaction's event: the
+        // lock goes with its session, B takes over and its first pass (a sweep below the last
+        // leaf) finds that event once committed, and A, reconnected, is refused.
+        c1.batch_execute(&format!("BEGIN; {}", insert("late-2"))).await.unwrap();
+        c2.batch_execute(&format!("BEGIN; {}; COMMIT", insert("early-2"))).await.unwrap();
+        assert_eq!(a.log_sequence(100).await.unwrap().map(|h| h.appended), Some(1));
+        let killed = db
+            .owner_sql(&format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+                 WHERE locktype = 'advisory' AND granted AND objid = {}
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                postgres::LOG_SEQUENCER_LOCK
+            ))
+            .unwrap();
+        assert_eq!(killed, "1");
+        c1.batch_execute("COMMIT").await.unwrap();
+        let mut took = None;
+        for _ in 0..100 {
+            if let Some(h) = b.log_sequence(100).await.unwrap() {
+                took = Some(h);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(took.map(|h| h.appended), Some(1), "B took over and found late-2");
+        let mut refused = false;
+        for _ in 0..10 {
+            match a.log_sequence(100).await {
+                Ok(None) => {
+                    refused = true;
+                    break;
+                }
+                Ok(Some(h)) => panic!("two sequencers at once: {h:?}"),
+                Err(_) => {} // the dead connection, noticed
+            }
+        }
+        assert!(refused, "A reconnected and was refused");
+        b.insert_events(&u.id, 0, &[ev(Source::External, "after", None, None)]).await.unwrap();
+        let (head, _) = check_log(&b, false).await;
+        assert_eq!(head.size, 10);
+
+        // B's instance goes away: its lock with it.
+        drop(b);
+        let mut back = None;
+        for _ in 0..100 {
+            if let Some(h) = a.log_sequence(100).await.unwrap() {
+                back = Some(h);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(back, Some(head), "A sequences again, the same tree");
+    });
 }

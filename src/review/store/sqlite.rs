@@ -8,8 +8,9 @@
 
 use super::{
     EventPage, EventQuery, FlagAction, FlagAssignment, FlagQuery, GATE_COLS, GATE_FROM, GateCaps,
-    GateRowValues, HourCount, IngestScan, Opened, PersonActivity, PublishedFile,
-    SessionTranscriptItems, Store, StoreError, crash_point, random_id,
+    GateRowValues, HourCount, IngestScan, LogHead, LogLeaf, NewCosignature, Opened, PersonActivity,
+    PublishedFile, SessionTranscriptItems, Store, StoreError, StoredCheckpoint, crash_point,
+    random_id,
 };
 use crate::review::detect::session::SessionScan;
 use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, GateState, NewGate};
@@ -17,6 +18,8 @@ use crate::review::{
     Flag, FlagState, FlagStateRecord, Inserted, Micros, NewEvent, NewFlag, Role, Source,
     StoredEvent, User, dedup, now_micros,
 };
+use crate::tlog::merkle::{Edge, edge_ranges};
+use crate::tlog::{EventLeaf, Hash};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params, params_from_iter, types::Value};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -32,6 +35,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (7, include_str!("../migrations/sqlite_0007.sql")),
     (8, include_str!("../migrations/sqlite_0008.sql")),
     (9, include_str!("../migrations/sqlite_0009.sql")),
+    (10, include_str!("../migrations/sqlite_0010.sql")),
 ];
 
 /// The embedded store. Cloning shares the connection.
@@ -798,7 +802,196 @@ fn append_decision(
         .ok_or_else(|| StoreError::Other(format!("gate {id} vanished while it was decided")))?;
     let event = gates::step_event(&g, g.decision.as_ref());
     insert_event_rows(tx, &g.gate.user_id, now, &[event])?;
+    sequence_stored(tx, 1)?;
     Ok(g)
+}
+
+// --- The review log (docs/evidence.md) ---
+
+/// Events an ingest (or any other transaction that stores events) sequences beyond its own:
+/// the oldest events without a leaf go first, so a store made before the log existed, with
+/// a backlog of them, sequences it in steps this large and `log_sequence` does the rest; until
+/// then a new event answers "pending" instead of an index. It bounds the work one ingest
+/// does inside the write lock.
+const LOG_INGEST_BACKLOG: usize = 4096;
+
+/// The columns of a leaf over `log_leaves l`, in [`RawLeaf`] order.
+const LEAF_COLS: &str =
+    "l.idx, l.event_pk, l.leaf_hash, l.user_id, l.source, l.id, l.received_at, l.payload_sha256";
+
+/// A leaf row as read ([`LEAF_COLS`]), before its checks.
+type RawLeaf = (i64, i64, Vec<u8>, String, String, String, i64, Vec<u8>);
+
+fn raw_leaf(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<RawLeaf> {
+    Ok((
+        r.get(at)?,
+        r.get(at + 1)?,
+        r.get(at + 2)?,
+        r.get(at + 3)?,
+        r.get(at + 4)?,
+        r.get(at + 5)?,
+        r.get(at + 6)?,
+        r.get(at + 7)?,
+    ))
+}
+
+fn leaf_of(raw: RawLeaf) -> Result<LogLeaf, StoreError> {
+    let (index, event_pk, hash, user_id, source, id, received_at, payload_sha256) = raw;
+    Ok(LogLeaf {
+        index: log_u64(index, "a leaf index")?,
+        event_pk,
+        hash: log_hash(hash, "a leaf hash")?,
+        user_id,
+        source,
+        id,
+        received_at,
+        payload_sha256: log_hash(payload_sha256, "a payload hash")?,
+    })
+}
+
+fn log_hash(bytes: Vec<u8>, what: &str) -> Result<Hash, StoreError> {
+    bytes.try_into().map_err(|b: Vec<u8>| {
+        StoreError::Other(format!("review log: {what} has {} bytes, not 32", b.len()))
+    })
+}
+
+fn log_u64(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {what} is negative: {v}")))
+}
+
+fn log_i64(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {v} is out of range")))
+}
+
+/// The tree's size: one past the last leaf index (indices are gapless; a hole an edit left
+/// makes the edge or a tier read fail, never a smaller tree).
+fn log_size(c: &Connection) -> Result<u64, StoreError> {
+    let n: i64 =
+        c.query_row("SELECT coalesce(max(idx) + 1, 0) FROM log_leaves", [], |r| r.get(0))?;
+    log_u64(n, "the tree size")
+}
+
+/// Stored hashes `[start, end)` of tier `level` (0: the leaf hashes), fewer when the tree
+/// holds fewer; a hash missing before the last one read is an error (a damaged tree).
+fn tier_rows(c: &Connection, level: u8, start: u64, end: u64) -> Result<Vec<Hash>, StoreError> {
+    if end <= start {
+        return Ok(Vec::new());
+    }
+    let (s, e) = (log_i64(start)?, i64::try_from(end).unwrap_or(i64::MAX));
+    let read = |r: &rusqlite::Row<'_>| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?));
+    let rows: Vec<(i64, Vec<u8>)> = if level == 0 {
+        c.prepare_cached(
+            "SELECT idx, leaf_hash FROM log_leaves WHERE idx >= ?1 AND idx < ?2 ORDER BY idx",
+        )?
+        .query_map(params![s, e], read)?
+        .collect::<Result<_, _>>()?
+    } else {
+        c.prepare_cached(
+            "SELECT idx, hash FROM log_tiers WHERE level = ?3 AND idx >= ?1 AND idx < ?2 \
+             ORDER BY idx",
+        )?
+        .query_map(params![s, e, level], read)?
+        .collect::<Result<_, _>>()?
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for (k, (idx, hash)) in rows.into_iter().enumerate() {
+        let want = start + k as u64;
+        if u64::try_from(idx).ok() != Some(want) {
+            return Err(StoreError::Other(format!(
+                "review log: tier {level} has no hash at index {want} (the stored tree is damaged)"
+            )));
+        }
+        out.push(log_hash(hash, "a tier hash")?);
+    }
+    Ok(out)
+}
+
+/// The stored tree's right edge.
+fn load_edge(c: &Connection) -> Result<Edge, StoreError> {
+    let size = log_size(c)?;
+    let mut tiers = Vec::new();
+    for (level, start, end) in edge_ranges(size) {
+        tiers.push(tier_rows(c, level, start, end)?);
+    }
+    Edge::load(size, tiers).map_err(|e| StoreError::Other(format!("review log: {e}")))
+}
+
+/// Appends a leaf for up to `max` stored events that have none, oldest `pk` first, with the
+/// tier hashes they complete, on `tx` (the caller commits). Returns the new head and the
+/// `(pk, index)` of each leaf appended.
+///
+/// The events picked are those without a leaf row (an anti-join) above the highest `pk` that
+/// has one. In this store that bound loses nothing, and it keeps the anti-join an index range
+/// instead of a walk over every event on each ingest: one connection writes at a time and
+/// `pk`s only grow (AUTOINCREMENT), so events commit in `pk` order, and every pass takes the
+/// oldest first, so leaves are in `pk` order too. An event below the last leaf's `pk` without
+/// a leaf can only have been planted by hand (and is not given one). PostgreSQL, where commit
+/// order is not `pk` order, cannot use the bound (postgres.rs, `SeqScan`).
+fn sequence(tx: &Connection, max: usize) -> Result<(LogHead, Vec<(i64, u64)>), StoreError> {
+    let mut edge = load_edge(tx)?;
+    let floor: Option<i64> =
+        tx.query_row("SELECT max(event_pk) FROM log_leaves", [], |r| r.get(0))?;
+    let limit = i64::try_from(max).unwrap_or(i64::MAX);
+    // The payload's hash is taken in SQL (`airlock_sha256`, the dedup key's hash of the
+    // stored text), so a batch of large payloads is never held in memory at once.
+    let rows: Vec<(i64, String, String, String, i64, Vec<u8>)> = tx
+        .prepare_cached(
+            "SELECT e.pk, e.user_id, e.source, e.id, e.received_at, airlock_sha256(e.payload)
+             FROM events e
+             WHERE e.pk > ?1 AND NOT EXISTS (SELECT 1 FROM log_leaves l WHERE l.event_pk = e.pk)
+             ORDER BY e.pk LIMIT ?2",
+        )?
+        .query_map(params![floor.unwrap_or(i64::MIN), limit], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut leaf_row = tx.prepare_cached(
+        "INSERT INTO log_leaves(idx, event_pk, user_id, source, id, received_at, payload_sha256,
+                                leaf_hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    let mut tier_row =
+        tx.prepare_cached("INSERT INTO log_tiers(level, idx, hash) VALUES (?1, ?2, ?3)")?;
+    let mut appended = Vec::with_capacity(rows.len());
+    for (pk, user_id, source, id, received_at, sha) in rows {
+        let payload_sha256 = log_hash(sha, "a payload hash")?;
+        let leaf =
+            EventLeaf { user_id: &user_id, source: &source, id: &id, received_at, payload_sha256 }
+                .hash();
+        let index = edge.size();
+        leaf_row.execute(params![
+            log_i64(index)?,
+            pk,
+            user_id,
+            source,
+            id,
+            received_at,
+            payload_sha256.as_slice(),
+            leaf.as_slice()
+        ])?;
+        for t in edge.append(leaf) {
+            tier_row.execute(params![t.level, log_i64(t.index)?, t.hash.as_slice()])?;
+        }
+        appended.push((pk, index));
+    }
+    let head = LogHead { size: edge.size(), root: edge.root(), appended: appended.len() as u64 };
+    Ok((head, appended))
+}
+
+/// Sequences on `tx` after events were stored there (`count` of them, plus up to
+/// [`LOG_INGEST_BACKLOG`] older ones), so they commit with their leaves.
+fn sequence_stored(tx: &Connection, count: usize) -> Result<(), StoreError> {
+    sequence(tx, count.saturating_add(LOG_INGEST_BACKLOG)).map(|_| ())
+}
+
+/// Sets each result's leaf index (a duplicate's: its original's), read on `tx`.
+fn with_leaf_indices(tx: &Connection, inserted: &mut [Inserted]) -> Result<(), StoreError> {
+    let mut q = tx.prepare_cached("SELECT idx FROM log_leaves WHERE event_pk = ?1")?;
+    for i in inserted.iter_mut() {
+        let idx: Option<i64> = q.query_row([i.pk], |r| r.get(0)).optional()?;
+        i.leaf_index = idx.map(|v| log_u64(v, "a leaf index")).transpose()?;
+    }
+    Ok(())
 }
 
 fn load_flag(conn: &Connection, id: &str) -> Result<Option<(i64, Flag)>, StoreError> {
@@ -1026,7 +1219,11 @@ impl Store for SqliteStore {
         self.with(move |c| {
             // Immediate: see `ingest`.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let out = insert_event_rows(&tx, &user_id, received_at, &events)?;
+            let mut out = insert_event_rows(&tx, &user_id, received_at, &events)?;
+            // The events commit with their leaves (docs/evidence.md: the embedded store
+            // sequences in the ingest's transaction).
+            sequence_stored(&tx, out.len())?;
+            with_leaf_indices(&tx, &mut out)?;
             tx.commit()?;
             Ok(out)
         })
@@ -1048,7 +1245,9 @@ impl Store for SqliteStore {
             // upgrades, and SQLite answers that upgrade SQLITE_BUSY at once, without waiting:
             // a short write by `airlockd admin` made ingest a 503.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let inserted = insert_event_rows(&tx, &user_id, received_at, &events)?;
+            let mut inserted = insert_event_rows(&tx, &user_id, received_at, &events)?;
+            sequence_stored(&tx, inserted.len())?;
+            with_leaf_indices(&tx, &mut inserted)?;
             crash_point("after-events");
             let mut flags = scan.batch_flags(&inserted);
             for session in scan.ended_sessions(&inserted) {
@@ -1397,6 +1596,7 @@ impl Store for SqliteStore {
             let g = load_gate(&tx, &gate.id)?
                 .ok_or_else(|| StoreError::Other(format!("gate {} vanished", gate.id)))?;
             insert_event_rows(&tx, &gate.user_id, now, &[gates::step_event(&g, None)])?;
+            sequence_stored(&tx, 1)?;
             tx.commit()?;
             Ok(Opened::Gate(Box::new(g)))
         })
@@ -1483,6 +1683,204 @@ impl Store for SqliteStore {
             }
             tx.commit()?;
             Ok(out)
+        })
+        .await
+    }
+
+    async fn log_sequence(&self, max: usize) -> Result<Option<LogHead>, StoreError> {
+        // One process owns the file and one connection writes: no lock to take.
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let (head, _) = sequence(&tx, max)?;
+            tx.commit()?;
+            Ok(Some(head))
+        })
+        .await
+    }
+
+    async fn log_head(&self) -> Result<LogHead, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let edge = load_edge(&tx)?;
+            Ok(LogHead { size: edge.size(), root: edge.root(), appended: 0 })
+        })
+        .await
+    }
+
+    async fn log_tier(&self, level: u8, start: u64, end: u64) -> Result<Vec<Hash>, StoreError> {
+        self.with(move |c| tier_rows(c, level, start, end)).await
+    }
+
+    async fn log_leaves(&self, pks: &[i64]) -> Result<Vec<LogLeaf>, StoreError> {
+        let pks = pks.to_vec();
+        self.with(move |c| {
+            let mut by_pk = std::collections::HashMap::new();
+            // In chunks: SQLite bounds the number of parameters of a statement.
+            for chunk in pks.chunks(500) {
+                let marks = vec!["?"; chunk.len()].join(",");
+                let mut stmt = c.prepare_cached(&format!(
+                    "SELECT {LEAF_COLS} FROM log_leaves l WHERE l.event_pk IN ({marks})"
+                ))?;
+                let rows: Vec<RawLeaf> = stmt
+                    .query_map(params_from_iter(chunk.iter()), |r| raw_leaf(r, 0))?
+                    .collect::<Result<_, _>>()?;
+                for raw in rows {
+                    let leaf = leaf_of(raw)?;
+                    by_pk.insert(leaf.event_pk, leaf);
+                }
+            }
+            Ok(pks.iter().filter_map(|pk| by_pk.get(pk).cloned()).collect())
+        })
+        .await
+    }
+
+    async fn log_event_leaf(
+        &self,
+        user_id: &str,
+        source: &str,
+        id: &str,
+    ) -> Result<Option<(i64, Micros, Option<LogLeaf>)>, StoreError> {
+        let (user_id, source, id) = (user_id.to_string(), source.to_string(), id.to_string());
+        self.with(move |c| {
+            // The key names the original (a conflict has its own row, never the key).
+            let row = c
+                .prepare_cached(&format!(
+                    "SELECT k.pk, k.received_at, l.idx IS NOT NULL, {LEAF_COLS}
+                     FROM event_keys k LEFT JOIN log_leaves l ON l.event_pk = k.pk
+                     WHERE k.user_id = ?1 AND k.source = ?2 AND k.id = ?3"
+                ))?
+                .query_row(params![user_id, source, id], |r| {
+                    let raw = if r.get::<_, bool>(2)? { Some(raw_leaf(r, 3)?) } else { None };
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, raw))
+                })
+                .optional()?;
+            let Some((pk, received_at, raw)) = row else { return Ok(None) };
+            let leaf = raw.map(leaf_of).transpose()?;
+            Ok(Some((pk, received_at, leaf)))
+        })
+        .await
+    }
+
+    async fn log_orphans(&self, user_id: &str, limit: u32) -> Result<Vec<LogLeaf>, StoreError> {
+        let user_id = user_id.to_string();
+        self.with(move |c| {
+            let rows: Vec<RawLeaf> = c
+                .prepare_cached(&format!(
+                    "SELECT {LEAF_COLS} FROM log_leaves l WHERE l.user_id = ?1
+                       AND NOT EXISTS (SELECT 1 FROM events e WHERE e.pk = l.event_pk)
+                     ORDER BY l.idx LIMIT ?2"
+                ))?
+                .query_map(params![user_id, limit], |r| raw_leaf(r, 0))?
+                .collect::<Result<_, _>>()?;
+            rows.into_iter().map(leaf_of).collect()
+        })
+        .await
+    }
+
+    async fn log_add_checkpoint(&self, cp: &StoredCheckpoint) -> Result<(), StoreError> {
+        let cp = cp.clone();
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO log_checkpoints(size, root, note, signed_at) VALUES (?1, ?2, ?3, ?4)",
+                params![log_i64(cp.size)?, cp.root.as_slice(), cp.note, cp.signed_at],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn log_checkpoint(
+        &self,
+        size: Option<u64>,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.with(move |c| {
+            let size = size.map(log_i64).transpose()?;
+            let row: Option<(i64, Vec<u8>, String, i64)> = c
+                .prepare_cached(
+                    "SELECT size, root, note, signed_at FROM log_checkpoints
+                     WHERE ?1 IS NULL OR size = ?1 ORDER BY n DESC LIMIT 1",
+                )?
+                .query_row(params![size], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+                .optional()?;
+            row.map(|(size, root, note, signed_at)| {
+                Ok(StoredCheckpoint {
+                    size: log_u64(size, "a checkpoint's size")?,
+                    root: log_hash(root, "a checkpoint's root")?,
+                    note,
+                    signed_at,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    async fn log_add_cosignature(&self, cs: &NewCosignature<'_>) -> Result<u64, StoreError> {
+        let (user_id, key, line) =
+            (cs.user_id.to_string(), cs.key.to_string(), cs.line.to_string());
+        let (size, root, at) = (cs.size, cs.root, cs.at);
+        let time = i64::try_from(cs.time).map_err(|_| {
+            StoreError::Invalid(format!("cosignature time {} is out of range", cs.time))
+        })?;
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            // A key belongs to the first user who posts it.
+            tx.execute(
+                "INSERT INTO log_cosigners(key, user_id) VALUES (?1, ?2) ON CONFLICT(key) DO NOTHING",
+                params![key, user_id],
+            )?;
+            let owner: String =
+                tx.query_row("SELECT user_id FROM log_cosigners WHERE key = ?1", [&key], |r| {
+                    r.get(0)
+                })?;
+            if owner != user_id {
+                return Err(StoreError::Conflict(
+                    "this cosigner key is tied to another user (a key belongs to the first user \
+                     who posts it)"
+                        .into(),
+                ));
+            }
+            // The same key cosigning the same head again adds nothing (one row per head).
+            tx.execute(
+                "INSERT INTO log_cosignatures(key, user_id, size, root, time, line, at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(key, size, root) DO NOTHING",
+                params![key, user_id, log_i64(size)?, root.as_slice(), time, line, at],
+            )?;
+            let n: i64 = tx.query_row(
+                "SELECT count(DISTINCT key) FROM log_cosignatures WHERE size = ?1",
+                [log_i64(size)?],
+                |r| r.get(0),
+            )?;
+            tx.commit()?;
+            log_u64(n, "a witness count")
+        })
+        .await
+    }
+
+    async fn log_witnesses(&self, size: u64) -> Result<u64, StoreError> {
+        self.with(move |c| {
+            let n: i64 = c.query_row(
+                "SELECT count(DISTINCT key) FROM log_cosignatures WHERE size = ?1",
+                [log_i64(size)?],
+                |r| r.get(0),
+            )?;
+            log_u64(n, "a witness count")
+        })
+        .await
+    }
+
+    async fn log_witnessed(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        self.with(|c| {
+            let row: Option<(i64, i64)> = c
+                .query_row(
+                    "SELECT size, count(DISTINCT key) FROM log_cosignatures
+                     WHERE size = (SELECT max(size) FROM log_cosignatures) GROUP BY size",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            row.map(|(size, n)| Ok((log_u64(size, "a tree size")?, log_u64(n, "a witness count")?)))
+                .transpose()
         })
         .await
     }
@@ -1914,6 +2312,77 @@ mod tests {
         ] {
             assert!(c.execute(bad, []).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn migration_10_leaves_the_backlog_to_the_sequencer_oldest_first() {
+        // A store as the previous release left it (every migration before 10), with events.
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.pragma_update(None, "foreign_keys", "ON").unwrap();
+        let before: Vec<_> = MIGRATIONS.iter().copied().filter(|(v, _)| *v < 10).collect();
+        migrate_with(&mut conn, &before).unwrap();
+        conn.execute_batch(
+            r#"INSERT INTO events(user_id, source, id, type, ts, received_at, payload) VALUES
+                 ('u', 'external', 'old-1', 't', 1, 5000001, '{}'),
+                 ('u', 'external', 'old-2', 't', 1, 5000002, '{"a":1}'),
+                 ('v', 'egress', 'old-3', 't', 1, 5000003, '{"b":2}');"#,
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let count = |c: &Connection| -> i64 {
+            c.query_row("SELECT count(*) FROM log_leaves", [], |r| r.get(0)).unwrap()
+        };
+        assert_eq!(count(&conn), 0, "the migration computes no hashes");
+        let s = SqliteStore { conn: Arc::new(Mutex::new(conn)), path: PathBuf::new() };
+        let rt = rt();
+        let head = rt.block_on(s.log_sequence(2)).unwrap().unwrap();
+        assert_eq!((head.size, head.appended), (2, 2), "oldest first, `max` at a time");
+        // An ingest sequences the rest of the backlog before its own event.
+        let ins = rt.block_on(s.insert_events("u", 9_000_000, &[event("new")])).unwrap();
+        assert_eq!(ins[0].leaf_index, Some(3));
+        let leaves = rt.block_on(s.log_leaves(&[ins[0].pk, 1, 2, 3])).unwrap();
+        assert_eq!(leaves.iter().map(|l| l.index).collect::<Vec<_>>(), [3, 0, 1, 2]);
+        let old1 = crate::tlog::EventLeaf {
+            user_id: "u",
+            source: "external",
+            id: "old-1",
+            received_at: 5_000_001,
+            payload_sha256: crate::tlog::sha256(b"{}"),
+        };
+        assert_eq!(leaves[1].hash, old1.hash());
+        assert_eq!(leaves[3].payload_sha256, crate::tlog::sha256(br#"{"b":2}"#));
+        let head = rt.block_on(s.log_head()).unwrap();
+        let hashes = rt.block_on(s.log_tier(0, 0, 10)).unwrap();
+        assert_eq!((head.size, head.root), (4, crate::tlog::merkle::root(&hashes)));
+        assert_eq!(rt.block_on(s.log_sequence(10)).unwrap().unwrap().appended, 0);
+        // A gate's events get their leaves in the gate's own transaction too.
+        let gate = crate::review::gates::NewGate {
+            id: "g1".into(),
+            user_id: "u".into(),
+            kind: crate::review::gates::GateKind::External,
+            session: None,
+            repo: None,
+            method: None,
+            host: None,
+            port: None,
+            request: None,
+            action: "a".into(),
+            digest: "d".into(),
+            severity: crate::gate::Severity::Low,
+            rule: None,
+            layer: None,
+            policy: None,
+            local_id: None,
+            context: None,
+            self_approve: false,
+            timeout_ms: 60_000,
+        };
+        s.execute_raw("INSERT INTO users(id, email, created_at) VALUES ('u', 'u@example.test', 1)")
+            .unwrap();
+        let caps = GateCaps { per_session: 5, per_user: 5 };
+        assert!(matches!(rt.block_on(s.open_gate(&gate, caps)).unwrap(), Opened::Gate(_)));
+        assert_eq!(rt.block_on(s.log_head()).unwrap().size, 5);
+        assert_eq!(count(&s.conn.blocking_lock()), 5);
     }
 
     #[test]
