@@ -42,7 +42,8 @@ pub struct VerifyArgs {
     /// Check the local audit files: seq gaps and each session's signed audit_root
     #[arg(long, conflicts_with_all = ["export", "checkpoint", "key"])]
     pub local: bool,
-    /// With --local: the repo whose audit files to check (default: the current one)
+    /// With --local: only the log directory of this checkout (or a log directory itself);
+    /// default: every log directory under ~/.airlock/logs
     #[arg(long, value_name = "DIR", requires = "local")]
     pub repo: Option<PathBuf>,
     /// The log's verifier key, in a file (`<name>+<id>+<base64>`); default: the key pinned
@@ -65,7 +66,7 @@ pub fn run(args: &VerifyArgs, ctx: &Context<'_>) -> i32 {
     if args.local {
         let repo =
             args.repo.as_ref().map(|d| if d.is_absolute() { d.clone() } else { ctx.cwd.join(d) });
-        return verify_local_stub(&paths, repo.as_deref(), args.json);
+        return super::verify_local::run(&paths, repo.as_deref(), args.json);
     }
     let key = match log_key(&paths, args.key.as_deref(), &ctx.cwd) {
         Ok(k) => k,
@@ -393,11 +394,4 @@ impl evidence::LogApi for NoNetwork {
     ) -> Result<evidence::Answer, evidence::ApiError> {
         Err(evidence::ApiError::Transient("no server is asked for a same-size comparison".into()))
     }
-}
-
-// STUB (temporary, until src/cli/verify_local.rs lands): replaced by
-// `super::verify_local::run(&paths, repo, json)`.
-fn verify_local_stub(_paths: &Paths, _repo: Option<&Path>, _json: bool) -> i32 {
-    eprintln!("airlock verify: --local is not available in this build yet");
-    CANNOT_CHECK
 }
