@@ -93,18 +93,27 @@ impl LogHub {
         let Some(signer) = &self.signer else { return Ok(None) };
         let _one = self.signing.lock().await;
         let now = now_micros();
+        let mut time = now.div_euclid(1_000_000);
         if let Some(latest) = store.log_checkpoint(None).await? {
+            // A head signed under another key (the server restarted with a new --log-key)
+            // is re-signed at once: clients that pinned this key cannot use it.
+            let opened = crate::tlog::note::open_checkpoint(&latest.note, &signer.verifier()).ok();
             let fresh = now - latest.signed_at < RESIGN_EVERY.as_micros() as Micros;
-            if latest.size > head.size || (latest.size == head.size && fresh) {
-                self.publish(&latest);
-                return Ok(Some(latest));
+            if let Some((c, _)) = &opened {
+                if latest.size > head.size || (latest.size == head.size && fresh) {
+                    self.publish(&latest);
+                    return Ok(Some(latest));
+                }
+                // Clients refuse a head older than one they hold: never let `time` go back,
+                // even when the signer's clock does (another instance took the lock).
+                time = time.max(c.time().map_or(0, |t| t as i64));
             }
         }
         let cp = Checkpoint {
             origin: signer.name().to_string(),
             size: head.size,
             root: head.root,
-            extensions: vec![format!("time {}", now.div_euclid(1_000_000))],
+            extensions: vec![format!("time {time}")],
         };
         let note = signer
             .sign_note(&cp.body())
@@ -372,14 +381,17 @@ async fn tree_size<S: Store>(st: &AppState<S>) -> Result<u64, Resp> {
 }
 
 async fn get_checkpoint<S: Store>(st: &AppState<S>) -> Resp {
-    if st.log.verifier().is_none() {
-        return no_key();
-    }
+    let Some(key) = st.log.verifier() else { return no_key() };
     let cp = match st.store.log_checkpoint(None).await {
         Ok(Some(cp)) => cp,
         Ok(None) => return not_ready(),
         Err(e) => return store_error(e),
     };
+    // Signed under an earlier key (the server was restarted with a new one): the sequencer
+    // re-signs it within a second; until then there is no head a client of this key can use.
+    if crate::tlog::note::open_checkpoint(&cp.note, &key).is_err() {
+        return not_ready();
+    }
     let witnesses = match st.store.log_witnesses(cp.size).await {
         Ok(n) => n,
         Err(e) => return store_error(e),

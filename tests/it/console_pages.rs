@@ -1010,7 +1010,10 @@ fn access_and_export_suite(world: &World, store: &StoreSel) {
         "{}",
         r.headers
     );
-    let lines: Vec<Value> = r.body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut lines: Vec<Value> = r.body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // The last line closes the export (docs/evidence.md "Exports"), counting its events.
+    let end = lines.pop().unwrap();
+    assert_eq!(end["end"]["events"], json!(lines.len() - 1), "{end}");
     assert_eq!(lines[0]["export"]["via"], "console", "{}", lines[0]);
     assert_eq!(lines[0]["export"]["query"]["user"], json!(p.ana.id), "{}", lines[0]);
     assert_eq!(lines[0]["export"]["by"], json!(p.rev.id), "{}", lines[0]);
@@ -1027,7 +1030,9 @@ fn access_and_export_suite(world: &World, store: &StoreSel) {
         .body
         .lines()
         .skip(1)
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l.get("end").is_none())
+        .map(|l| l["id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(ids, vec!["x-1".to_string(), "x-2".to_string()], "{}", r.body);
 

@@ -77,7 +77,10 @@ fn checkpoint_covering(
 fn log_suite(world: &World, store: &StoreSel, extra: &[&str]) {
     let ana = user_with_token(world, store, "ana@example.test", "member");
     let bob = user_with_token(world, store, "bob@example.test", "member");
-    let server = Server::start(world, store, extra);
+    // One leaf lookup per event below: more requests than the default per-token rate.
+    let mut args = vec!["--rate-limit-per-token", "100000", "--rate-limit-burst", "100000"];
+    args.extend_from_slice(extra);
+    let server = Server::start(world, store, &args);
     let base = &server.base;
 
     let r = get(base, &ana, "/api/v1/log/key", &[]);
@@ -268,7 +271,37 @@ fn review_log_serves_verifiable_heads_proofs_and_tiles_postgres() {
         .expect_code(1);
     let key_arg = key.display().to_string();
     assert!(printed.name.starts_with("airlock-review/"), "{printed}");
-    log_suite(&world, &StoreSel::Pg(db.runtime_url.clone()), &["--log-key", &key_arg]);
+    let store = StoreSel::Pg(db.runtime_url.clone());
+    log_suite(&world, &store, &["--log-key", &key_arg]);
+
+    // A server restarted with a new key re-signs the head at once under it (clients that
+    // pin the new key must not be served a head they cannot open), and `time` never goes
+    // back.
+    let old = get_checkpoint_note(&world, &store, &["--log-key", &key_arg]);
+    let key2 = world.tmp.path().join("log2.key");
+    let out = world
+        .airlockd(world.tmp.path())
+        .args(["review", "log-key", "init", "--name", "airlock-review/second", "--out"])
+        .args([&key2])
+        .run()
+        .expect_code(0);
+    let second = NoteVerifier::parse(out.stdout().trim()).unwrap();
+    let key2_arg = key2.display().to_string();
+    let server = Server::start(&world, &store, &["--log-key", &key2_arg]);
+    let ana = token_for(&world, &store, "ana@example.test");
+    let (cp, _) = checkpoint_covering(&server.base, &ana, &second, 0);
+    let (before, _) = open_checkpoint(&old, &printed).unwrap();
+    assert_eq!((cp.size, cp.root), (before.size, before.root), "the same tree, re-signed");
+    assert!(cp.time() >= before.time(), "{:?} < {:?}", cp.time(), before.time());
+}
+
+/// The latest signed note of a server started on `store` with `extra`.
+fn get_checkpoint_note(world: &World, store: &StoreSel, extra: &[&str]) -> String {
+    let server = Server::start(world, store, extra);
+    let ana = token_for(world, store, "ana@example.test");
+    let r = get(&server.base, &ana, "/api/v1/log/checkpoint", &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["checkpoint"].as_str().unwrap().to_string()
 }
 
 #[test]

@@ -724,12 +724,20 @@ pub async fn export<S: Store>(
     );
     st.store.insert_events(&who.user.id, now, &[ev]).await.map_err(store_page)?;
     let q = ask.store_query(&target.id);
+    // A JSONL export carries the review log's proofs like the API's, so `airlock verify`
+    // checks it the same way (docs/evidence.md).
+    let (log_header, log) = match format {
+        export::Format::Jsonl => {
+            crate::review::log::export_part(&st, &q).await.map_err(store_page)?
+        }
+        export::Format::Csv => (Value::Null, None),
+    };
     let header = match format {
         export::Format::Csv => export::csv_header(),
         export::Format::Jsonl => {
             let mut h = serde_json::to_vec(&json!({"export": {
                 "query": query, "exported_at": format_micros(now), "by": who.user.id,
-                "format": 1, "via": "console",
+                "format": 1, "via": "console", "log": log_header,
             }}))
             .unwrap_or_default();
             h.push(b'\n');
@@ -744,7 +752,7 @@ pub async fn export<S: Store>(
         false,
         header,
         slot,
-        None,
+        log.map(|l| (l, (|s: &AppState<S>| &s.log) as export::HubOf<AppState<S>>)),
     );
     let (content_type, ext) = match format {
         export::Format::Csv => ("text/csv; charset=utf-8", "csv"),
