@@ -340,3 +340,54 @@ fn an_owner_who_edits_or_deletes_an_event_row_is_caught_by_publish_and_verify() 
     assert!(run.stderr().contains("egress/e4"), "{}", out(&run));
     assert!(run.stderr().contains("is in the log but not in the store"), "{}", out(&run));
 }
+
+#[test]
+fn an_owner_who_rolls_the_log_back_is_caught_as_truncation_and_a_replayed_head() {
+    let Some(db) = PgDb::create() else { return };
+    let world = World::new();
+    db.migrate(&world);
+    let key = world.tmp.path().join("log.key");
+    world
+        .airlockd(world.tmp.path())
+        .args(["review", "log-key", "init", "--out"])
+        .args([&key])
+        .run()
+        .expect_code(0);
+    let key_s = key.to_str().unwrap().to_string();
+    let dev = Dev::new(world, StoreSel::Pg(db.runtime_url.clone()), &["--log-key", &key_s]);
+    dev.login(&[]).expect_code(0);
+    dev.audit(&["e1", "e2", "e3"]);
+    dev.publish_ok();
+    let three = dev.covered(3)["checkpoint"].as_str().unwrap().to_string();
+    dev.audit(&["e4", "e5"]);
+    dev.publish_ok();
+    dev.covered(5);
+    dev.publish_ok();
+    let held = dev.held().unwrap();
+    assert!(held.contains("\n5\n"), "the client verified the tree of 5: {held}");
+
+    // The owner rolls the log back to the head of 3: the two newest events, their leaves and
+    // every later head are deleted with the triggers off. The server now serves the old head
+    // of 3, signed with its own key and still perfectly valid on its own.
+    db.owner_sql(
+        "SET session_replication_role = replica; \
+         DELETE FROM events WHERE id IN ('e4', 'e5'); \
+         DELETE FROM log_leaves WHERE idx >= 3; \
+         DELETE FROM log_checkpoints WHERE size > 3",
+    )
+    .unwrap();
+    let served = dev.api("/api/v1/log/checkpoint");
+    assert_eq!(served["tree_size"], 3, "{served}");
+    let run = dev.publish();
+    assert_eq!(run.code(), 125, "{}", out(&run));
+    assert!(run.stderr().contains("THE REVIEW SERVER'S LOG IS INCONSISTENT"), "{}", out(&run));
+    assert!(run.stderr().contains("smaller"), "{}", out(&run));
+    assert_eq!(dev.held().unwrap(), held, "the held checkpoint is not moved back");
+
+    // A colleague who only ever saw the old head compares it with ours: it is an earlier
+    // head of the same log, which the server can no longer prove consistent with ours.
+    let file = dev.world.tmp.path().join("colleague.note");
+    std::fs::write(&file, &three).unwrap();
+    let run = dev.verify(&["--checkpoint", file.to_str().unwrap()]);
+    assert_ne!(run.code(), 0, "{}", out(&run));
+}
