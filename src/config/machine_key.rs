@@ -33,6 +33,17 @@ pub fn path(paths: &Paths) -> PathBuf {
     paths.keys_dir().join(FILE)
 }
 
+/// This host's name reduced to what a signed-note key name may hold (ASCII letters, digits,
+/// `.`, `-`, `_`; at most 64), empty when it has none: the readable part of key names.
+pub fn host_label() -> String {
+    let host =
+        nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+    host.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+        .take(64)
+        .collect()
+}
+
 /// The machine key if it exists.
 pub fn load(paths: &Paths) -> Result<Option<NoteSigner>, MachineKeyError> {
     let path = path(paths);
@@ -49,13 +60,7 @@ pub fn load(paths: &Paths) -> Result<Option<NoteSigner>, MachineKeyError> {
 /// reduced to characters a key name may hold, the random part keeping two machines of the
 /// same name apart.
 fn new_name() -> String {
-    let host =
-        nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
-    let host: String = host
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        .take(64)
-        .collect();
+    let host = host_label();
     let mut rnd = [0u8; 4];
     // A failed draw leaves zeros: the name only needs to be distinct in practice; the key id
     // (from the public key) is what verifiers match on.

@@ -64,7 +64,11 @@ impl Default for GateHub {
 }
 
 /// An error answer with a machine-readable `reason` (also in `X-Airlock-Reason`).
-fn refusal(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Resp {
+pub(crate) fn refusal(
+    status: StatusCode,
+    reason: &'static str,
+    message: impl Into<String>,
+) -> Resp {
     let mut r = super::server::json_resp(
         status,
         &json!({"error": message.into(), "code": status.as_u16(), "reason": reason}),

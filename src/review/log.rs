@@ -7,6 +7,7 @@
 // Handlers return the error *response* itself as `Err`, as in server.rs.
 #![allow(clippy::result_large_err)]
 
+use super::gate_api::refusal;
 use super::server::{AppState, Resp, error, json_resp, query_params, store_error};
 use super::store::{LogHead, NewCosignature, Store, StoreError, StoredCheckpoint};
 use super::{Micros, User, format_micros, now_micros};
@@ -280,16 +281,6 @@ pub async fn sequencer_loop<S: Store>(st: Arc<AppState<S>>) {
             _ = tokio::time::sleep(SEQUENCER_TICK) => {}
         }
     }
-}
-
-/// An error answer with a machine-readable `reason` (also in `X-Airlock-Reason`).
-fn refusal(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Resp {
-    let mut r = json_resp(
-        status,
-        &json!({"error": message.into(), "code": status.as_u16(), "reason": reason}),
-    );
-    r.headers_mut().insert("x-airlock-reason", HeaderValue::from_static(reason));
-    r
 }
 
 fn no_key() -> Resp {

@@ -448,12 +448,7 @@ pub const LOG_KEY_FILE: &str = "log.key";
 
 /// The default log name: `airlock-review/<host name>` (characters a key name may hold).
 fn default_log_name() -> String {
-    let host =
-        nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
-    let host: String = host
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-        .collect();
+    let host = crate::config::machine_key::host_label();
     format!("airlock-review/{}", if host.is_empty() { "localhost" } else { &host })
 }
 
