@@ -342,7 +342,7 @@ pub async fn route<S: Store>(st: &AppState<S>, user: &User, req: Request<Incomin
             Some(v) => json_resp(StatusCode::OK, &json!({"key": v.to_string(), "origin": v.name})),
             None => no_key(),
         },
-        (http::Method::GET, "checkpoint") => get_checkpoint(st).await,
+        (http::Method::GET, "checkpoint") => get_checkpoint(st, &req).await,
         (http::Method::GET, "proof/inclusion") => get_inclusion(st, &req).await,
         (http::Method::GET, "proof/consistency") => get_consistency(st, &req).await,
         (http::Method::GET, "leaf") => get_leaf(st, user, &req).await,
@@ -371,10 +371,34 @@ async fn tree_size<S: Store>(st: &AppState<S>) -> Result<u64, Resp> {
     st.store.log_head().await.map(|h| h.size).map_err(store_error)
 }
 
-async fn get_checkpoint<S: Store>(st: &AppState<S>) -> Resp {
+/// `GET /api/v1/log/checkpoint[?tree_size=N]`: the latest head, or the latest one signed for
+/// tree size `N` (so anyone can see how many clients witnessed any head).
+async fn get_checkpoint<S: Store>(st: &AppState<S>, req: &Request<Incoming>) -> Resp {
     let Some(key) = st.log.verifier() else { return no_key() };
-    let cp = match st.store.log_checkpoint(None).await {
+    let mut size = None;
+    let params = match query_params(req.uri().query()) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    for (k, v) in params {
+        if k != "tree_size" {
+            return error(StatusCode::BAD_REQUEST, format!("unknown query parameter {k:?}"));
+        }
+        match v.parse::<u64>() {
+            Ok(n) => size = Some(n),
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "`tree_size` must be a non-negative integer",
+                );
+            }
+        }
+    }
+    let cp = match st.store.log_checkpoint(size).await {
         Ok(Some(cp)) => cp,
+        Ok(None) if size.is_some() => {
+            return error(StatusCode::NOT_FOUND, "this log signed no head of that tree size");
+        }
         Ok(None) => return not_ready(),
         Err(e) => return store_error(e),
     };

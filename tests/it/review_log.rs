@@ -206,6 +206,12 @@ fn log_suite(world: &World, store: &StoreSel, extra: &[&str]) {
     let v = get(base, &bob, "/api/v1/log/checkpoint", &[]).json();
     assert_eq!(v["witnessed_size"], head.size, "{v}");
     assert_eq!(v["witnessed_by"], 1);
+    // Any head's witnesses, by its size.
+    let w = get(base, &bob, &format!("/api/v1/log/checkpoint?tree_size={}", head.size), &[]);
+    assert_eq!(w.json()["witnesses"], 1, "{}", w.body);
+    assert_eq!(w.json()["checkpoint"], note.as_str());
+    assert_eq!(get(base, &bob, "/api/v1/log/checkpoint?tree_size=3", &[]).status, 404);
+    assert_eq!(get(base, &bob, "/api/v1/log/checkpoint?size=3", &[]).status, 400);
     // A head the log never signed (a forged one under another key) is refused.
     let forger = NoteSigner::generate(&key.name).unwrap();
     let fake = Checkpoint { size: head.size + 1000, ..head.clone() };
