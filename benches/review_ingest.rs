@@ -10,9 +10,20 @@
 //!   each row's pk returned, the mix's flags and their links; rows made server-side, all
 //!   distinct), the ratio's ceiling; and the lighter keys-and-rows-only script earlier runs used.
 //!
+//!
+//! Then the review log's cost (issue 19), per store, same run: HTTP ingest into a store with
+//! the log **on** (as `airlockd review --log-key` runs it: a signing key, the sequencer loop;
+//! the embedded store also sequences inside each ingest's transaction and answers once the
+//! checkpoint covering the batch is signed) against one with the log **off** (no key, no
+//! sequencer; the embedded store's in-transaction sequencing switched off with
+//! `SqliteStore::set_log_sequencing(false)`, a benchmark-only switch). Two stores of each kind,
+//! fed alternately (on/off, then off/on, …) the same number of batches per run, so both grow
+//! alike and machine noise hits both; after each "on" run the sequencer's backlog is read
+//! (PostgreSQL sequences after commit: it must keep up).
+//!
 //! `cargo bench --bench review_ingest` (env: BENCH_BATCHES, default 200; BENCH_CONNS, 4;
-//! BENCH_FLAGGED_PER_1000, 100;
-//! BENCH_PGBENCH_SECS, 15).
+//! BENCH_FLAGGED_PER_1000, 100; BENCH_PGBENCH_SECS, 15; BENCH_LOG_ROUNDS, 4 (on/off pairs per
+//! store); BENCH_ONLY=log runs only the log comparison, BENCH_ONLY=base only the rest).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use airlock::review::detect::Engine;
@@ -370,6 +381,164 @@ fn pgbench(owner_url: &str, script: &str, secs: u64, clients: usize) -> f64 {
     }
 }
 
+/// The first value `sql` returns on `url`, as text.
+fn psql_value(url: &str, sql: &str) -> Option<String> {
+    let out = std::process::Command::new("psql").args([url, "-qAt", "-c", sql]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// An `AppState` serving `store` on a loopback port, with the log on (a signing key and the
+/// sequencer loop, as `airlockd review --log-key` runs) or off; each client connection is its
+/// own user and token. Returns the port, the tokens and what stops it.
+async fn log_server(
+    admin: &AnyStore,
+    store: AnyStore,
+    conns: usize,
+    log_on: bool,
+    tag: &str,
+) -> (u16, Vec<String>, Vec<tokio::task::JoinHandle<()>>, tokio::sync::oneshot::Sender<()>) {
+    let mut secrets = Vec::new();
+    for k in 0..conns {
+        let u = admin.add_user(&format!("{tag}-{k}@example.test"), Role::Member).await.unwrap();
+        let tok = token::Token::generate().unwrap();
+        admin.create_token(&format!("{tag}-{k}"), &u.id, tok.hash()).await.unwrap();
+        secrets.push(tok.expose().to_string());
+    }
+    let limits = LimitsConfig {
+        ingest_concurrency: conns + 1,
+        token_rate: Rate { per_sec: 1e9, burst: u32::MAX },
+        ..LimitsConfig::default()
+    };
+    let mut state = AppState::with_limits(store, Engine::builtin().unwrap(), limits);
+    // Diagnosis only: BENCH_LOG_ON=tree keeps the tree (embedded: sequenced in the ingest's
+    // transaction) but signs nothing and runs no sequencer loop.
+    let sign = std::env::var("BENCH_LOG_ON").map_or(true, |v| v != "tree");
+    let log_on = log_on && sign;
+    if log_on {
+        let key = airlock::tlog::note::NoteSigner::generate("review.bench/log").unwrap();
+        state = state.with_log_key(Some(key));
+    }
+    let state = Arc::new(state);
+    let mut tasks = Vec::new();
+    if log_on {
+        tasks.push(tokio::spawn(airlock::review::log::sequencer_loop(Arc::clone(&state))));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    tasks.push(tokio::spawn(serve(listener, None, state, async move {
+        let _ = stop_rx.await;
+    })));
+    (port, secrets, tasks, stop_tx)
+}
+
+/// The review log's ingest cost on one kind of store (module doc): `stores` is `[on, off]`,
+/// each `(admin, runtime)`; `rounds` pairs of runs of `batches` batches each, alternating which
+/// goes first. `on_backlog` counts the "on" store's events without a leaf.
+async fn log_on_off(
+    name: &str,
+    stores: [(AnyStore, AnyStore); 2],
+    batches: usize,
+    conns: usize,
+    rounds: usize,
+    on_backlog: &(dyn Fn() -> i64 + Sync),
+) {
+    let run = format!("{}", airlock::review::now_micros());
+    let [(on_admin, on_store), (off_admin, off_store)] = stores;
+    let on = log_server(&on_admin, on_store, conns, true, &format!("logon-{run}")).await;
+    let off = log_server(&off_admin, off_store, conns, false, &format!("logoff-{run}")).await;
+    println!(
+        "{name:<10} review log on vs off: {rounds} pairs of runs of {batches} batches (+10% resent), {conns} users, alternating order"
+    );
+    let (mut on_rates, mut off_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut drain_ratios = Vec::new();
+    let (mut on_p99, mut off_p99, mut drained) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds {
+        let mut got = [None, None];
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            let (port, secrets) = if which == 0 { (on.0, &on.1) } else { (off.0, &off.1) };
+            let tag = format!("{run}-r{r}");
+            let mut bodies: Vec<Bytes> = (0..batches).map(|b| batch_body(&tag, b)).collect();
+            for b in (0..batches).step_by(10) {
+                bodies.push(bodies[b].clone());
+            }
+            let t = Instant::now();
+            got[which] = Some(drive(port, secrets, bodies, conns).await);
+            if which == 0 {
+                // The sequencer must keep up: what is left when the clients are done, and
+                // how long it takes to drain.
+                let run_t = t.elapsed();
+                let left = on_backlog();
+                let mut now_left = left;
+                while now_left > 0 && t.elapsed() < run_t + Duration::from_secs(60) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    now_left = on_backlog();
+                }
+                // The "on" rate counted until the log holds every event stored: what the
+                // store sustains with the log keeping up.
+                let with_drain = got[0].as_ref().unwrap().events_per_s * run_t.as_secs_f64()
+                    / t.elapsed().as_secs_f64();
+                println!(
+                    "{:<10}   round {r}: log-on backlog at the end {left} events, drained in {:.0} ms; on rate counted until drained {with_drain:.0} events/s",
+                    "",
+                    (t.elapsed() - run_t).as_secs_f64() * 1e3
+                );
+                drained.push(with_drain);
+            }
+        }
+        let [Some(a), Some(b)] = got else { unreachable!() };
+        println!(
+            "{:<10}   round {r}: on {:>8.0} events/s (p50 {:>6.1} ms, p99 {:>6.1} ms)  off {:>8.0} events/s (p50 {:>6.1} ms, p99 {:>6.1} ms)  on/off {:.3}",
+            "",
+            a.events_per_s,
+            a.p50.as_secs_f64() * 1e3,
+            a.p99.as_secs_f64() * 1e3,
+            b.events_per_s,
+            b.p50.as_secs_f64() * 1e3,
+            b.p99.as_secs_f64() * 1e3,
+            a.events_per_s / b.events_per_s
+        );
+        println!(
+            "{:<10}   round {r}: on (counted until drained) / off {:.3}",
+            "",
+            drained.last().copied().unwrap_or(f64::NAN) / b.events_per_s
+        );
+        drain_ratios.push(drained.last().copied().unwrap_or(f64::NAN) / b.events_per_s);
+        ratios.push(a.events_per_s / b.events_per_s);
+        on_rates.push(a.events_per_s);
+        off_rates.push(b.events_per_s);
+        on_p99.push(a.p99);
+        off_p99.push(b.p99);
+    }
+    for (stop, tasks) in [(on.3, on.2), (off.3, off.2)] {
+        let _ = stop.send(());
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    println!(
+        "{name:<10} log on/off: median pair ratio {:.3}, mean-rate ratio {:.3} (on {:.0} /s, off {:.0} /s); target >= 0.90: {}",
+        median(&mut ratios.clone()),
+        mean(&on_rates) / mean(&off_rates),
+        mean(&on_rates),
+        mean(&off_rates),
+        if median(&mut ratios) >= 0.9 { "met" } else { "NOT met" }
+    );
+    println!(
+        "{name:<10} log on (counted until the log caught up) / off: median pair ratio {:.3}, mean {:.0} /s; target >= 0.90: {}",
+        median(&mut drain_ratios.clone()),
+        mean(&drained),
+        if median(&mut drain_ratios) >= 0.9 { "met" } else { "NOT met" }
+    );
+}
+
 fn psql(sql: &str) -> bool {
     std::process::Command::new("psql")
         .args(["postgres://postgres@127.0.0.1:5432/postgres", "-qAt", "-c", sql])
@@ -390,14 +559,54 @@ fn main() {
     println!(
         "review ingest: {batches} batches of {BATCH} egress events (+10% resent), {conns} client connections (one user each), same machine"
     );
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let (base, log) = (only.is_empty() || only == "base", only.is_empty() || only == "log");
+    let rounds: usize = std::env::var("BENCH_LOG_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 1 } else { 4 });
     let dir = tempfile::tempdir().unwrap();
     let raw_dir = tempfile::tempdir().unwrap();
-    rt.block_on(async {
-        let s = SqliteStore::open(dir.path()).unwrap();
-        let ceiling = Ceiling::RawSqlite(raw_dir.path().to_path_buf());
-        let s = AnyStore::Sqlite(s);
-        bench_store("embedded", s.clone(), s, batches, conns, ceiling).await;
-    });
+    let (on_dir, off_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    if log {
+        rt.block_on(async {
+            let on = SqliteStore::open(on_dir.path()).unwrap();
+            let off = SqliteStore::open(off_dir.path()).unwrap();
+            off.set_log_sequencing(false);
+            let backlog = |dir: std::path::PathBuf| {
+                move || {
+                    let c = rusqlite::Connection::open(dir.join("review.db")).unwrap();
+                    c.query_row(
+                        "SELECT (SELECT count(*) FROM events) - (SELECT count(*) FROM log_leaves)",
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .unwrap()
+                }
+            };
+            let on_backlog = backlog(on_dir.path().to_path_buf());
+            log_on_off(
+                "embedded",
+                [
+                    (AnyStore::Sqlite(on.clone()), AnyStore::Sqlite(on)),
+                    (AnyStore::Sqlite(off.clone()), AnyStore::Sqlite(off)),
+                ],
+                batches,
+                conns,
+                rounds,
+                &on_backlog,
+            )
+            .await;
+        });
+    }
+    if base {
+        rt.block_on(async {
+            let s = SqliteStore::open(dir.path()).unwrap();
+            let ceiling = Ceiling::RawSqlite(raw_dir.path().to_path_buf());
+            let s = AnyStore::Sqlite(s);
+            bench_store("embedded", s.clone(), s, batches, conns, ceiling).await;
+        });
+    }
     let pgbench_secs: u64 = std::env::var("BENCH_PGBENCH_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -411,17 +620,48 @@ fn main() {
     psql(&format!("CREATE ROLE {role} LOGIN"));
     let owner = format!("postgres://postgres@127.0.0.1:5432/{name}");
     let runtime = format!("postgres://{role}@127.0.0.1:5432/{name}");
-    rt.block_on(async {
-        let opts =
-            postgres::MigrateOptions { runtime_role: Some(role.clone()), ..Default::default() };
-        postgres::migrate(&owner, &opts).await.unwrap();
-        let admin = AnyStore::Pg(PgStore::connect(&owner, 1).await.unwrap());
-        let s = PgStore::connect(&runtime, conns).await.unwrap();
-        let ceiling =
-            Ceiling::Pgbench { owner_url: owner.clone(), secs: pgbench_secs, clients: conns };
-        bench_store("postgres", admin, AnyStore::Pg(s), batches, conns, ceiling).await;
-    });
+    let opts = postgres::MigrateOptions { runtime_role: Some(role.clone()), ..Default::default() };
+    if base {
+        rt.block_on(async {
+            postgres::migrate(&owner, &opts).await.unwrap();
+            let admin = AnyStore::Pg(PgStore::connect(&owner, 1).await.unwrap());
+            let s = PgStore::connect(&runtime, conns).await.unwrap();
+            let ceiling =
+                Ceiling::Pgbench { owner_url: owner.clone(), secs: pgbench_secs, clients: conns };
+            bench_store("postgres", admin, AnyStore::Pg(s), batches, conns, ceiling).await;
+        });
+    }
+    let (on_db, off_db) = (format!("{name}_log_on"), format!("{name}_log_off"));
+    if log
+        && psql(&format!("CREATE DATABASE {on_db}"))
+        && psql(&format!("CREATE DATABASE {off_db}"))
+    {
+        rt.block_on(async {
+            let mut pair = Vec::new();
+            for db in [&on_db, &off_db] {
+                let owner = format!("postgres://postgres@127.0.0.1:5432/{db}");
+                postgres::migrate(&owner, &opts).await.unwrap();
+                let admin = AnyStore::Pg(PgStore::connect(&owner, 1).await.unwrap());
+                let runtime = format!("postgres://{role}@127.0.0.1:5432/{db}");
+                pair.push((admin, AnyStore::Pg(PgStore::connect(&runtime, conns).await.unwrap())));
+            }
+            let off = pair.pop().unwrap();
+            let on = pair.pop().unwrap();
+            let on_url = format!("postgres://postgres@127.0.0.1:5432/{on_db}");
+            let on_backlog = move || {
+                psql_value(
+                    &on_url,
+                    "SELECT (SELECT count(*) FROM events) - (SELECT count(*) FROM log_leaves)",
+                )
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1)
+            };
+            log_on_off("postgres", [on, off], batches, conns, rounds, &on_backlog).await;
+        });
+    }
     drop(rt);
-    psql(&format!("DROP DATABASE {name} WITH (FORCE)"));
+    for db in [&name, &on_db, &off_db] {
+        psql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+    }
     psql(&format!("DROP ROLE {role}"));
 }

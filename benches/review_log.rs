@@ -158,8 +158,24 @@ fn export_verify(megabytes: u64) {
     let pad = "x".repeat(760);
     let payload = |i: u64| format!(r#"{{"i":{i},"host":"api.example.test","pad":"{pad}"}}"#);
     let received = |i: u64| 1_765_000_000_000_000i64 + (i as i64) * 1000;
-    let per_event = 1400u64; // with its proof, measured below
-    let n = megabytes * 1024 * 1024 / per_event;
+    let line = |i: u64, hashes: &str| {
+        let at = airlock::review::format_micros(received(i));
+        format!(
+            r#"{{"pk":{pk},"user_id":"{user}","source":"external","id":"e{i}","type":"x","ts":"{at}","session":null,"seq":null,"boot":null,"received_at":"{at}","payload":{p},"conflict_of":null,"airlock_session":null,"file":null,"offset":null,"leaf":{{"index":{i},"hashes":{hashes}}}}}"#,
+            pk = i + 1,
+            p = payload(i),
+        )
+    };
+    // Events for ~`megabytes` MiB: a line's size with its proof (44-character hashes) at the
+    // middle of the tree, estimated twice.
+    let target = megabytes * 1024 * 1024;
+    let mut n = target / 2000;
+    for _ in 0..2 {
+        let mid = n / 2;
+        let len = airlock::tlog::merkle::inclusion_len(mid, n);
+        let fake = serde_json::to_string(&vec![b64(&[0u8; 32]); len]).unwrap();
+        n = (target / (line(mid, &fake).len() as u64 + 1)).max(1);
+    }
     let t0 = Instant::now();
     let mut tree = MemTree::new();
     for i in 0..n {
@@ -197,15 +213,7 @@ fn export_verify(megabytes: u64) {
         for i in 0..n {
             let hashes: Vec<String> =
                 prover.inclusion(i, n).unwrap().unwrap().iter().map(|h| b64(h)).collect();
-            let at = airlock::review::format_micros(received(i));
-            writeln!(
-                w,
-                r#"{{"pk":{pk},"user_id":"{user}","source":"external","id":"e{i}","type":"x","ts":"{at}","session":null,"seq":null,"boot":null,"received_at":"{at}","payload":{p},"conflict_of":null,"airlock_session":null,"file":null,"offset":null,"leaf":{{"index":{i},"hashes":{h}}}}}"#,
-                pk = i + 1,
-                p = payload(i),
-                h = serde_json::to_string(&hashes).unwrap()
-            )
-            .unwrap();
+            writeln!(w, "{}", line(i, &serde_json::to_string(&hashes).unwrap())).unwrap();
         }
         writeln!(w, r#"{{"end":{{"events":{n},"missing":0}}}}"#).unwrap();
     }

@@ -24,6 +24,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, params, params_from_ite
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Mutex;
 
 const MIGRATIONS: &[(i64, &str)] = &[
@@ -48,6 +49,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     path: PathBuf,
+    /// Whether ingests sequence their events in their own transaction (always, except in a
+    /// benchmark's "log off" baseline: [`SqliteStore::set_log_sequencing`]).
+    log_in_ingest: Arc<AtomicBool>,
 }
 
 impl SqliteStore {
@@ -180,7 +184,21 @@ impl SqliteStore {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         register_functions(&conn)?;
         migrate(&mut conn)?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)), path })
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path,
+            log_in_ingest: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    /// **For benchmarks only** (`benches/review_ingest.rs`, the "log off" baseline of the
+    /// review log's ingest cost): `false` makes `ingest` and `insert_events` store events
+    /// without sequencing them in their transaction (their receipts say `leaf_pending`), so
+    /// they wait for [`Store::log_sequence`] as PostgreSQL's do. Production never calls this;
+    /// every store starts with it on. Shared by clones.
+    #[doc(hidden)]
+    pub fn set_log_sequencing(&self, on: bool) {
+        self.log_in_ingest.store(on, Ordering::Relaxed);
     }
 
     /// The database file.
@@ -1216,14 +1234,17 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Inserted>, StoreError> {
         let user_id = user_id.to_string();
         let events = events.to_vec();
+        let log = self.log_in_ingest.load(Ordering::Relaxed);
         self.with(move |c| {
             // Immediate: see `ingest`.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut out = insert_event_rows(&tx, &user_id, received_at, &events)?;
             // The events commit with their leaves (docs/evidence.md: the embedded store
             // sequences in the ingest's transaction).
-            sequence_stored(&tx, out.len())?;
-            with_leaf_indices(&tx, &mut out)?;
+            if log {
+                sequence_stored(&tx, out.len())?;
+                with_leaf_indices(&tx, &mut out)?;
+            }
             tx.commit()?;
             Ok(out)
         })
@@ -1239,6 +1260,7 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Inserted>, StoreError> {
         let user_id = user_id.to_string();
         let events = events.to_vec();
+        let log = self.log_in_ingest.load(Ordering::Relaxed);
         self.with(move |c| {
             // Immediate: the write lock is taken at BEGIN, where SQLite runs the busy handler
             // (5 s) if another process holds it. A deferred transaction reads first and then
@@ -1246,8 +1268,10 @@ impl Store for SqliteStore {
             // a short write by `airlockd admin` made ingest a 503.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let mut inserted = insert_event_rows(&tx, &user_id, received_at, &events)?;
-            sequence_stored(&tx, inserted.len())?;
-            with_leaf_indices(&tx, &mut inserted)?;
+            if log {
+                sequence_stored(&tx, inserted.len())?;
+                with_leaf_indices(&tx, &mut inserted)?;
+            }
             crash_point("after-events");
             let mut flags = scan.batch_flags(&inserted);
             for session in scan.ended_sessions(&inserted) {
@@ -2286,7 +2310,11 @@ mod tests {
         let (_, f) = load_flag(&conn, "f1").unwrap().unwrap();
         assert_eq!((f.state, f.assignee.as_deref()), (FlagState::Resolved, None));
         assert!(!f.history[0].assignment);
-        let s = SqliteStore { conn: Arc::new(Mutex::new(conn)), path: PathBuf::new() };
+        let s = SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path: PathBuf::new(),
+            log_in_ingest: Arc::new(AtomicBool::new(true)),
+        };
         let a = FlagAssignment {
             flag_id: "f1",
             assignee: Some("u2"),
@@ -2333,7 +2361,11 @@ mod tests {
             c.query_row("SELECT count(*) FROM log_leaves", [], |r| r.get(0)).unwrap()
         };
         assert_eq!(count(&conn), 0, "the migration computes no hashes");
-        let s = SqliteStore { conn: Arc::new(Mutex::new(conn)), path: PathBuf::new() };
+        let s = SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path: PathBuf::new(),
+            log_in_ingest: Arc::new(AtomicBool::new(true)),
+        };
         let rt = rt();
         let head = rt.block_on(s.log_sequence(2)).unwrap().unwrap();
         assert_eq!((head.size, head.appended), (2, 2), "oldest first, `max` at a time");
