@@ -35,6 +35,10 @@ pub const SEQUENCER_TICK: Duration = Duration::from_secs(1);
 /// The longest the log promises to take to sequence an event: an ingest receipt's
 /// `deadline` is `received_at` plus this.
 pub const MERGE_DELAY: Duration = Duration::from_secs(60);
+/// After signing a grown tree, the sequencer waits this long before it signs again, so that
+/// under a stream of batches one checkpoint (one more commit) covers several of them; a
+/// receipt's checkpoint comes at most this much later.
+pub const SIGN_COALESCE: Duration = Duration::from_millis(200);
 /// How long an embedded-store ingest waits for the checkpoint that covers its batch before
 /// answering without one (the sequencer signs right after the ingest commits).
 pub const RECEIPT_WAIT: Duration = Duration::from_secs(2);
@@ -91,6 +95,16 @@ impl LogHub {
         store: &S,
         head: LogHead,
     ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(self.sign_new(store, head).await?.map(|(cp, _)| cp))
+    }
+
+    /// [`LogHub::sign`], also saying whether it signed a new checkpoint (`true`) or found the
+    /// stored one current (`false`).
+    async fn sign_new<S: Store>(
+        &self,
+        store: &S,
+        head: LogHead,
+    ) -> Result<Option<(StoredCheckpoint, bool)>, StoreError> {
         let Some(signer) = &self.signer else { return Ok(None) };
         let _one = self.signing.lock().await;
         let now = now_micros();
@@ -103,7 +117,7 @@ impl LogHub {
             if let Some((c, _)) = &opened {
                 if latest.size > head.size || (latest.size == head.size && fresh) {
                     self.publish(&latest);
-                    return Ok(Some(latest));
+                    return Ok(Some((latest, false)));
                 }
                 // Clients refuse a head older than one they hold: never let `time` go back,
                 // even when the signer's clock does (another instance took the lock).
@@ -122,7 +136,7 @@ impl LogHub {
         let stored = StoredCheckpoint { size: head.size, root: head.root, note, signed_at: now };
         store.log_add_checkpoint(&stored).await?;
         self.publish(&stored);
-        Ok(Some(stored))
+        Ok(Some((stored, true)))
     }
 
     fn publish(&self, cp: &StoredCheckpoint) {
@@ -136,18 +150,18 @@ impl LogHub {
     }
 
     /// One sequencer pass: append every unsequenced event, then sign when the tree grew or
-    /// the latest checkpoint is older than [`RESIGN_EVERY`]. `false` when another instance
-    /// holds the sequencer lock (it signs, not this one).
-    pub async fn sequence_once<S: Store>(&self, store: &S) -> Result<bool, StoreError> {
+    /// the latest checkpoint is older than [`RESIGN_EVERY`]. `None` when another instance
+    /// holds the sequencer lock (it signs, not this one); else whether a new checkpoint was
+    /// signed.
+    pub async fn sequence_once<S: Store>(&self, store: &S) -> Result<Option<bool>, StoreError> {
         let head = loop {
             match store.log_sequence(SEQUENCE_BATCH).await? {
-                None => return Ok(false),
+                None => return Ok(None),
                 Some(h) if h.appended < SEQUENCE_BATCH as u64 => break h,
                 Some(_) => {}
             }
         };
-        self.sign(store, head).await?;
-        Ok(true)
+        Ok(Some(self.sign_new(store, head).await?.is_some_and(|(_, new)| new)))
     }
 
     /// Waits (at most `wait`) for a checkpoint covering `size` leaves signed by this
@@ -267,7 +281,13 @@ pub async fn sequencer_loop<S: Store>(st: Arc<AppState<S>>) {
     let mut failing = false;
     loop {
         match st.log.sequence_once(&st.store).await {
-            Ok(_) => failing = false,
+            Ok(signed) => {
+                failing = false;
+                if signed == Some(true) {
+                    // Wakes that arrive meanwhile are kept (one permit) and run the next pass.
+                    tokio::time::sleep(SIGN_COALESCE).await;
+                }
+            }
             Err(e) => {
                 // Logged once per outage, not once per second.
                 if !failing {
