@@ -35,12 +35,8 @@ pub const SEQUENCER_TICK: Duration = Duration::from_secs(1);
 /// The longest the log promises to take to sequence an event: an ingest receipt's
 /// `deadline` is `received_at` plus this.
 pub const MERGE_DELAY: Duration = Duration::from_secs(60);
-/// After signing a grown tree, the sequencer waits this long before it signs again, so that
-/// under a stream of batches one checkpoint (one more commit) covers several of them; a
-/// receipt's checkpoint comes at most this much later.
-pub const SIGN_COALESCE: Duration = Duration::from_millis(200);
-/// How long an embedded-store ingest waits for the checkpoint that covers its batch before
-/// answering without one (the sequencer signs right after the ingest commits).
+/// How long an export waits for the sequencer to sign a checkpoint covering what is stored
+/// when it starts (the sequencer signs right after each commit; an ingest never waits).
 pub const RECEIPT_WAIT: Duration = Duration::from_secs(2);
 /// Full tiles kept in memory (8 KiB each): 64 MiB at most.
 pub const TILE_CACHE: usize = 8192;
@@ -164,6 +160,12 @@ impl LogHub {
         Ok(Some(self.sign_new(store, head).await?.is_some_and(|(_, new)| new)))
     }
 
+    /// The latest checkpoint this instance signed or read, if it covers `size` leaves.
+    pub fn current(&self, size: u64) -> Option<Arc<StoredCheckpoint>> {
+        self.signer.as_ref()?;
+        self.signed.borrow().clone().filter(|cp| cp.size >= size)
+    }
+
     /// Waits (at most `wait`) for a checkpoint covering `size` leaves signed by this
     /// instance.
     pub async fn covering(&self, size: u64, wait: Duration) -> Option<Arc<StoredCheckpoint>> {
@@ -281,13 +283,7 @@ pub async fn sequencer_loop<S: Store>(st: Arc<AppState<S>>) {
     let mut failing = false;
     loop {
         match st.log.sequence_once(&st.store).await {
-            Ok(signed) => {
-                failing = false;
-                if signed == Some(true) {
-                    // Wakes that arrive meanwhile are kept (one permit) and run the next pass.
-                    tokio::time::sleep(SIGN_COALESCE).await;
-                }
-            }
+            Ok(_) => failing = false,
             Err(e) => {
                 // Logged once per outage, not once per second.
                 if !failing {
