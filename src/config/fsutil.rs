@@ -39,6 +39,33 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     result
 }
 
+/// Creates `path` with `bytes`, 0600, only if nothing is there: the content goes to a
+/// temporary file in the same directory (which must exist), synced, then `link(2)`ed into
+/// place, which never replaces a file. So the file is whole from the moment it exists, and of
+/// two processes racing to make it, one wins and the other gets `AlreadyExists`. For keys,
+/// which must never be overwritten.
+pub fn create_private_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().ok_or_else(|| io::Error::other("path has no parent directory"))?;
+    let mut rnd = [0u8; 6];
+    getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", hex::encode(rnd)));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::hard_link(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
 /// Why a private file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum PrivateReadError {
@@ -133,6 +160,19 @@ pub fn read_config(path: &Path, follow_symlinks: bool) -> io::Result<Option<Vec<
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn create_private_new_never_replaces_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("key");
+        create_private_new(&p, b"first").unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().mode() & 0o777, 0o600);
+        let e = create_private_new(&p, b"second").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&p).unwrap(), b"first");
+        // No temporary file is left behind either way.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
 
     #[test]
     fn written_files_are_private_and_replaced_atomically() {

@@ -4,11 +4,9 @@
 //! first use by whichever side needs it first; a race between the two keeps the first file
 //! (the second links its copy in with `link(2)`, which never replaces).
 
-use super::fsutil::{PrivateReadError, private_dir, read_private};
+use super::fsutil::{PrivateReadError, create_private_new, private_dir, read_private};
 use crate::paths::Paths;
 use crate::tlog::note::{NoteError, NoteSigner};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 /// The key file's name under [`Paths::keys_dir`].
@@ -79,22 +77,9 @@ pub fn load_or_create(paths: &Paths) -> Result<NoteSigner, MachineKeyError> {
     let signer = NoteSigner::generate(&new_name()).map_err(MachineKeyError::Generate)?;
     let dir = paths.keys_dir();
     private_dir(&dir).map_err(create)?;
-    let mut rnd = [0u8; 6];
-    let _ = getrandom::fill(&mut rnd);
-    let tmp = dir.join(format!(".{FILE}.tmp-{}", hex::encode(rnd)));
-    let written = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(signer.to_private_string().as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::hard_link(&tmp, &path)
-    })();
-    let _ = std::fs::remove_file(&tmp);
+    let mut text = signer.to_private_string();
+    text.push('\n');
+    let written = create_private_new(&path, text.as_bytes());
     match written {
         Ok(()) => Ok(signer),
         // Another process made it first: use theirs.

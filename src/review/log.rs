@@ -11,10 +11,10 @@ use super::gate_api::refusal;
 use super::server::{AppState, Resp, error, json_resp, query_params, store_error};
 use super::store::{LogHead, NewCosignature, Store, StoreError, StoredCheckpoint};
 use super::{Micros, User, format_micros, now_micros};
+use crate::tlog::b64;
 use crate::tlog::merkle::{Hash, Need, ProofError, Prover, StoredHashes, TILE_WIDTH};
 use crate::tlog::note::{Checkpoint, Note, NoteSigner, NoteVerifier, parse_sig_line};
 use crate::tlog::tile::{TilePath, TilePathError};
-use crate::tlog::{b64, sha256};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::Full;
@@ -35,9 +35,9 @@ pub const SEQUENCER_TICK: Duration = Duration::from_secs(1);
 /// The longest the log promises to take to sequence an event: an ingest receipt's
 /// `deadline` is `received_at` plus this.
 pub const MERGE_DELAY: Duration = Duration::from_secs(60);
-/// How long an export waits for the sequencer to sign a checkpoint covering what is stored
-/// when it starts (the sequencer signs right after each commit; an ingest never waits).
-pub const RECEIPT_WAIT: Duration = Duration::from_secs(2);
+/// How long an export waits for a checkpoint covering what is stored when it starts (the
+/// sequencer signs right after each commit; an ingest never waits).
+pub const EXPORT_WAIT: Duration = Duration::from_secs(2);
 /// Full tiles kept in memory (8 KiB each): 64 MiB at most.
 pub const TILE_CACHE: usize = 8192;
 
@@ -85,23 +85,9 @@ impl LogHub {
     }
 
     /// Signs a checkpoint for `head` and stores it, unless the latest stored one already
-    /// has this size and is younger than [`RESIGN_EVERY`]. `None` without a signing key.
-    pub async fn sign<S: Store>(
-        &self,
-        store: &S,
-        head: LogHead,
-    ) -> Result<Option<StoredCheckpoint>, StoreError> {
-        Ok(self.sign_new(store, head).await?.map(|(cp, _)| cp))
-    }
-
-    /// [`LogHub::sign`], also saying whether it signed a new checkpoint (`true`) or found the
-    /// stored one current (`false`).
-    async fn sign_new<S: Store>(
-        &self,
-        store: &S,
-        head: LogHead,
-    ) -> Result<Option<(StoredCheckpoint, bool)>, StoreError> {
-        let Some(signer) = &self.signer else { return Ok(None) };
+    /// has this size and is younger than [`RESIGN_EVERY`]. Nothing without a signing key.
+    async fn sign<S: Store>(&self, store: &S, head: LogHead) -> Result<(), StoreError> {
+        let Some(signer) = &self.signer else { return Ok(()) };
         let _one = self.signing.lock().await;
         let now = now_micros();
         let mut time = now.div_euclid(1_000_000);
@@ -112,8 +98,8 @@ impl LogHub {
             let fresh = now - latest.signed_at < RESIGN_EVERY.as_micros() as Micros;
             if let Some((c, _)) = &opened {
                 if latest.size > head.size || (latest.size == head.size && fresh) {
-                    self.publish(&latest);
-                    return Ok(Some((latest, false)));
+                    self.announce(&latest);
+                    return Ok(());
                 }
                 // Clients refuse a head older than one they hold: never let `time` go back,
                 // even when the signer's clock does (another instance took the lock).
@@ -131,11 +117,12 @@ impl LogHub {
             .map_err(|e| StoreError::Other(format!("cannot sign the checkpoint: {e}")))?;
         let stored = StoredCheckpoint { size: head.size, root: head.root, note, signed_at: now };
         store.log_add_checkpoint(&stored).await?;
-        self.publish(&stored);
-        Ok(Some((stored, true)))
+        self.announce(&stored);
+        Ok(())
     }
 
-    fn publish(&self, cp: &StoredCheckpoint) {
+    /// Makes `cp` this instance's latest known checkpoint (for [`LogHub::current`]).
+    fn announce(&self, cp: &StoredCheckpoint) {
         self.signed.send_if_modified(|cur| {
             if cur.as_ref().is_some_and(|c| c.size >= cp.size && c.signed_at >= cp.signed_at) {
                 return false;
@@ -146,45 +133,24 @@ impl LogHub {
     }
 
     /// One sequencer pass: append every unsequenced event, then sign when the tree grew or
-    /// the latest checkpoint is older than [`RESIGN_EVERY`]. `None` when another instance
-    /// holds the sequencer lock (it signs, not this one); else whether a new checkpoint was
-    /// signed.
-    pub async fn sequence_once<S: Store>(&self, store: &S) -> Result<Option<bool>, StoreError> {
+    /// the latest checkpoint is older than [`RESIGN_EVERY`]. `false` when another instance
+    /// holds the sequencer lock (it signs, not this one).
+    pub async fn sequence_once<S: Store>(&self, store: &S) -> Result<bool, StoreError> {
         let head = loop {
             match store.log_sequence(SEQUENCE_BATCH).await? {
-                None => return Ok(None),
+                None => return Ok(false),
                 Some(h) if h.appended < SEQUENCE_BATCH as u64 => break h,
                 Some(_) => {}
             }
         };
-        Ok(Some(self.sign_new(store, head).await?.is_some_and(|(_, new)| new)))
+        self.sign(store, head).await?;
+        Ok(true)
     }
 
     /// The latest checkpoint this instance signed or read, if it covers `size` leaves.
     pub fn current(&self, size: u64) -> Option<Arc<StoredCheckpoint>> {
         self.signer.as_ref()?;
         self.signed.borrow().clone().filter(|cp| cp.size >= size)
-    }
-
-    /// Waits (at most `wait`) for a checkpoint covering `size` leaves signed by this
-    /// instance.
-    pub async fn covering(&self, size: u64, wait: Duration) -> Option<Arc<StoredCheckpoint>> {
-        self.signer.as_ref()?;
-        let mut rx = self.signed.subscribe();
-        let got = tokio::time::timeout(wait, async {
-            loop {
-                if let Some(cp) = rx.borrow_and_update().clone()
-                    && cp.size >= size
-                {
-                    return Some(cp);
-                }
-                if rx.changed().await.is_err() {
-                    return None;
-                }
-            }
-        })
-        .await;
-        got.ok().flatten()
     }
 
     /// Runs `f` against the stored tiers, loading the tiles it names until it completes.
@@ -700,11 +666,6 @@ pub fn receipt(item: &mut serde_json::Value, leaf_index: Option<u64>, received_a
     }
 }
 
-/// SHA-256 of a payload as the leaf holds it.
-pub fn payload_hash(payload: &str) -> Hash {
-    sha256(payload.as_bytes())
-}
-
 /// The log's part of an export of `q` (docs/evidence.md "Exports"): the header's `log`
 /// object and what the stream adds per event. Without a signing key or a checkpoint: `null`
 /// and nothing.
@@ -713,11 +674,21 @@ pub async fn export_part<S: Store>(
     q: &super::store::EventQuery,
 ) -> Result<(serde_json::Value, Option<super::reads::export::ExportLog>), StoreError> {
     let Some(key) = st.log.verifier() else { return Ok((serde_json::Value::Null, None)) };
-    // Cover what is stored now when the sequencer can sign it within moments.
+    // Cover what is stored now when the sequencer signs it within moments. Read from the
+    // store, not this instance's memory: with PostgreSQL another instance may be the signer.
     let head = st.store.log_head().await?;
-    st.log.wake();
-    let _ = st.log.covering(head.size, RECEIPT_WAIT).await;
-    let Some(cp) = st.store.log_checkpoint(None).await? else {
+    let mut latest = st.store.log_checkpoint(None).await?;
+    if latest.as_ref().is_none_or(|c| c.size < head.size) {
+        st.log.wake();
+        let until = tokio::time::Instant::now() + EXPORT_WAIT;
+        while latest.as_ref().is_none_or(|c| c.size < head.size)
+            && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            latest = st.store.log_checkpoint(None).await?;
+        }
+    }
+    let Some(cp) = latest else {
         return Ok((serde_json::Value::Null, None));
     };
     let mut consistency = Vec::new();

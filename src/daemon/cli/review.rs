@@ -457,29 +457,20 @@ fn write_log_key(
     path: &std::path::Path,
     name: &str,
 ) -> Result<crate::tlog::note::NoteVerifier, String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let signer = crate::tlog::note::NoteSigner::generate(name).map_err(|e| e.to_string())?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                format!(
-                    "{} exists; a log key is never overwritten (clients pinned it):                      choose another path",
-                    path.display()
-                )
-            } else {
-                format!("cannot create {}: {e}", path.display())
-            }
-        })?;
-    f.write_all(signer.to_private_string().as_bytes())
-        .and_then(|()| f.write_all(b"\n"))
-        .and_then(|()| f.sync_all())
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let mut text = signer.to_private_string();
+    text.push('\n');
+    crate::config::fsutil::create_private_new(path, text.as_bytes()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            format!(
+                "{} exists; a log key is never overwritten (clients pinned it): \
+                 choose another path",
+                path.display()
+            )
+        } else {
+            format!("cannot write {}: {e}", path.display())
+        }
+    })?;
     Ok(signer.verifier())
 }
 
@@ -488,7 +479,9 @@ fn log_key_init(a: &LogKeyInitArgs) -> i32 {
     match write_log_key(&a.out, &name) {
         Ok(v) => {
             eprintln!(
-                "wrote the review log's signing key to {} (0600; keep it secret and backed                  up: a new key is a new log that every client must re-pin). Serve with                  `airlockd review --log-key {}`; its verifier key:",
+                "wrote the review log's signing key to {} (0600; keep it secret and backed \
+                 up: a new key is a new log that every client must re-pin). Serve with \
+                 `airlockd review --log-key {}`; its verifier key:",
                 a.out.display(),
                 a.out.display()
             );

@@ -753,6 +753,23 @@ pub struct NewCosignature<'a> {
     pub at: Micros,
 }
 
+/// A stored hash column as a [`crate::tlog::Hash`] (both stores keep them as 32-byte blobs).
+pub(crate) fn log_hash(bytes: Vec<u8>, what: &str) -> Result<crate::tlog::Hash, StoreError> {
+    bytes.try_into().map_err(|b: Vec<u8>| {
+        StoreError::Other(format!("review log: {what} has {} bytes, not 32", b.len()))
+    })
+}
+
+/// A stored (signed) count or index as `u64`.
+pub(crate) fn log_u64(v: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {what} is negative: {v}")))
+}
+
+/// A count or index as the stores' signed column type.
+pub(crate) fn log_i64(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {v} is out of range")))
+}
+
 /// The refusal of log methods by a store that does not keep the log (a test wrapper).
 fn no_log<T>() -> Result<T, StoreError> {
     Err(StoreError::Other("this store does not keep the review log".into()))

@@ -21,6 +21,7 @@ use super::{
     StoredCheckpoint, crash_point, random_id,
 };
 use super::{HourCount, PersonActivity, PublishedFile, SessionTranscriptItems};
+use super::{log_hash, log_i64, log_u64};
 use crate::review::detect::session::SessionScan;
 use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, NewGate};
 use crate::review::{
@@ -1127,20 +1128,6 @@ impl Candidate {
             sha: r.get(5),
         }
     }
-}
-
-fn log_hash(bytes: Vec<u8>, what: &str) -> Result<Hash, StoreError> {
-    bytes.try_into().map_err(|b: Vec<u8>| {
-        StoreError::Other(format!("review log: {what} has {} bytes, not 32", b.len()))
-    })
-}
-
-fn log_u64(v: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {what} is negative: {v}")))
-}
-
-fn log_i64(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {v} is out of range")))
 }
 
 /// A leaf from [`LEAF_COLS`] read at column `at`.

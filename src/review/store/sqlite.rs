@@ -12,6 +12,7 @@ use super::{
     PublishedFile, SessionTranscriptItems, Store, StoreError, StoredCheckpoint, crash_point,
     random_id,
 };
+use super::{log_hash, log_i64, log_u64};
 use crate::review::detect::session::SessionScan;
 use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, GateState, NewGate};
 use crate::review::{
@@ -865,20 +866,6 @@ fn leaf_of(raw: RawLeaf) -> Result<LogLeaf, StoreError> {
         received_at,
         payload_sha256: log_hash(payload_sha256, "a payload hash")?,
     })
-}
-
-fn log_hash(bytes: Vec<u8>, what: &str) -> Result<Hash, StoreError> {
-    bytes.try_into().map_err(|b: Vec<u8>| {
-        StoreError::Other(format!("review log: {what} has {} bytes, not 32", b.len()))
-    })
-}
-
-fn log_u64(v: i64, what: &str) -> Result<u64, StoreError> {
-    u64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {what} is negative: {v}")))
-}
-
-fn log_i64(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Other(format!("review log: {v} is out of range")))
 }
 
 /// The tree's size: one past the last leaf index (indices are gapless; a hole an edit left
