@@ -508,6 +508,23 @@ mod tests {
     }
 
     #[test]
+    fn rows_under_a_witnessed_checkpoint_are_marked() {
+        let mut covered = ev(1, Source::External, "x", T0, serde_json::json!({}));
+        covered.leaf = Some(41);
+        covered.witnessed_by = 2;
+        // In the log, but no witnessed checkpoint covers it yet: no mark.
+        let mut sequenced = ev(2, Source::External, "x", T0 + 1, serde_json::json!({}));
+        sequenced.leaf = Some(42);
+        let plain = ev(3, Source::External, "x", T0 + 2, serde_json::json!({}));
+        let html = render(&page_of(vec![covered, sequenced, plain], TimelineFilter::default()))
+            .into_string();
+        assert_eq!(html.matches(r#"<abbr class="w""#).count(), 1, "{html}");
+        assert!(html.contains(
+            r#"title="in the review log at leaf 41, under a checkpoint 2 clients witnessed""#
+        ));
+    }
+
+    #[test]
     fn gate_steps_are_charted_as_neither_allowed_nor_denied() {
         let step = ev(
             1,
