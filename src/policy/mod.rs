@@ -8,6 +8,7 @@ use std::fmt;
 
 pub mod addr;
 pub mod canon;
+pub mod domain;
 pub mod entry;
 pub mod eval;
 mod index;
@@ -17,6 +18,7 @@ pub use canon::{
     Host, MAX_LABEL_LEN, MAX_NAME_LEN, Malformed, MalformedKind, Target, canonicalize_host,
     parse_authority, parse_target,
 };
+pub use domain::{registrable_domain, same_registrable_domain};
 pub use entry::{Entry, EntryError, EntryKind, NameMatch, Pattern, PortSpec};
 pub use eval::{
     GateEntry, GateMatch, LocalAddrs, Policy, PolicyError, PolicyLayer, PolicyWarning, ReviewHost,
