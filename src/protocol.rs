@@ -34,6 +34,11 @@
 //! ([`Request::GateDecide`]); the daemon answers [`Response::Gates`] and
 //! [`Response::GateDecided`].
 //!
+//! Under the [`PHASES`] capability a session may start in a phase ([`SessionSpec::phase`]) and
+//! a control connection that owns no session may switch a running session's phase
+//! ([`Request::PhaseSet`], answered by [`Response::PhaseSet`]); `status` then names each
+//! session's phase and the phases its layers define.
+//!
 //! Under the [`SESSION_INBOUND`] capability the supervisor may send [`Request::SessionInbound`]
 //! on its session's connection, one per closed `--port` connection; the daemon writes the
 //! `inbound` audit line and always answers [`Response::InboundRecorded`] (never `error`, which
@@ -112,6 +117,7 @@ impl Capabilities {
             LAYER_DIGESTS,
             GATES,
             GATE_RELAY,
+            PHASES,
         ]
         .into_iter()
         .collect()
@@ -194,6 +200,11 @@ pub const GATES: &str = "gates";
 /// `airlock gate approve` decide locally, past the server's rules).
 pub const GATE_RELAY: &str = "gate_relay";
 
+/// Capability `phases`: [`SessionSpec::phase`] starts a session in a phase, and
+/// [`Request::PhaseSet`] switches a running one (issue 20). Without it the CLI refuses
+/// `--phase` and `airlock phase set`: an older daemon would ignore the phase.
+pub const PHASES: &str = "phases";
+
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
 /// Test hook (feature `test-hooks`): the client's protocol range, `MIN-MAX`.
@@ -239,6 +250,13 @@ pub enum Request {
     },
     /// Under [`GATES`]: approve or deny one pending gate.
     GateDecide(GateDecision),
+    /// Under [`PHASES`]: put session `session` in phase `phase` (`None`: the plain
+    /// `[network]` lists), built from the layers the session started with.
+    PhaseSet {
+        session: String,
+        #[serde(default)]
+        phase: Option<String>,
+    },
 }
 
 /// The longest a [`Request::GateList`] waits for a change.
@@ -434,6 +452,14 @@ pub enum Response {
         #[serde(rename = "self")]
         self_decided: bool,
     },
+    /// Reply to `phase_set` (capability [`PHASES`]): the switch is in force and its audit
+    /// line (`seq`) written.
+    PhaseSet {
+        session: String,
+        phase: Option<String>,
+        previous: Option<String>,
+        seq: u64,
+    },
     /// Reply to `quit_if_idle`; stable forever.
     QuitIfIdle {
         quitting: bool,
@@ -474,6 +500,9 @@ pub enum ErrorCode {
     /// Under [`GATE_RELAY`]: the gate's session is decided on a review server; a local
     /// decision (or a relayed one without the session's key) is refused.
     GateRelayed,
+    /// Under [`PHASES`]: the phase asked for is not defined by the session's layers, or its
+    /// allowlist is empty; the message says which phases there are.
+    Phase,
     /// Anything else on the daemon's side.
     Internal,
 }
@@ -529,6 +558,9 @@ pub struct SessionSpec {
     /// Under [`GATE_RELAY`]: decide this session's gates on a review server only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate_relay: Option<GateRelaySpec>,
+    /// Under [`PHASES`]: the phase the session starts in (`airlock run --phase`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
 }
 
 /// `session_start`'s policy layers: what the client read and trusts, as documents (DESIGN §4).
@@ -617,6 +649,20 @@ pub struct LayerDoc {
     /// so the client refuses to send gates to such a daemon (fail closed).
     #[serde(default, skip_serializing_if = "GateDoc::is_empty")]
     pub gate: GateDoc,
+    /// `[phase.NAME.network]`, by name; omitted when the file defines none. A daemon without
+    /// [`PHASES`] ignores it, which is harmless: it then never enters a phase (the client
+    /// refuses `--phase` and `phase set` with such a daemon).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, PhaseDoc>,
+}
+
+/// One `[phase.NAME.network]` block, entries as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseDoc {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub block: Vec<String>,
 }
 
 /// `[gate]`: gated targets in the `allow` entry syntax.
@@ -879,6 +925,12 @@ pub struct SessionStatus {
     pub bytes_recv: u64,
     /// False while the proxy is not serving the listener (see the daemon log).
     pub serving: bool,
+    /// Under [`PHASES`]: the phase in force (absent: the plain `[network]` lists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Under [`PHASES`]: the phases the session's layers define.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -1032,6 +1084,7 @@ mod tests {
             audit: AuditDoc::default(),
             logs: LogsDoc::default(),
             gate: GateDoc::default(),
+            phases: BTreeMap::new(),
         };
         SessionSpec {
             session: None,
@@ -1056,6 +1109,7 @@ mod tests {
             supervisor_pid: 42,
             sockets: vec![],
             gate_relay: None,
+            phase: None,
         }
     }
 

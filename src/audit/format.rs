@@ -383,6 +383,9 @@ pub(crate) mod tests {
             peer: None,
             listen: None,
             gate: None,
+            phase: None,
+            previous: None,
+            by: None,
         }
     }
 
@@ -425,6 +428,9 @@ pub(crate) mod tests {
             peer: Some(s.into()),
             listen: Some(s.into()),
             gate: None,
+            phase: None,
+            previous: None,
+            by: None,
         }
     }
 

@@ -127,6 +127,18 @@ pub struct AuditLine {
     /// line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateRecord>,
+    /// The phase in force when the attempt started (`[phase.NAME.network]`): on every line
+    /// of an attempt decided under a phase; on a `phase` line (`method: "PHASE"`), the phase
+    /// switched to (absent: back to the plain `[network]` lists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `phase` lines: the phase in force before the switch (absent: the plain lists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// `phase` lines: who switched — `start` (`airlock run --phase`) or `cli`
+    /// (`airlock phase set`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// The `gate` object of an audit line.
@@ -253,6 +265,9 @@ impl AuditLine {
             peer: None,
             listen: None,
             gate: None,
+            phase: None,
+            previous: None,
+            by: None,
         }
     }
 }

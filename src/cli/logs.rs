@@ -508,8 +508,12 @@ impl<W: Write> Printer<W> {
         let interrupted = line.interrupted == Some(true);
         let step =
             line.gate.as_ref().filter(|_| line.method == crate::proxy::gatehold::STEP_METHOD);
+        // A phase switch is not an attempt either: it says which lists decide what follows.
+        let switch = line.method == crate::daemon::service::phase::PHASE_METHOD;
         let verdict = if in_flight {
             "OPEN"
+        } else if switch {
+            "PHASE"
         } else if step.is_some() {
             // A gate's step is not an attempt: neither allowed nor denied.
             "GATE"
@@ -531,7 +535,17 @@ impl<W: Write> Printer<W> {
         };
         let duration = line.duration_ms.map(human_ms).unwrap_or_else(|| "-".into());
         let mut reason = String::new();
-        if let Some(g) = step {
+        let phase_name = |p: &Option<String>| {
+            p.as_deref().map_or_else(|| "(none)".to_owned(), |p| escape_for_terminal(p).into())
+        };
+        if switch {
+            reason.push_str(&format!(
+                "phase {} (was {}) by {}",
+                phase_name(&line.phase),
+                phase_name(&line.previous),
+                line.by.as_deref().map(escape_for_terminal).unwrap_or_default()
+            ));
+        } else if let Some(g) = step {
             reason.push_str(&format!("{} {}", g.step.as_str(), escape_for_terminal(&g.id)));
             if let Some(by) = &g.by {
                 reason.push_str(&format!(" by {}", escape_for_terminal(by)));
@@ -556,6 +570,9 @@ impl<W: Write> Printer<W> {
             }
         } else if let Some(status) = line.status {
             reason.push_str(&format!("HTTP {status}"));
+        }
+        if let Some(p) = line.phase.as_deref().filter(|_| !switch) {
+            reason.push_str(&format!(" [phase {}]", escape_for_terminal(p)));
         }
         if line.truncated == Some(true) {
             reason.push_str(" [truncated]");

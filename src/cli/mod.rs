@@ -6,6 +6,7 @@ pub mod completions;
 pub mod exec;
 pub mod identity;
 pub mod launch;
+pub mod phase;
 pub mod policy;
 pub mod policy_edit;
 pub mod policy_init;
@@ -99,6 +100,9 @@ pub enum Command {
     Publish(publish::PublishArgs),
     /// Decide the attempts held for a person's approval (`[gate]`): list, show, approve, deny
     Gate(gate::GateArgs),
+    /// Switch a running session between the phases its layers define ([phase.NAME.network])
+    #[command(subcommand)]
+    Phase(phase::PhaseCommand),
     /// Check the review server's record without trusting it: an export, a checkpoint from
     /// someone else, or the local audit files (docs/evidence.md)
     Verify(verify::VerifyArgs),
@@ -158,5 +162,6 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Publish(args) => publish::run(&args, ctx),
         Command::Verify(args) => verify::run(&args, ctx),
         Command::Gate(cmd) => gate::run(&cmd, ctx),
+        Command::Phase(cmd) => phase::run(&cmd, ctx),
     }
 }

@@ -93,6 +93,22 @@ impl Client {
         }
     }
 
+    /// `phase_set` (capability `phases`): `(phase, previous, seq)` of the switch made.
+    pub fn phase_set(
+        &mut self,
+        session: &str,
+        phase: Option<&str>,
+    ) -> Result<(Option<String>, Option<String>, u64), ClientError> {
+        self.require(protocol::PHASES)?;
+        let req =
+            Request::PhaseSet { session: session.to_owned(), phase: phase.map(str::to_owned) };
+        match self.call(&req, &[])? {
+            Response::PhaseSet { phase, previous, seq, .. } => Ok((phase, previous, seq)),
+            Response::Error { code, message } => Err(ClientError::Refused { code, message }),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
     fn require(&self, capability: &str) -> Result<(), ClientError> {
         if self.capabilities.contains(capability) {
             return Ok(());

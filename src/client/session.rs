@@ -125,6 +125,15 @@ fn register(
                 .into(),
         ));
     }
+    // An older daemon would ignore the phase and apply the plain lists.
+    if let Some(phase) = &spec.phase
+        && !client.capabilities.contains(protocol::PHASES)
+    {
+        return Err(ClientError::Unexpected(format!(
+            "--phase {phase} needs an airlockd that knows phases; restart it from this airlock \
+             build (`systemctl --user restart airlockd.socket`) before starting a session"
+        )));
+    }
     // An older daemon would let `airlock gate approve` decide a relayed session's gates
     // locally, past the review server's rules.
     if spec.gate_relay.is_some() && !client.capabilities.contains(protocol::GATE_RELAY) {

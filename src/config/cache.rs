@@ -32,7 +32,7 @@ use crate::protocol as wire;
 use crate::repo::Repo;
 
 /// Bumped whenever what an entry holds changes meaning.
-const FORMAT: u32 = 2;
+const FORMAT: u32 = 3;
 /// Entries kept at most; the least recently written beyond it are removed.
 const MAX_ENTRIES: usize = 32;
 /// An entry larger than this is not read (a slim entry is a few KiB).
@@ -196,6 +196,8 @@ fn slim_of(doc: &LayerDoc) -> LayerDoc {
         logs: doc.logs,
         publish: doc.publish,
         gate: doc.gate.clone(),
+        // Kept: `--phase` is checked against the phases the layers define.
+        phases: doc.phases.clone(),
         kind: doc.kind,
         name: doc.name.clone(),
         digest: doc.digest.clone(),

@@ -51,12 +51,15 @@ use toml::de::{DeTable, DeValue};
 
 use super::ConfigError;
 use super::diag::{Diagnostic, line_col, suggestion};
+pub use super::phase::PhaseDoc;
 use crate::gate::Severity;
 use crate::policy::{Entry, EntryKind, GateEntry, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
-const TOP_KEYS: &[&str] =
-    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate"];
+const TOP_KEYS: &[&str] = &[
+    "network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate",
+    "phase",
+];
 const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands", "self_approve"];
 const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
@@ -110,6 +113,10 @@ pub struct LayerDoc {
     /// `[gate]`: targets held for a person's decision.
     #[serde(default)]
     pub gate: GateDoc,
+    /// `[phase.NAME.network]`: per phase, the `allow`/`block` lists evaluated in place of
+    /// `[network]`'s while that phase is in force (`super::phase`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub phases: BTreeMap<String, PhaseDoc>,
 }
 
 /// `[gate]`: gated targets, each in the `allow` entry syntax, and the decision timeout.
@@ -284,6 +291,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
         logs: LogsDoc::default(),
         publish: PublishDoc::default(),
         gate: GateDoc::default(),
+        phases: BTreeMap::new(),
     };
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
@@ -295,7 +303,7 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
     }
 }
 
-struct Walker<'a> {
+pub(super) struct Walker<'a> {
     name: &'a str,
     text: &'a str,
     kind: LayerKind,
@@ -303,10 +311,10 @@ struct Walker<'a> {
     warnings: Vec<(usize, Diagnostic)>,
 }
 
-type Item<'i> = Spanned<DeValue<'i>>;
+pub(super) type Item<'i> = Spanned<DeValue<'i>>;
 
 impl Walker<'_> {
-    fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
+    pub(super) fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
         let d = Diagnostic::at(self.name, self.text, &span, message);
         self.errors.push((span.start, d));
     }
@@ -316,7 +324,7 @@ impl Walker<'_> {
         self.warnings.push((span.start, d));
     }
 
-    fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, section: &str, known: &[&str]) {
+    pub(super) fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, section: &str, known: &[&str]) {
         let k = key.get_ref();
         if matches!(k.as_ref(), "port" | "ports") {
             // Publishing a port opens the host's browser to the agent: only the person at the
@@ -438,6 +446,11 @@ impl Walker<'_> {
                 "gate" => {
                     if let Some(t) = self.table(value, "[gate]") {
                         self.gate(t, doc);
+                    }
+                }
+                "phase" => {
+                    if let Some(t) = self.table(value, "[phase]") {
+                        self.phases(t, doc);
                     }
                 }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
@@ -734,7 +747,7 @@ impl Walker<'_> {
         }
     }
 
-    fn table<'v, 'i>(&mut self, value: &'v Item<'i>, what: &str) -> Option<&'v DeTable<'i>> {
+    pub(super) fn table<'v, 'i>(&mut self, value: &'v Item<'i>, what: &str) -> Option<&'v DeTable<'i>> {
         match value.get_ref() {
             DeValue::Table(t) => Some(t),
             other => {
@@ -804,19 +817,31 @@ impl Walker<'_> {
                         };
                     }
                 }
-                "allow" => allow = self.entries(value, EntryKind::Allow),
-                "block" => block = self.entries(value, EntryKind::Block),
+                "allow" => allow = self.entries(value, EntryKind::Allow, "network"),
+                "block" => block = self.entries(value, EntryKind::Block, "network"),
                 "allow_private" => doc.network.allow_private = self.allow_private(value),
                 _ => self.unknown(key, "[network]", NETWORK_KEYS),
             }
         }
-        self.cross_check(&allow, &block);
+        self.cross_check(&allow, &block, "network");
         doc.network.allow = allow.into_iter().map(|(e, _)| e.text().to_owned()).collect();
         doc.network.block = block.into_iter().map(|(e, _)| e.text().to_owned()).collect();
     }
 
-    fn entries(&mut self, value: &Item<'_>, kind: EntryKind) -> Vec<(Entry, Range<usize>)> {
-        let list = if kind == EntryKind::Allow { "network.allow" } else { "network.block" };
+    /// The entries of `<section>.allow` or `<section>.block` (`section` is `network` or
+    /// `phase.NAME.network`), each with its span.
+    pub(super) fn entries(
+        &mut self,
+        value: &Item<'_>,
+        kind: EntryKind,
+        section: &str,
+    ) -> Vec<(Entry, Range<usize>)> {
+        let list = if kind == EntryKind::Allow {
+            format!("{section}.allow")
+        } else {
+            format!("{section}.block")
+        };
+        let list = list.as_str();
         let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
         let mut out = Vec::new();
         for (text, span) in self.strings(value, list) {
@@ -844,7 +869,12 @@ impl Walker<'_> {
     }
 
     /// Warns about an allow entry that a block entry of the same file fully covers: block wins.
-    fn cross_check(&mut self, allow: &[(Entry, Range<usize>)], block: &[(Entry, Range<usize>)]) {
+    pub(super) fn cross_check(
+        &mut self,
+        allow: &[(Entry, Range<usize>)],
+        block: &[(Entry, Range<usize>)],
+        section: &str,
+    ) {
         for (b, bspan) in block {
             for (a, aspan) in allow {
                 let covers = match b.port_spec() {
@@ -856,7 +886,7 @@ impl Walker<'_> {
                     self.warn(
                         bspan.clone(),
                         format!(
-                            "{:?} is in both network.allow (line {line}) and network.block; \
+                            "{:?} is in both {section}.allow (line {line}) and {section}.block; \
                              block wins, so the allow entry has no effect",
                             b.text()
                         ),
@@ -1116,6 +1146,27 @@ impl LayerDoc {
             gate_commands: self.gate.commands.clone(),
             // Bounded where it is used (`gate::timeout_of`).
             gate_timeout_ms: self.gate.timeout_ms,
+            phases: self
+                .phases
+                .iter()
+                .map(|(name, p)| {
+                    if !super::phase::is_phase_name(name) {
+                        return Err(ConfigError::Entry {
+                            file: self.name.clone(),
+                            entry: name.clone(),
+                            reason: format!(
+                                "phase name is not valid: use {}",
+                                super::phase::PHASE_NAME_SYNTAX
+                            ),
+                        });
+                    }
+                    let lists = crate::policy::PhaseLists {
+                        allow: parse(&p.allow, EntryKind::Allow)?,
+                        block: parse(&p.block, EntryKind::Block)?,
+                    };
+                    Ok((name.clone(), lists))
+                })
+                .collect::<Result<_, ConfigError>>()?,
         })
     }
 }

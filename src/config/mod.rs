@@ -15,6 +15,7 @@ pub mod fsutil;
 pub mod identity;
 mod layer;
 pub mod machine_key;
+pub mod phase;
 pub mod review;
 pub mod trust;
 mod wire;
@@ -27,7 +28,7 @@ pub use diag::{Diagnostic, Diagnostics};
 pub use identity::{Identity, IdentityError};
 pub use layer::{
     AuditDoc, Credential, GateDoc, GateRuleDoc, LayerDoc, LogsDoc, NetworkDoc, ParsedLayer,
-    PublishDoc, TerminalDoc, digest, parse_layer, parse_size,
+    PhaseDoc, PublishDoc, TerminalDoc, digest, parse_layer, parse_size,
 };
 pub use trust::{TrustRecord, TrustState};
 pub use wire::{documents_from_sources, review_servers_from_wire};
@@ -68,6 +69,9 @@ pub enum ConfigError {
     },
     #[error("{0}")]
     Policy(String),
+    /// A phase that no layer in force defines, or one whose allowlist is empty.
+    #[error("{0}")]
+    Phase(String),
     #[error(transparent)]
     Identity(#[from] IdentityError),
 }
@@ -111,6 +115,17 @@ pub fn build_client_policy(
     repo: Option<&LayerDoc>,
     client_review: &[ReviewServer],
 ) -> Result<BuiltPolicy, ConfigError> {
+    build_client_policy_in_phase(managed, user, repo, client_review, None)
+}
+
+/// [`build_client_policy`] with phase `phase` in force (`None`: the plain `[network]` lists).
+pub fn build_client_policy_in_phase(
+    managed: Option<&LayerDoc>,
+    user: Option<&LayerDoc>,
+    repo: Option<&LayerDoc>,
+    client_review: &[ReviewServer],
+    phase: Option<&str>,
+) -> Result<BuiltPolicy, ConfigError> {
     let mut layers = Vec::new();
     for (doc, kind) in
         [(managed, LayerKind::Managed), (user, LayerKind::User), (repo, LayerKind::Repo)]
@@ -127,7 +142,7 @@ pub fn build_client_policy(
     }
     let mut review: Vec<ReviewServer> = managed.map(review_servers_of).unwrap_or_default();
     review.extend(client_review.iter().filter(|r| r.layer != LayerKind::Managed).cloned());
-    build_policy(&layers, &review)
+    build_policy_in_phase(&layers, &review, phase)
 }
 
 /// The evaluator and the warnings building it raised.
@@ -233,6 +248,11 @@ impl Loaded {
     /// The evaluator for the applied layers.
     pub fn build_policy(&self) -> Result<BuiltPolicy, ConfigError> {
         build_policy(&self.applied(), &self.review_servers)
+    }
+
+    /// The evaluator for the applied layers with phase `phase` in force.
+    pub fn build_policy_in_phase(&self, phase: Option<&str>) -> Result<BuiltPolicy, ConfigError> {
+        build_policy_in_phase(&self.applied(), &self.review_servers, phase)
     }
 }
 
@@ -409,6 +429,22 @@ pub fn build_policy(
     layers: &[&LayerDoc],
     review: &[ReviewServer],
 ) -> Result<BuiltPolicy, ConfigError> {
+    build_policy_in_phase(layers, review, None)
+}
+
+/// [`build_policy`] with phase `phase` in force (`policy::Policy::build_in_phase`); a phase no
+/// layer defines, or one with an empty allowlist, is a [`ConfigError::Phase`].
+pub fn build_policy_in_phase(
+    layers: &[&LayerDoc],
+    review: &[ReviewServer],
+    phase: Option<&str>,
+) -> Result<BuiltPolicy, ConfigError> {
+    if let Some(name) = phase
+        && !layers.iter().any(|l| l.phases.contains_key(name))
+    {
+        return Err(ConfigError::Phase(phase::unknown_phase_message(name, layers)));
+    }
+    let docs = layers;
     let layers = layers.iter().map(|d| d.to_policy_layer()).collect::<Result<Vec<_>, _>>()?;
     let mut hosts = Vec::new();
     for r in review {
@@ -419,11 +455,15 @@ pub fn build_policy(
         })?;
         hosts.push(ReviewHost { host, layer: r.layer, policy: r.policy.clone() });
     }
-    match Policy::build(layers, hosts) {
+    match Policy::build_in_phase(layers, hosts, phase) {
         Ok((policy, warnings)) => Ok(BuiltPolicy { policy, warnings }),
         Err(PolicyError::EmptyAllowlist { managed_allow }) => {
             Err(ConfigError::EmptyAllowlist { managed_allow })
         }
+        Err(PolicyError::UnknownPhase { phase, .. }) => {
+            Err(ConfigError::Phase(phase::unknown_phase_message(&phase, docs)))
+        }
+        Err(e @ PolicyError::PhaseEmptyAllowlist { .. }) => Err(ConfigError::Phase(e.to_string())),
     }
 }
 

@@ -174,6 +174,13 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
             timeout_ms: doc.gate.timeout_ms,
             commands: doc.gate.commands.clone(),
         },
+        phases: doc
+            .phases
+            .iter()
+            .map(|(n, p)| {
+                (n.clone(), wire::PhaseDoc { allow: p.allow.clone(), block: p.block.clone() })
+            })
+            .collect(),
     }
 }
 
@@ -253,6 +260,14 @@ fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
             // Managed only: never on the wire (the daemon reads the managed file itself).
             self_approve: None,
         },
+        // Names and entries are checked again by `LayerDoc::to_policy_layer`.
+        phases: doc
+            .phases
+            .iter()
+            .map(|(n, p)| {
+                (n.clone(), super::PhaseDoc { allow: p.allow.clone(), block: p.block.clone() })
+            })
+            .collect(),
     })
 }
 

@@ -40,6 +40,9 @@ pub struct StartRecord<'a> {
     /// Sandbox layers in force, as the supervisor reported them.
     pub layers: &'a [String],
     pub listen: &'a str,
+    /// The phase the session started in (`airlock run --phase`); absent: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<&'a str>,
 }
 
 /// The end record.
@@ -73,6 +76,10 @@ pub struct EndRecord<'a> {
     /// Why there is no `audit_root` (the machine key, the files, lines still open).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_root_error: Option<String>,
+    /// Every phase switch of the session, the one fixed at start first; omitted when the
+    /// session never entered a phase.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub phases: &'a [crate::daemon::service::phase::PhaseRecord],
 }
 
 /// Appends one record to `<logs_dir>/sessions-<UTC date>.jsonl` (one `write(2)`, `O_APPEND`).
@@ -108,6 +115,7 @@ mod tests {
             bytes_recv: 0,
             audit_root: None,
             audit_root_error: Some("why".into()),
+            phases: &[],
         };
         append(&logs, &rec).unwrap();
         append(&logs, &rec).unwrap();

@@ -19,7 +19,7 @@
 //! `name`, a longer suffix over a shorter one, a longer prefix over a shorter one, an explicit
 //! port over `:*` over none, then layer and file order.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 
@@ -50,6 +50,16 @@ pub struct PolicyLayer {
     pub gate_timeout_ms: Option<u64>,
     /// `[gate] commands`: patterns of agents' shell commands asked for first.
     pub gate_commands: Vec<String>,
+    /// `[phase.NAME.network]`: lists evaluated in place of `allow`/`block` while phase NAME is
+    /// in force ([`Policy::build_in_phase`]).
+    pub phases: BTreeMap<String, PhaseLists>,
+}
+
+/// One layer's `[phase.NAME.network]` block: its own `allow` and `block` lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhaseLists {
+    pub allow: Vec<Entry>,
+    pub block: Vec<Entry>,
 }
 
 /// One gated target: an entry in the `allow` syntax and how much approving it matters.
@@ -83,8 +93,28 @@ impl PolicyLayer {
             gates: Vec::new(),
             gate_timeout_ms: None,
             gate_commands: Vec::new(),
+            phases: BTreeMap::new(),
         }
     }
+
+    /// This layer as evaluated while `phase` is in force: a layer that defines the phase has
+    /// that block's lists in place of its own; any other layer is unchanged (everything but
+    /// `allow` and `block` is always the layer's own).
+    pub fn in_phase(&self, phase: &str) -> Self {
+        let mut out = self.clone();
+        if let Some(lists) = self.phases.get(phase) {
+            out.allow = lists.allow.clone();
+            out.block = lists.block.clone();
+        }
+        out
+    }
+}
+
+/// Every phase name the layers define, sorted, each once.
+pub fn phase_names(layers: &[PolicyLayer]) -> Vec<String> {
+    let set: std::collections::BTreeSet<&String> =
+        layers.iter().flat_map(|l| l.phases.keys()).collect();
+    set.into_iter().cloned().collect()
 }
 
 /// The name agents ask for tool-call gates at (docs/gates.md); never a target.
@@ -176,6 +206,23 @@ pub enum PolicyError {
         /// The managed layer has `allow` entries (which never count toward the list).
         managed_allow: bool,
     },
+    /// No layer in force defines the phase asked for.
+    #[error(
+        "no layer in force defines phase {phase:?} ({}); add a [phase.{phase}.network] block \
+         to a layer, or pick one of those",
+        if defined.is_empty() { "none defines any phase".to_owned() }
+        else { format!("defined: {}", defined.join(", ")) }
+    )]
+    UnknownPhase { phase: String, defined: Vec<String> },
+    /// The phase's effective allowlist is empty (allowlist mode): entering it would refuse
+    /// every attempt, so it is refused instead.
+    #[error(
+        "refusing to enter phase {phase:?}: its allowlist is empty (no layer's \
+         [phase.{phase}.network] or, for a layer without that phase, [network] has an `allow` \
+         entry{}); add `allow` entries to [phase.{phase}.network]",
+        if *.managed_allow { "; the managed layer's allow entries only narrow the list" } else { "" }
+    )]
+    PhaseEmptyAllowlist { phase: String, managed_allow: bool },
 }
 
 /// The host's own interface addresses (read by the caller at session start): refused as
@@ -232,6 +279,8 @@ pub struct Policy {
     /// The ports at which a name's decision can differ ([`Self::decide_name_any_port`]): 80,
     /// 443, every port an entry names, and one port no entry names (standing for the rest).
     probe_ports: Vec<u16>,
+    /// The phase in force ([`Self::build_in_phase`]); `None`: the plain `[network]` lists.
+    phase: Option<String>,
 }
 
 impl Policy {
@@ -266,6 +315,7 @@ impl Policy {
             mode_source,
             digest: String::new(),
             probe_ports: Vec::new(),
+            phase: None,
         };
         let mut ports = std::collections::BTreeSet::from([80u16, 443]);
 
@@ -344,6 +394,46 @@ impl Policy {
         p.layers = layers;
         p.review = review_hosts;
         Ok((p, warnings))
+    }
+
+    /// [`Self::build`] with phase `phase` in force (`None`: the plain lists): each layer
+    /// that defines the phase is evaluated with that block's `allow`/`block` in place of its
+    /// own ([`PolicyLayer::in_phase`]); review-plane hosts, managed narrowing and the mode are
+    /// unchanged, and the empty-allowlist rule applies to the phase's lists. A phase no layer
+    /// defines is an error naming the ones defined.
+    pub fn build_in_phase(
+        layers: Vec<PolicyLayer>,
+        review_hosts: Vec<ReviewHost>,
+        phase: Option<&str>,
+    ) -> Result<(Policy, Vec<PolicyWarning>), PolicyError> {
+        let Some(phase) = phase else { return Self::build(layers, review_hosts) };
+        if !layers.iter().any(|l| l.phases.contains_key(phase)) {
+            return Err(PolicyError::UnknownPhase {
+                phase: phase.to_owned(),
+                defined: phase_names(&layers),
+            });
+        }
+        let layers = layers.iter().map(|l| l.in_phase(phase)).collect();
+        match Self::build(layers, review_hosts) {
+            Ok((mut p, w)) => {
+                p.phase = Some(phase.to_owned());
+                Ok((p, w))
+            }
+            Err(PolicyError::EmptyAllowlist { managed_allow }) => {
+                Err(PolicyError::PhaseEmptyAllowlist { phase: phase.to_owned(), managed_allow })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The phase in force, if any.
+    pub fn phase(&self) -> Option<&str> {
+        self.phase.as_deref()
+    }
+
+    /// Every phase the layers define (sorted).
+    pub fn phase_names(&self) -> Vec<String> {
+        phase_names(&self.layers)
     }
 
     pub fn mode(&self) -> Mode {
@@ -814,6 +904,110 @@ mod tests {
 
     fn gate(p: &Policy, target: &str, port: u16) -> Option<GateMatch> {
         p.gate(&canonicalize_host(target).unwrap(), port)
+    }
+
+    /// `l` with phase `name` holding `allow`/`block`.
+    fn phased(mut l: PolicyLayer, name: &str, allow: &[&str], block: &[&str]) -> PolicyLayer {
+        let parse = |list: &[&str], kind| {
+            list.iter().map(|s| Entry::parse(s, kind).unwrap()).collect::<Vec<_>>()
+        };
+        l.phases.insert(
+            name.to_owned(),
+            PhaseLists {
+                allow: parse(allow, EntryKind::Allow),
+                block: parse(block, EntryKind::Block),
+            },
+        );
+        l
+    }
+
+    fn in_phase(layers: Vec<PolicyLayer>, review: Vec<ReviewHost>, phase: &str) -> Policy {
+        Policy::build_in_phase(layers, review, Some(phase)).unwrap().0
+    }
+
+    #[test]
+    fn a_phase_replaces_the_lists_of_the_layers_that_define_it_and_only_those() {
+        let user = phased(layer(LayerKind::User, &["user.test"], &[]), "build", &["pypi.test"], &[]);
+        let repo = phased(
+            layer(LayerKind::Repo, &["repo.test"], &["bad.test"]),
+            "build",
+            &["files.test"],
+            &["user.test"],
+        );
+        let other = layer(LayerKind::Repo, &["repo.test"], &["bad.test"]);
+        let plain = build(vec![user.clone(), repo.clone()]);
+        assert_eq!(plain.phase(), None);
+        assert_eq!(reason(&plain, "pypi.test", 443), Reason::NotAllowed);
+        assert_eq!(reason(&plain, "user.test", 443), Reason::Allowed);
+
+        let p = in_phase(vec![user.clone(), repo], Vec::new(), "build");
+        assert_eq!(p.phase(), Some("build"));
+        // The user layer's phase lists replace its [network] lists…
+        assert_eq!(reason(&p, "pypi.test", 443), Reason::Allowed);
+        // …and the repo's phase block applies while its own block does not.
+        assert_eq!(reason(&p, "user.test", 443), Reason::Blocked);
+        assert_eq!(reason(&p, "bad.test", 443), Reason::NotAllowed);
+        assert_eq!(reason(&p, "files.test", 443), Reason::Allowed);
+        assert_eq!(decide(&p, "files.test", 443).rule.as_deref(), Some("files.test"));
+        assert_eq!(reason(&p, "repo.test", 443), Reason::NotAllowed);
+
+        // A layer without the phase keeps its own lists.
+        let p = in_phase(vec![user, other], Vec::new(), "build");
+        assert_eq!(reason(&p, "repo.test", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "bad.test", 443), Reason::Blocked);
+        assert_eq!(reason(&p, "user.test", 443), Reason::NotAllowed);
+        assert_eq!(p.phase_names(), ["build"]);
+    }
+
+    #[test]
+    fn managed_narrowing_review_hosts_and_mode_hold_in_every_phase() {
+        let managed = layer(LayerKind::Managed, &["corp.test"], &["leak.corp.test"]);
+        let user = phased(
+            layer(LayerKind::User, &["a.corp.test"], &[]),
+            "deploy",
+            &["b.corp.test", "leak.corp.test", "outside.test", "review.corp.test"],
+            &[],
+        );
+        let review = vec![ReviewHost {
+            host: canonicalize_host("review.corp.test").unwrap(),
+            layer: LayerKind::User,
+            policy: USER.into(),
+        }];
+        let p = in_phase(vec![managed.clone(), user.clone()], review.clone(), "deploy");
+        assert_eq!(reason(&p, "b.corp.test", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "a.corp.test", 443), Reason::NotAllowed);
+        // The managed layer still narrows, still blocks, and review hosts stay refused.
+        assert_eq!(reason(&p, "outside.test", 443), Reason::ManagedNotAllowed);
+        assert_eq!(reason(&p, "leak.corp.test", 443), Reason::Blocked);
+        assert_eq!(reason(&p, "review.corp.test", 443), Reason::ReviewPlane);
+        assert_eq!(p.mode(), Mode::Allowlist);
+
+        // A managed phase replaces the managed lists (it still only narrows).
+        let managed = phased(managed, "deploy", &["b.corp.test"], &[]);
+        let p = in_phase(vec![managed, user], review, "deploy");
+        assert_eq!(reason(&p, "b.corp.test", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "leak.corp.test", 443), Reason::ManagedNotAllowed);
+        assert_eq!(reason(&p, "x.corp.test", 443), Reason::ManagedNotAllowed);
+    }
+
+    #[test]
+    fn unknown_and_empty_phases_are_refused() {
+        let user = phased(layer(LayerKind::User, &["a.test"], &[]), "build", &[], &["b.test"]);
+        let repo = phased(layer(LayerKind::Repo, &[], &[]), "ship", &["c.test"], &[]);
+        let err = Policy::build_in_phase(vec![user.clone()], Vec::new(), Some("bild")).unwrap_err();
+        assert_eq!(
+            err,
+            PolicyError::UnknownPhase { phase: "bild".into(), defined: vec!["build".into()] }
+        );
+        // `build` leaves the user layer with no allow entry: nothing could be reached.
+        let err = Policy::build_in_phase(vec![user.clone()], Vec::new(), Some("build")).unwrap_err();
+        assert!(matches!(err, PolicyError::PhaseEmptyAllowlist { .. }), "{err}");
+        assert!(err.to_string().starts_with("refusing to enter phase \"build\""), "{err}");
+        // `ship` is defined by the repo only; the user layer keeps its own allow list.
+        let p = in_phase(vec![user.clone(), repo.clone()], Vec::new(), "ship");
+        assert_eq!(reason(&p, "a.test", 443), Reason::Allowed);
+        assert_eq!(reason(&p, "c.test", 443), Reason::Allowed);
+        assert_eq!(phase_names(&[user, repo]), ["build", "ship"]);
     }
 
     #[test]

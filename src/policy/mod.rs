@@ -21,7 +21,8 @@ pub use canon::{
 pub use domain::{registrable_domain, same_registrable_domain};
 pub use entry::{Entry, EntryError, EntryKind, NameMatch, Pattern, PortSpec};
 pub use eval::{
-    GateEntry, GateMatch, LocalAddrs, Policy, PolicyError, PolicyLayer, PolicyWarning, ReviewHost,
+    GateEntry, GateMatch, LocalAddrs, PhaseLists, Policy, PolicyError, PolicyLayer, PolicyWarning,
+    ReviewHost, phase_names,
 };
 
 use serde::{Deserialize, Serialize};

@@ -50,9 +50,9 @@ pub async fn handle(
         }
     };
     let target = host.authority(port);
-    let mut line = respond::new_line(session, &host.to_string(), Some(port), "CONNECT");
+    let (mut line, policy) = respond::begin(session, &host.to_string(), Some(port), "CONNECT");
 
-    let decision = session.policy.decide(&host, port, &session.local());
+    let decision = policy.decide(&host, port, &session.local());
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         line.duration_ms = Some(ms_since(started));
@@ -74,7 +74,7 @@ pub async fn handle(
         respond::send_and_close(&mut sock, &respond::audit_failed(&e, &target)).await;
         return;
     }
-    let reached = super::gatehold::reach(session, &mut line, &host, port, None, Some(&sock)).await;
+    let reached = super::gatehold::reach(session, &policy, &mut line, &host, port, None, Some(&sock)).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {
@@ -97,7 +97,7 @@ pub async fn handle(
     }
 
     let mut first = early;
-    if !session.policy.skip_sni_peek(&host, port) {
+    if !policy.skip_sni_peek(&host, port) {
         let seen = read_client_hello(session, &mut sock, &mut first).await;
         if let Err(reason) = guard::judge_sni(&host, seen.as_ref()) {
             // Nothing has been forwarded: close both sides and record why.

@@ -315,7 +315,7 @@ pub fn answer_message(session: &SessionProxy, msg: &[u8], limit: Option<usize>) 
 
 /// The policy's answer for a parsed query, with its audit line.
 fn decide(session: &SessionProxy, q: &Query) -> (Answer, AuditLine) {
-    let mut line = respond::new_line(session, &q.name, None, "DNS");
+    let (mut line, policy) = respond::begin(session, &q.name, None, "DNS");
     line.qtype = Some(qtype_name(q.qtype));
     let finish = |line: &mut AuditLine, answer: Answer, reason: Reason, allowed: bool| {
         line.allowed = allowed;
@@ -339,7 +339,7 @@ fn decide(session: &SessionProxy, q: &Query) -> (Answer, AuditLine) {
         }
     };
     line.host = name.clone();
-    let decision = session.policy.decide_name_any_port(&name);
+    let decision = policy.decide_name_any_port(&name);
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         let a = finish(&mut line, Answer::Code(Rcode::NxDomain), decision.reason, false);

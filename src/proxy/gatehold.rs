@@ -34,19 +34,20 @@ pub const STEP_METHOD: &str = "GATE";
 /// step, for the attempt's final line.
 pub async fn reach(
     session: &SessionProxy,
+    policy: &crate::policy::Policy,
     line: &mut AuditLine,
     host: &Host,
     port: u16,
     request: Option<&str>,
     client: Option<&TcpStream>,
 ) -> Result<(TcpStream, SocketAddr), Unreachable> {
-    let by_name = session.policy.gate(host, port);
-    if by_name.is_none() && !session.policy.has_address_gates() {
-        return guard::reach(session, host, port).await;
+    let by_name = policy.gate(host, port);
+    if by_name.is_none() && !policy.has_address_gates() {
+        return guard::reach(session, policy, host, port).await;
     }
-    let addrs = guard::resolve_checked(session, host, port).await?;
+    let addrs = guard::resolve_checked(session, policy, host, port).await?;
     // An address-range gate holds every name that resolves into it.
-    if let Some(gate) = by_name.or_else(|| session.policy.gate_answers(&addrs, port)) {
+    if let Some(gate) = by_name.or_else(|| policy.gate_answers(&addrs, port)) {
         hold(session, line, &gate, port, request, client).await?;
     }
     guard::dial(session, &addrs, port).await
@@ -117,7 +118,7 @@ pub(super) fn gate_info(
         layer: gate.layer.as_str().to_owned(),
         policy: gate.policy.clone(),
         requested_at: rfc3339_ms(now),
-        deadline: rfc3339_ms(now + session.policy.gate_timeout()),
+        deadline: rfc3339_ms(now + session.policy().gate_timeout()),
         // Set by the book from the session's relay.
         relay: None,
     }
@@ -141,7 +142,7 @@ pub(super) async fn wait_for_decision(
     last_step: &mut Option<GateRecord>,
 ) -> Result<(), Unreachable> {
     let refused = |reason, detail: String| refusal(gate, reason, detail);
-    let timeout = session.policy.gate_timeout();
+    let timeout = session.policy().gate_timeout();
     let mut record = GateRecord {
         id: String::new(),
         step: GateStep::Requested,

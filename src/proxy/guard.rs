@@ -61,6 +61,7 @@ impl Unreachable {
 /// already decided in full by `Policy::decide`; a name is resolved once, here.
 pub async fn resolve_checked(
     session: &SessionProxy,
+    policy: &crate::policy::Policy,
     host: &Host,
     port: u16,
 ) -> Result<Vec<IpAddr>, Unreachable> {
@@ -122,7 +123,7 @@ pub async fn resolve_checked(
         }
     };
     let local = session.local();
-    match judge_answers(&session.policy, &answers, port, &local) {
+    match judge_answers(policy, &answers, port, &local) {
         Some((decision, refused)) => Err(Unreachable::Refused { decision, answers: refused }),
         None => Ok(answers),
     }
@@ -166,10 +167,11 @@ async fn resolution_slots(
 /// or captured), every answer through the address guard.
 pub async fn reach(
     session: &SessionProxy,
+    policy: &crate::policy::Policy,
     host: &Host,
     port: u16,
 ) -> Result<(TcpStream, SocketAddr), Unreachable> {
-    let addrs = resolve_checked(session, host, port).await?;
+    let addrs = resolve_checked(session, policy, host, port).await?;
     dial(session, &addrs, port).await
 }
 

@@ -137,12 +137,12 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
         }
     };
     let target = host.authority(port);
-    let mut line = respond::new_line(s, &host.to_string(), Some(port), &method);
+    let (mut line, policy) = respond::begin(s, &host.to_string(), Some(port), &method);
     // What a gate on this target approves: exactly this request line.
     let request_line = format!("{method} {url} {:?}", req.version());
     line.url = Some(url);
 
-    let decision = s.policy.decide(&host, port, &s.local());
+    let decision = policy.decide(&host, port, &s.local());
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         line.duration_ms = Some(ms_since(started));
@@ -156,7 +156,7 @@ async fn handle_request(s: &Arc<SessionProxy>, req: Request<Incoming>) -> Respon
         return audit_failed(&e, &target);
     }
     let reached =
-        super::gatehold::reach(s, &mut line, &host, port, Some(&request_line), None).await;
+        super::gatehold::reach(s, &policy, &mut line, &host, port, Some(&request_line), None).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

@@ -204,7 +204,9 @@ pub struct Identity {
 /// One session's proxy: its policy, audit sink, resolver, limits and live counters. Shared by
 /// every connection task of the session.
 pub struct SessionProxy {
-    pub(crate) policy: Arc<Policy>,
+    /// The policy in force: replaced whole by a phase switch ([`SessionProxy::switch_policy`]),
+    /// never changed in place; each attempt takes one snapshot ([`respond::begin`]).
+    policy: std::sync::RwLock<Arc<Policy>>,
     pub(crate) audit: Arc<dyn AuditSink>,
     pub(crate) resolver: Arc<dyn Resolver>,
     pub(crate) limits: Limits,
@@ -289,7 +291,7 @@ impl SessionProxy {
             limits.max_resolutions.clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
         ));
         Self {
-            policy,
+            policy: std::sync::RwLock::new(policy),
             audit,
             resolver,
             limits,
@@ -334,6 +336,36 @@ impl SessionProxy {
     pub fn with_host_addrs(mut self, cell: Arc<hostaddrs::HostAddrs>) -> Self {
         self.local = cell;
         self
+    }
+
+    /// The policy in force now. An attempt takes it once, with its `seq`
+    /// ([`respond::begin`]), and decides everything with that one snapshot.
+    pub fn policy(&self) -> Arc<Policy> {
+        Arc::clone(&self.policy.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// A fresh stamp and the policy in force, taken together: no phase switch falls between
+    /// them, so an attempt's `seq` orders it correctly against the switch's line.
+    pub(crate) fn stamp_with_policy(&self) -> (crate::audit::Stamp, Arc<Policy>) {
+        let guard = self.policy.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        (self.audit.stamp(), Arc::clone(&guard))
+    }
+
+    /// Puts `policy` in force (a phase switch, docs/audit-format.md "Phase lines"): under
+    /// the write lock, so no attempt starts meanwhile, it stamps and appends the `phase` line
+    /// made by `line` from the stamp and the previous phase, and only once that line is
+    /// written swaps the policy (fail closed: an unwritten switch does not happen). Blocking
+    /// (one append). Returns the line written.
+    pub fn switch_policy(
+        &self,
+        policy: Arc<Policy>,
+        line: impl FnOnce(crate::audit::Stamp, Option<&str>) -> crate::audit::AuditLine,
+    ) -> Result<crate::audit::AuditLine, crate::audit::AuditError> {
+        let mut guard = self.policy.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let written = line(self.audit.stamp(), guard.phase());
+        self.audit.append(&written)?;
+        *guard = policy;
+        Ok(written)
     }
 
     /// The host's own addresses as of now, for one decision of the address guard.

@@ -57,19 +57,28 @@ impl Status {
 /// `duration_ms` is unset: the path that ends the attempt fills it in (an immediate refusal
 /// too — the page's denied line carries `"duration_ms":0`; an interrupted one never has it).
 pub fn new_line(session: &SessionProxy, host: &str, port: Option<u16>, method: &str) -> AuditLine {
-    AuditLine {
+    begin(session, host, port, method).0
+}
+
+/// [`new_line`] and the policy in force when the attempt started, taken together
+/// ([`SessionProxy::stamp_with_policy`]): the attempt is decided entirely by that policy, and
+/// its line names that policy's phase.
+pub fn begin(
+    session: &SessionProxy,
+    host: &str,
+    port: Option<u16>,
+    method: &str,
+) -> (AuditLine, std::sync::Arc<crate::policy::Policy>) {
+    let (stamp, policy) = session.stamp_with_policy();
+    let line = AuditLine {
         user_id: session.identity.user_id.clone(),
         repo: session.identity.repo.clone(),
         repo_path: session.identity.repo_path.clone(),
         repo_key: session.identity.repo_key.clone(),
-        ..AuditLine::attempt(
-            rfc3339_ms(SystemTime::now()),
-            session.audit.stamp(),
-            host,
-            port,
-            method,
-        )
-    }
+        phase: policy.phase().map(str::to_owned),
+        ..AuditLine::attempt(rfc3339_ms(SystemTime::now()), stamp, host, port, method)
+    };
+    (line, policy)
 }
 
 /// Marks `line` as refused by `d`.

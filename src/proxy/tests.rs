@@ -788,7 +788,7 @@ mod gates {
     }
 
     fn port_of(r: &Rig) -> u16 {
-        let g = r.session.policy.layers()[0].allow[0].text().to_owned();
+        let g = r.session.policy().layers()[0].allow[0].text().to_owned();
         g.rsplit(':').next().unwrap().parse().unwrap()
     }
 

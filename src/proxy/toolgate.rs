@@ -102,7 +102,7 @@ fn asked(session: &SessionProxy, body: &Body) -> Result<Asked, String> {
     let Some(command) = ctx.pointer("/tool_input/command").and_then(|v| v.as_str()) else {
         return Err("a Bash PreToolUse payload without tool_input.command".into());
     };
-    Ok(match session.policy.gated_command(command) {
+    Ok(match session.policy().gated_command(command) {
         Some(gate) => Asked::Gate { tool: "Bash".into(), action: command.to_owned(), gate },
         None => Asked::NotGated,
     })

@@ -190,9 +190,10 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
             return;
         }
     };
-    let mut line = new_line(session, &host.to_string(), port);
+    let (mut line, policy) = respond::begin(session, &host.to_string(), Some(port), "CONNECT");
+    line.capture = Some(Capture::Transparent);
 
-    let decision = session.policy.decide(&host, port, &session.local());
+    let decision = policy.decide(&host, port, &session.local());
     if !decision.is_allowed() {
         respond::set_refusal(&mut line, &decision);
         line.duration_ms = Some(ms_since(started));
@@ -213,7 +214,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         reset(sock);
         return;
     }
-    let reached = super::gatehold::reach(session, &mut line, &host, port, None, Some(&sock)).await;
+    let reached = super::gatehold::reach(session, &policy, &mut line, &host, port, None, Some(&sock)).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {
@@ -227,7 +228,7 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
 
     let mut sock = sock;
     let mut first = Vec::new();
-    if !session.policy.skip_sni_peek(&host, port) {
+    if !policy.skip_sni_peek(&host, port) {
         let seen = read_client_hello(session, &mut sock, &mut first).await;
         if let Err(reason) = guard::judge_sni(&host, seen.as_ref()) {
             respond::set_failure(&mut line, reason);

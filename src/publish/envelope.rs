@@ -123,6 +123,7 @@ pub fn egress_kind(
         "DNS" => return "dns",
         "INBOUND" => return "inbound",
         "GATE" => return "gate",
+        "PHASE" => return "phase",
         _ => {}
     }
     match reason {
@@ -354,6 +355,7 @@ mod tests {
         assert_eq!(egress_kind(Some("STOP"), false, Some("audit_budget"), false, false), "stop");
         assert_eq!(egress_kind(Some("INBOUND"), true, Some("allowed"), false, false), "inbound");
         assert_eq!(egress_kind(Some("GATE"), false, None, false, false), "gate");
+        assert_eq!(egress_kind(Some("PHASE"), false, None, false, false), "phase");
         assert_eq!(egress_kind(Some("GET"), false, Some("gate_denied"), false, false), "denied");
     }
 

@@ -95,6 +95,7 @@ impl ProxyBridge for DaemonBridge {
             // Filled by the client per connection (only under `session_sockets`).
             sockets: Vec::new(),
             gate_relay: None,
+            phase: self.prepared.phase.clone(),
         };
         let relay = self.relay()?;
         let mut spec = spec;

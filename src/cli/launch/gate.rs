@@ -59,6 +59,10 @@ pub struct Prepared {
     /// The managed layer's `[gate] self_approve`: reported to the review server when this
     /// session's gates are relayed there (the server decides whether to honour it).
     pub gate_self_approve: bool,
+    /// The phases the applied layers define, each with the files defining it.
+    pub phases: Vec<(String, Vec<String>)>,
+    /// `--phase`: the phase the session starts in.
+    pub phase: Option<String>,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -137,6 +141,7 @@ impl TrustGate for ConfigGate {
             .iter()
             .any(|d| !d.gate.commands.is_empty())
             .then(|| crate::gate::timeout_of(applied.iter().map(|d| (d.kind, d.gate.timeout_ms))));
+        let phases = config::phase::defined_phases(&applied);
         let gate_self_approve = applied
             .iter()
             .filter(|d| d.kind == crate::policy::LayerKind::Managed)
@@ -157,6 +162,8 @@ impl TrustGate for ConfigGate {
             gated,
             tool_gates,
             gate_self_approve,
+            phases,
+            phase: None,
         })
     }
 }

@@ -40,6 +40,22 @@ use crate::sandbox::env as senv;
 use crate::sandbox::probe::{self, HostFs};
 use crate::sandbox::supervisor::{self, Request};
 
+/// `--phase NAME` that no applied layer defines: which ones there are, and what to do.
+pub fn unknown_phase(phase: &str, defined: &[(String, Vec<String>)]) -> String {
+    if defined.is_empty() {
+        return format!(
+            "unknown phase {phase:?}: no layer in force defines any phase (a [phase.NAME.network] \
+             block in ~/.airlock/config.toml or a trusted .airlock.toml); nothing was started"
+        );
+    }
+    let list: Vec<String> =
+        defined.iter().map(|(n, files)| format!("{n} ({})", files.join(", "))).collect();
+    format!(
+        "unknown phase {phase:?}; defined phases: {}; nothing was started",
+        list.join(", ")
+    )
+}
+
 fn fail(msg: impl std::fmt::Display) -> i32 {
     eprintln!("airlock: {msg}");
     125
@@ -153,10 +169,18 @@ pub fn run_with(
         Ok(found) => found,
         Err(e) => return fail(e),
     };
-    let prepared = match gate.load(&paths, &repo, ctx.env) {
+    let mut prepared = match gate.load(&paths, &repo, ctx.env) {
         Ok(p) => p,
         Err(e) => return fail(e),
     };
+    // `--phase`: one the applied layers define (an untrusted repo file defines none), checked
+    // before anything starts; the daemon builds its policy from the same layers.
+    if let Some(phase) = &opts.phase {
+        if !prepared.phases.iter().any(|(n, _)| n == phase) {
+            return fail(unknown_phase(phase, &prepared.phases));
+        }
+        prepared.phase = Some(phase.clone());
+    }
     let chosen = match toolchains::judge(&paths, &repo, rules.clone(), &prepared, opts) {
         Ok(c) => c,
         Err(e) => return fail(e),

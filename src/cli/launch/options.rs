@@ -1,4 +1,5 @@
-//! Options every session takes (`exec` and `run`): `--mount`, `-w/--workdir` and `--quiet`.
+//! Options every session takes (`exec` and `run`): `--mount`, `-w/--workdir`, `--quiet` and
+//! `--phase`.
 
 use std::path::PathBuf;
 
@@ -17,4 +18,9 @@ pub struct SessionOptions {
     /// No summary of the session's refusals on stderr when it ends.
     #[arg(long)]
     pub quiet: bool,
+    /// Start the session in phase NAME: each layer with a [phase.NAME.network] block is
+    /// evaluated with that block's allow/block lists instead of its [network] lists. Switch
+    /// later with `airlock phase set`. See "Phases" in docs/configuration.md.
+    #[arg(long, value_name = "NAME")]
+    pub phase: Option<String>,
 }

@@ -282,6 +282,12 @@ pub(super) async fn handle_request(
             gate_list(daemon, after, wait_ms).await
         }
         (Some(Some(_)), Request::GateDecide(d)) => gate_decide(daemon, &d),
+        (Some(Some(_)), Request::PhaseSet { .. }) if !conn.capabilities.contains(protocol::PHASES) => {
+            error(ErrorCode::Protocol, "phase_set needs the `phases` capability; offer it in hello")
+        }
+        (Some(Some(_)), Request::PhaseSet { session, phase }) => {
+            super::phase::phase_set(daemon, &session, phase).await
+        }
         (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
             Some(s) if s.id == end.session => {
                 end_session(daemon, &s, &end, None).await;

@@ -19,6 +19,7 @@ mod accept;
 mod connection;
 mod inbound;
 mod layers;
+pub(crate) mod phase;
 mod session;
 mod state;
 

@@ -29,8 +29,14 @@ fn valid_session_id(id: &str) -> bool {
 }
 
 /// What a session takes from its layers: the built policy, `name@sha256:<digest>` of each layer,
-/// the `[audit]` volume bounds and `[logs] keep`.
-type SessionPolicy = (Arc<Policy>, Vec<String>, crate::audit::volume::Volume, Option<Duration>);
+/// the `[audit]` volume bounds, `[logs] keep`, and the layers themselves (for phase switches).
+type SessionPolicy = (
+    Arc<Policy>,
+    Vec<String>,
+    crate::audit::volume::Volume,
+    Option<Duration>,
+    super::phase::PhaseSource,
+);
 
 /// The one place a request's configuration becomes policy: the daemon's managed layer (read by
 /// the daemon, so the client cannot drop it) over the client's user and repo layers — sent as
@@ -46,11 +52,12 @@ fn session_policy(
 ) -> Result<SessionPolicy, Response> {
     let config = |e: String| error(ErrorCode::Config, e);
     let layers = &spec.config;
-    let (policy, user, repo) = if layers.sources.is_empty() {
+    let (policy, user, repo, review) = if layers.sources.is_empty() {
         let client =
             crate::config::ClientLayers::from_wire(layers).map_err(|e| config(e.to_string()))?;
         let built = client.build_policy(managed).map_err(|e| config(e.to_string()))?;
-        (Arc::new(built.policy), client.user.map(Arc::new), client.repo.map(Arc::new))
+        let review = client.review_servers.clone();
+        (Arc::new(built.policy), client.user.map(Arc::new), client.repo.map(Arc::new), review)
     } else {
         if !digests {
             return Err(error(
@@ -72,7 +79,7 @@ fn session_policy(
         let review = crate::config::review_servers_from_wire(&layers.review_servers);
         let shared = layers::policy(cache, managed, &resolved, &review)
             .map_err(|e| config(e.to_string()))?;
-        (Arc::clone(&shared.policy), resolved.user, resolved.repo)
+        (Arc::clone(&shared.policy), resolved.user, resolved.repo, review)
     };
     let names = managed
         .into_iter()
@@ -83,7 +90,14 @@ fn session_policy(
     // `[audit]`: the managed layer as the daemon read it, the user layer as the client sent
     // it (a repo document claiming `[audit]` is ignored by `audit_volume`).
     let docs: Vec<&LayerDoc> = managed.into_iter().chain(user.as_deref()).collect();
-    Ok((policy, names, crate::config::audit_volume(&docs), crate::config::logs_keep(&docs)))
+    let (volume, keep) = (crate::config::audit_volume(&docs), crate::config::logs_keep(&docs));
+    let source = super::phase::PhaseSource {
+        managed: managed.cloned().map(Arc::new),
+        user,
+        repo,
+        review,
+    };
+    Ok((policy, names, volume, keep, source))
 }
 
 /// `[logs] keep`, applied to the checkout's directory as its session starts; a failure is
@@ -197,6 +211,7 @@ struct Prepared {
     local: Arc<proxy::hostaddrs::HostAddrs>,
     log_dir: std::path::PathBuf,
     repo_key: String,
+    phase_source: super::phase::PhaseSource,
 }
 
 /// Every check and every file touched before a session can be served, in the order the errors
@@ -227,8 +242,13 @@ fn prepare(
         }
         (None, false) => audit::new_id(),
     };
-    let (built, policy_layers, volume, keep) =
+    let (mut built, policy_layers, volume, keep, phase_source) =
         session_policy(&daemon.layer_cache, managed.as_ref(), &spec, digests)?;
+    // `--phase`: the phase's policy, from the same layers (an unknown phase, or one with an
+    // empty allowlist, refuses the session: nothing has started).
+    if let Some(phase) = spec.phase.as_deref() {
+        built = phase_source.build(Some(phase)).map_err(|m| error(ErrorCode::Phase, m))?;
+    }
     // The texts were parsed (or were not needed): the session keeps only their digests.
     for source in &mut spec.config.sources {
         source.text = None;
@@ -277,6 +297,7 @@ fn prepare(
         },
         log_dir,
         repo_key,
+        phase_source,
     })
 }
 
@@ -308,6 +329,7 @@ fn write_start_record(
         policy_layers,
         layers: &s.layers,
         listen: &session.listen,
+        phase: s.phase.as_deref(),
     };
     records::append(&session.log_dir, &rec).map_err(|e| e.to_string())
 }
@@ -346,6 +368,7 @@ pub(super) async fn start_session(
         local,
         log_dir,
         repo_key,
+        phase_source,
     } = prepared;
     let SessionSockets {
         proxy: listener,
@@ -395,6 +418,7 @@ pub(super) async fn start_session(
         log_dir,
         repo_key,
         drained,
+        phases: super::phase::SessionPhases { source: phase_source, ..Default::default() },
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
         return error(ErrorCode::Session, e);
@@ -406,6 +430,20 @@ pub(super) async fn start_session(
         if let Err(e) = written.and_then(|r| r) {
             lock(&daemon.sessions).remove(&id);
             return error(ErrorCode::Internal, e);
+        }
+        // The phase fixed at start is a `phase` line of its own (`by: "start"`), before any
+        // attempt of the session can be served.
+        if session.spec.phase.is_some() {
+            let s = Arc::clone(&session);
+            let written = blocking(move || {
+                let policy = s.proxy.policy();
+                super::phase::switch(&s.proxy, &s.phases, policy, true)
+            })
+            .await;
+            if let Err(e) = written.and_then(|r| r) {
+                lock(&daemon.sessions).remove(&id);
+                return error(ErrorCode::Internal, e);
+            }
         }
     }
     // Serve the proxy on the validated listener until the session ends or the daemon stops.
@@ -573,6 +611,7 @@ pub(super) async fn end_session(
             bytes_recv: stats.bytes_recv,
             audit_root,
             audit_root_error,
+            phases: &lock(&s.phases.log),
         };
         if let Err(e) = records::append(&s.log_dir, &rec) {
             tracing::error!("cannot write the end record of {}: {e}", s.id);
@@ -593,7 +632,7 @@ pub(super) mod tests {
 
     pub(crate) fn policy_for(spec: &SessionSpec) -> Result<(Arc<Policy>, Vec<String>), String> {
         session_policy(&Default::default(), None, spec, false)
-            .map(|(b, l, _, _)| (b, l))
+            .map(|(b, l, _, _, _)| (b, l))
             .map_err(|r| format!("{r:?}"))
     }
 
@@ -660,7 +699,8 @@ pub(super) mod tests {
             ..Default::default()
         };
         let cache = Default::default();
-        let (built, layers, _, _) = session_policy(&cache, Some(&managed), &spec, false).unwrap();
+        let (built, layers, _, _, _) =
+            session_policy(&cache, Some(&managed), &spec, false).unwrap();
         assert_eq!(
             layers,
             [
@@ -668,7 +708,7 @@ pub(super) mod tests {
                 format!("~/.airlock/config.toml@sha256:{}", user.digest)
             ]
         );
-        let (without, _, _, _) = session_policy(&cache, None, &spec, false).unwrap();
+        let (without, _, _, _, _) = session_policy(&cache, None, &spec, false).unwrap();
         assert_ne!(built.digest(), without.digest());
     }
 
@@ -708,8 +748,8 @@ pub(super) mod tests {
         let mut both = by_content.clone();
         both.config.user = by_docs.config.user.clone();
         assert_eq!(code(session_policy(&cache, None, &both, true)), ErrorCode::Protocol);
-        let (a, la, _, _) = session_policy(&cache, None, &by_docs, false).unwrap();
-        let (b, lb, _, _) = session_policy(&cache, None, &by_content, true).unwrap();
+        let (a, la, _, _, _) = session_policy(&cache, None, &by_docs, false).unwrap();
+        let (b, lb, _, _, _) = session_policy(&cache, None, &by_content, true).unwrap();
         assert_eq!((a.digest(), la), (b.digest(), lb));
         // The digest alone now finds the parsed layer; an unknown one asks for the text.
         let mut bare = by_content.clone();

@@ -45,6 +45,8 @@ pub struct Session {
     /// [`Session::stop_proxy`]: every line of theirs is written. The end record's
     /// `audit_root` waits for it (bounded).
     pub(super) drained: watch::Receiver<bool>,
+    /// The layers it started with and its phase switches ([`super::phase`]).
+    pub(crate) phases: super::phase::SessionPhases,
 }
 
 impl Session {
@@ -67,6 +69,8 @@ impl Session {
             bytes_sent: stats.bytes_sent,
             bytes_recv: stats.bytes_recv,
             serving: !*self.shutdown.borrow(),
+            phase: self.proxy.policy().phase().map(str::to_owned),
+            phases: self.phases.source.defined(),
         }
     }
 }
@@ -85,6 +89,10 @@ impl SessionTable {
         }
         self.by_id.insert(session.id.clone(), session);
         Ok(())
+    }
+
+    pub(super) fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.by_id.get(id).cloned()
     }
 
     pub(super) fn remove(&mut self, id: &str) -> Option<Arc<Session>> {
@@ -425,6 +433,7 @@ pub(super) mod tests {
             log_dir: std::path::PathBuf::from("/nonexistent/logs/r"),
             repo_key: "r-00000000".into(),
             drained: watch::channel(true).1,
+            phases: Default::default(),
         })
     }
 

@@ -1,0 +1,174 @@
+//! Phases of a running session (`[phase.NAME.network]`, docs/configuration.md "Phases"): the
+//! layers a session started with, kept so a switch uses them as they were trusted then (a repo
+//! file edited since is never re-read); the switch itself (`phase_set`), which builds the
+//! phase's policy, writes the `phase` audit line and swaps the session's policy whole; and the
+//! switches so far, for the end record's `phases`.
+
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use super::connection::error;
+use super::state::{Daemon, blocking, lock};
+use crate::audit::{AuditLine, Stamp};
+use crate::config::{LayerDoc, ReviewServer};
+use crate::policy::Policy;
+use crate::protocol::{ErrorCode, Response};
+use crate::proxy::SessionProxy;
+
+/// The audit `method` of a phase line.
+pub const PHASE_METHOD: &str = "PHASE";
+
+/// The layers a session's policy was built from, as they were at its start.
+#[derive(Debug, Default)]
+pub(crate) struct PhaseSource {
+    pub(crate) managed: Option<Arc<LayerDoc>>,
+    pub(crate) user: Option<Arc<LayerDoc>>,
+    pub(crate) repo: Option<Arc<LayerDoc>>,
+    pub(crate) review: Vec<ReviewServer>,
+}
+
+impl PhaseSource {
+    /// The session's policy with `phase` in force (`None`: the plain lists), built by the
+    /// same code as every other policy. The error says what was wrong and which phases exist.
+    pub(crate) fn build(&self, phase: Option<&str>) -> Result<Arc<Policy>, String> {
+        crate::config::build_client_policy_in_phase(
+            self.managed.as_deref(),
+            self.user.as_deref(),
+            self.repo.as_deref(),
+            &self.review,
+            phase,
+        )
+        .map(|b| Arc::new(b.policy))
+        .map_err(|e| e.to_string())
+    }
+
+    /// Every phase the layers define (sorted).
+    pub(crate) fn defined(&self) -> Vec<String> {
+        let docs: Vec<&LayerDoc> =
+            [&self.managed, &self.user, &self.repo].into_iter().flatten().map(|d| &**d).collect();
+        crate::config::phase::defined_phases(&docs).into_iter().map(|(n, _)| n).collect()
+    }
+}
+
+/// One entry of the end record's `phases`: a switch (or the phase fixed at start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PhaseRecord {
+    /// The phase switched to; `null`: the plain `[network]` lists.
+    pub phase: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// `start` or `cli`.
+    pub by: String,
+    /// When, RFC 3339 UTC with milliseconds (the line's `ts`).
+    pub at: String,
+    /// The `seq` of its `phase` line.
+    pub seq: u64,
+}
+
+/// A session's phase state: its layers at start and the switches so far.
+#[derive(Debug, Default)]
+pub(crate) struct SessionPhases {
+    pub(crate) source: PhaseSource,
+    /// Held across a whole switch, so two switches of one session are ordered.
+    pub(crate) log: Mutex<Vec<PhaseRecord>>,
+}
+
+/// The `phase` audit line (docs/audit-format.md "Phase lines"): attributed like the session's
+/// attempts, `method: "PHASE"`, `host` empty, `allowed: false`, `phase` the phase switched to
+/// (absent: back to the plain lists), `previous`, `by`.
+fn phase_line(
+    proxy: &SessionProxy,
+    stamp: Stamp,
+    phase: Option<&str>,
+    previous: Option<&str>,
+    by: &str,
+) -> AuditLine {
+    let id = &proxy.identity;
+    AuditLine {
+        user_id: id.user_id.clone(),
+        repo: id.repo.clone(),
+        repo_path: id.repo_path.clone(),
+        repo_key: id.repo_key.clone(),
+        phase: phase.map(str::to_owned),
+        previous: previous.map(str::to_owned),
+        by: Some(by.to_owned()),
+        ..AuditLine::attempt(
+            crate::timefmt::rfc3339_ms(std::time::SystemTime::now()),
+            stamp,
+            "",
+            None,
+            PHASE_METHOD,
+        )
+    }
+}
+
+/// Puts `policy` in force on `proxy` and records it: the line first (fail closed), then the
+/// swap, then the end record's entry. `start`: the phase fixed at session start (`previous`
+/// is then absent: nothing was in force before). Blocking (one append).
+pub(crate) fn switch(
+    proxy: &SessionProxy,
+    phases: &SessionPhases,
+    policy: Arc<Policy>,
+    start: bool,
+) -> Result<PhaseRecord, String> {
+    let mut log = lock(&phases.log);
+    let phase = policy.phase().map(str::to_owned);
+    let by = if start { "start" } else { "cli" };
+    let line = proxy
+        .switch_policy(policy, |stamp, previous| {
+            let previous = if start { None } else { previous };
+            phase_line(proxy, stamp, phase.as_deref(), previous, by)
+        })
+        .map_err(|e| format!("the phase line could not be written, so the phase is unchanged: {e}"))?;
+    let rec = PhaseRecord {
+        phase,
+        previous: line.previous.clone(),
+        by: by.to_owned(),
+        at: line.ts.clone(),
+        seq: line.seq,
+    };
+    log.push(rec.clone());
+    Ok(rec)
+}
+
+/// `phase_set`: switches session `id` to `phase` (`None`: the plain lists), with the layers
+/// it started with.
+pub(super) async fn phase_set(daemon: &Arc<Daemon>, id: &str, phase: Option<String>) -> Response {
+    let Some(session) = lock(&daemon.sessions).get(id) else {
+        return error(
+            ErrorCode::Session,
+            format!("no live session {id:?}; `airlock status` lists the live sessions"),
+        );
+    };
+    if let Some(name) = phase.as_deref()
+        && !crate::config::phase::is_phase_name(name)
+    {
+        return error(
+            ErrorCode::Phase,
+            format!(
+                "{name:?} is not a phase name ({})",
+                crate::config::phase::PHASE_NAME_SYNTAX
+            ),
+        );
+    }
+    let s = Arc::clone(&session);
+    let done = blocking(move || {
+        let policy = s.phases.source.build(phase.as_deref()).map_err(|m| (ErrorCode::Phase, m))?;
+        switch(&s.proxy, &s.phases, policy, false).map_err(|m| (ErrorCode::Internal, m))
+    })
+    .await;
+    match done {
+        Ok(Ok(rec)) => {
+            daemon.notify_status();
+            Response::PhaseSet {
+                session: session.id.clone(),
+                phase: rec.phase,
+                previous: rec.previous,
+                seq: rec.seq,
+            }
+        }
+        Ok(Err((code, m))) => error(code, m),
+        Err(e) => error(ErrorCode::Internal, e),
+    }
+}
