@@ -82,6 +82,8 @@ mod sandbox_limits;
 mod sandbox_logdir;
 mod sandbox_ports;
 #[cfg(feature = "test-hooks")]
+mod sandbox_phase;
+#[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
 mod sandbox_publish_plant;
 #[cfg(feature = "test-hooks")]
