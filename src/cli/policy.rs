@@ -65,6 +65,10 @@ pub struct CheckArgs {
     /// guard (exit 1 if any answer is refused, 4 if it does not resolve)
     #[arg(long)]
     pub resolve: bool,
+    /// Decide with phase NAME in force ([phase.NAME.network] in place of each defining
+    /// layer's [network] lists); an unknown phase is a configuration error (exit 3)
+    #[arg(long, value_name = "NAME")]
+    pub phase: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -185,7 +189,7 @@ fn check(args: &CheckArgs, ctx: &Context<'_>) -> i32 {
         Err(e) => return config_error(&e),
     };
     print_notes(&loaded);
-    let built = match loaded.build_policy() {
+    let built = match loaded.build_policy_in_phase(args.phase.as_deref()) {
         Ok(b) => b,
         Err(e) => return config_error(&e),
     };
@@ -359,6 +363,9 @@ struct LayerJson {
     review_servers: Vec<String>,
     /// `[gate]` targets, each with its severity (`api.stripe.com (high)`).
     gates: Vec<String>,
+    /// `[phase.NAME.network]` blocks: `NAME: allow [...] block [...]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    phases: Vec<String>,
     errors: Vec<String>,
 }
 
@@ -411,6 +418,16 @@ fn layer_json(kind: LayerKind, file: String, parsed: Option<&ParsedLayer>) -> La
             .unwrap_or_default(),
         review_servers: doc.map(|d| d.review_servers.clone()).unwrap_or_default(),
         gates: doc.map(gate_summary).unwrap_or_default(),
+        phases: doc
+            .map(|d| {
+                d.phases
+                    .iter()
+                    .map(|(n, p)| {
+                        format!("{n}: allow [{}] block [{}]", p.allow.join(", "), p.block.join(", "))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         errors: Vec::new(),
     }
 }
@@ -559,11 +576,12 @@ fn print_show(r: &ShowJson) {
         if let Some(m) = l.mode {
             println!("  mode: {m}");
         }
-        let lists: [(&str, &Vec<String>); 7] = [
+        let lists: [(&str, &Vec<String>); 8] = [
             ("allow", &l.allow),
             ("block", &l.block),
             ("allow_private", &l.allow_private),
             ("gates", &l.gates),
+            ("phases", &l.phases),
             ("env pass", &l.env_pass),
             ("mcp", &l.mcp),
             ("review servers", &l.review_servers),

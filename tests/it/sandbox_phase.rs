@@ -376,6 +376,21 @@ fn untrusted_repo_phases_do_not_apply_and_bad_blocks_are_located() {
     let list = world.airlock(&repo).args(["phase", "list", "--json"]).run().expect_code(0);
     assert!(list.stdout().contains("\"repo-only\""), "trusted, it applies: {}", list.stdout());
 
+    // `policy check --phase` decides under the phase (pure: nothing is resolved).
+    let check = |args: &[&str]| world.airlock(&repo).args(["policy", "check"]).args(args).run();
+    check(&["b.test"]).expect_code(1);
+    check(&["b.test", "--phase", "build"]).expect_code(0);
+    check(&["a.test", "--phase", "build"]).expect_code(1);
+    // The repo layer defines no `build`: its (empty) [network] lists apply; in `repo-only` the
+    // user layer keeps its own lists.
+    check(&["c.test", "--phase", "repo-only"]).expect_code(0);
+    check(&["a.test", "--phase", "repo-only"]).expect_code(0);
+    let run = check(&["a.test", "--phase", "nope"]).expect_code(3);
+    assert!(run.stderr().contains("unknown phase \"nope\""), "{}", run.stderr());
+    let show = world.airlock(&repo).args(["policy", "show"]).run().expect_code(0).stdout();
+    assert!(show.contains("  phases: build: allow [b.test] block []"), "{show}");
+    assert!(show.contains("  phases: repo-only: allow [c.test] block []"), "{show}");
+
     world.write(
         world.home.join(".airlock/config.toml"),
         "[network]\nallow = [\"a.test\"]\n[phase.Build.network]\nallow = [\"b.test\"]\n\
