@@ -172,3 +172,102 @@ pub(super) async fn phase_set(daemon: &Arc<Daemon>, id: &str, phase: Option<Stri
         Err(e) => error(ErrorCode::Internal, e),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::audit::{AuditError, AuditSink};
+    use crate::policy::{LayerKind, LocalAddrs, Reason, canonicalize_host};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// Keeps every appended line; fails appends while `fail` is set.
+    #[derive(Default)]
+    struct Sink {
+        seq: AtomicU64,
+        fail: AtomicBool,
+        lines: Mutex<Vec<AuditLine>>,
+    }
+
+    impl AuditSink for Sink {
+        fn stamp(&self) -> Stamp {
+            let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+            Stamp { id: format!("l{seq}"), session: "s".into(), boot: "b".into(), seq }
+        }
+        fn append(&self, line: &AuditLine) -> Result<(), AuditError> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(AuditError::TooLarge { id: line.id.clone(), len: 0 });
+            }
+            lock(&self.lines).push(line.clone());
+            Ok(())
+        }
+        fn journal_open(&self, _: &AuditLine) -> Result<(), AuditError> {
+            Ok(())
+        }
+        fn journal_close(&self, _: &AuditLine) -> Result<(), AuditError> {
+            Ok(())
+        }
+    }
+
+    fn source() -> PhaseSource {
+        let user = crate::config::parse_layer(
+            LayerKind::User,
+            "~/.airlock/config.toml",
+            b"[network]\nallow = [\"plain.test\"]\n[phase.build.network]\nallow = [\"build.test\"]\n",
+        )
+        .unwrap()
+        .doc;
+        PhaseSource { user: Some(Arc::new(user)), ..Default::default() }
+    }
+
+    fn reason(p: &Policy, host: &str) -> Reason {
+        p.decide(&canonicalize_host(host).unwrap(), 443, &LocalAddrs::none()).reason
+    }
+
+    #[test]
+    fn a_switch_writes_its_line_then_swaps_the_policy_whole_and_is_recorded() {
+        let src = source();
+        assert_eq!(src.defined(), ["build"]);
+        let sink = Arc::new(Sink::default());
+        let proxy = SessionProxy::new(
+            src.build(None).unwrap(),
+            sink.clone(),
+            Arc::new(crate::proxy::SystemResolver),
+            crate::proxy::Limits::default(),
+            LocalAddrs::none(),
+            crate::proxy::Identity { repo: "r".into(), ..Default::default() },
+        );
+        let phases = SessionPhases { source: src, ..Default::default() };
+        // An attempt that started before the switch keeps its snapshot (and its phase).
+        let before = proxy.policy();
+        let (first, _) = crate::proxy::respond::begin(&proxy, "build.test", Some(443), "CONNECT");
+        assert_eq!(first.phase, None);
+
+        let rec = switch(&proxy, &phases, phases.source.build(Some("build")).unwrap(), false)
+            .unwrap();
+        assert_eq!((rec.phase.as_deref(), rec.previous.as_deref(), rec.seq), (Some("build"), None, 2));
+        assert_eq!(rec.by, "cli");
+        assert_eq!(reason(&before, "build.test"), Reason::NotAllowed);
+        assert_eq!(reason(&proxy.policy(), "build.test"), Reason::Allowed);
+        let (after, policy) = crate::proxy::respond::begin(&proxy, "build.test", Some(443), "GET");
+        assert_eq!((after.seq, after.phase.as_deref()), (3, Some("build")));
+        assert_eq!(policy.phase(), Some("build"));
+        let line = lock(&sink.lines)[0].clone();
+        assert_eq!((line.method.as_str(), line.host.as_str(), line.allowed), ("PHASE", "", false));
+        assert_eq!((line.phase.as_deref(), line.by.as_deref(), line.seq), (Some("build"), Some("cli"), 2));
+
+        // A line that cannot be written: no switch (fail closed), no record.
+        sink.fail.store(true, Ordering::SeqCst);
+        let err = switch(&proxy, &phases, phases.source.build(None).unwrap(), false).unwrap_err();
+        assert!(err.contains("the phase is unchanged"), "{err}");
+        assert_eq!(proxy.policy().phase(), Some("build"));
+        sink.fail.store(false, Ordering::SeqCst);
+        let back = switch(&proxy, &phases, phases.source.build(None).unwrap(), false).unwrap();
+        assert_eq!((back.phase, back.previous.as_deref()), (None, Some("build")));
+        assert_eq!(lock(&phases.log).len(), 2);
+
+        // Unknown and empty phases are refused with the defined ones named.
+        let e = phases.source.build(Some("nope")).unwrap_err();
+        assert!(e.contains("unknown phase \"nope\"") && e.contains("build (~/.airlock/config.toml)"), "{e}");
+    }
+}
