@@ -222,7 +222,8 @@ fn show(ctx: &Context<'_>, target: &Target, json: bool) -> Result<i32, Failure> 
 
 fn list(ctx: &Context<'_>, dir: Option<&std::path::Path>, json: bool) -> Result<i32, Failure> {
     let repo = repo_of(ctx, dir)?;
-    let paths = crate::paths::Paths::from_env(ctx.env).map_err(|e| Failure::Refused(e.to_string()))?;
+    let paths =
+        crate::paths::Paths::from_env(ctx.env).map_err(|e| Failure::Refused(e.to_string()))?;
     let identity =
         crate::config::load_identity(&paths).map_err(|e| Failure::Refused(e.to_string()))?;
     let loaded = crate::config::load(&paths, Some(&repo), identity.as_ref())

@@ -423,7 +423,11 @@ fn layer_json(kind: LayerKind, file: String, parsed: Option<&ParsedLayer>) -> La
                 d.phases
                     .iter()
                     .map(|(n, p)| {
-                        format!("{n}: allow [{}] block [{}]", p.allow.join(", "), p.block.join(", "))
+                        format!(
+                            "{n}: allow [{}] block [{}]",
+                            p.allow.join(", "),
+                            p.block.join(", ")
+                        )
                     })
                     .collect()
             })

@@ -324,7 +324,12 @@ impl Walker<'_> {
         self.warnings.push((span.start, d));
     }
 
-    pub(super) fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, section: &str, known: &[&str]) {
+    pub(super) fn unknown(
+        &mut self,
+        key: &Spanned<std::borrow::Cow<'_, str>>,
+        section: &str,
+        known: &[&str],
+    ) {
         let k = key.get_ref();
         if matches!(k.as_ref(), "port" | "ports") {
             // Publishing a port opens the host's browser to the agent: only the person at the
@@ -747,7 +752,11 @@ impl Walker<'_> {
         }
     }
 
-    pub(super) fn table<'v, 'i>(&mut self, value: &'v Item<'i>, what: &str) -> Option<&'v DeTable<'i>> {
+    pub(super) fn table<'v, 'i>(
+        &mut self,
+        value: &'v Item<'i>,
+        what: &str,
+    ) -> Option<&'v DeTable<'i>> {
         match value.get_ref() {
             DeValue::Table(t) => Some(t),
             other => {

@@ -178,14 +178,8 @@ mod tests {
                 "[phase.Build.network]\nallow = [\"a.test\"]\n",
                 "/r/.airlock.toml:1:8: phase name \"Build\" is not valid: use 1 to 32 characters",
             ),
-            (
-                "[phase.\"-x\".network]\n",
-                "/r/.airlock.toml:1:8: phase name \"-x\" is not valid",
-            ),
-            (
-                "[phase.\"a b\".network]\n",
-                "/r/.airlock.toml:1:8: phase name \"a b\" is not valid",
-            ),
+            ("[phase.\"-x\".network]\n", "/r/.airlock.toml:1:8: phase name \"-x\" is not valid"),
+            ("[phase.\"a b\".network]\n", "/r/.airlock.toml:1:8: phase name \"a b\" is not valid"),
             (
                 "[phase.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.network]\n",
                 "/r/.airlock.toml:1:8: phase name \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\" is not valid",
@@ -275,9 +269,10 @@ mod tests {
 
     #[test]
     fn unknown_phases_name_the_defined_ones() {
-        let a = parse_layer(LayerKind::User, "~/u", b"[phase.build.network]\nallow = [\"a.test\"]\n")
-            .unwrap()
-            .doc;
+        let a =
+            parse_layer(LayerKind::User, "~/u", b"[phase.build.network]\nallow = [\"a.test\"]\n")
+                .unwrap()
+                .doc;
         let b = parse_layer(LayerKind::Repo, F, b"[phase.build.network]\n[phase.ship.network]\n")
             .unwrap()
             .doc;

@@ -927,7 +927,8 @@ mod tests {
 
     #[test]
     fn a_phase_replaces_the_lists_of_the_layers_that_define_it_and_only_those() {
-        let user = phased(layer(LayerKind::User, &["user.test"], &[]), "build", &["pypi.test"], &[]);
+        let user =
+            phased(layer(LayerKind::User, &["user.test"], &[]), "build", &["pypi.test"], &[]);
         let repo = phased(
             layer(LayerKind::Repo, &["repo.test"], &["bad.test"]),
             "build",
@@ -1000,7 +1001,8 @@ mod tests {
             PolicyError::UnknownPhase { phase: "bild".into(), defined: vec!["build".into()] }
         );
         // `build` leaves the user layer with no allow entry: nothing could be reached.
-        let err = Policy::build_in_phase(vec![user.clone()], Vec::new(), Some("build")).unwrap_err();
+        let err =
+            Policy::build_in_phase(vec![user.clone()], Vec::new(), Some("build")).unwrap_err();
         assert!(matches!(err, PolicyError::PhaseEmptyAllowlist { .. }), "{err}");
         assert!(err.to_string().starts_with("refusing to enter phase \"build\""), "{err}");
         // `ship` is defined by the repo only; the user layer keeps its own allow list.

@@ -74,7 +74,8 @@ pub async fn handle(
         respond::send_and_close(&mut sock, &respond::audit_failed(&e, &target)).await;
         return;
     }
-    let reached = super::gatehold::reach(session, &policy, &mut line, &host, port, None, Some(&sock)).await;
+    let reached =
+        super::gatehold::reach(session, &policy, &mut line, &host, port, None, Some(&sock)).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

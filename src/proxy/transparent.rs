@@ -214,7 +214,8 @@ pub async fn handle(session: &Arc<SessionProxy>, sock: TcpStream, names: &dyn Sy
         reset(sock);
         return;
     }
-    let reached = super::gatehold::reach(session, &policy, &mut line, &host, port, None, Some(&sock)).await;
+    let reached =
+        super::gatehold::reach(session, &policy, &mut line, &host, port, None, Some(&sock)).await;
     let (upstream, addr) = match reached {
         Ok(r) => r,
         Err(why) => {

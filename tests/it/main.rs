@@ -80,9 +80,9 @@ mod sandbox_leave_behind;
 #[cfg(feature = "test-hooks")]
 mod sandbox_limits;
 mod sandbox_logdir;
-mod sandbox_ports;
 #[cfg(feature = "test-hooks")]
 mod sandbox_phase;
+mod sandbox_ports;
 #[cfg(feature = "test-hooks")]
 mod sandbox_proxy;
 mod sandbox_publish_plant;

@@ -23,10 +23,8 @@ fn phased(name: &str) -> Phased {
     let world = World::new();
     let repo = world.repo(name);
     let port = crate::support::http_upstream("127.0.0.2", "upstream-ok\n").0;
-    let resolver = world.write(
-        world.tmp.path().join("resolver"),
-        "plain.test 127.0.0.2\nbuild.test 127.0.0.2\n",
-    );
+    let resolver = world
+        .write(world.tmp.path().join("resolver"), "plain.test 127.0.0.2\nbuild.test 127.0.0.2\n");
     world.write(
         world.home.join(".airlock/config.toml"),
         &format!(
@@ -52,11 +50,7 @@ impl Phased {
     }
 
     /// `airlock exec [PRE...] -- sh -c SCRIPT` in a thread of its own.
-    fn exec_bg(
-        &self,
-        pre: &[&str],
-        script: &str,
-    ) -> std::thread::JoinHandle<crate::support::Run> {
+    fn exec_bg(&self, pre: &[&str], script: &str) -> std::thread::JoinHandle<crate::support::Run> {
         let mut args: Vec<String> = vec!["exec".into()];
         args.extend(pre.iter().map(|s| s.to_string()));
         args.extend(["--".into(), "sh".into(), "-c".into(), script.into()]);
@@ -93,7 +87,11 @@ fn handshake(mark: &str, go: &str) -> String {
 }
 
 fn wait_file(path: &Path) {
-    assert!(wait_until(Duration::from_secs(60), || path.exists()), "{} never appeared", path.display());
+    assert!(
+        wait_until(Duration::from_secs(60), || path.exists()),
+        "{} never appeared",
+        path.display()
+    );
 }
 
 /// (host, allowed, phase) of the attempts and `PHASE` of the switch lines, in `seq` order.
@@ -165,7 +163,10 @@ fn a_session_started_in_a_phase_is_decided_by_its_lists_and_records_it() {
     // `airlock logs` shows the switch readably, and the phase of each decision.
     let logs = p.airlock(&["logs"]).expect_code(0).stdout();
     assert!(logs.contains("PHASE") && logs.contains("phase build (was (none)) by start"), "{logs}");
-    assert!(logs.lines().any(|l| l.contains("plain.test") && l.contains("[phase build]")), "{logs}");
+    assert!(
+        logs.lines().any(|l| l.contains("plain.test") && l.contains("[phase build]")),
+        "{logs}"
+    );
 }
 
 #[test]
@@ -295,7 +296,11 @@ fn phase_set_needs_exactly_one_live_session_or_an_id() {
         .unwrap();
     let run = p.airlock(&["phase", "set", "nope", "--session", &in_build]).expect_code(1);
     assert!(run.stderr().contains("unknown phase \"nope\""), "{}", run.stderr());
-    assert!(run.stderr().contains("build (") && run.stderr().contains("empty ("), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("build (") && run.stderr().contains("empty ("),
+        "{}",
+        run.stderr()
+    );
     let run = p.airlock(&["phase", "set", "--none", "--session", &in_build]).expect_code(0);
     assert!(run.stdout().contains("phase (none) (was build)"), "{}", run.stdout());
     p.world.write(p.repo.join("goa"), "");
@@ -399,5 +404,10 @@ fn untrusted_repo_phases_do_not_apply_and_bad_blocks_are_located() {
     let run = world.airlock(&repo).args(["policy", "check", "a.test"]).run().expect_code(3);
     let err = run.stderr();
     assert!(err.contains("config.toml:3:8: phase name \"Build\" is not valid"), "{err}");
-    assert!(err.contains("config.toml:6:1: unknown key `alow` in [phase.ok.network]; did you mean `allow`?"), "{err}");
+    assert!(
+        err.contains(
+            "config.toml:6:1: unknown key `alow` in [phase.ok.network]; did you mean `allow`?"
+        ),
+        "{err}"
+    );
 }

@@ -50,10 +50,7 @@ pub fn unknown_phase(phase: &str, defined: &[(String, Vec<String>)]) -> String {
     }
     let list: Vec<String> =
         defined.iter().map(|(n, files)| format!("{n} ({})", files.join(", "))).collect();
-    format!(
-        "unknown phase {phase:?}; defined phases: {}; nothing was started",
-        list.join(", ")
-    )
+    format!("unknown phase {phase:?}; defined phases: {}; nothing was started", list.join(", "))
 }
 
 fn fail(msg: impl std::fmt::Display) -> i32 {

@@ -282,7 +282,9 @@ pub(super) async fn handle_request(
             gate_list(daemon, after, wait_ms).await
         }
         (Some(Some(_)), Request::GateDecide(d)) => gate_decide(daemon, &d),
-        (Some(Some(_)), Request::PhaseSet { .. }) if !conn.capabilities.contains(protocol::PHASES) => {
+        (Some(Some(_)), Request::PhaseSet { .. })
+            if !conn.capabilities.contains(protocol::PHASES) =>
+        {
             error(ErrorCode::Protocol, "phase_set needs the `phases` capability; offer it in hello")
         }
         (Some(Some(_)), Request::PhaseSet { session, phase }) => {

@@ -120,7 +120,9 @@ pub(crate) fn switch(
             let previous = if start { None } else { previous };
             phase_line(proxy, stamp, phase.as_deref(), previous, by)
         })
-        .map_err(|e| format!("the phase line could not be written, so the phase is unchanged: {e}"))?;
+        .map_err(|e| {
+            format!("the phase line could not be written, so the phase is unchanged: {e}")
+        })?;
     let rec = PhaseRecord {
         phase,
         previous: line.previous.clone(),
@@ -146,10 +148,7 @@ pub(super) async fn phase_set(daemon: &Arc<Daemon>, id: &str, phase: Option<Stri
     {
         return error(
             ErrorCode::Phase,
-            format!(
-                "{name:?} is not a phase name ({})",
-                crate::config::phase::PHASE_NAME_SYNTAX
-            ),
+            format!("{name:?} is not a phase name ({})", crate::config::phase::PHASE_NAME_SYNTAX),
         );
     }
     let s = Arc::clone(&session);
@@ -243,9 +242,12 @@ mod tests {
         let (first, _) = crate::proxy::respond::begin(&proxy, "build.test", Some(443), "CONNECT");
         assert_eq!(first.phase, None);
 
-        let rec = switch(&proxy, &phases, phases.source.build(Some("build")).unwrap(), false)
-            .unwrap();
-        assert_eq!((rec.phase.as_deref(), rec.previous.as_deref(), rec.seq), (Some("build"), None, 2));
+        let rec =
+            switch(&proxy, &phases, phases.source.build(Some("build")).unwrap(), false).unwrap();
+        assert_eq!(
+            (rec.phase.as_deref(), rec.previous.as_deref(), rec.seq),
+            (Some("build"), None, 2)
+        );
         assert_eq!(rec.by, "cli");
         assert_eq!(reason(&before, "build.test"), Reason::NotAllowed);
         assert_eq!(reason(&proxy.policy(), "build.test"), Reason::Allowed);
@@ -254,7 +256,10 @@ mod tests {
         assert_eq!(policy.phase(), Some("build"));
         let line = lock(&sink.lines)[0].clone();
         assert_eq!((line.method.as_str(), line.host.as_str(), line.allowed), ("PHASE", "", false));
-        assert_eq!((line.phase.as_deref(), line.by.as_deref(), line.seq), (Some("build"), Some("cli"), 2));
+        assert_eq!(
+            (line.phase.as_deref(), line.by.as_deref(), line.seq),
+            (Some("build"), Some("cli"), 2)
+        );
 
         // A line that cannot be written: no switch (fail closed), no record.
         sink.fail.store(true, Ordering::SeqCst);
@@ -268,6 +273,9 @@ mod tests {
 
         // Unknown and empty phases are refused with the defined ones named.
         let e = phases.source.build(Some("nope")).unwrap_err();
-        assert!(e.contains("unknown phase \"nope\"") && e.contains("build (~/.airlock/config.toml)"), "{e}");
+        assert!(
+            e.contains("unknown phase \"nope\"") && e.contains("build (~/.airlock/config.toml)"),
+            "{e}"
+        );
     }
 }

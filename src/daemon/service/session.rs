@@ -91,12 +91,8 @@ fn session_policy(
     // it (a repo document claiming `[audit]` is ignored by `audit_volume`).
     let docs: Vec<&LayerDoc> = managed.into_iter().chain(user.as_deref()).collect();
     let (volume, keep) = (crate::config::audit_volume(&docs), crate::config::logs_keep(&docs));
-    let source = super::phase::PhaseSource {
-        managed: managed.cloned().map(Arc::new),
-        user,
-        repo,
-        review,
-    };
+    let source =
+        super::phase::PhaseSource { managed: managed.cloned().map(Arc::new), user, repo, review };
     Ok((policy, names, volume, keep, source))
 }
 
