@@ -411,3 +411,33 @@ fn untrusted_repo_phases_do_not_apply_and_bad_blocks_are_located() {
         "{err}"
     );
 }
+
+/// The standalone proxy takes a phase for its whole run (`airlockd proxy --phase`): its
+/// operator file's phase lists decide, and every line names the phase.
+#[test]
+fn the_standalone_proxy_runs_in_a_phase() {
+    if !have("curl") {
+        return;
+    }
+    let world = World::new();
+    let port = crate::support::http_upstream("127.0.0.2", "upstream-ok\n").0;
+    let proxy = crate::proxy_support::ProxyProc::start(
+        &world,
+        "phased",
+        &format!(
+            "[network]\nallow = [\"plain.test:{port}\"]\nallow_private = [\"127.0.0.2/32\"]\n\
+             [phase.build.network]\nallow = [\"build.test:{port}\"]\n"
+        ),
+        "plain.test 127.0.0.2\nbuild.test 127.0.0.2\n",
+        &["--phase", "build"],
+    );
+    let url = proxy.url();
+    let code = |host: &str| {
+        let target = format!("http://{host}:{port}/");
+        let args = ["-o", "/dev/null", "-w", "%{http_code}", "-x", &url, &target];
+        crate::proxy_support::curl(&args).1
+    };
+    assert_eq!((code("build.test").as_str(), code("plain.test").as_str()), ("200", "403"));
+    let lines = proxy.wait_audit(|l| l.len() >= 2);
+    assert!(lines.iter().all(|l| l["phase"] == "build"), "{lines:#?}");
+}

@@ -27,6 +27,10 @@ pub struct ProxyArgs {
     /// Policy file in `.airlock.toml` format, trusted as the `operator` layer.
     #[arg(long, env = "AIRLOCK_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Evaluate with phase NAME in force: each layer's [phase.NAME.network] lists in place of
+    /// its [network] lists (every audit line then carries `phase`).
+    #[arg(long, env = "AIRLOCK_PHASE", value_name = "NAME")]
+    pub phase: Option<String>,
     /// Audit log directory [default: ~/.airlock/logs/<repo-name>].
     #[arg(long, env = "AIRLOCK_LOG_DIR", value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
@@ -156,7 +160,8 @@ fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
         review = crate::config::review_servers_of(m);
     }
     docs.push(&operator.doc);
-    let built = crate::config::build_policy(&docs, &review).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let built = crate::config::build_policy_in_phase(&docs, &review, args.phase.as_deref())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     for w in &built.warnings {
         eprintln!("airlockd proxy: warning: {w}");
     }
