@@ -346,6 +346,39 @@ fn a_real_sessions_audit_lines_and_records_are_published_and_counted() {
     assert_eq!(p.events("&source=egress").len(), audit.len() + 1);
 }
 
+/// A session's `phase` line (issue 20) is published as egress `type` `phase` and accepted by
+/// the review server's ingest; the lines decided under the phase carry it in their payload.
+#[test]
+fn phase_lines_are_published_as_their_own_egress_type() {
+    use crate::harness::{Harness, Options};
+    if !crate::support::have("curl") {
+        return;
+    }
+    let p = Plane::embedded();
+    p.world.write(
+        p.world.home.join(".airlock/config.toml"),
+        "[network]\nallow = [\"example.test\"]\n[phase.build.network]\nallow = [\"build.test\"]\n",
+    );
+    let h = Harness::start(&p.world, Options::default());
+    let run = p
+        .world
+        .airlock(&p.repo)
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["exec", "--phase", "build", "--", "sh", "-c"])
+        .args(["curl -s -o /dev/null -m 5 http://denied.test/; echo done"])
+        .run();
+    assert_eq!(run.code(), 0, "{}\n{}\n{}", run.stdout(), run.stderr(), h.log());
+    let r = p.publish_json(&[]);
+    assert_eq!(r["rejected"], 0, "{r}");
+    let egress = p.events("&source=egress");
+    let phase: Vec<&Value> = egress.iter().filter(|e| e["type"] == "phase").collect();
+    assert_eq!(phase.len(), 1, "{egress:#?}");
+    assert_eq!(phase[0]["payload"]["phase"], "build");
+    assert_eq!(phase[0]["payload"]["by"], "start");
+    let denied = egress.iter().find(|e| e["type"] == "denied").expect("the refused attempt");
+    assert_eq!(denied["payload"]["phase"], "build", "{denied}");
+}
+
 fn sha256_hex(b: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(b))
