@@ -108,7 +108,7 @@ pub fn render(s: &StatusReply, socket: &str) -> String {
         for x in &s.sessions {
             let user = x.email.as_deref().or(x.user_id.as_deref()).unwrap_or("unattributed");
             o.push_str(&format!(
-                "    {}  repo {} ({})  user {}  agent {}  tunnels {}  sent {}  received {}{}\n",
+                "    {}  repo {} ({})  user {}  agent {}  tunnels {}  sent {}  received {}{}{}\n",
                 x.session,
                 x.repo,
                 x.repo_path,
@@ -117,6 +117,7 @@ pub fn render(s: &StatusReply, socket: &str) -> String {
                 x.tunnels,
                 human_bytes(x.bytes_sent),
                 human_bytes(x.bytes_recv),
+                x.phase.as_deref().map(|p| format!("  phase {p}")).unwrap_or_default(),
                 if x.serving { "" } else { "  (proxy not serving)" }
             ));
         }

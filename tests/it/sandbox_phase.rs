@@ -228,6 +228,8 @@ fn phase_set_switches_a_live_session_with_the_layers_it_started_with() {
     let show = p.airlock(&["phase", "show", "--json"]).expect_code(0).stdout();
     let show: serde_json::Value = serde_json::from_str(&show).unwrap();
     assert_eq!(show["sessions"][0]["phase"], "build", "{show}");
+    let status = p.airlock(&["status"]).expect_code(0).stdout();
+    assert!(status.contains("  phase build"), "{status}");
     p.world.write(p.repo.join("go"), "");
     let run = session.join().unwrap();
     assert_eq!(run.expect_code(0).stdout(), "before:403\nafter:200\n", "{}", p.h.log());
