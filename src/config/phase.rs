@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use toml::de::DeTable;
 
-use super::diag::suggestion;
+use super::diag::nearest;
 use super::layer::{LayerDoc, Walker};
 use crate::policy::EntryKind;
 
@@ -106,7 +106,11 @@ pub fn defined_phases(layers: &[&LayerDoc]) -> Vec<(String, Vec<String>)> {
 
 /// The error for a phase no applied layer defines: what was asked, what is defined, what to do.
 pub fn unknown_phase_message(phase: &str, layers: &[&LayerDoc]) -> String {
-    let defined = defined_phases(layers);
+    unknown_phase_among(phase, &defined_phases(layers))
+}
+
+/// [`unknown_phase_message`] over [`defined_phases`]' result.
+pub fn unknown_phase_among(phase: &str, defined: &[(String, Vec<String>)]) -> String {
     if defined.is_empty() {
         format!(
             "unknown phase {phase:?}: no layer in force defines any phase; add a \
@@ -116,18 +120,14 @@ pub fn unknown_phase_message(phase: &str, layers: &[&LayerDoc]) -> String {
     } else {
         let list: Vec<String> =
             defined.iter().map(|(n, files)| format!("{n} ({})", files.join(", "))).collect();
+        let names: Vec<&str> = defined.iter().map(|(n, _)| n.as_str()).collect();
+        let hint =
+            nearest(phase, &names).map(|n| format!("; did you mean `{n}`?")).unwrap_or_default();
         format!(
-            "unknown phase {phase:?}; the phases defined by the layers in force are: {}",
+            "unknown phase {phase:?}; the phases defined by the layers in force are: {}{hint}",
             list.join(", ")
         )
     }
-}
-
-/// Suggests the nearest defined phase for a mistyped one.
-pub fn phase_suggestion(phase: &str, layers: &[&LayerDoc]) -> String {
-    let names: Vec<String> = defined_phases(layers).into_iter().map(|(n, _)| n).collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    suggestion(phase, &refs)
 }
 
 #[cfg(test)]
@@ -280,9 +280,9 @@ mod tests {
         assert_eq!(
             m,
             "unknown phase \"bild\"; the phases defined by the layers in force are: build (~/u, \
-             /r/.airlock.toml), ship (/r/.airlock.toml)"
+             /r/.airlock.toml), ship (/r/.airlock.toml); did you mean `build`?"
         );
-        assert_eq!(phase_suggestion("bild", &[&a, &b]), "did you mean `build`?");
+        assert!(!unknown_phase_message("zzz", &[&a, &b]).contains("did you mean"));
         assert!(unknown_phase_message("x", &[]).contains("no layer in force defines any phase"));
     }
 }

@@ -40,19 +40,6 @@ use crate::sandbox::env as senv;
 use crate::sandbox::probe::{self, HostFs};
 use crate::sandbox::supervisor::{self, Request};
 
-/// `--phase NAME` that no applied layer defines: which ones there are, and what to do.
-pub fn unknown_phase(phase: &str, defined: &[(String, Vec<String>)]) -> String {
-    if defined.is_empty() {
-        return format!(
-            "unknown phase {phase:?}: no layer in force defines any phase (a [phase.NAME.network] \
-             block in ~/.airlock/config.toml or a trusted .airlock.toml); nothing was started"
-        );
-    }
-    let list: Vec<String> =
-        defined.iter().map(|(n, files)| format!("{n} ({})", files.join(", "))).collect();
-    format!("unknown phase {phase:?}; defined phases: {}; nothing was started", list.join(", "))
-}
-
 fn fail(msg: impl std::fmt::Display) -> i32 {
     eprintln!("airlock: {msg}");
     125
@@ -174,7 +161,8 @@ pub fn run_with(
     // before anything starts; the daemon builds its policy from the same layers.
     if let Some(phase) = &opts.phase {
         if !prepared.phases.iter().any(|(n, _)| n == phase) {
-            return fail(unknown_phase(phase, &prepared.phases));
+            let why = crate::config::phase::unknown_phase_among(phase, &prepared.phases);
+            return fail(format!("{why}; nothing was started"));
         }
         prepared.phase = Some(phase.clone());
     }
