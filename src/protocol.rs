@@ -37,7 +37,9 @@
 //! Under the [`PHASES`] capability a session may start in a phase ([`SessionSpec::phase`]) and
 //! a control connection that owns no session may switch a running session's phase
 //! ([`Request::PhaseSet`], answered by [`Response::PhaseSet`]); `status` then names each
-//! session's phase and the phases its layers define.
+//! session's phase and the phases its layers define. The session's own connection is then told
+//! of each switch with an unsolicited [`Response::PhaseChanged`] between replies, so its
+//! supervisor re-registers in the phase in force.
 //!
 //! Under the [`SESSION_INBOUND`] capability the supervisor may send [`Request::SessionInbound`]
 //! on its session's connection, one per closed `--port` connection; the daemon writes the
@@ -451,6 +453,13 @@ pub enum Response {
         /// The decider is the requester (always so without a review server).
         #[serde(rename = "self")]
         self_decided: bool,
+    },
+    /// Unsolicited, under [`PHASES`] only, on a session's own connection between replies: the
+    /// session's phase was switched (`phase_set` from another connection). The supervisor
+    /// keeps it, so a re-registration after a daemon restart resumes in that phase.
+    PhaseChanged {
+        session: String,
+        phase: Option<String>,
     },
     /// Reply to `phase_set` (capability [`PHASES`]): the switch is in force and its audit
     /// line (`seq`) written.

@@ -363,7 +363,7 @@ impl Stop {
 #[allow(clippy::too_many_arguments)] // one thread's whole state, moved in once
 fn watch(
     endpoint: Endpoint,
-    spec: SessionSpec,
+    mut spec: SessionSpec,
     documents: Option<Documents>,
     listener: Handover,
     mut reader: UnixStream,
@@ -388,6 +388,11 @@ fn watch(
                     // Unsolicited (capability `session_stop`), never a reply.
                     if let Response::SessionStopped { reason, message, .. } = resp {
                         stop.record(reason, message);
+                        continue;
+                    }
+                    // Unsolicited (capability `phases`): a re-registration resumes in it.
+                    if let Response::PhaseChanged { phase, .. } = resp {
+                        spec.phase = phase;
                         continue;
                     }
                     // The answer to a `session_inbound`, never to `session_end`.

@@ -640,6 +640,72 @@ fn daemon_kill_9_the_supervisor_reregisters_and_the_session_keeps_its_id() {
     assert_eq!(run.code(), 0, "{}\n{}", run.stdout(), run.stderr());
 }
 
+/// A session switched to a phase (`airlock phase set`) stays in it across a daemon restart:
+/// its supervisor was told of the switch on its own connection (`phase_changed`) and
+/// re-registers in that phase. The one target resolves (test resolver) to a loopback address
+/// outside `allow_private`: refused either way, for a reason that tells the phases apart.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn daemon_kill_9_a_switched_session_re_registers_in_its_phase() {
+    let world = World::new();
+    let resolver = world.write(world.tmp.path().join("resolver"), "allowed.test 127.0.0.9\n");
+    let h = Harness::start(
+        &world,
+        Options {
+            env: vec![("AIRLOCK_TEST_RESOLVER".into(), resolver.into())],
+            ..Default::default()
+        },
+    );
+    let (mut agent, fd) = NetnsAgent::start(h.dir.path());
+    let spec = spec_with(
+        "phased",
+        "[network]\nallow = [\"allowed.test\"]\n\
+         [phase.lockdown.network]\nallow = [\"other.test\"]\nblock = [\"allowed.test\"]\n",
+    );
+    let session = SessionHandle::start(endpoint(&world, h.socket()), spec, fd).unwrap();
+    let id = session.id().to_owned();
+    // No phase: allowed by policy, its answer refused by the address guard.
+    assert!(agent.connect("allowed.test:443").starts_with("HTTP/1.1 403"));
+    let set = world
+        .airlock(world.tmp.path())
+        .env("AIRLOCK_SOCKET", h.socket())
+        .args(["phase", "set", "lockdown", "--session", &id])
+        .run();
+    assert_eq!(set.code(), 0, "{}\n{}\n{}", set.stdout(), set.stderr(), h.log());
+    assert!(agent.connect("allowed.test:443").starts_with("HTTP/1.1 403"));
+    h.signal(Signal::SIGKILL);
+    assert!(wait_until(LONG, || session.boots().len() == 2), "never re-registered:\n{}", h.log());
+    // The next instance decides in the phase the session was switched to.
+    assert!(agent.connect("allowed.test:443").starts_with("HTTP/1.1 403"));
+    let s = json(&status(&world, h.socket()).run().expect_code(0).stdout());
+    assert_eq!(s["sessions"][0]["phase"], "lockdown", "{s}");
+    let boot = session.boots()[1].clone();
+    session.end(SessionOutcome { exit_status: Some(0), ..Default::default() }).unwrap();
+    let mut lines = crate::support::jsonl_lines(&world.home.join(".airlock/logs/phased"), "audit-");
+    lines.sort_by_key(|l| (l["boot"] == boot.as_str(), l["seq"].as_u64()));
+    let got: Vec<(String, Value, Value)> = lines
+        .iter()
+        .map(|l| {
+            let first = l["boot"] != boot.as_str();
+            let what = l["reason"].as_str().or(l["method"].as_str()).unwrap_or("?");
+            (format!("{}:{what}", if first { 1 } else { 2 }), l["phase"].clone(), l["seq"].clone())
+        })
+        .collect();
+    let want = |what: &str, phase: Option<&str>, seq: u64| {
+        (what.to_owned(), phase.map_or(Value::Null, Value::from), Value::from(seq))
+    };
+    assert_eq!(
+        got,
+        [
+            want("1:private_address", None, 1),
+            want("1:PHASE", Some("lockdown"), 2),
+            want("1:blocked", Some("lockdown"), 3),
+            want("2:blocked", Some("lockdown"), 1),
+        ],
+        "{lines:#?}"
+    );
+}
+
 /// A socket directory that does not exist yet, for the one-shot activator.
 fn oneshot_socket(world: &World) -> PathBuf {
     world.tmp.path().join("run").join("airlock.sock")

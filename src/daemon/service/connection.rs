@@ -27,6 +27,21 @@ pub(super) struct ConnState {
     pub(super) session: Option<Arc<Session>>,
     /// The session's `session_stopped` was sent (at most once per connection).
     pub(super) stop_sent: bool,
+    /// The owned session's phase switches, told to its supervisor under `phases`.
+    pub(super) phase_rx: Option<tokio::sync::watch::Receiver<Option<String>>>,
+}
+
+/// Waits for the next switch of the session's phase; its `phase_changed` message.
+async fn phase_notice(
+    rx: &mut Option<tokio::sync::watch::Receiver<Option<String>>>,
+    session: &str,
+) -> Response {
+    let Some(rx) = rx.as_mut() else { return std::future::pending().await };
+    if rx.changed().await.is_err() {
+        return std::future::pending().await;
+    }
+    let phase = rx.borrow_and_update().clone();
+    Response::PhaseChanged { session: session.to_owned(), phase }
 }
 
 /// Waits until the session is stopped; its `session_stopped` message (`None` if the sink went
@@ -150,6 +165,14 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
                             && conn.state.capabilities.contains(protocol::SESSION_STOP)
                     })
                     .map(|s| (s.id.clone(), s.stopped.clone()));
+                // A phase switch of the owned session is told between replies too (`phases`).
+                let session_id = conn.state.session.as_ref().map(|s| s.id.clone());
+                let mut phase_rx = conn
+                    .state
+                    .phase_rx
+                    .take()
+                    .filter(|_| conn.state.capabilities.contains(protocol::PHASES));
+                let watching = phase_rx.is_some() && session_id.is_some();
                 // Re-evaluated per chunk: once stopping, a connection closes only between
                 // requests, so a request that is partly read still gets its answer.
                 let got = tokio::select! {
@@ -157,9 +180,18 @@ pub(super) async fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) 
                     r = conn.read_chunk() => Ok(Some(r)),
                     _ = stop.wait_for(|s| *s), if !conn.frames.is_partial() => Ok(None),
                     notice = stop_notice(&mut stopped), if stopped.is_some() => Err(notice),
+                    changed = phase_notice(&mut phase_rx, session_id.as_deref().unwrap_or("")),
+                        if watching && !conn.frames.is_partial() => Err(Some(changed)),
                 };
+                conn.state.phase_rx = phase_rx;
                 let got = match got {
                     Ok(got) => got,
+                    Err(Some(notice @ Response::PhaseChanged { .. })) => {
+                        if conn.send(&notice).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
                     Err(notice) => {
                         conn.state.stop_sent = true;
                         if let Some(resp) = notice

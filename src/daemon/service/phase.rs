@@ -67,11 +67,26 @@ pub struct PhaseRecord {
 }
 
 /// A session's phase state: its layers at start and the switches so far.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct SessionPhases {
     pub(crate) source: PhaseSource,
     /// Held across a whole switch, so two switches of one session are ordered.
     pub(crate) log: Mutex<Vec<PhaseRecord>>,
+    /// The phase in force, for the session's own connection: its supervisor is told of each
+    /// switch ([`crate::protocol::Response::PhaseChanged`]).
+    pub(crate) changed: tokio::sync::watch::Sender<Option<String>>,
+}
+
+impl SessionPhases {
+    pub(crate) fn new(source: PhaseSource) -> Self {
+        Self { source, log: Mutex::default(), changed: tokio::sync::watch::channel(None).0 }
+    }
+}
+
+impl Default for SessionPhases {
+    fn default() -> Self {
+        Self::new(PhaseSource::default())
+    }
 }
 
 /// The `phase` audit line (docs/audit-format.md "Phase lines"): attributed like the session's
@@ -131,6 +146,7 @@ pub(crate) fn switch(
         seq: line.seq,
     };
     log.push(rec.clone());
+    phases.changed.send_replace(rec.phase.clone());
     Ok(rec)
 }
 

@@ -414,7 +414,7 @@ pub(super) async fn start_session(
         log_dir,
         repo_key,
         drained,
-        phases: super::phase::SessionPhases { source: phase_source, ..Default::default() },
+        phases: super::phase::SessionPhases::new(phase_source),
     });
     if let Err(e) = lock(&daemon.sessions).insert(Arc::clone(&session)) {
         return error(ErrorCode::Session, e);
@@ -484,6 +484,8 @@ pub(super) async fn start_session(
         proxies.retain(|h| !h.is_finished());
         proxies.push(handle);
     }
+    // From here on, each switch of this session's phase is told to its supervisor.
+    conn.phase_rx = Some(session.phases.changed.subscribe());
     conn.session = Some(Arc::clone(&session));
     daemon.notify_status();
     daemon.activity.notify_one();
