@@ -66,6 +66,21 @@ pub fn review(
             added.join(", ")
         ));
     }
+    // A phase's lists replace the file's [network] lists while it is in force: a new or changed
+    // phase can open hosts the [network] section never names.
+    let changed: Vec<&str> = new_doc
+        .phases
+        .iter()
+        .filter(|(n, p)| old_doc.and_then(|d| d.phases.get(*n)) != Some(*p))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !changed.is_empty() {
+        callouts.push(format!(
+            "it adds or changes phase(s) {}: while one is in force (`airlock run --phase`, \
+             `airlock phase set`), its allow/block lists replace this file's [network] lists",
+            changed.join(", ")
+        ));
+    }
     let new_text = String::from_utf8_lossy(new);
     let diff = match old {
         Some((old, _)) => {
@@ -139,6 +154,19 @@ mod tests {
         // The same content again: nothing to call out, an empty diff.
         let same = review(".airlock.toml", Some((new.as_bytes(), Some(&nd))), new.as_bytes(), &nd);
         assert!(same.callouts.is_empty() && same.diff.is_empty(), "{same:?}");
+    }
+
+    #[test]
+    fn new_and_changed_phases_are_called_out() {
+        let old =
+            "[phase.a.network]\nallow = [\"a.test\"]\n[phase.b.network]\nallow = [\"b.test\"]\n";
+        let new = "[phase.a.network]\nallow = [\"a.test\"]\n[phase.b.network]\nallow = [\"x.test\"]\n\
+                   [phase.c.network]\nblock = [\"c.test\"]\n";
+        let r = review("f", Some((old.as_bytes(), Some(&doc(old)))), new.as_bytes(), &doc(new));
+        assert_eq!(r.callouts.len(), 1, "{r:?}");
+        assert!(r.callouts[0].starts_with("it adds or changes phase(s) b, c:"), "{r:?}");
+        let same = review("f", Some((old.as_bytes(), Some(&doc(old)))), old.as_bytes(), &doc(old));
+        assert!(same.callouts.is_empty(), "{same:?}");
     }
 
     #[test]
