@@ -10,6 +10,7 @@ pub mod policy;
 pub mod policy_edit;
 pub mod policy_init;
 pub mod policy_resolve;
+pub mod policy_test;
 pub mod publish;
 pub mod quarantine;
 pub mod run;

@@ -32,8 +32,12 @@ pub enum PolicyCommand {
     Check(CheckArgs),
     /// Show the effective policy: mode, each layer, trust state, shadowed entries, warnings
     Show(ShowArgs),
-    /// Trust the repo's .airlock.toml as it is now (recorded by SHA-256)
-    Trust(RepoArgs),
+    /// Trust the repo's .airlock.toml as it is now (recorded by SHA-256), after its policy
+    /// tests pass
+    Trust(TrustArgs),
+    /// Run the [[test]] tables against the policy with the repo file as it is now, as if
+    /// trusted (exit 0 all hold, 1 any fails, 3 configuration error)
+    Test(super::policy_test::TestArgs),
     /// Add an allow entry to the repo (default) or user layer, keeping the file's comments
     Allow(super::policy_edit::EditArgs),
     /// Add a block entry to the repo (default) or user layer, keeping the file's comments
@@ -47,6 +51,16 @@ pub struct RepoArgs {
     /// The repo directory (default: the git top level of the working directory)
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TrustArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Trust the file even though some of its policy tests fail (a managed `require_tests`
+    /// is not lifted)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -81,6 +95,7 @@ pub fn run(command: &PolicyCommand, ctx: &Context<'_>) -> i32 {
         PolicyCommand::Check(args) => check(args, ctx),
         PolicyCommand::Show(args) => show(args, ctx),
         PolicyCommand::Trust(args) => trust_cmd(args, ctx),
+        PolicyCommand::Test(args) => super::policy_test::run(args, ctx),
         PolicyCommand::Allow(args) => super::policy_edit::run(args, EntryKind::Allow, ctx),
         PolicyCommand::Deny(args) => super::policy_edit::run(args, EntryKind::Block, ctx),
         PolicyCommand::Init(args) => super::policy_init::run(args, ctx),
@@ -635,8 +650,8 @@ fn record_git_pointers(setup: &Setup, ctx: &Context<'_>) -> Result<usize, i32> {
     Ok(found.pointers.len())
 }
 
-fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
-    let setup = match setup(args, ctx) {
+fn trust_cmd(args: &TrustArgs, ctx: &Context<'_>) -> i32 {
+    let setup = match setup(&args.repo, ctx) {
         Ok(s) => s,
         Err(e) => return config_error(&e),
     };
@@ -671,6 +686,16 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
     if file.trust.is_trusted() {
         println!("{} is already trusted (sha256 {})", file.name, file.digest);
         return 0;
+    }
+    match super::policy_test::before_trust(&setup.paths, &setup.repo, &parsed, args.force) {
+        Ok(0) => {}
+        Ok(n) => println!("policy tests: {n} run (`airlock policy test` lists them)"),
+        Err(e) => {
+            for line in e.lines() {
+                eprintln!("airlock: {line}");
+            }
+            return EXIT_DENIED;
+        }
     }
     if let trust::TrustState::Changed { trusted_at, .. } = &file.trust {
         println!(

@@ -15,6 +15,7 @@ pub mod fsutil;
 pub mod identity;
 mod layer;
 pub mod machine_key;
+pub mod policy_tests;
 pub mod review;
 pub mod trust;
 mod wire;
