@@ -9,6 +9,7 @@ pub mod launch;
 pub mod policy;
 pub mod policy_edit;
 pub mod policy_init;
+pub mod policy_learn;
 pub mod policy_resolve;
 pub mod policy_test;
 pub mod publish;

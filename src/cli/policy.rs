@@ -38,6 +38,9 @@ pub enum PolicyCommand {
     /// Run the [[test]] tables against the policy with the repo file as it is now, as if
     /// trusted (exit 0 all hold, 1 any fails, 3 configuration error)
     Test(super::policy_test::TestArgs),
+    /// Propose allow entries from this repo's audit lines (default: its most recent session)
+    /// and write them to .airlock.toml only with --yes; never records trust
+    Learn(super::policy_learn::LearnArgs),
     /// Add an allow entry to the repo (default) or user layer, keeping the file's comments
     Allow(super::policy_edit::EditArgs),
     /// Add a block entry to the repo (default) or user layer, keeping the file's comments
@@ -96,6 +99,7 @@ pub fn run(command: &PolicyCommand, ctx: &Context<'_>) -> i32 {
         PolicyCommand::Show(args) => show(args, ctx),
         PolicyCommand::Trust(args) => trust_cmd(args, ctx),
         PolicyCommand::Test(args) => super::policy_test::run(args, ctx),
+        PolicyCommand::Learn(args) => super::policy_learn::run(args, ctx),
         PolicyCommand::Allow(args) => super::policy_edit::run(args, EntryKind::Allow, ctx),
         PolicyCommand::Deny(args) => super::policy_edit::run(args, EntryKind::Block, ctx),
         PolicyCommand::Init(args) => super::policy_init::run(args, ctx),

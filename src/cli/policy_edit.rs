@@ -227,7 +227,7 @@ fn same(a: &Entry, b: &Entry) -> bool {
 /// Replaces `path` with `bytes`: a temp file in the same directory (never following a link),
 /// synced, renamed over the target (so a symlink at `path` is replaced, not written through).
 /// Keeps the old file's permission bits; a new file is 0644 in a repo, 0600 under ~/.airlock.
-fn write_atomic(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
+pub(super) fn write_atomic(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("path has no parent directory"))?;
     if private {
         fsutil::private_dir(dir)?;
