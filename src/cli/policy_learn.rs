@@ -158,10 +158,14 @@ impl Selection {
         }
     }
 
-    /// A cheap pre-check on the raw line, before any JSON is parsed.
+    /// A cheap pre-check on the raw line, before any JSON is parsed: a whole JSON object that
+    /// does not even contain the session id is another session's. Anything else is parsed, so
+    /// a malformed line is always reported.
     fn may_want(&self, raw: &str) -> bool {
         match self {
-            Self::Session(s) => raw.contains(s.as_str()),
+            Self::Session(s) => {
+                !(raw.starts_with('{') && raw.ends_with('}')) || raw.contains(s.as_str())
+            }
             Self::Since(_) => true,
         }
     }
@@ -322,7 +326,10 @@ pub(crate) fn propose(
     for host_text in hosts {
         let Ok(host) = canonicalize_host(host_text) else {
             // Not a host an entry could name (a malformed request's fragment).
-            out.ignored += agg.seen[host_text].values().map(|s| s.refused.iter().map(|(_, n)| n).sum::<u64>()).sum::<u64>();
+            out.ignored += agg.seen[host_text]
+                .values()
+                .map(|s| s.refused.iter().map(|(_, n)| n).sum::<u64>())
+                .sum::<u64>();
             continue;
         };
         for (port, seen) in &agg.seen[host_text] {
@@ -335,7 +342,8 @@ pub(crate) fn propose(
             }
             if seen.allowed > 0 {
                 // Refused and allowed in one selection: something already lets it through.
-                out.covered.push(format!("{target} (allowed {} times, refused before)", seen.allowed));
+                out.covered
+                    .push(format!("{target} (allowed {} times, refused before)", seen.allowed));
                 continue;
             }
             let mut fixable = false;
@@ -571,7 +579,8 @@ fn learn(args: &LearnArgs, ctx: &Context<'_>) -> Result<i32, String> {
     }
     let layers = other_layers(&paths)?;
     let policy_now = build(&layers, parsed_old.as_ref())?;
-    let now = |h: &Host, p: u16| policy_now.as_ref().map(|pol| pol.decide(h, p, &LocalAddrs::default()));
+    let now =
+        |h: &Host, p: u16| policy_now.as_ref().map(|pol| pol.decide(h, p, &LocalAddrs::default()));
     let proposal = propose(&agg, &now, args.private);
     print_proposal(&agg, &proposal);
     if proposal.allow.is_empty() && proposal.allow_private.is_empty() {
@@ -612,9 +621,12 @@ fn learn(args: &LearnArgs, ctx: &Context<'_>) -> Result<i32, String> {
     print!("{}", diff.unified_diff().header(&before, &format!("{name} (after)")));
     let fix = format!("`airlock policy trust --repo {}`", repo.path.display());
     let interactive = std::io::stdin().is_terminal() && std::io::stderr().is_terminal();
-    let confirmed = args.yes || (interactive && ask(&format!("Write these entries to {name}? [y/N] ")));
+    let confirmed =
+        args.yes || (interactive && ask(&format!("Write these entries to {name}? [y/N] ")));
     if !confirmed {
-        println!("not written: run again with --yes to write {name} (then review it and run {fix})");
+        println!(
+            "not written: run again with --yes to write {name} (then review it and run {fix})"
+        );
         return Ok(0);
     }
     super::policy_edit::write_atomic(&path, new_text.as_bytes(), false)
@@ -655,7 +667,12 @@ fn build(loaded: &config::Loaded, repo: Option<&ParsedLayer>) -> Result<Option<P
 }
 
 fn print_proposal(agg: &Aggregate, p: &Proposal) {
-    let refused: u64 = agg.seen.values().flat_map(|m| m.values()).flat_map(|s| s.refused.iter().map(|(_, n)| n)).sum();
+    let refused: u64 = agg
+        .seen
+        .values()
+        .flat_map(|m| m.values())
+        .flat_map(|s| s.refused.iter().map(|(_, n)| n))
+        .sum();
     let allowed: u64 = agg.seen.values().flat_map(|m| m.values()).map(|s| s.allowed).sum();
     println!("{} audit lines read: {refused} refused and {allowed} allowed attempts", agg.lines);
     if !p.allow.is_empty() {
@@ -729,14 +746,21 @@ mod tests {
         let entries: Vec<&str> = p.allow.iter().map(|(e, _)| e.as_str()).collect();
         assert_eq!(
             entries,
-            ["1.1.1.1", "=git.corp.example:22", "=solo.test", "[2606:4700::1111]:8443", "example.com"]
+            [
+                "1.1.1.1",
+                "=git.corp.example:22",
+                "=solo.test",
+                "[2606:4700::1111]:8443",
+                "example.com"
+            ]
         );
     }
 
     #[test]
     fn private_blocked_and_managed_refusals_are_not_proposed() {
         let mut private = line("db.internal.test", 443, false, "private_address");
-        private = private.replace(r#""layer":"none""#, r#""layer":"none","refused_addrs":["10.0.0.5"]"#);
+        private =
+            private.replace(r#""layer":"none""#, r#""layer":"none","refused_addrs":["10.0.0.5"]"#);
         let blocked = line("pastebin.com", 443, false, "blocked")
             .replace(r#""layer":"none""#, r#""layer":"repo","rule":"pastebin.com""#);
         let lines = [
@@ -751,7 +775,8 @@ mod tests {
         let p = propose(&a, &never, false);
         assert!(p.allow.is_empty(), "{p:?}");
         assert_eq!(p.ignored, 1);
-        let whys: Vec<String> = p.not_proposed.iter().map(|n| format!("{}: {}", n.target, n.why)).collect();
+        let whys: Vec<String> =
+            p.not_proposed.iter().map(|n| format!("{}: {}", n.target, n.why)).collect();
         let all = whys.join("\n");
         for want in [
             "10.1.2.3:443: not proposed: needs --private",
@@ -799,6 +824,12 @@ mod tests {
         let a = agg(&[dns, &sup]);
         assert_eq!(a.seen["y.example.org"][&Some(443)].refused, [(Reason::NotAllowed, 10)]);
         let p = propose(&a, &never, false);
-        assert_eq!(p.allow, [("example.org".to_owned(), vec!["x.example.org".to_owned(), "y.example.org".to_owned()])]);
+        assert_eq!(
+            p.allow,
+            [(
+                "example.org".to_owned(),
+                vec!["x.example.org".to_owned(), "y.example.org".to_owned()]
+            )]
+        );
     }
 }

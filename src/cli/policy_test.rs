@@ -61,8 +61,10 @@ pub fn evaluate(
     let identity = config::load_identity(paths)?;
     // The repo file is added by the caller as it is now; `load` would apply it only if trusted.
     let loaded = config::load(paths, None, identity.as_ref())?;
-    let layers: Vec<&ParsedLayer> =
-        [loaded.managed.as_ref(), loaded.user.as_ref(), repo_parsed].into_iter().flatten().collect();
+    let layers: Vec<&ParsedLayer> = [loaded.managed.as_ref(), loaded.user.as_ref(), repo_parsed]
+        .into_iter()
+        .flatten()
+        .collect();
     let tests: Vec<_> = layers
         .iter()
         .flat_map(|p| p.tests.tests.iter().map(|t| (p.doc.kind, p.doc.name.as_str(), t)))
@@ -189,8 +191,7 @@ struct ReportJson<'a> {
 pub fn run(args: &TestArgs, ctx: &Context<'_>) -> i32 {
     let prepared = (|| {
         let paths = Paths::from_env(ctx.env).map_err(|e| e.to_string())?;
-        let repo =
-            Repo::resolve(args.repo.repo.as_deref(), &ctx.cwd).map_err(|e| e.to_string())?;
+        let repo = Repo::resolve(args.repo.repo.as_deref(), &ctx.cwd).map_err(|e| e.to_string())?;
         let file = config::load_repo_file(&paths, &repo).map_err(|e| e.to_string())?;
         // As if trusted: the file is parsed whatever its trust state.
         let parsed = file.as_ref().map(|f| f.parse()).transpose().map_err(|e| e.to_string())?;

@@ -56,8 +56,10 @@ use crate::gate::Severity;
 use crate::policy::{Entry, EntryKind, GateEntry, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
-const TOP_KEYS: &[&str] =
-    &["network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate", "test", "policy"];
+const TOP_KEYS: &[&str] = &[
+    "network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate",
+    "test", "policy",
+];
 const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands", "self_approve"];
 const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
 const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];

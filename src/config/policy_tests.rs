@@ -93,7 +93,10 @@ pub(super) fn walk_tests(name: &str, text: &str, value: &Item<'_>) -> (Vec<Polic
         let DeValue::Table(t) = item.get_ref() else {
             problems.push((
                 item.span(),
-                format!("test[{i}] must be a table ([[test]]), found {}", item.get_ref().type_str()),
+                format!(
+                    "test[{i}] must be a table ([[test]]), found {}",
+                    item.get_ref().type_str()
+                ),
             ));
             continue;
         };
@@ -112,8 +115,7 @@ fn one_test(
     problems: &mut Problems,
 ) -> Option<PolicyTest> {
     let (mut target, mut expect, mut reason, mut ok) = (None, None, None, true);
-    let string = |value: &Item<'_>, what: &str, problems: &mut Problems| match value.get_ref()
-    {
+    let string = |value: &Item<'_>, what: &str, problems: &mut Problems| match value.get_ref() {
         DeValue::String(s) => Some(s.to_string()),
         other => {
             problems.push((
@@ -226,7 +228,10 @@ pub(super) fn walk_policy(
                 DeValue::Boolean(b) => require = Some(*b),
                 other => problems.push((
                     value.span(),
-                    format!("policy.require_tests must be true or false, found {}", other.type_str()),
+                    format!(
+                        "policy.require_tests must be true or false, found {}",
+                        other.type_str()
+                    ),
                 )),
             },
             other => problems.push((
@@ -318,16 +323,34 @@ mod tests {
     #[test]
     fn bad_tests_are_located_with_a_fix() {
         let table: &[(&str, &str)] = &[
-            ("[[test]]\ntarget = \"a.test\"\nexpect = \"allowed\"\n", "f.toml:3:10: test.expect must be \"allow\" or \"deny\", found \"allowed\"; did you mean `allow`?"),
-            ("[[test]]\ntarget = \"a.test\"\nexpect = \"allow\"\nwhy = \"x\"\n", "f.toml:4:1: unknown key `why` in [[test]]"),
-            ("[[test]]\ntarget = \"-a.test\"\nexpect = \"allow\"\n", "f.toml:2:10: test.target \"-a.test\" is malformed"),
-            ("[[test]]\ntarget = \"a.test:0\"\nexpect = \"deny\"\n", "f.toml:2:10: test.target \"a.test:0\" is malformed"),
+            (
+                "[[test]]\ntarget = \"a.test\"\nexpect = \"allowed\"\n",
+                "f.toml:3:10: test.expect must be \"allow\" or \"deny\", found \"allowed\"; did you mean `allow`?",
+            ),
+            (
+                "[[test]]\ntarget = \"a.test\"\nexpect = \"allow\"\nwhy = \"x\"\n",
+                "f.toml:4:1: unknown key `why` in [[test]]",
+            ),
+            (
+                "[[test]]\ntarget = \"-a.test\"\nexpect = \"allow\"\n",
+                "f.toml:2:10: test.target \"-a.test\" is malformed",
+            ),
+            (
+                "[[test]]\ntarget = \"a.test:0\"\nexpect = \"deny\"\n",
+                "f.toml:2:10: test.target \"a.test:0\" is malformed",
+            ),
             ("[[test]]\nexpect = \"deny\"\n", "f.toml:1:1: a [[test]] table needs `target`"),
             ("[[test]]\ntarget = \"a.test\"\n", "needs `expect`"),
-            ("[[test]]\ntarget = 1\nexpect = \"deny\"\n", "f.toml:2:10: test.target must be a string, found integer"),
+            (
+                "[[test]]\ntarget = 1\nexpect = \"deny\"\n",
+                "f.toml:2:10: test.target must be a string, found integer",
+            ),
             ("test = 1\n", "f.toml:1:8: `test` must be an array of tables"),
             ("test = [1]\n", "f.toml:1:9: test[0] must be a table"),
-            ("[[test]]\ntarget = \"a.test\"\nexpect = \"deny\"\nreason = 3\n", "f.toml:4:10: test.reason must be a string"),
+            (
+                "[[test]]\ntarget = \"a.test\"\nexpect = \"deny\"\nreason = 3\n",
+                "f.toml:4:10: test.reason must be a string",
+            ),
         ];
         for (text, want) in table {
             let got = errors(LayerKind::Repo, text);
