@@ -378,6 +378,8 @@ struct LayerJson {
     review_servers: Vec<String>,
     /// `[gate]` targets, each with its severity (`api.stripe.com (high)`).
     gates: Vec<String>,
+    /// How many `[[test]]` tables the file holds (`airlock policy test` runs them).
+    tests: usize,
     errors: Vec<String>,
 }
 
@@ -430,6 +432,7 @@ fn layer_json(kind: LayerKind, file: String, parsed: Option<&ParsedLayer>) -> La
             .unwrap_or_default(),
         review_servers: doc.map(|d| d.review_servers.clone()).unwrap_or_default(),
         gates: doc.map(gate_summary).unwrap_or_default(),
+        tests: parsed.map_or(0, |p| p.tests.tests.len()),
         errors: Vec::new(),
     }
 }
@@ -591,6 +594,9 @@ fn print_show(r: &ShowJson) {
             if !items.is_empty() {
                 println!("  {label}: {}", items.join(", "));
             }
+        }
+        if l.tests > 0 {
+            println!("  policy tests: {} (`airlock policy test` runs them)", l.tests);
         }
         for e in &l.errors {
             println!("  error: {e}");

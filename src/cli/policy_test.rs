@@ -264,11 +264,3 @@ pub fn run(args: &TestArgs, ctx: &Context<'_>) -> i32 {
     }
     if failed > 0 { EXIT_FAILED } else { 0 }
 }
-
-impl Outcome {
-    fn expect_reason_is_code(&self) -> bool {
-        self.expect_reason
-            .as_deref()
-            .is_some_and(|r| crate::policy::Reason::ALL.iter().any(|c| c.as_str() == r))
-    }
-}

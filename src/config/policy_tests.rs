@@ -261,6 +261,13 @@ pub struct Outcome {
     pub pass: bool,
 }
 
+impl Outcome {
+    /// The test's `reason` is a reason code (checked), not a free-text note.
+    pub fn expect_reason_is_code(&self) -> bool {
+        self.expect_reason.as_deref().is_some_and(|r| Reason::ALL.iter().any(|c| c.as_str() == r))
+    }
+}
+
 /// Decides every test against `policy` (pure: no name resolved, no interface read). A test
 /// passes when the verdict is the expected one and, if its `reason` is a reason code, the
 /// verdict's reason is that code.
@@ -355,6 +362,29 @@ mod tests {
         for (text, want) in table {
             let got = errors(LayerKind::Repo, text);
             assert!(got.contains(want), "{text:?}:\n got {got}\nwant {want}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the target text, a `[[test]]` either parses with a target `policy check`
+        /// accepts, or is refused with an error located on the target's line.
+        #[test]
+        fn any_target_is_accepted_as_policy_check_would_or_located(
+            target in "(\\PC|\\[|\\]|:|/|\\.|-){0,40}",
+        ) {
+            let quoted = toml::Value::String(target.clone()).to_string();
+            let text = format!("[[test]]\ntarget = {quoted}\nexpect = \"deny\"\n");
+            match parse_layer(LayerKind::Repo, "f.toml", text.as_bytes()) {
+                Ok(p) => {
+                    proptest::prop_assert!(parse_target(&target).is_ok());
+                    proptest::prop_assert_eq!(&p.tests.tests[0].target, &target);
+                }
+                Err(e) => {
+                    proptest::prop_assert!(parse_target(&target).is_err());
+                    let e = e.to_string();
+                    proptest::prop_assert!(e.starts_with("f.toml:2:10: test.target "), "{}", e);
+                }
+            }
         }
     }
 

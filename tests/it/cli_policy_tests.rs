@@ -73,6 +73,8 @@ fn policy_test_exits_0_when_all_hold_and_1_when_any_fails() {
     );
     assert!(out.contains("2 tests: 2 passed, 0 failed"), "{out}");
     assert!(!trusted(&world, &repo), "policy test must not record trust");
+    let show = airlock(&world, &repo, &["policy", "show"]).stdout();
+    assert!(show.contains("  policy tests: 2 (`airlock policy test` runs them)"), "{show}");
 
     world.write(&file, &format!("{POLICY}{FAILING}"));
     let run = airlock(&world, &repo, &["policy", "test"]).expect_code(1);
