@@ -49,7 +49,7 @@ fn line(out: &mut String, i: usize, session: &str, ts: &str) {
         }
         // Refusals: many hosts over many domains, some on other ports.
         80..=91 => {
-            let port = if i % 7 == 0 { 8443 } else { 443 };
+            let port = if i.is_multiple_of(7) { 8443 } else { 443 };
             let _ = write!(
                 out,
                 r#"{{"ts":"{ts}","host":"h{}.d{}.example","method":"CONNECT","allowed":false,"duration_ms":0,{common},"port":{port},"reason":"not_allowed","layer":"none"}}"#,
