@@ -21,6 +21,7 @@ mod settle;
 pub mod volume;
 mod writer;
 
+pub(crate) use files::dated_files;
 pub use files::{Clock, JsonlAppender, MAX_RECORD, SystemClock, append_record, audit_files};
 #[cfg(test)]
 pub(crate) use format::tests::sample as test_sample_line;

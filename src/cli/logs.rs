@@ -134,7 +134,7 @@ impl Since {
     }
 }
 
-fn parse_since(s: &str) -> Result<Since, String> {
+pub(super) fn parse_since(s: &str) -> Result<Since, String> {
     if let Ok(t) = OffsetDateTime::parse(s, &Rfc3339) {
         return Ok(Since::At(t));
     }

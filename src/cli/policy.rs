@@ -32,8 +32,15 @@ pub enum PolicyCommand {
     Check(CheckArgs),
     /// Show the effective policy: mode, each layer, trust state, shadowed entries, warnings
     Show(ShowArgs),
-    /// Trust the repo's .airlock.toml as it is now (recorded by SHA-256)
-    Trust(RepoArgs),
+    /// Trust the repo's .airlock.toml as it is now (recorded by SHA-256), after its policy
+    /// tests pass
+    Trust(TrustArgs),
+    /// Run the [[test]] tables against the policy with the repo file as it is now, as if
+    /// trusted (exit 0 all hold, 1 any fails, 3 configuration error)
+    Test(super::policy_test::TestArgs),
+    /// Propose allow entries from this repo's audit lines (default: its most recent session)
+    /// and write them to .airlock.toml only with --yes; never records trust
+    Learn(super::policy_learn::LearnArgs),
     /// Add an allow entry to the repo (default) or user layer, keeping the file's comments
     Allow(super::policy_edit::EditArgs),
     /// Add a block entry to the repo (default) or user layer, keeping the file's comments
@@ -47,6 +54,16 @@ pub struct RepoArgs {
     /// The repo directory (default: the git top level of the working directory)
     #[arg(long, value_name = "DIR")]
     pub repo: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TrustArgs {
+    #[command(flatten)]
+    pub repo: RepoArgs,
+    /// Trust the file even though some of its policy tests fail (a managed `require_tests`
+    /// is not lifted)
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]
@@ -85,6 +102,8 @@ pub fn run(command: &PolicyCommand, ctx: &Context<'_>) -> i32 {
         PolicyCommand::Check(args) => check(args, ctx),
         PolicyCommand::Show(args) => show(args, ctx),
         PolicyCommand::Trust(args) => trust_cmd(args, ctx),
+        PolicyCommand::Test(args) => super::policy_test::run(args, ctx),
+        PolicyCommand::Learn(args) => super::policy_learn::run(args, ctx),
         PolicyCommand::Allow(args) => super::policy_edit::run(args, EntryKind::Allow, ctx),
         PolicyCommand::Deny(args) => super::policy_edit::run(args, EntryKind::Block, ctx),
         PolicyCommand::Init(args) => super::policy_init::run(args, ctx),
@@ -366,6 +385,8 @@ struct LayerJson {
     /// `[phase.NAME.network]` blocks: `NAME: allow [...] block [...]`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     phases: Vec<String>,
+    /// How many `[[test]]` tables the file holds (`airlock policy test` runs them).
+    tests: usize,
     errors: Vec<String>,
 }
 
@@ -432,6 +453,7 @@ fn layer_json(kind: LayerKind, file: String, parsed: Option<&ParsedLayer>) -> La
                     .collect()
             })
             .unwrap_or_default(),
+        tests: parsed.map_or(0, |p| p.tests.tests.len()),
         errors: Vec::new(),
     }
 }
@@ -595,6 +617,9 @@ fn print_show(r: &ShowJson) {
                 println!("  {label}: {}", items.join(", "));
             }
         }
+        if l.tests > 0 {
+            println!("  policy tests: {} (`airlock policy test` runs them)", l.tests);
+        }
         for e in &l.errors {
             println!("  error: {e}");
         }
@@ -657,8 +682,8 @@ fn record_git_pointers(setup: &Setup, ctx: &Context<'_>) -> Result<usize, i32> {
     Ok(found.pointers.len())
 }
 
-fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
-    let setup = match setup(args, ctx) {
+fn trust_cmd(args: &TrustArgs, ctx: &Context<'_>) -> i32 {
+    let setup = match setup(&args.repo, ctx) {
         Ok(s) => s,
         Err(e) => return config_error(&e),
     };
@@ -693,6 +718,16 @@ fn trust_cmd(args: &RepoArgs, ctx: &Context<'_>) -> i32 {
     if file.trust.is_trusted() {
         println!("{} is already trusted (sha256 {})", file.name, file.digest);
         return 0;
+    }
+    match super::policy_test::before_trust(&setup.paths, &setup.repo, &parsed, args.force) {
+        Ok(0) => {}
+        Ok(n) => println!("policy tests: {n} run (`airlock policy test` lists them)"),
+        Err(e) => {
+            for line in e.lines() {
+                eprintln!("airlock: {line}");
+            }
+            return EXIT_DENIED;
+        }
     }
     if let trust::TrustState::Changed { trusted_at, .. } = &file.trust {
         println!(

@@ -21,9 +21,12 @@ use crate::paths::Paths;
 use crate::policy::{Entry, EntryKind, LayerKind};
 use crate::repo::Repo;
 
-/// Exit codes: 0 written (or already present), 2 a malformed entry, 3 a file problem.
+/// Exit codes: 0 written (or already present), 1 written but trust refused (policy tests
+/// fail), 2 a malformed entry, 3 a file problem.
 const EXIT_MALFORMED: i32 = 2;
 const EXIT_CONFIG: i32 = 3;
+/// The edit was written but trust was refused: policy tests fail.
+const EXIT_TESTS_FAIL: i32 = 1;
 
 /// Which layer file an entry goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -49,6 +52,10 @@ pub struct EditArgs {
     /// Trust the edited repo file without asking (only if it was trusted before the edit)
     #[arg(long)]
     pub yes: bool,
+    /// Trust the edited file even though some of its policy tests fail (the edit is written
+    /// either way; a managed `require_tests` is not lifted)
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `policy allow` (`EntryKind::Allow`) or `policy deny` (`EntryKind::Block`).
@@ -141,6 +148,15 @@ fn edit(args: &EditArgs, kind: EntryKind, key: &str, ctx: &Context<'_>) -> Resul
     if written != new_text.as_bytes() {
         return Err(format!("{name} changed while it was being edited; review it and run {fix}"));
     }
+    // The tests run against exactly what is trusted; the edit stays written if they fail.
+    let parsed = config::parse_layer(layer_kind, &name, &written).map_err(|e| e.to_string())?;
+    if let Err(e) = super::policy_test::before_trust(&paths, &repo, &parsed, args.force) {
+        for line in e.lines() {
+            eprintln!("airlock: {line}");
+        }
+        eprintln!("airlock: {name} is written but not trusted, so it does not apply yet");
+        return Ok(EXIT_TESTS_FAIL);
+    }
     trust::trust_content(&paths, &repo, &written).map_err(|e| e.to_string())?;
     let record = trust::record_path(&paths, &repo);
     println!("trusted; recorded in {}", config::display_path(&paths, &record));
@@ -211,7 +227,7 @@ fn same(a: &Entry, b: &Entry) -> bool {
 /// Replaces `path` with `bytes`: a temp file in the same directory (never following a link),
 /// synced, renamed over the target (so a symlink at `path` is replaced, not written through).
 /// Keeps the old file's permission bits; a new file is 0644 in a repo, 0600 under ~/.airlock.
-fn write_atomic(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
+pub(super) fn write_atomic(path: &Path, bytes: &[u8], private: bool) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("path has no parent directory"))?;
     if private {
         fsutil::private_dir(dir)?;

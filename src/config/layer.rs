@@ -52,13 +52,14 @@ use toml::de::{DeTable, DeValue};
 use super::ConfigError;
 use super::diag::{Diagnostic, line_col, suggestion};
 pub use super::phase::PhaseDoc;
+use super::policy_tests::{self, PolicyTests};
 use crate::gate::Severity;
 use crate::policy::{Entry, EntryKind, GateEntry, LayerKind, Mode, PolicyLayer, PortSpec};
 use crate::sandbox::termfilter::Clipboard;
 
 const TOP_KEYS: &[&str] = &[
     "network", "env", "mcp", "review", "terminal", "audit", "sandbox", "logs", "publish", "gate",
-    "phase",
+    "phase", "test", "policy",
 ];
 const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands", "self_approve"];
 const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
@@ -245,6 +246,8 @@ impl fmt::Debug for Credential {
 pub struct ParsedLayer {
     pub doc: LayerDoc,
     pub warnings: Vec<Diagnostic>,
+    /// `[[test]]` tables and `[policy]` (the CLI's; never sent to the daemon).
+    pub tests: PolicyTests,
 }
 
 /// Lowercase hex SHA-256 of `bytes`.
@@ -276,7 +279,14 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
             format!("malformed TOML: {}; fix the syntax", e.message().trim_end()),
         )])
     })?;
-    let mut walker = Walker { name, text, kind, errors: Vec::new(), warnings: Vec::new() };
+    let mut walker = Walker {
+        name,
+        text,
+        kind,
+        errors: Vec::new(),
+        warnings: Vec::new(),
+        tests: PolicyTests::default(),
+    };
     let mut doc = LayerDoc {
         kind,
         name: name.to_owned(),
@@ -296,7 +306,11 @@ pub fn parse_layer(kind: LayerKind, name: &str, bytes: &[u8]) -> Result<ParsedLa
     walker.root(root.get_ref(), &mut doc);
     if walker.errors.is_empty() {
         walker.warnings.sort_by_key(|(offset, _)| *offset);
-        Ok(ParsedLayer { doc, warnings: walker.warnings.into_iter().map(|(_, d)| d).collect() })
+        Ok(ParsedLayer {
+            doc,
+            warnings: walker.warnings.into_iter().map(|(_, d)| d).collect(),
+            tests: walker.tests,
+        })
     } else {
         walker.errors.sort_by_key(|(offset, _)| *offset);
         Err(ConfigError::Invalid(walker.errors.into_iter().map(|(_, d)| d).collect()))
@@ -309,6 +323,7 @@ pub(super) struct Walker<'a> {
     kind: LayerKind,
     errors: Vec<(usize, Diagnostic)>,
     warnings: Vec<(usize, Diagnostic)>,
+    tests: PolicyTests,
 }
 
 pub(super) type Item<'i> = Spanned<DeValue<'i>>;
@@ -458,8 +473,25 @@ impl Walker<'_> {
                         self.phases(t, doc);
                     }
                 }
+                "test" => {
+                    let (tests, problems) = policy_tests::walk_tests(self.name, self.text, value);
+                    self.tests.tests = tests;
+                    self.problems(problems);
+                }
+                "policy" => {
+                    let (require, problems) =
+                        policy_tests::walk_policy(self.kind, key.span(), value);
+                    self.tests.require_tests = require;
+                    self.problems(problems);
+                }
                 _ => self.unknown(key, "the top level", TOP_KEYS),
             }
+        }
+    }
+
+    fn problems(&mut self, problems: policy_tests::Problems) {
+        for (span, message) in problems {
+            self.error(span, message);
         }
     }
 

@@ -16,6 +16,7 @@ pub mod identity;
 mod layer;
 pub mod machine_key;
 pub mod phase;
+pub mod policy_tests;
 pub mod review;
 pub mod trust;
 mod wire;

@@ -16,6 +16,8 @@ mod cli_identity;
 mod cli_policy;
 mod cli_policy_edit;
 mod cli_policy_init;
+mod cli_policy_learn;
+mod cli_policy_tests;
 mod console_auth;
 mod console_browser;
 mod console_gates;

@@ -84,6 +84,8 @@ impl TrustGate for ConfigGate {
         }
         let mut diff = format!("{}\n", file.trust.describe(&file.name, &file.repo_dir));
         let parsed = file.parse().map_err(|e| e.to_string())?;
+        // A file whose policy tests fail is never offered for trust (no --force here).
+        crate::cli::policy_test::before_trust(paths, repo, &parsed, false)?;
         {
             let doc = &parsed.doc;
             // Mounts expose host trees: called out before the file's lines.
@@ -107,7 +109,9 @@ impl TrustGate for ConfigGate {
         let file = config::load_repo_file(paths, repo)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| "the repo file disappeared".to_string())?;
-        file.parse().map_err(|e| e.to_string())?;
+        let parsed = file.parse().map_err(|e| e.to_string())?;
+        // The file may have changed since `check`: the bytes trusted are the bytes tested.
+        crate::cli::policy_test::before_trust(paths, repo, &parsed, false)?;
         config::trust::trust_content(paths, repo, &file.bytes)
             .map(|_| ())
             .map_err(|e| e.to_string())
