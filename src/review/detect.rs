@@ -815,6 +815,9 @@ impl Engine {
     }
 }
 
+/// Egress `type`s whose lines record no connection attempt (docs/audit-format.md, "Line kinds").
+const NOT_ATTEMPTS: &[&str] = &["gate", "phase", "stop"];
+
 /// Denied egress attempts per session within [`DENIAL_WINDOW_US`]: a `suppressed` line counts
 /// as the exact number of attempts its `seqs` name (docs/audit-format.md), every other
 /// denial as one.
@@ -822,9 +825,10 @@ fn denial_bursts(user_id: &str, created: &[Created<'_>]) -> Vec<NewFlag> {
     // (ts, pk, attempts)
     let mut by_session: BTreeMap<&str, Vec<(Micros, i64, u64)>> = BTreeMap::new();
     for c in created {
-        // A gate's step lines (type `gate`) are not attempts; the attempt's own line counts.
+        // Only attempts count: a gate's step lines (type `gate`; the attempt's own line counts),
+        // a phase switch and a session stop are `allowed: false` but refuse nothing.
         if c.event.source == Source::Egress
-            && c.event.kind != "gate"
+            && !NOT_ATTEMPTS.contains(&c.event.kind.as_str())
             && c.payload.get("allowed").and_then(Value::as_bool) == Some(false)
         {
             let attempts = session::suppressed_seqs(c.payload)
@@ -1172,6 +1176,34 @@ mod tests {
         assert!(
             !engine.detect_batch("u", &created).iter().any(|f| f.rule_id == "egress.denial-burst")
         );
+    }
+
+    /// Regression: phase switches (and session stops) are written `allowed: false`, and ten of
+    /// them in a minute were counted as a denial burst.
+    #[test]
+    fn phase_and_stop_lines_are_not_denials() {
+        let engine = Engine::builtin().unwrap();
+        let line = serde_json::json!({"host":"","allowed":false,"method":"PHASE"});
+        for kind in ["phase", "stop"] {
+            let events: Vec<NewEvent> = (0..DENIAL_BURST * 2)
+                .map(|i| NewEvent {
+                    kind: kind.into(),
+                    ..ev(Source::Egress, &format!("p{i}"), 1_000_000_000 + i as Micros, "{}")
+                })
+                .collect();
+            let created: Vec<Created<'_>> = events
+                .iter()
+                .enumerate()
+                .map(|(i, e)| Created { pk: i as i64, event: e, payload: &line, received_at: e.ts })
+                .collect();
+            assert!(
+                !engine
+                    .detect_batch("u", &created)
+                    .iter()
+                    .any(|f| f.rule_id == "egress.denial-burst"),
+                "{kind} lines made a burst"
+            );
+        }
     }
 
     /// A `suppressed` line counts as the attempts its `seqs` name, exactly.
