@@ -8,12 +8,14 @@
 //! file has none, 2 usage, 3 configuration error.
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 use super::Context;
 use super::policy::RepoArgs;
 use crate::config::policy_tests::{self, Outcome};
 use crate::config::{self, ConfigError, LayerDoc, ParsedLayer};
 use crate::paths::Paths;
+use crate::policy::Policy;
 use crate::repo::Repo;
 
 const EXIT_FAILED: i32 = 1;
@@ -73,8 +75,25 @@ pub fn evaluate(
         Vec::new()
     } else {
         let docs: Vec<&LayerDoc> = layers.iter().map(|p| &p.doc).collect();
-        let built = config::build_policy(&docs, &loaded.review_servers)?;
-        policy_tests::run(tests, &built.policy)
+        let plain = config::build_policy(&docs, &loaded.review_servers)?.policy;
+        // One evaluator per phase the tests name, built up front so an unknown phase is a
+        // configuration error located at its test rather than a failing test.
+        let mut phased: BTreeMap<&str, Policy> = BTreeMap::new();
+        for (_, _, t) in &tests {
+            let Some(phase) = t.phase.as_deref() else { continue };
+            if phased.contains_key(phase) {
+                continue;
+            }
+            let built = config::build_policy_in_phase(&docs, &loaded.review_servers, Some(phase))
+                .map_err(|e| match e {
+                ConfigError::Phase(why) => {
+                    ConfigError::Phase(format!("{}: test.phase: {why}", t.at))
+                }
+                e => e,
+            })?;
+            phased.insert(phase, built.policy);
+        }
+        policy_tests::run(tests, |phase| phase.and_then(|p| phased.get(p)).unwrap_or(&plain))
     };
     Ok(Report {
         outcomes,
@@ -140,6 +159,9 @@ fn line(o: &Outcome) -> String {
     if let Some(c) = code {
         out.push_str(&format!(" [{c}]"));
     }
+    if let Some(p) = &o.phase {
+        out.push_str(&format!(" in phase {p}"));
+    }
     out.push_str(&format!(", got {} [{}]", o.got.as_str(), o.decision.reason));
     if let Some(rule) = &o.decision.rule {
         out.push_str(&format!(" by rule {rule:?}"));
@@ -166,6 +188,8 @@ struct TestJson<'a> {
     expect: &'static str,
     /// The test's `reason` as written (a code is also checked).
     expect_reason: Option<&'a str>,
+    /// The phase the test was decided in (`null`: the plain `[network]` lists).
+    phase: Option<&'a str>,
     got: &'static str,
     reason: &'static str,
     rule: Option<&'a str>,
@@ -216,6 +240,7 @@ pub fn run(args: &TestArgs, ctx: &Context<'_>) -> i32 {
                     target: &o.target,
                     expect: o.expect.as_str(),
                     expect_reason: o.expect_reason.as_deref(),
+                    phase: o.phase.as_deref(),
                     got: o.got.as_str(),
                     reason: o.decision.reason.as_str(),
                     rule: o.decision.rule.as_deref(),

@@ -8,6 +8,7 @@
 //! target = "api.anthropic.com"   # host, host:port, [v6]:port or URL (as `policy check`)
 //! expect = "allow"               # or "deny"
 //! reason = "blocked"             # optional: a reason code is checked, other text is a note
+//! phase = "build"                # optional: decided with [phase.build.network] in force
 //! [policy]                       # managed layer only
 //! require_tests = true           # a repo file without [[test]] cannot be trusted
 //! ```
@@ -21,7 +22,7 @@ use toml::de::{DeTable, DeValue};
 use super::diag::{line_col, suggestion};
 use crate::policy::{Decision, LayerKind, LocalAddrs, Policy, Reason, Verdict, parse_target};
 
-const TEST_KEYS: &[&str] = &["target", "expect", "reason"];
+const TEST_KEYS: &[&str] = &["target", "expect", "reason", "phase"];
 const POLICY_KEYS: &[&str] = &["require_tests"];
 const EXPECTS: &[&str] = &["allow", "deny"];
 
@@ -50,6 +51,9 @@ pub struct PolicyTest {
     pub expect: Expect,
     /// A reason code (`blocked`, `not_allowed`, …; also checked) or a free-text note.
     pub reason: Option<String>,
+    /// Decide with this phase in force (`[phase.NAME.network]` in place of each defining
+    /// layer's `[network]` lists, as `airlock policy check --phase NAME`).
+    pub phase: Option<String>,
     /// `file:line:col` of the table's `target`, for messages.
     pub at: String,
 }
@@ -114,7 +118,7 @@ fn one_test(
     span: Range<usize>,
     problems: &mut Problems,
 ) -> Option<PolicyTest> {
-    let (mut target, mut expect, mut reason, mut ok) = (None, None, None, true);
+    let (mut target, mut expect, mut reason, mut phase, mut ok) = (None, None, None, None, true);
     let string = |value: &Item<'_>, what: &str, problems: &mut Problems| match value.get_ref() {
         DeValue::String(s) => Some(s.to_string()),
         other => {
@@ -165,6 +169,20 @@ fn one_test(
                 Some(r) => reason = Some(r),
                 None => ok = false,
             },
+            "phase" => match string(value, "phase", problems) {
+                Some(p) if super::phase::is_phase_name(&p) => phase = Some(p),
+                Some(p) => {
+                    problems.push((
+                        value.span(),
+                        format!(
+                            "test.phase {p:?} is not a phase name: 1 to 32 of a-z, 0-9, `_` and \
+                             `-`, starting with a letter or digit (as in [phase.NAME.network])"
+                        ),
+                    ));
+                    ok = false;
+                }
+                None => ok = false,
+            },
             other => {
                 problems.push((
                     key.span(),
@@ -182,7 +200,9 @@ fn one_test(
         .filter_map(|(k, m)| m.then_some(k))
         .collect();
     match (target, expect) {
-        (Some((target, at)), Some(expect)) => Some(PolicyTest { target, expect, reason, at }),
+        (Some((target, at)), Some(expect)) => {
+            Some(PolicyTest { target, expect, reason, phase, at })
+        }
         _ => {
             problems.push((
                 span,
@@ -256,6 +276,8 @@ pub struct Outcome {
     pub expect: Expect,
     /// The reason the test names (a code or a note), as written.
     pub expect_reason: Option<String>,
+    /// The phase the test was decided in.
+    pub phase: Option<String>,
     pub got: Expect,
     pub decision: Decision,
     pub pass: bool,
@@ -268,16 +290,17 @@ impl Outcome {
     }
 }
 
-/// Decides every test against `policy` (pure: no name resolved, no interface read). A test
-/// passes when the verdict is the expected one and, if its `reason` is a reason code, the
-/// verdict's reason is that code.
-pub fn run<'a>(
+/// Decides every test against the policy its phase builds (`policy_for(None)`: no phase),
+/// pure: no name resolved, no interface read. A test passes when the verdict is the expected
+/// one and, if its `reason` is a reason code, the verdict's reason is that code.
+pub fn run<'a, 'p>(
     tests: impl IntoIterator<Item = (LayerKind, &'a str, &'a PolicyTest)>,
-    policy: &Policy,
+    policy_for: impl Fn(Option<&str>) -> &'p Policy,
 ) -> Vec<Outcome> {
     tests
         .into_iter()
         .map(|(layer, file, t)| {
+            let policy = policy_for(t.phase.as_deref());
             let decision = match parse_target(&t.target) {
                 Ok(target) => {
                     policy.decide(&target.host, target.port.unwrap_or(443), &LocalAddrs::default())
@@ -297,6 +320,7 @@ pub fn run<'a>(
                 target: t.target.clone(),
                 expect: t.expect,
                 expect_reason: t.reason.clone(),
+                phase: t.phase.clone(),
                 got,
                 decision,
                 pass,
@@ -352,6 +376,10 @@ mod tests {
                 "[[test]]\ntarget = 1\nexpect = \"deny\"\n",
                 "f.toml:2:10: test.target must be a string, found integer",
             ),
+            (
+                "[[test]]\ntarget = \"a.test\"\nexpect = \"deny\"\nphase = \"-x\"\n",
+                "f.toml:4:9: test.phase \"-x\" is not a phase name",
+            ),
             ("test = 1\n", "f.toml:1:8: `test` must be an array of tables"),
             ("test = [1]\n", "f.toml:1:9: test[0] must be a table"),
             (
@@ -406,7 +434,8 @@ mod tests {
         let text = "[network]\nallow = [\"a.test\"]\nblock = [\"bad.test\"]\n[[test]]\ntarget = \"a.test\"\nexpect = \"allow\"\n[[test]]\ntarget = \"bad.test\"\nexpect = \"deny\"\nreason = \"blocked\"\n[[test]]\ntarget = \"other.test\"\nexpect = \"deny\"\nreason = \"blocked\"\n[[test]]\ntarget = \"other.test\"\nexpect = \"deny\"\nreason = \"unlisted on purpose\"\n[[test]]\ntarget = \"a.test:22\"\nexpect = \"allow\"\n";
         let p = parse_layer(LayerKind::Repo, "f.toml", text.as_bytes()).unwrap();
         let built = crate::config::build_policy(&[&p.doc], &[]).unwrap();
-        let out = run(p.tests.tests.iter().map(|t| (LayerKind::Repo, "f.toml", t)), &built.policy);
+        let out =
+            run(p.tests.tests.iter().map(|t| (LayerKind::Repo, "f.toml", t)), |_| &built.policy);
         let pass: Vec<bool> = out.iter().map(|o| o.pass).collect();
         // The third is denied, but as not_allowed, not blocked; the fifth needs a port entry.
         assert_eq!(pass, [true, true, false, true, false]);

@@ -110,6 +110,7 @@ fn policy_test_json_is_the_documented_document() {
             "got",
             "layer",
             "pass",
+            "phase",
             "policy",
             "reason",
             "rule",
@@ -279,4 +280,57 @@ fn managed_require_tests_refuses_a_file_without_tests_even_with_force() {
     airlock(&world, &repo, &["policy", "test"]).expect_code(0);
     airlock(&world, &repo, &["policy", "trust"]).expect_code(0);
     assert!(trusted(&world, &repo));
+}
+
+/// A test may name a phase: it is decided with `[phase.NAME.network]` in force, so a phase's
+/// lists are reviewed in a pull request like the plain ones; a phase no layer defines is a
+/// configuration error located at the test (exit 3), never a silently plain decision.
+#[test]
+fn a_test_naming_a_phase_is_decided_in_that_phase() {
+    let policy = "\
+[network]
+allow = [\"anthropic.com\"]
+
+[phase.build.network]
+allow = [\"pypi.org\"]
+
+[[test]]
+target = \"pypi.org\"
+expect = \"deny\"
+
+[[test]]
+target = \"pypi.org\"
+expect = \"allow\"
+phase = \"build\"
+
+[[test]]
+target = \"api.anthropic.com\"
+expect = \"deny\"
+reason = \"not_allowed\"
+phase = \"build\"
+";
+    let (world, repo, file) = world_with(policy);
+    let run = airlock(&world, &repo, &["policy", "test", "--json"]).expect_code(0);
+    let v: Value = serde_json::from_str(&run.stdout()).unwrap();
+    let phases: Vec<&Value> = v["tests"].as_array().unwrap().iter().map(|t| &t["phase"]).collect();
+    assert_eq!(phases, [&Value::Null, &Value::from("build"), &Value::from("build")], "{v}");
+    assert_eq!(v["passed"], 3, "{v}");
+
+    // The same expectation without the phase fails: the plain lists do not allow pypi.org.
+    world.write(
+        &file,
+        &policy.replace("expect = \"allow\"\nphase = \"build\"", "expect = \"allow\""),
+    );
+    let run = airlock(&world, &repo, &["policy", "test"]).expect_code(1);
+    assert!(run.stdout().contains("FAIL pypi.org: expected allow, got deny"), "{}", run.stdout());
+
+    world.write(&file, &policy.replace("phase = \"build\"\n", "phase = \"bulid\"\n"));
+    let run = airlock(&world, &repo, &["policy", "test"]).expect_code(3);
+    let err = run.stderr();
+    assert!(err.contains(&format!("{}:12:10: test.phase:", file.display())), "{err}");
+    assert!(err.contains("bulid"), "{err}");
+
+    world.write(&file, &policy.replace("phase = \"build\"\n", "phase = \"Build!\"\n"));
+    let err = airlock(&world, &repo, &["policy", "test"]).expect_code(3).stderr();
+    assert!(err.contains("test.phase \"Build!\" is not a phase name"), "{err}");
 }
