@@ -186,9 +186,8 @@ impl Config {
             let (l, c) = line_col(text, offset);
             RuleError::Invalid { location: format!("{name}:{l}:{c}"), message }
         };
-        let file: CorrelateFile = toml::from_str(text).map_err(|e| {
-            at(e.span().map_or(0, |s| s.start), e.message().to_string())
-        })?;
+        let file: CorrelateFile = toml::from_str(text)
+            .map_err(|e| at(e.span().map_or(0, |s| s.start), e.message().to_string()))?;
         for spec in file.correlate {
             let id = spec.id.get_ref();
             let Some(check) = Check::from_id(id) else {
@@ -206,7 +205,10 @@ impl Config {
                 let d = humantime::parse_duration(w.get_ref().trim()).map_err(|e| {
                     at(
                         w.span().start,
-                        format!("{id}: window {:?}: {e} (write e.g. \"2m\" or \"30s\")", w.get_ref()),
+                        format!(
+                            "{id}: window {:?}: {e} (write e.g. \"2m\" or \"30s\")",
+                            w.get_ref()
+                        ),
                     )
                 })?;
                 let us = Micros::try_from(d.as_micros()).unwrap_or(Micros::MAX);
@@ -245,10 +247,10 @@ impl Config {
                         ),
                     ));
                 }
-                p.min_attempts = u64::try_from(*n.get_ref())
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| at(n.span().start, format!("{id}: `min_attempts` must be 1 or more")))?;
+                p.min_attempts =
+                    u64::try_from(*n.get_ref()).ok().filter(|n| *n >= 1).ok_or_else(|| {
+                        at(n.span().start, format!("{id}: `min_attempts` must be 1 or more"))
+                    })?;
             }
             self.params[check.index()] = p;
         }
@@ -632,7 +634,8 @@ impl CorrelateScan {
         if text.is_empty() {
             return None;
         }
-        let view = View { kind: "tool_result".into(), text: vec![text.to_string()], ..View::default() };
+        let view =
+            View { kind: "tool_result".into(), text: vec![text.to_string()], ..View::default() };
         self.engine.scan(source, &view, &Value::Null).into_iter().find_map(|h| {
             let id = &self.engine.rules()[h.rule].id;
             id.starts_with("secret.").then(|| id.clone())
@@ -741,9 +744,9 @@ fn codex_line(line: &Value) -> Parsed {
             let cmd = serde_json::from_str::<Value>(args)
                 .ok()
                 .and_then(|a| match a.get("command") {
-                    Some(Value::Array(parts)) => Some(
-                        parts.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "),
-                    ),
+                    Some(Value::Array(parts)) => {
+                        Some(parts.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
+                    }
                     Some(Value::String(s)) => Some(s.clone()),
                     _ => None,
                 })
@@ -764,7 +767,8 @@ fn codex_line(line: &Value) -> Parsed {
                 .unwrap_or_default();
             out.calls.push((id(), "local_shell".into(), cmd));
         }
-        ("response_item", "function_call_output") | ("response_item", "custom_tool_call_output") => {
+        ("response_item", "function_call_output")
+        | ("response_item", "custom_tool_call_output") => {
             let raw = p.get("output").and_then(Value::as_str).unwrap_or("");
             let text = match serde_json::from_str::<Value>(raw) {
                 Ok(inner) => match inner.get("output").and_then(Value::as_str) {
@@ -775,7 +779,9 @@ fn codex_line(line: &Value) -> Parsed {
             };
             out.results.push((id(), text));
         }
-        ("response_item", "message") if p.get("role").and_then(Value::as_str) == Some("assistant") => {
+        ("response_item", "message")
+            if p.get("role").and_then(Value::as_str) == Some("assistant") =>
+        {
             out.assistant_text = Some(text_of(p.get("content")).trim().to_string())
                 .filter(|t| !t.is_empty())
                 .or_else(|| {
@@ -998,13 +1004,16 @@ const NET_TOOLS: &[(&str, &str)] = &[
 /// word, a path's last part: `/usr/bin/curl` is `curl`), or the tool itself when it is not a
 /// shell tool (`WebFetch` → `webfetch`).
 pub fn tool_family(call: &Call) -> Option<String> {
-    let shell = matches!(call.name.as_str(), "Bash" | "shell" | "local_shell" | "exec_command" | "");
+    let shell =
+        matches!(call.name.as_str(), "Bash" | "shell" | "local_shell" | "exec_command" | "");
     if !shell {
         let name = call.name.to_ascii_lowercase();
         return (name.contains("fetch") || name.contains("search") || name.contains("http"))
             .then_some(name);
     }
-    for word in call.text.split(|c: char| c.is_whitespace() || matches!(c, ';' | '|' | '&' | '(' | ')' | '`' | '\'' | '"' | '$')) {
+    for word in call.text.split(|c: char| {
+        c.is_whitespace() || matches!(c, ';' | '|' | '&' | '(' | ')' | '`' | '\'' | '"' | '$')
+    }) {
         let base = word.rsplit('/').next().unwrap_or(word);
         // `python3.12` is python.
         let base = base.split_once('.').map_or(base, |(b, _)| b);
@@ -1100,7 +1109,8 @@ impl Case {
 
 fn pks(list: &[i64]) -> String {
     let shown: Vec<String> = list.iter().take(20).map(i64::to_string).collect();
-    let more = if list.len() > 20 { format!(" and {} more", list.len() - 20) } else { String::new() };
+    let more =
+        if list.len() > 20 { format!(" and {} more", list.len() - 20) } else { String::new() };
     format!("{}{more}", shown.join(", "))
 }
 
@@ -1121,19 +1131,35 @@ impl CorrelateScan {
         let mut cases: Vec<(Check, Case)> = Vec::new();
         let p = |c: Check| *config.get(c);
         if p(Check::RetryAfterDeny).enabled {
-            cases.extend(self.retry_after_deny(&p(Check::RetryAfterDeny)).into_iter().map(|c| (Check::RetryAfterDeny, c)));
+            cases.extend(
+                self.retry_after_deny(&p(Check::RetryAfterDeny))
+                    .into_iter()
+                    .map(|c| (Check::RetryAfterDeny, c)),
+            );
         }
         if p(Check::SecretThenEgress).enabled {
-            cases.extend(self.secret_then_egress(&p(Check::SecretThenEgress)).into_iter().map(|c| (Check::SecretThenEgress, c)));
+            cases.extend(
+                self.secret_then_egress(&p(Check::SecretThenEgress))
+                    .into_iter()
+                    .map(|c| (Check::SecretThenEgress, c)),
+            );
         }
         if p(Check::UnreportedEgress).enabled {
-            cases.extend(self.unreported_egress(&p(Check::UnreportedEgress)).into_iter().map(|c| (Check::UnreportedEgress, c)));
+            cases.extend(
+                self.unreported_egress(&p(Check::UnreportedEgress))
+                    .into_iter()
+                    .map(|c| (Check::UnreportedEgress, c)),
+            );
         }
         if p(Check::ClaimedVsSeen).enabled {
             cases.extend(self.claimed_vs_seen().into_iter().map(|c| (Check::ClaimedVsSeen, c)));
         }
         if p(Check::TranscriptGap).enabled {
-            cases.extend(self.transcript_gap(&p(Check::TranscriptGap)).into_iter().map(|c| (Check::TranscriptGap, c)));
+            cases.extend(
+                self.transcript_gap(&p(Check::TranscriptGap))
+                    .into_iter()
+                    .map(|c| (Check::TranscriptGap, c)),
+            );
         }
         for (check, case) in cases {
             let params = config.get(check);
@@ -1257,10 +1283,9 @@ impl CorrelateScan {
             }
             if let Some((di, way)) = found {
                 let d = &self.egress[di];
-                let case = by_host.entry(d.host.clone()).or_insert_with(|| Case {
-                    key: d.host.clone(),
-                    ..Case::default()
-                });
+                let case = by_host
+                    .entry(d.host.clone())
+                    .or_insert_with(|| Case { key: d.host.clone(), ..Case::default() });
                 if case.egress.is_empty() {
                     case.add_egress(d.pk);
                     case.detail.push(format!(
@@ -1317,18 +1342,14 @@ impl CorrelateScan {
             }
         }
         if denied_hosts.len() <= 10_000 {
-            let net_calls: Vec<(&Call, String)> = self
-                .calls
-                .iter()
-                .filter_map(|c| tool_family(c).map(|f| (c, f)))
-                .collect();
+            let net_calls: Vec<(&Call, String)> =
+                self.calls.iter().filter_map(|c| tool_family(c).map(|f| (c, f))).collect();
             for (host, ds) in &denied_hosts {
                 let aimed: Vec<&(&Call, String)> =
                     net_calls.iter().filter(|(c, _)| call_aims_at(c, host)).collect();
                 'pairs: for (k, (c1, f1)) in aimed.iter().enumerate() {
                     let Some(d) = ds.iter().find(|d| {
-                        d.ts + CLOCK_SLACK_US >= c1.ts
-                            && d.ts <= self.call_end(c1) + CLOCK_SLACK_US
+                        d.ts + CLOCK_SLACK_US >= c1.ts && d.ts <= self.call_end(c1) + CLOCK_SLACK_US
                     }) else {
                         continue;
                     };
@@ -1380,7 +1401,11 @@ impl CorrelateScan {
         let mut triggers: Vec<(Micros, Vec<i64>, String)> = Vec::new();
         for c in &self.calls {
             if c.credential {
-                triggers.push((c.ts, vec![c.pk], format!("{} call reads a credential file", c.name)));
+                triggers.push((
+                    c.ts,
+                    vec![c.pk],
+                    format!("{} call reads a credential file", c.name),
+                ));
             }
             if let (Some(rule), Some(pk), Some(ts)) = (&c.result_secret, c.result_pk, c.result_ts) {
                 let mut v = vec![pk];
@@ -1406,7 +1431,10 @@ impl CorrelateScan {
                 uploads[from..].iter().take_while(|e| e.ts - ts <= p.window).collect();
             let Some(first) = hits.first() else { continue };
             let idx = *by_upload.entry(first.pk).or_insert_with(|| {
-                out.push(Case { key: tpks.first().map(i64::to_string).unwrap_or_default(), ..Case::default() });
+                out.push(Case {
+                    key: tpks.first().map(i64::to_string).unwrap_or_default(),
+                    ..Case::default()
+                });
                 out.len() - 1
             });
             let case = &mut out[idx];
@@ -1448,10 +1476,9 @@ impl CorrelateScan {
                 continue;
             }
             let span = self.lines.partition_point(|&(t, _)| t <= e.ts);
-            let case = by_span.entry(span).or_insert_with(|| Case {
-                key: e.pk.to_string(),
-                ..Case::default()
-            });
+            let case = by_span
+                .entry(span)
+                .or_insert_with(|| Case { key: e.pk.to_string(), ..Case::default() });
             if case.egress.is_empty() {
                 if let Some(&(t, pk)) = span.checked_sub(1).and_then(|i| self.lines.get(i)) {
                     case.add_transcript(pk);
@@ -1578,7 +1605,10 @@ impl CorrelateScan {
                         f.file,
                         f.published.as_ref().map_or(0, |x| x.bytes),
                         f.published.as_ref().map_or("", |x| x.sha256.as_str()),
-                        f.recorded.as_ref().and_then(|r| r.bytes).map_or("?".into(), |b| b.to_string()),
+                        f.recorded
+                            .as_ref()
+                            .and_then(|r| r.bytes)
+                            .map_or("?".into(), |b| b.to_string()),
                         f.recorded.as_ref().map_or("", |r| r.sha256.as_str()),
                     ),
                     State::NotPublished if self.settled && !skipped => format!(
@@ -1608,7 +1638,10 @@ impl CorrelateScan {
                 .take_while(|e| e.ts < b_ts - CLOCK_SLACK_US)
                 .filter(|e| {
                     e.is_attempt()
-                        && !matches!(agent_host(&e.host), Some(HostRole::Auth | HostRole::Telemetry))
+                        && !matches!(
+                            agent_host(&e.host),
+                            Some(HostRole::Auth | HostRole::Telemetry)
+                        )
                         && self.calls_open_at(e.ts).is_none()
                 })
                 .collect();
@@ -1639,10 +1672,803 @@ impl CorrelateScan {
     /// A call open at `ts` (between its call line and its result line; no slack).
     fn calls_open_at(&self, ts: Micros) -> Option<&Call> {
         let upto = self.calls.partition_point(|c| c.ts <= ts);
-        self.calls[..upto]
+        self.calls[..upto].iter().rev().take(64).find(|c| c.result_ts.is_some_and(|r| r >= ts))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const S: Micros = 1_000_000;
+    const T0: Micros = 1_800_000_000 * S;
+
+    /// One session's rows, fed in `pk` order, for the checks.
+    struct Session {
+        engine: Arc<Engine>,
+        rows: Vec<(i64, Source, String, String, Micros, Option<String>, String)>,
+        next: i64,
+        settled: bool,
+    }
+
+    impl Session {
+        fn new() -> Self {
+            Self::with(Engine::builtin().unwrap())
+        }
+        fn with(engine: Engine) -> Self {
+            Self { engine: Arc::new(engine), rows: Vec::new(), next: 1, settled: false }
+        }
+        fn push(
+            &mut self,
+            source: Source,
+            id: &str,
+            kind: &str,
+            at: Micros,
+            file: Option<&str>,
+            p: Value,
+        ) -> i64 {
+            let pk = self.next;
+            self.next += 1;
+            let id = if id.is_empty() { format!("e{pk}") } else { id.to_string() };
+            self.rows.push((
+                pk,
+                source,
+                id,
+                kind.into(),
+                T0 + at,
+                file.map(Into::into),
+                p.to_string(),
+            ));
+            pk
+        }
+        /// An egress line at `at` µs after T0.
+        fn egress(&mut self, at: Micros, kind: &str, p: Value) -> i64 {
+            self.push(Source::Egress, "", kind, at, None, p)
+        }
+        fn denied(&mut self, at: Micros, host: &str, port: u64) -> i64 {
+            self.egress(
+                at,
+                "denied",
+                json!({"host": host, "port": port, "method": "CONNECT",
+                "allowed": false, "reason": "not_allowed"}),
+            )
+        }
+        fn allowed(&mut self, at: Micros, host: &str, port: u64, sent: u64) -> i64 {
+            self.egress(
+                at,
+                "connect",
+                json!({"host": host, "port": port, "method": "CONNECT",
+                "allowed": true, "reason": "allowed", "bytes_sent": sent}),
+            )
+        }
+        fn line(&mut self, at: Micros, p: Value) -> i64 {
+            self.push(Source::Claude, "", "assistant", at, None, p)
+        }
+        fn say(&mut self, at: Micros, text: &str) -> i64 {
+            self.line(
+                at,
+                json!({"type": "assistant", "message": {"role": "assistant",
+                "content": [{"type": "text", "text": text}]}}),
+            )
+        }
+        fn prompt(&mut self, at: Micros, text: &str) -> i64 {
+            self.line(at, json!({"type": "user", "message": {"role": "user", "content": text}}))
+        }
+        /// A Bash call at `at` and its result at `done` (pks of both).
+        fn bash(&mut self, at: Micros, done: Micros, cmd: &str, out: &str) -> (i64, i64) {
+            self.tool(at, done, "Bash", json!({"command": cmd}), out)
+        }
+        fn tool(
+            &mut self,
+            at: Micros,
+            done: Micros,
+            name: &str,
+            input: Value,
+            out: &str,
+        ) -> (i64, i64) {
+            let id = format!("toolu_{}", self.next);
+            let c = self.line(
+                at,
+                json!({"type": "assistant", "message": {"role": "assistant",
+                "content": [{"type": "tool_use", "id": id, "name": name, "input": input}]}}),
+            );
+            let r = self.line(
+                done,
+                json!({"type": "user", "message": {"role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": id, "content": out}]}}),
+            );
+            (c, r)
+        }
+        fn end(&mut self, at: Micros, transcripts: Value) -> i64 {
+            self.push(
+                Source::Session,
+                "s1:end",
+                "end",
+                at,
+                None,
+                json!({"transcripts": transcripts}),
+            )
+        }
+        fn published(&mut self, at: Micros, file: &str, bytes: u64, sha: &str) -> i64 {
+            self.push(
+                Source::Session,
+                &format!("s1:transcript:{file}"),
+                "transcript.file",
+                at,
+                Some(file),
+                json!({"airlock_session": "s1", "file": file, "bytes": bytes, "sha256": sha}),
+            )
+        }
+        fn flags(&self) -> Vec<NewFlag> {
+            let mut scan = CorrelateScan::new(self.engine.clone(), "u", "s1");
+            if self.settled {
+                scan = scan.settled();
+            }
+            for (pk, source, id, kind, ts, file, payload) in &self.rows {
+                scan.feed(Row {
+                    pk: *pk,
+                    id,
+                    source: *source,
+                    kind,
+                    ts: *ts,
+                    received_at: *ts,
+                    file: file.as_deref(),
+                    payload,
+                });
+            }
+            scan.finish()
+        }
+        fn of(&self, check: Check) -> Vec<NewFlag> {
+            self.flags().into_iter().filter(|f| f.rule_id == check.id()).collect()
+        }
+    }
+
+    fn sha(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    #[test]
+    fn the_builtin_pack_parses_and_every_check_is_on() {
+        let c = Config::builtin();
+        for check in Check::ALL {
+            assert!(c.get(check).enabled, "{}", check.id());
+            assert!(c.get(check).window > 0, "{}", check.id());
+        }
+        assert_eq!(c.get(Check::SecretThenEgress).min_bytes, 1024);
+        assert_eq!(c.get(Check::RetryAfterDeny).window, 120 * S);
+        let mut c2 = Config::builtin();
+        c2.apply("b", BUILTIN_CORRELATE).unwrap();
+        assert_eq!(c, c2);
+        assert!(PATTERNS.is_some(), "the constant patterns compile");
+    }
+
+    #[test]
+    fn correlate_tables_set_parameters_and_bad_ones_are_located() {
+        let mut c = Config::builtin();
+        c.apply(
+            "team.toml",
+            "[[correlate]]\nid = \"correlate.secret-then-egress\"\nwindow = \"10m\"\nmin_bytes = 4096\nseverity = \"medium\"\n\n[[correlate]]\nid = \"correlate.transcript-gap\"\nenabled = false\n",
+        )
+        .unwrap();
+        let p = c.get(Check::SecretThenEgress);
+        assert_eq!((p.window, p.min_bytes, p.severity), (600 * S, 4096, Severity::Medium));
+        assert!(!c.get(Check::TranscriptGap).enabled);
+        assert!(c.get(Check::RetryAfterDeny).enabled);
+        let cases: &[(&str, &str, &str)] = &[
+            ("[[correlate]]\nid = \"correlate.nope\"\n", "x.toml:2:6", "unknown correlate id"),
+            (
+                "[[correlate]]\nid = \"correlate.retry-after-deny\"\nwindow = \"soon\"\n",
+                "x.toml:3:10",
+                "window",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.retry-after-deny\"\nwindow = \"0s\"\n",
+                "x.toml:3:10",
+                "above 0",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.retry-after-deny\"\nwindow = \"2d\"\n",
+                "x.toml:3:10",
+                "at most 24h",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.retry-after-deny\"\nmin_bytes = 5\n",
+                "x.toml:3:13",
+                "only to correlate.secret-then-egress",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.claimed-vs-seen\"\nmin_attempts = 2\n",
+                "x.toml:3:16",
+                "min_attempts",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.unreported-egress\"\nmin_attempts = 0\n",
+                "x.toml:3:16",
+                "1 or more",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.secret-then-egress\"\nmin_bytes = -1\n",
+                "x.toml:3:13",
+                "0 or more",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.retry-after-deny\"\nseverity = \"dire\"\n",
+                "x.toml:3:12",
+                "unknown severity",
+            ),
+            (
+                "[[correlate]]\nid = \"correlate.retry-after-deny\"\nthreshold = 3\n",
+                "x.toml:3:1",
+                "unknown field",
+            ),
+            ("[[correlate]]\nid = \n", "x.toml:2:6", ""),
+        ];
+        for (text, at, want) in cases {
+            let e = Config::builtin().apply("x.toml", text).unwrap_err().to_string();
+            assert!(e.starts_with(at), "{text:?}: {e}");
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_rules_dir_can_hold_rules_and_correlate_tables_and_turn_the_pack_off() {
+        let off: String = Check::ALL
             .iter()
-            .rev()
-            .take(64)
-            .find(|c| c.result_ts.is_some_and(|r| r >= ts))
+            .map(|c| format!("[[correlate]]\nid = \"{}\"\nenabled = false\n", c.id()))
+            .collect();
+        let engine = Engine::from_sources(&[
+            ("builtin.toml".into(), super::super::detect::BUILTIN_RULES.into()),
+            ("off.toml".into(), off),
+        ])
+        .unwrap();
+        assert!(!engine.correlate().any_enabled());
+        let mut s = Session::with(engine);
+        s.prompt(0, "go");
+        s.denied(S, "a.evil.test", 443);
+        s.allowed(2 * S, "b.evil.test", 443, 10);
+        assert!(s.flags().is_empty(), "no correlation at all with every check off");
+        let e = Engine::from_sources(&[(
+            "bad.toml".into(),
+            "[[correlate]]\nid = \"correlate.x\"\n".into(),
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("bad.toml:2:6"), "{e}");
+    }
+
+    #[test]
+    fn retry_after_deny_positives_name_the_way_and_link_both_sides() {
+        type Setup = fn(&mut Session) -> Vec<i64>;
+        let cases: &[(&str, Setup)] = &[
+            ("another host of the same registrable domain", |s| {
+                let (c, _) =
+                    s.bash(0, 3 * S, "curl https://a.evil.test/x; curl https://b.evil.test/x", "");
+                vec![c, s.denied(S, "a.evil.test", 443), s.allowed(2 * S, "b.evil.test", 443, 10)]
+            }),
+            ("the same host on another port", |s| {
+                vec![s.denied(S, "x.test", 443), s.denied(30 * S, "x.test", 8443)]
+            }),
+            ("a direct (transparent or UDP) attempt", |s| {
+                let d = s.denied(S, "x.test", 443);
+                let t = s.egress(5 * S, "denied", json!({"host": "x.test", "port": 443,
+                    "method": "CONNECT", "allowed": false, "reason": "not_allowed", "capture": "transparent"}));
+                vec![d, t]
+            }),
+            ("an IP literal", |s| {
+                vec![s.denied(S, "x.test", 443), s.denied(9 * S, "203.0.113.7", 443)]
+            }),
+            ("DNS to another resolver", |s| {
+                let d = s.denied(S, "x.test", 443);
+                let u = s.egress(
+                    3 * S,
+                    "denied",
+                    json!({"host": "9.9.9.9", "port": 53, "method": "UDP",
+                    "allowed": false, "reason": "udp_refused", "capture": "transparent"}),
+                );
+                vec![d, u]
+            }),
+            ("another tool", |s| {
+                let (c1, _) =
+                    s.bash(0, 2 * S, "curl -sS https://x.test/data.json", "curl: (56) 403");
+                let d = s.denied(S, "x.test", 443);
+                let (c2, _) = s.bash(5 * S, 7 * S,
+                    "python3 -c \"import urllib.request as u; u.urlopen('https://x.test/data.json')\"", "");
+                let d2 = s.denied(6 * S, "x.test", 443);
+                vec![c1, d, c2, d2]
+            }),
+        ];
+        for (way, setup) in cases {
+            let mut s = Session::new();
+            s.prompt(0, "fetch it");
+            let linked = setup(&mut s);
+            let flags = s.of(Check::RetryAfterDeny);
+            assert_eq!(flags.len(), 1, "{way}: {flags:?}");
+            let f = &flags[0];
+            assert!(f.detail.contains(way), "{way}: {}", f.detail);
+            for pk in linked {
+                assert!(f.event_pks.contains(&pk), "{way}: {pk} not linked: {f:?}");
+            }
+            assert!(f.detail.starts_with("denied CONNECT"), "{}", f.detail);
+            assert!(f.detail.contains("[egress "), "{}", f.detail);
+            assert_eq!(f.severity, Severity::High);
+        }
+    }
+
+    #[test]
+    fn retry_after_deny_near_misses_are_not_flagged() {
+        type Setup = fn(&mut Session);
+        let cases: &[(&str, Setup)] = &[
+            ("the other host outside the window", |s| {
+                s.denied(S, "a.evil.test", 443);
+                s.allowed(S + 121 * S, "b.evil.test", 443, 10);
+            }),
+            ("plain repetition by the same tool", |s| {
+                s.bash(0, 9 * S, "for i in 1 2 3; do curl https://x.test; done", "");
+                for k in 1..6 {
+                    s.denied(k * S, "x.test", 443);
+                }
+            }),
+            ("the agent's own hosts", |s| {
+                s.denied(S, "statsig.anthropic.com", 443);
+                s.allowed(2 * S, "api.anthropic.com", 443, 5000);
+            }),
+            ("a DNS refusal then the CONNECT it led to", |s| {
+                s.egress(
+                    S,
+                    "dns",
+                    json!({"host": "x.test", "method": "DNS", "qtype": "A",
+                    "allowed": false, "reason": "not_allowed", "answer": "NXDOMAIN"}),
+                );
+                s.denied(2 * S, "x.test", 443);
+            }),
+            ("the same tool twice", |s| {
+                s.bash(0, 2 * S, "curl https://x.test/a", "");
+                s.denied(S, "x.test", 443);
+                s.bash(3 * S, 4 * S, "curl -v https://x.test/a", "");
+                s.denied(3 * S + 500_000, "x.test", 443);
+            }),
+            ("an unrelated domain after a denial", |s| {
+                s.denied(S, "x.test", 443);
+                s.allowed(2 * S, "crates.io", 443, 10);
+            }),
+            ("a cap, not a policy refusal", |s| {
+                s.egress(
+                    S,
+                    "capped",
+                    json!({"host": "a.evil.test", "port": 443, "method": "CONNECT",
+                    "allowed": false, "reason": "tunnel_limit"}),
+                );
+                s.allowed(2 * S, "b.evil.test", 443, 10);
+            }),
+        ];
+        for (why, setup) in cases {
+            let mut s = Session::new();
+            s.prompt(0, "go");
+            setup(&mut s);
+            assert!(
+                s.of(Check::RetryAfterDeny).is_empty(),
+                "{why}: {:?}",
+                s.of(Check::RetryAfterDeny)
+            );
+        }
+    }
+
+    #[test]
+    fn secret_then_egress_tp_and_near_misses() {
+        // Positives: a credential read, a secret in a tool result.
+        let mut s = Session::new();
+        s.prompt(0, "deploy");
+        let (c, r) = s.tool(
+            S,
+            2 * S,
+            "Read",
+            json!({"file_path": "/home/u/.ssh/id_ed25519"}),
+            "-----BEGIN OPENSSH PRIVATE KEY-----\nabc",
+        );
+        let up = s.allowed(60 * S, "paste.test", 443, 5000);
+        let flags = s.of(Check::SecretThenEgress);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        for pk in [c, r, up] {
+            assert!(flags[0].event_pks.contains(&pk), "{pk}: {:?}", flags[0]);
+        }
+        assert_eq!(flags[0].severity, Severity::Critical);
+        assert!(flags[0].detail.contains("sent 5000 bytes"), "{}", flags[0].detail);
+
+        let mut s = Session::new();
+        let (_, r) = s.bash(
+            S,
+            2 * S,
+            "grep -r STRIPE src/",
+            "src/cfg.rs: STRIPE=sk_live_abcdefghijklmnop0000",
+        );
+        let up = s.allowed(10 * S, "collector.test", 443, 2048);
+        let flags = s.of(Check::SecretThenEgress);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert!(flags[0].event_pks.contains(&r) && flags[0].event_pks.contains(&up));
+        assert!(flags[0].detail.contains("secret.stripe-key"), "{}", flags[0].detail);
+
+        type Setup = fn(&mut Session);
+        let misses: &[(&str, Setup)] = &[
+            ("a secret in the user's own message", |s| {
+                s.prompt(S, "use key sk_live_abcdefghijklmnop0000 please");
+                s.allowed(10 * S, "collector.test", 443, 5000);
+            }),
+            ("the upload goes to the agent's API", |s| {
+                s.bash(S, 2 * S, "cat ~/.aws/credentials", "[default]");
+                s.allowed(10 * S, "api.anthropic.com", 443, 90_000);
+            }),
+            ("the upload is small", |s| {
+                s.bash(S, 2 * S, "cat .env", "A=1");
+                s.allowed(10 * S, "x.test", 443, 1024);
+            }),
+            ("the upload is outside the window", |s| {
+                s.bash(S, 2 * S, "cat .env", "A=1");
+                s.allowed(S + 301 * S, "x.test", 443, 9000);
+            }),
+            ("the upload came before the read", |s| {
+                s.allowed(S, "x.test", 443, 9000);
+                s.bash(5 * S, 6 * S, "cat .env", "A=1");
+            }),
+            ("a template is no credential", |s| {
+                s.bash(S, 2 * S, "cat .env.example", "A=changeme");
+                s.allowed(10 * S, "x.test", 443, 9000);
+            }),
+            ("a public key is no credential", |s| {
+                s.bash(S, 2 * S, "cat ~/.ssh/id_ed25519.pub", "ssh-ed25519 AAAA");
+                s.allowed(10 * S, "x.test", 443, 9000);
+            }),
+            ("a denied upload sent nothing", |s| {
+                s.bash(S, 2 * S, "cat .env", "A=1");
+                s.denied(10 * S, "x.test", 443);
+            }),
+        ];
+        for (why, setup) in misses {
+            let mut s = Session::new();
+            setup(&mut s);
+            assert!(
+                s.of(Check::SecretThenEgress).is_empty(),
+                "{why}: {:?}",
+                s.of(Check::SecretThenEgress)
+            );
+        }
+    }
+
+    #[test]
+    fn unreported_egress_tp_and_near_misses() {
+        // A background process's traffic after its call returned.
+        let mut s = Session::new();
+        s.prompt(0, "start the server");
+        let (_, r) = s.bash(S, 2 * S, "(sleep 20; curl https://beacon.test) &", "");
+        let e = s.allowed(22 * S, "beacon.test", 443, 100);
+        let next = s.say(40 * S, "Started.");
+        let flags = s.of(Check::UnreportedEgress);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        for pk in [r, e, next] {
+            assert!(flags[0].event_pks.contains(&pk), "{pk}: {:?}", flags[0]);
+        }
+        assert!(flags[0].detail.contains("no tool call open"), "{}", flags[0].detail);
+
+        // The reverse: a network-looking result with nothing at the proxy.
+        let mut s = Session::new();
+        let (c, r) = s.bash(
+            S,
+            2 * S,
+            "curl -i https://api.example.test/v1/status",
+            "HTTP/1.1 200 OK\ncontent-type: application/json\n\n{\"ok\":true}",
+        );
+        let end = s.end(10 * S, json!([]));
+        let flags = s.of(Check::UnreportedEgress);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].event_pks, vec![c, r, end]);
+        assert!(flags[0].detail.contains("reads like network output"), "{}", flags[0].detail);
+
+        type Setup = fn(&mut Session);
+        let misses: &[(&str, Setup)] = &[
+            ("traffic inside the call's span", |s| {
+                s.bash(S, 9 * S, "curl https://x.test", "ok");
+                s.allowed(5 * S, "x.test", 443, 100);
+                s.say(10 * S, "done");
+            }),
+            ("traffic just after the result, within the grace", |s| {
+                s.bash(S, 9 * S, "curl https://x.test", "ok");
+                s.allowed(10 * S, "x.test", 443, 100);
+                s.say(20 * S, "done");
+            }),
+            ("the agent's own API, auth and telemetry", |s| {
+                s.prompt(0, "hi");
+                s.allowed(S, "api.anthropic.com", 443, 100);
+                s.allowed(2 * S, "o1.ingest.sentry.io", 443, 100);
+                s.allowed(3 * S, "auth.openai.com", 443, 100);
+                s.say(5 * S, "hello");
+            }),
+            ("a session without a transcript", |s| {
+                s.allowed(S, "x.test", 443, 100);
+            }),
+            ("a network result with the proxy's line in the span", |s| {
+                s.bash(S, 3 * S, "curl -i https://x.test", "HTTP/1.1 200 OK");
+                s.allowed(2 * S, "x.test", 443, 100);
+            }),
+            ("a saved response printed, not fetched", |s| {
+                s.bash(S, 3 * S, "cat fixtures/response.txt", "HTTP/1.1 200 OK\n\nbody");
+            }),
+            ("a fetch from the sandbox's own loopback", |s| {
+                s.bash(S, 3 * S, "curl -i http://localhost:8080/health", "HTTP/1.1 200 OK");
+            }),
+        ];
+        for (why, setup) in misses {
+            let mut s = Session::new();
+            setup(&mut s);
+            assert!(
+                s.of(Check::UnreportedEgress).is_empty(),
+                "{why}: {:?}",
+                s.of(Check::UnreportedEgress)
+            );
+        }
+    }
+
+    #[test]
+    fn claimed_vs_seen_tp_and_near_misses() {
+        let mut s = Session::new();
+        s.bash(S, 3 * S, "curl https://x.test", "ok");
+        let e = s.allowed(2 * S, "x.test", 443, 10);
+        let m = s.say(10 * S, "Done. I did not access the network; everything was local.");
+        let flags = s.of(Check::ClaimedVsSeen);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert!(flags[0].event_pks.contains(&e) && flags[0].event_pks.contains(&m));
+
+        let mut s = Session::new();
+        let (c, _) =
+            s.tool(S, 2 * S, "Read", json!({"file_path": "/home/u/.aws/credentials"}), "[default]");
+        let m = s.say(10 * S, "All set \u{2014} I didn\u{2019}t  read any credentials.");
+        let flags = s.of(Check::ClaimedVsSeen);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].event_pks, vec![m, c]);
+        assert!(flags[0].detail.contains("no credentials were read"), "{}", flags[0].detail);
+
+        type Setup = fn(&mut Session);
+        let misses: &[(&str, Setup)] = &[
+            ("a true claim: only the agent's own API", |s| {
+                s.allowed(S, "api.anthropic.com", 443, 10);
+                s.say(10 * S, "No network requests were made.");
+            }),
+            ("the claim is not the final message", |s| {
+                s.say(S, "I did not access the network yet.");
+                s.allowed(2 * S, "x.test", 443, 10);
+                s.say(10 * S, "Fetched the data from x.test.");
+            }),
+            ("a subagent's message is not the final message", |s| {
+                s.allowed(2 * S, "x.test", 443, 10);
+                s.say(5 * S, "Fetched it.");
+                s.line(10 * S, json!({"type": "assistant", "isSidechain": true, "message": {
+                    "role": "assistant", "content": [{"type": "text", "text": "I did not access the network."}]}}));
+            }),
+            ("no claim at all", |s| {
+                s.allowed(2 * S, "x.test", 443, 10);
+                s.say(10 * S, "Network access worked fine.");
+            }),
+            ("a credential claim with no credential read", |s| {
+                s.bash(S, 2 * S, "cat README.md", "hi");
+                s.say(10 * S, "I did not read any credentials.");
+            }),
+        ];
+        for (why, setup) in misses {
+            let mut s = Session::new();
+            setup(&mut s);
+            assert!(
+                s.of(Check::ClaimedVsSeen).is_empty(),
+                "{why}: {:?}",
+                s.of(Check::ClaimedVsSeen)
+            );
+        }
+    }
+
+    #[test]
+    fn the_phrase_list_matches_after_normalization() {
+        for (text, net, cred) in [
+            ("I did not access the network.", true, false),
+            ("I DIDN'T access the network", true, false),
+            ("I didn\u{2019}t make any network requests.", true, false),
+            ("no\nnetwork   requests were made", true, false),
+            ("I haven't accessed the network", true, false),
+            ("I never read any secrets or credentials", false, true),
+            ("No credentials were read and no network access was needed.", true, true),
+            ("I accessed the network to fetch deps", false, false),
+            ("Network requests: 3", false, false),
+        ] {
+            let c = claims(text);
+            assert_eq!((c.no_network, c.no_credentials), (net, cred), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn transcript_gap_tp_and_near_misses() {
+        let f = ".claude/projects/-w/a.jsonl";
+        // A published file that does not match the record.
+        let mut s = Session::new();
+        s.prompt(0, "hi");
+        let item = s.published(5 * S, f, 100, &sha('b'));
+        let end = s.end(
+            6 * S,
+            json!([{"path": format!("/h/{f}"), "file": f, "bytes": 100, "sha256": sha('a')}]),
+        );
+        let flags = s.of(Check::TranscriptGap);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].event_pks, vec![item, end]);
+        assert!(flags[0].detail.contains("does not match"), "{}", flags[0].detail);
+
+        // A listed file never published: a gap at the settle check only.
+        let mut s = Session::new();
+        s.prompt(0, "hi");
+        s.end(
+            6 * S,
+            json!([{"path": format!("/h/{f}"), "file": f, "bytes": 100, "sha256": sha('a')}]),
+        );
+        assert!(s.of(Check::TranscriptGap).is_empty(), "not yet: the end record's own check");
+        s.settled = true;
+        let flags = s.of(Check::TranscriptGap);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert!(flags[0].detail.contains("never published"), "{}", flags[0].detail);
+
+        // Proxy activity over a long span with no line, lines before and after.
+        let mut s = Session::new();
+        let a = s.say(0, "working");
+        let e = s.allowed(40 * S, "x.test", 443, 10);
+        let b = s.say(90 * S, "done");
+        let flags = s.of(Check::TranscriptGap);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].event_pks, vec![e, a, b]);
+
+        type Setup = fn(&mut Session);
+        let f_ok: Setup = |s| {
+            let f = ".claude/projects/-w/a.jsonl";
+            s.prompt(0, "hi");
+            s.published(5 * S, f, 100, &sha('a'));
+            s.end(
+                6 * S,
+                json!([{"path": format!("/h/{f}"), "file": f, "bytes": 100, "sha256": sha('a')}]),
+            );
+        };
+        let misses: &[(&str, Setup)] = &[
+            ("the published file matches", f_ok),
+            ("a file too large to hash", |s| {
+                let f = ".claude/projects/-w/a.jsonl";
+                s.published(5 * S, f, 100, &sha('a'));
+                s.end(6 * S, json!([{"path": format!("/h/{f}"), "file": f, "bytes": 0, "sha256": "skipped:too-large"}]));
+            }),
+            ("a long call open over the span", |s| {
+                s.bash(0, 300 * S, "cargo build", "Compiling");
+                s.allowed(40 * S, "static.crates.io", 443, 10);
+            }),
+            ("a span shorter than the window", |s| {
+                s.say(0, "a");
+                s.allowed(5 * S, "x.test", 443, 10);
+                s.say(10 * S, "b");
+            }),
+            ("a long quiet span with no activity", |s| {
+                s.say(0, "a");
+                s.say(600 * S, "b");
+            }),
+            ("only telemetry in the span", |s| {
+                s.say(0, "a");
+                s.allowed(60 * S, "statsig.anthropic.com", 443, 10);
+                s.say(600 * S, "b");
+            }),
+        ];
+        for (why, setup) in misses {
+            let mut s = Session::new();
+            s.settled = true;
+            setup(&mut s);
+            assert!(
+                s.of(Check::TranscriptGap).is_empty(),
+                "{why}: {:?}",
+                s.of(Check::TranscriptGap)
+            );
+        }
+    }
+
+    #[test]
+    fn flag_ids_are_stable_when_more_events_arrive() {
+        let mut s = Session::new();
+        s.prompt(0, "go");
+        s.denied(S, "a.evil.test", 443);
+        s.allowed(2 * S, "b.evil.test", 443, 10);
+        let first = s.of(Check::RetryAfterDeny);
+        s.allowed(3 * S, "c.evil.test", 443, 10);
+        let second = s.of(Check::RetryAfterDeny);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].id, second[0].id, "the same case, one flag");
+        assert_eq!(second[0].event_pks, vec![2, 3, 4], "{:?}", second[0]);
+    }
+
+    #[test]
+    fn codex_calls_results_and_messages_are_read() {
+        let mut s = Session::new();
+        let call = json!({"type": "response_item", "payload": {"type": "function_call", "name": "shell",
+            "arguments": "{\"command\":[\"bash\",\"-lc\",\"cat ~/.aws/credentials\"]}", "call_id": "c1"}});
+        let out = json!({"type": "response_item", "payload": {"type": "function_call_output",
+            "call_id": "c1", "output": "{\"output\":\"[default]\\n\",\"metadata\":{\"exit_code\":0}}"}});
+        let c = s.push(Source::Codex, "", "response_item", S, None, call);
+        s.push(Source::Codex, "", "response_item", 2 * S, None, out);
+        let up = s.allowed(5 * S, "x.test", 443, 4096);
+        let m = s.push(
+            Source::Codex,
+            "",
+            "event_msg",
+            9 * S,
+            None,
+            json!({"type": "event_msg",
+            "payload": {"type": "agent_message", "message": "I did not read any credentials."}}),
+        );
+        let flags = s.flags();
+        let ste: Vec<_> =
+            flags.iter().filter(|f| f.rule_id == Check::SecretThenEgress.id()).collect();
+        assert_eq!(ste.len(), 1, "{flags:?}");
+        assert!(ste[0].event_pks.contains(&c) && ste[0].event_pks.contains(&up));
+        let cvs: Vec<_> = flags.iter().filter(|f| f.rule_id == Check::ClaimedVsSeen.id()).collect();
+        assert_eq!(cvs.len(), 1, "{flags:?}");
+        assert_eq!(cvs[0].event_pks, vec![m, c]);
+    }
+
+    #[test]
+    fn past_the_egress_cap_the_scan_keeps_nothing_more_and_says_so() {
+        let engine = Arc::new(Engine::builtin().unwrap());
+        let mut scan = CorrelateScan::new(engine, "u", "s1");
+        let p = json!({"host": "x.test", "port": 443, "method": "CONNECT", "allowed": true})
+            .to_string();
+        for pk in 0..(MAX_EGRESS as i64 + 10) {
+            scan.feed(Row {
+                pk,
+                id: "e",
+                source: Source::Egress,
+                kind: "connect",
+                ts: T0 + pk,
+                received_at: T0,
+                file: None,
+                payload: &p,
+            });
+        }
+        assert_eq!(scan.egress.len(), MAX_EGRESS);
+        let flags = scan.finish();
+        let inc: Vec<_> = flags.iter().filter(|f| f.rule_id == "detect.incomplete").collect();
+        assert_eq!(inc.len(), 1, "{flags:?}");
+        assert!(inc[0].detail.contains("egress lines"), "{}", inc[0].detail);
+        assert_ne!(
+            inc[0].id,
+            super::super::detect::session::incomplete("u", "s1", "x").id,
+            "its own id: the session checks' incomplete flag does not swallow it"
+        );
+    }
+
+    #[test]
+    fn tool_families_and_hosts_in_commands() {
+        let call = |name: &str, text: &str| Call {
+            name: name.into(),
+            text: text.into(),
+            ..Call::default()
+        };
+        assert_eq!(
+            tool_family(&call("Bash", "/usr/bin/curl -s https://x.test")).as_deref(),
+            Some("curl")
+        );
+        assert_eq!(
+            tool_family(&call("Bash", "cd a && python3.12 fetch.py")).as_deref(),
+            Some("python")
+        );
+        assert_eq!(
+            tool_family(&call("WebFetch", "{\"url\":\"https://x.test\"}")).as_deref(),
+            Some("webfetch")
+        );
+        assert_eq!(tool_family(&call("Bash", "cargo test")), None);
+        assert!(call_aims_at(&call("Bash", "wget https://cdn.x.test/f"), "api.x.test"));
+        assert!(!call_aims_at(&call("Bash", "wget https://notx.test/f"), "x.test"));
+        assert_eq!(agent_host("o123.ingest.sentry.io"), Some(HostRole::Telemetry));
+        assert_eq!(agent_host("api.anthropic.com."), Some(HostRole::Api));
+        assert_eq!(agent_host("evil-api.anthropic.com"), None);
+        assert_eq!(agent_host("registry.npmjs.org"), None);
+        assert!(names_key_file("cat ~/.ssh/id_rsa"));
+        assert!(names_key_file("{\"file_path\":\"/srv/tls/server.key\"}"));
+        assert!(!names_key_file("cat ~/.ssh/known_hosts ~/.ssh/config"));
     }
 }
