@@ -1581,6 +1581,11 @@ impl CorrelateScan {
                 for c in reads {
                     case.add_transcript(c.pk);
                 }
+                // The record side: the end record that covered the transcript (both the claim
+                // and the reads are the agent's own lines).
+                if let Some((end_pk, _)) = &self.end {
+                    case.record.push(*end_pk);
+                }
                 out.push(case);
             }
         }
