@@ -1077,6 +1077,54 @@ impl Way {
     }
 }
 
+/// The side of a correlate flag a linked event is on (the console's drill-down shows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Egress audit lines: what the proxy saw.
+    Egress,
+    /// Transcript lines and `transcript.file` items: what the agent wrote down.
+    Transcript,
+    /// Session records (the end record).
+    Record,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Egress => "egress",
+            Side::Transcript => "transcript",
+            Side::Record => "record",
+        }
+    }
+}
+
+/// The sides a correlate flag's `detail` names in its closing `[egress 1, 2; transcript 5;
+/// record 9]` (as [`CorrelateScan::finish`] writes it; at most 20 pks per side are named).
+/// Empty for any other detail.
+pub fn sides(detail: &str) -> Vec<(Side, Vec<i64>)> {
+    let Some(inner) = detail.strip_suffix(']').and_then(|d| d.rsplit_once(" [")).map(|(_, i)| i)
+    else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for part in inner.split("; ") {
+        let Some((name, list)) = part.split_once(' ') else { return Vec::new() };
+        let side = match name {
+            "egress" => Side::Egress,
+            "transcript" => Side::Transcript,
+            "record" => Side::Record,
+            _ => return Vec::new(),
+        };
+        let list = list.split(" and ").next().unwrap_or("");
+        let pks: Option<Vec<i64>> = list.split(", ").map(|n| n.parse().ok()).collect();
+        match pks {
+            Some(p) => out.push((side, p)),
+            None => return Vec::new(),
+        }
+    }
+    out
+}
+
 /// A flag being built: the pks on each side, and the lines of its detail.
 #[derive(Debug, Default)]
 struct Case {
@@ -2444,6 +2492,24 @@ mod tests {
             super::super::detect::session::incomplete("u", "s1", "x").id,
             "its own id: the session checks' incomplete flag does not swallow it"
         );
+    }
+
+    #[test]
+    fn a_details_sides_read_back() {
+        let mut s = Session::new();
+        s.prompt(0, "go");
+        s.denied(S, "a.evil.test", 443);
+        s.allowed(2 * S, "b.evil.test", 443, 10);
+        s.end(9 * S, json!([]));
+        let f = &s.of(Check::RetryAfterDeny)[0];
+        assert_eq!(sides(&f.detail), vec![(Side::Egress, vec![2, 3])]);
+        assert_eq!(
+            sides("x [egress 1, 2 and 5 more; transcript 7; record 9]"),
+            vec![(Side::Egress, vec![1, 2]), (Side::Transcript, vec![7]), (Side::Record, vec![9])]
+        );
+        for bad in ["no brackets", "x [egress one]", "x [people 1]", "x []", "[egress 1"] {
+            assert!(sides(bad).is_empty(), "{bad}");
+        }
     }
 
     #[test]
