@@ -4,7 +4,7 @@
 //! fed alternately (on/off, then off/on, …) so both stores grow alike and machine noise hits
 //! both. Loopback only; the load generator runs in the same process.
 //!
-//! A session is what `airlock publish` sends for one agent run, in its order: a batch of
+//! A session is what `airlock publish` sends for one agent run, in its order: batches of
 //! transcript lines (a prompt, then tool calls — curl, python, cargo, file reads — with their
 //! results, assistant text between them; linked to the Airlock session), then a batch of its
 //! egress lines (allowed and denied, ~650 bytes each) with the start and end records. The end
@@ -39,8 +39,9 @@ fn ts(ms: u64) -> String {
     format!("2026-03-04T{:02}:{:02}:{:02}.{:03}Z", 9 + s / 3600, (s / 60) % 60, s % 60, ms % 1000)
 }
 
-/// One session's two batches (transcripts; egress and records).
-fn session(run: &str, n: usize, calls: usize, egress: usize) -> [Bytes; 2] {
+/// One session's batches (transcripts; then egress and records, the end record last), at
+/// most 1,000 items each (the server's cap).
+fn session(run: &str, n: usize, calls: usize, egress: usize) -> Vec<Bytes> {
     let sid = format!("{run}-s{n}");
     let agent = format!("{run}-agent{n}");
     let mut lines = Vec::new();
@@ -121,7 +122,7 @@ fn session(run: &str, n: usize, calls: usize, egress: usize) -> [Bytes; 2] {
     let nd = |v: &[serde_json::Value]| -> Bytes {
         Bytes::from(v.iter().map(|x| format!("{x}\n")).collect::<String>())
     };
-    [nd(&lines), nd(&second)]
+    lines.chunks(1000).chain(second.chunks(1000)).map(nd).collect()
 }
 
 /// A server over `store` with the pack on or off; returns its port and stop handle.
@@ -156,7 +157,7 @@ async fn server(
 }
 
 /// Posts each session's two batches in order, `conns` sessions at a time; returns the time.
-async fn drive(port: u16, secret: &str, sessions: Vec<[Bytes; 2]>, conns: usize) -> Duration {
+async fn drive(port: u16, secret: &str, sessions: Vec<Vec<Bytes>>, conns: usize) -> Duration {
     let sessions = Arc::new(sessions);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
@@ -218,7 +219,7 @@ fn main() {
             server(off_store, "bench-off", false, conns).await;
         let (mut on_total, mut off_total) = (Duration::ZERO, Duration::ZERO);
         for r in 0..rounds {
-            let make = |tag: &str| -> Vec<[Bytes; 2]> {
+            let make = |tag: &str| -> Vec<Vec<Bytes>> {
                 (0..per_round).map(|n| session(&format!("{tag}{r}"), n, calls, egress)).collect()
             };
             let (on_s, off_s) = (make("on"), make("off"));

@@ -1738,10 +1738,13 @@ mod tests {
     const S: Micros = 1_000_000;
     const T0: Micros = 1_800_000_000 * S;
 
+    /// pk, source, id, kind, ts, file, payload.
+    type TestRow = (i64, Source, String, String, Micros, Option<String>, String);
+
     /// One session's rows, fed in `pk` order, for the checks.
     struct Session {
         engine: Arc<Engine>,
-        rows: Vec<(i64, Source, String, String, Micros, Option<String>, String)>,
+        rows: Vec<TestRow>,
         next: i64,
         settled: bool,
     }

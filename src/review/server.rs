@@ -178,7 +178,11 @@ impl<S: Store> AppState<S> {
 
     /// The correlate pack's flags for a session the settle sweep checks (none when the pack
     /// is off). The sweep's scan treats an end-record file still unpublished as a gap.
-    async fn settle_correlate(&self, user: &str, session: &str) -> Result<Vec<NewFlag>, StoreError> {
+    async fn settle_correlate(
+        &self,
+        user: &str,
+        session: &str,
+    ) -> Result<Vec<NewFlag>, StoreError> {
         if !self.engine.correlate().any_enabled() {
             return Ok(Vec::new());
         }
