@@ -2,7 +2,8 @@
 //! over HTTP into two embedded review servers, one with the built-in correlate pack and one
 //! with every `[[correlate]]` check `enabled = false` (no correlation at all), in the same run,
 //! fed alternately (on/off, then off/on, …) so both stores grow alike and machine noise hits
-//! both. Loopback only; the load generator runs in the same process.
+//! both; on the embedded store and on PostgreSQL (127.0.0.1:5432, two throwaway databases;
+//! skipped when unreachable). Loopback only; the load generator runs in the same process.
 //!
 //! A session is what `airlock publish` sends for one agent run, in its order: batches of
 //! transcript lines (a prompt, then tool calls — curl, python, cargo, file reads — with their
@@ -20,6 +21,7 @@ use airlock::review::correlate::Config;
 use airlock::review::detect::Engine;
 use airlock::review::limits::{LimitsConfig, Rate};
 use airlock::review::server::{AppState, serve};
+use airlock::review::store::postgres::{self, PgStore};
 use airlock::review::store::sqlite::SqliteStore;
 use airlock::review::store::{AnyStore, Store};
 use airlock::review::{Role, token};
@@ -127,14 +129,15 @@ fn session(run: &str, n: usize, calls: usize, egress: usize) -> Vec<Bytes> {
 
 /// A server over `store` with the pack on or off; returns its port and stop handle.
 async fn server(
+    admin: &AnyStore,
     store: AnyStore,
     secret_user: &str,
     on: bool,
     conns: usize,
 ) -> (u16, String, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let u = store.add_user(&format!("{secret_user}@example.test"), Role::Member).await.unwrap();
+    let u = admin.add_user(&format!("{secret_user}@example.test"), Role::Member).await.unwrap();
     let tok = token::Token::generate().unwrap();
-    store.create_token(secret_user, &u.id, tok.hash()).await.unwrap();
+    admin.create_token(secret_user, &u.id, tok.hash()).await.unwrap();
     let engine = Engine::builtin().unwrap();
     let engine = if on { engine } else { engine.with_correlate(Config::off()) };
     let limits = LimitsConfig {
@@ -197,53 +200,122 @@ async fn drive(port: u16, secret: &str, sessions: Vec<Vec<Bytes>>, conns: usize)
     start.elapsed()
 }
 
+struct Shape {
+    per_round: usize,
+    egress: usize,
+    calls: usize,
+    rounds: usize,
+    conns: usize,
+}
+
+/// The on/off comparison on one kind of store: `stores` is `[on, off]`, each `(admin,
+/// runtime)`.
+async fn on_off(name: &str, stores: [(AnyStore, AnyStore); 2], sh: &Shape) {
+    let [(on_admin, on_store), (off_admin, off_store)] = stores;
+    let (on_port, on_secret, on_stop, on_task) =
+        server(&on_admin, on_store, "bench-on", true, sh.conns).await;
+    let (off_port, off_secret, off_stop, off_task) =
+        server(&off_admin, off_store, "bench-off", false, sh.conns).await;
+    let (mut on_total, mut off_total) = (Duration::ZERO, Duration::ZERO);
+    let mut pairs = Vec::new();
+    for r in 0..sh.rounds {
+        let make = |tag: &str| -> Vec<Vec<Bytes>> {
+            (0..sh.per_round)
+                .map(|n| session(&format!("{tag}{r}"), n, sh.calls, sh.egress))
+                .collect()
+        };
+        let (on_s, off_s) = (make("on"), make("off"));
+        let order = if r % 2 == 0 { [true, false] } else { [false, true] };
+        let (mut on_t, mut off_t) = (Duration::ZERO, Duration::ZERO);
+        for on in order {
+            if on {
+                on_t = drive(on_port, &on_secret, on_s.clone(), sh.conns).await;
+            } else {
+                off_t = drive(off_port, &off_secret, off_s.clone(), sh.conns).await;
+            }
+        }
+        pairs.push(on_t.as_secs_f64() / off_t.as_secs_f64());
+        on_total += on_t;
+        off_total += off_t;
+    }
+    let events = (sh.rounds * sh.per_round * (2 * sh.calls + 2 + sh.egress + 2)) as f64;
+    let per_pair: Vec<String> = pairs.iter().map(|p| format!("{p:.3}")).collect();
+    pairs.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "{name:<10} correlate on : {:>8.0} events/s ({:.2} s)\n{name:<10} correlate off: {:>8.0} events/s ({:.2} s)\n{name:<10} on/off ingest time: {:.3} overall; per pair {} (median {:.3}; target <= 1.20)",
+        events / on_total.as_secs_f64(),
+        on_total.as_secs_f64(),
+        events / off_total.as_secs_f64(),
+        off_total.as_secs_f64(),
+        on_total.as_secs_f64() / off_total.as_secs_f64(),
+        per_pair.join(" / "),
+        pairs[pairs.len() / 2],
+    );
+    let _ = on_stop.send(());
+    let _ = off_stop.send(());
+    let _ = on_task.await;
+    let _ = off_task.await;
+}
+
+fn psql(sql: &str) -> bool {
+    std::process::Command::new("psql")
+        .args(["postgres://postgres@127.0.0.1:5432/postgres", "-qAt", "-c", sql])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing useful: run small.
     let quick = !std::env::args().any(|a| a == "--bench");
-    let per_round = env("BENCH_SESSIONS", if quick { 2 } else { 40 });
-    let egress = env("BENCH_EGRESS", if quick { 50 } else { 1000 });
-    let calls = env("BENCH_CALLS", if quick { 5 } else { 100 });
-    let rounds = env("BENCH_ROUNDS", if quick { 1 } else { 4 });
-    let conns = env("BENCH_CONNS", 4);
+    let sh = Shape {
+        per_round: env("BENCH_SESSIONS", if quick { 2 } else { 40 }),
+        egress: env("BENCH_EGRESS", if quick { 50 } else { 1000 }),
+        calls: env("BENCH_CALLS", if quick { 5 } else { 100 }),
+        rounds: env("BENCH_ROUNDS", if quick { 1 } else { 4 }),
+        conns: env("BENCH_CONNS", 4),
+    };
     println!(
-        "review correlate: {rounds} on/off round pairs of {per_round} sessions each ({calls} tool calls = {} transcript lines, {egress} egress lines, start and end records per session), {conns} client connections, embedded store, same machine",
-        2 * calls + 2
+        "review correlate: {} on/off round pairs of {} sessions each ({} tool calls = {} transcript lines, {} egress lines, start and end records per session), {} client connections, same machine",
+        sh.rounds,
+        sh.per_round,
+        sh.calls,
+        2 * sh.calls + 2,
+        sh.egress,
+        sh.conns
     );
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let (on_dir, off_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     rt.block_on(async {
-        let on_store = AnyStore::Sqlite(SqliteStore::open(on_dir.path()).unwrap());
-        let off_store = AnyStore::Sqlite(SqliteStore::open(off_dir.path()).unwrap());
-        let (on_port, on_secret, on_stop, on_task) = server(on_store, "bench-on", true, conns).await;
-        let (off_port, off_secret, off_stop, off_task) =
-            server(off_store, "bench-off", false, conns).await;
-        let (mut on_total, mut off_total) = (Duration::ZERO, Duration::ZERO);
-        for r in 0..rounds {
-            let make = |tag: &str| -> Vec<Vec<Bytes>> {
-                (0..per_round).map(|n| session(&format!("{tag}{r}"), n, calls, egress)).collect()
-            };
-            let (on_s, off_s) = (make("on"), make("off"));
-            let order = if r % 2 == 0 { [true, false] } else { [false, true] };
-            for on in order {
-                if on {
-                    on_total += drive(on_port, &on_secret, on_s.clone(), conns).await;
-                } else {
-                    off_total += drive(off_port, &off_secret, off_s.clone(), conns).await;
-                }
-            }
-        }
-        let events = (rounds * per_round * (2 * calls + 2 + egress + 2)) as f64;
-        println!(
-            "embedded   correlate on : {:>8.0} events/s ({:.2} s)\nembedded   correlate off: {:>8.0} events/s ({:.2} s)\nembedded   on/off ingest time ratio: {:.3} (target <= 1.20)",
-            events / on_total.as_secs_f64(),
-            on_total.as_secs_f64(),
-            events / off_total.as_secs_f64(),
-            off_total.as_secs_f64(),
-            on_total.as_secs_f64() / off_total.as_secs_f64()
-        );
-        let _ = on_stop.send(());
-        let _ = off_stop.send(());
-        let _ = on_task.await;
-        let _ = off_task.await;
+        let on = AnyStore::Sqlite(SqliteStore::open(on_dir.path()).unwrap());
+        let off = AnyStore::Sqlite(SqliteStore::open(off_dir.path()).unwrap());
+        on_off("embedded", [(on.clone(), on), (off.clone(), off)], &sh).await;
     });
+    let tag = format!("airlock_bench_corr_{}", std::process::id());
+    let (on_db, off_db, role) = (format!("{tag}_on"), format!("{tag}_off"), format!("{tag}_rt"));
+    if !psql(&format!("CREATE DATABASE {on_db}")) || !psql(&format!("CREATE DATABASE {off_db}")) {
+        println!("postgres   skipped: PostgreSQL at 127.0.0.1:5432 unreachable");
+        return;
+    }
+    psql(&format!("CREATE ROLE {role} LOGIN"));
+    let opts = postgres::MigrateOptions { runtime_role: Some(role.clone()), ..Default::default() };
+    rt.block_on(async {
+        let mut pair = Vec::new();
+        for db in [&on_db, &off_db] {
+            let owner = format!("postgres://postgres@127.0.0.1:5432/{db}");
+            postgres::migrate(&owner, &opts).await.unwrap();
+            let admin = AnyStore::Pg(PgStore::connect(&owner, 1).await.unwrap());
+            let runtime = format!("postgres://{role}@127.0.0.1:5432/{db}");
+            pair.push((admin, AnyStore::Pg(PgStore::connect(&runtime, sh.conns).await.unwrap())));
+        }
+        let off = pair.pop().unwrap();
+        let on = pair.pop().unwrap();
+        on_off("postgres", [on, off], &sh).await;
+    });
+    drop(rt);
+    for db in [&on_db, &off_db] {
+        psql(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"));
+    }
+    psql(&format!("DROP ROLE {role}"));
 }

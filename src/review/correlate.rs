@@ -622,7 +622,15 @@ impl CorrelateScan {
         if names_key_file(&text.to_lowercase()) {
             return true;
         }
-        let view = super::transcript::view(source, payload);
+        // Only the fields `access.credential-file` reads: the line's text (tool inputs) would
+        // run every secret rule for nothing.
+        let full = super::transcript::view(source, payload);
+        let view = View {
+            kind: full.kind,
+            command: full.command,
+            file_read: full.file_read,
+            ..View::default()
+        };
         self.engine
             .scan(source, &view, payload)
             .iter()
