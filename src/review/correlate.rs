@@ -571,7 +571,7 @@ impl CorrelateScan {
             _ => codex_line(&v),
         };
         for (id, name, text) in parsed.calls {
-            let credential = self.is_credential_read(row.source, &name, &text, &v);
+            let credential = self.is_credential_read(row.source, &text, &v);
             let mut call = Call {
                 pk: row.pk,
                 ts: row.ts,
@@ -616,9 +616,8 @@ impl CorrelateScan {
     /// Whether a tool call reads a credential file: the engine's `access.credential-file`
     /// rule over the line, or a private key file (`.ssh/…` but public keys and host lists,
     /// `*.pem`, `*.key`).
-    fn is_credential_read(&self, source: Source, name: &str, text: &str, payload: &Value) -> bool {
-        // A non-shell tool (Read) names its file in its input; a shell command in its text.
-        let _ = name;
+    fn is_credential_read(&self, source: Source, text: &str, payload: &Value) -> bool {
+        // `text` is a shell command, or a non-shell tool's input (Read names its file there).
         if names_key_file(&text.to_lowercase()) {
             return true;
         }
@@ -1759,7 +1758,9 @@ mod tests {
 
     impl Session {
         fn new() -> Self {
-            Self::with(Engine::builtin().unwrap())
+            static ENGINE: std::sync::OnceLock<Arc<Engine>> = std::sync::OnceLock::new();
+            let engine = ENGINE.get_or_init(|| Arc::new(Engine::builtin().unwrap()));
+            Self { engine: engine.clone(), rows: Vec::new(), next: 1, settled: false }
         }
         fn with(engine: Engine) -> Self {
             Self { engine: Arc::new(engine), rows: Vec::new(), next: 1, settled: false }
@@ -2520,6 +2521,40 @@ mod tests {
         );
         for bad in ["no brackets", "x [egress one]", "x [people 1]", "x []", "[egress 1"] {
             assert!(sides(bad).is_empty(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// Whatever a client stored (payloads are the client's, verbatim), the scan neither
+        /// panics nor links an event it was not fed.
+        #[test]
+        fn any_rows_scan_without_panic(rows in proptest::collection::vec(
+            (0..4usize, 0..600i64, proptest::sample::select(vec![
+                "{}", "null", "[]", "{\"host\":\"x.test\",\"allowed\":false,\"reason\":\"not_allowed\",\"port\":443}",
+                "{\"host\":\"a.x.test\",\"allowed\":true,\"bytes_sent\":99999}",
+                "{\"host\":5,\"port\":\"x\"}", "{\"seqs\":[[1,3]],\"host\":\"x.test\"}",
+                "{\"type\":\"assistant\",\"message\":{\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"Bash\",\"input\":{\"command\":\"curl https://x.test; cat .env\"}}]}}",
+                "{\"type\":\"user\",\"message\":{\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"t\",\"content\":\"HTTP/1.1 200 OK sk_live_abcdefghijklmnop0000\"}]}}",
+                "{\"type\":\"assistant\",\"message\":{\"content\":\"I did not access the network\"}}",
+                "{\"type\":\"response_item\",\"payload\":{\"type\":\"function_call\",\"arguments\":\"{\\\"command\\\":7}\"}}",
+                "{\"transcripts\":[{\"file\":\"f\",\"sha256\":\"sha256:00\"}]}",
+                "{\"bytes\":1,\"sha256\":\"x\"}", "not json",
+            ])), 0..40)) {
+            let mut s = Session::new();
+            for (kind, at, payload) in &rows {
+                let v: Value = serde_json::from_str(payload).unwrap_or(Value::Null);
+                match kind {
+                    0 => { s.egress(at * S, "denied", v); }
+                    1 => { s.line(at * S, v); }
+                    2 => { s.end(at * S, v); }
+                    _ => { s.published(at * S, "f", 1, payload); }
+                }
+            }
+            let fed = s.rows.len() as i64;
+            for f in s.flags() {
+                proptest::prop_assert!(f.event_pks.iter().all(|pk| (1..=fed).contains(pk)), "{:?}", f);
+            }
         }
     }
 
