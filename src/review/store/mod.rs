@@ -164,10 +164,10 @@ pub(crate) const CORRELATE_SESSION_ROWS: &str = "SELECT pk, source, id, type, ts
      payload FROM events WHERE user_id = {1} AND session = {2} AND source IN ('egress', 'session') \
      AND conflict_of IS NULL AND pk > {3} ORDER BY pk LIMIT {4}";
 ///
-/// The transcript read orders and pages by `pk + 0`, not `pk`: with `pk` itself SQLite (and
-/// PostgreSQL may) walks `events_user` (user_id, pk) in order — every event the user ever sent,
-/// per page — instead of the `events_transcript` index and a sort of the session's lines (the
-/// embedded ingest slowed as the store grew).
+/// The transcript read orders and pages by `pk + 0`, not `pk`: with `pk` itself SQLite walks
+/// `events_user` (user_id, pk) in order — every event the user ever sent, per page — instead
+/// of the `events_transcript` index and a sort of the session's lines (the embedded ingest
+/// slowed as the store grew; docs/BENCHMARKS.md). PostgreSQL chose the index either way.
 pub(crate) const CORRELATE_TRANSCRIPT_ROWS: &str = "SELECT pk, source, id, type, ts, {rcv}, file, \
      payload FROM events WHERE user_id = {1} AND airlock_session = {2} \
      AND source IN ('claude', 'codex') AND conflict_of IS NULL AND pk + 0 > {3} \
