@@ -18,6 +18,7 @@ pub mod normalize;
 pub mod session;
 pub mod shell;
 
+use super::correlate::Config as CorrelateConfig;
 use super::transcript::{self, FIELDS, View};
 use super::{Micros, NewEvent, NewFlag, Severity, Source, StoredEvent, format_micros};
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
@@ -53,6 +54,10 @@ pub enum RuleError {
 struct RuleFile {
     #[serde(default)]
     rule: Vec<RuleSpec>,
+    /// `[[correlate]]` tables are the correlate pack's ([`super::correlate::Config::apply`]).
+    #[serde(default)]
+    #[allow(dead_code)]
+    correlate: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,6 +159,8 @@ pub struct Engine {
     /// Per entry of [`FIELDS`]: the prefilter over only the keywords of rules scanning that
     /// field (`None` when no rule does), which [`Engine::scan`] uses.
     fields: Vec<Option<FieldScan>>,
+    /// The correlate pack's parameters (`[[correlate]]` tables of the same files).
+    correlate: CorrelateConfig,
 }
 
 /// One field's keyword prefilter. Only the keywords of the rules that scan the field are in
@@ -411,7 +418,9 @@ impl Engine {
         let mut rules = Vec::new();
         let mut keywords: Vec<Vec<String>> = Vec::new();
         let mut seen = HashSet::new();
+        let mut correlate = CorrelateConfig::builtin();
         for (name, text) in files {
+            correlate.apply(name, text)?;
             for (k, r) in parse_rules(name, text)? {
                 if !seen.insert(r.id.clone()) {
                     return Err(RuleError::Invalid {
@@ -436,11 +445,22 @@ impl Engine {
             .iter()
             .map(|f| FieldScan::build(&keywords, &rules, f))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { rules, ac, pattern_rules, fields })
+        Ok(Self { rules, ac, pattern_rules, fields, correlate })
     }
 
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The correlate pack's parameters.
+    pub fn correlate(&self) -> &CorrelateConfig {
+        &self.correlate
+    }
+
+    /// This engine with the correlate pack's parameters replaced (the ingest bench's on/off).
+    pub fn with_correlate(mut self, config: CorrelateConfig) -> Self {
+        self.correlate = config;
+        self
     }
 
     /// Runs every per-event rule over one event's view and payload: each field string as

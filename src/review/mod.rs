@@ -11,6 +11,7 @@
 //! on the same listener (sign-in and sessions; docs/console.md).
 
 pub mod console;
+pub mod correlate;
 pub mod dedup;
 pub mod detect;
 pub mod flag_rules;

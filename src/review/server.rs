@@ -8,6 +8,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::console;
+use super::correlate::CorrelateScan;
 use super::dedup;
 use super::detect::session::SessionScan;
 use super::detect::{self, Created, Engine};
@@ -175,6 +176,20 @@ impl<S: Store> AppState<S> {
         touch_map(&self.touched, user, session, at);
     }
 
+    /// The correlate pack's flags for a session the settle sweep checks (none when the pack
+    /// is off). The sweep's scan treats an end-record file still unpublished as a gap.
+    async fn settle_correlate(
+        &self,
+        user: &str,
+        session: &str,
+    ) -> Result<Vec<NewFlag>, StoreError> {
+        if !self.engine.correlate().any_enabled() {
+            return Ok(Vec::new());
+        }
+        let scan = CorrelateScan::new(self.engine.clone(), user, session).settled();
+        Ok(self.store.scan_correlate(scan).await?.finish())
+    }
+
     /// Runs the session checks for every session quiet for `settle`; returns how many ran.
     pub async fn settle_once(&self, settle: Duration, now: Micros) -> usize {
         let cutoff = now - settle.as_micros() as Micros;
@@ -190,9 +205,16 @@ impl<S: Store> AppState<S> {
             Err(_) => Vec::new(),
         };
         for (user, session) in &due {
-            match self.store.scan_session(SessionScan::new(user, session)).await {
-                Ok(scan) => {
-                    let mut flags = scan.finish();
+            let scanned = match self.store.scan_session(SessionScan::new(user, session)).await {
+                Ok(scan) => self.settle_correlate(user, session).await.map(|mut flags| {
+                    flags.extend(scan.finish());
+                    flags
+                }),
+                Err(e) => Err(e),
+            };
+            match scanned {
+                Ok(flags) => {
+                    let mut flags = flags;
                     ingest::storable_flags(&mut flags);
                     match self.store.insert_flags(&flags).await {
                         Ok(_) => {
@@ -301,6 +323,23 @@ impl IngestScan for BatchScan {
     }
 
     fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag> {
+        let mut flags = scan.finish();
+        ingest::storable_flags(&mut flags);
+        if let Ok(mut r) = self.raised.lock() {
+            r.extend(flags.iter().map(|f| f.rule_id.clone()));
+        }
+        flags
+    }
+
+    fn correlate_scan(&self, session: &str) -> Option<CorrelateScan> {
+        self.engine
+            .correlate()
+            .any_enabled()
+            .then(|| CorrelateScan::new(self.engine.clone(), &self.user_id, session))
+    }
+
+    fn correlate_flags(&self, scan: CorrelateScan) -> Vec<NewFlag> {
+        // The same bookkeeping as the session checks' flags.
         let mut flags = scan.finish();
         ingest::storable_flags(&mut flags);
         if let Ok(mut r) = self.raised.lock() {

@@ -47,6 +47,7 @@ mod review_atomic;
 mod review_bounded;
 mod review_conflict;
 mod review_contract;
+mod review_correlate;
 mod review_detect;
 mod review_export;
 mod review_flag_assign;

@@ -8,6 +8,7 @@
 use crate::review_store::conformance;
 use crate::review_support::*;
 use crate::support::World;
+use airlock::review::correlate::CorrelateScan;
 use airlock::review::detect::session::SessionScan;
 use airlock::review::store::postgres::PgStore;
 use airlock::review::store::{
@@ -87,6 +88,9 @@ impl Store for Alternating {
     }
     async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
         self.pick().scan_session(scan).await
+    }
+    async fn scan_correlate(&self, scan: CorrelateScan) -> Result<CorrelateScan, StoreError> {
+        self.pick().scan_correlate(scan).await
     }
     async fn session_events(&self, u: &str, s: &str) -> Result<Vec<StoredEvent>, StoreError> {
         self.pick().session_events(u, s).await

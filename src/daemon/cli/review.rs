@@ -87,7 +87,8 @@ pub struct ReviewArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Directory of extra detection rule files (`*.toml`), added to the built-in packs.
+    /// Directory of extra detection rule files (`*.toml`: `[[rule]]` tables added to the
+    /// built-in pack, `[[correlate]]` tables setting the correlate pack's parameters).
     #[arg(long, value_name = "DIR")]
     pub rules_dir: Option<PathBuf>,
     /// Seconds a session must be quiet before its span and `seq` gaps are checked (they are

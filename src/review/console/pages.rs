@@ -502,10 +502,14 @@ pub async fn session<S: Store>(
             .into_iter()
             .map(|f| FileMark { file: f.file, state: f.state, lines: f.lines })
             .collect(),
+        record_pks: Vec::new(),
         cut_at: (page.truncated || page.events.len() == q.limit as usize)
             .then_some(page.events.len()),
     };
     for e in page.events.into_iter().filter(|e| e.conflict_of.is_none()) {
+        if e.source == Source::Session {
+            p.record_pks.push(e.pk);
+        }
         match e.source {
             Source::Session if e.kind == "start" && p.start.is_none() => p.start = Some(e.payload),
             Source::Session if e.kind == "end" && p.end.is_none() => p.end = Some(e.payload),

@@ -176,11 +176,45 @@ fn row(p: &FlagsPage, n: usize, f: &FlagRow) -> Markup {
                 details id=(format!("f{n}")) {
                     summary { "Details, history and actions" }
                     pre { (super::clip(&f.detail, 4096).0) }
+                    (linked(f))
                     (history(&f.history))
                     (actions(p, f, m))
                 }
             }
         }
+    }
+}
+
+/// A correlate flag's linked events by side (egress / transcript / record, as its detail
+/// names them), each a link to the event on its session's drill-down (`#e<pk>`).
+fn linked(f: &FlagRow) -> Markup {
+    let sides = if f.rule_id.starts_with("correlate.") {
+        crate::review::correlate::sides(&f.detail)
+    } else {
+        Vec::new()
+    };
+    html! {
+        @if !sides.is_empty() {
+            table.linked {
+                caption.mut { "Linked events, by side" }
+                thead { tr { th scope="col" { "Side" } th scope="col" { "Events" } } }
+                tbody { @for (side, pks) in &sides {
+                    tr {
+                        td { (side.as_str()) }
+                        td { @for pk in pks { a href=(event_href(f, *pk)) { "event " (pk) } " " } }
+                    }
+                } }
+            }
+        }
+    }
+}
+
+/// Where one linked event is shown: its session's drill-down (else the person's timeline),
+/// at the event's anchor.
+pub fn event_href(f: &FlagRow, pk: i64) -> String {
+    match &f.session {
+        Some(s) => format!("{}#e{pk}", session_href(s, &f.user_id)),
+        None => format!("{}#e{pk}", person_href(&f.user_id)),
     }
 }
 
@@ -318,6 +352,38 @@ mod tests {
             forms
         );
         assert_no_urls(&html);
+    }
+
+    #[test]
+    fn a_correlate_flag_links_each_side_to_its_events_in_the_session() {
+        let mut f = flag("c1", "u-ana");
+        f.rule_id = "correlate.retry-after-deny".into();
+        f.detail = "denied CONNECT x.test:443 (not_allowed); then another tool \
+                    [egress 12, 15; transcript 7, 9; record 20]"
+            .into();
+        let html = render(&page_of(Role::Reviewer, vec![f.clone()])).into_string();
+        assert!(html.contains("Linked events, by side"), "{html}");
+        for (side, pks) in [("egress", [12, 15]), ("transcript", [7, 9])] {
+            let row = format!(
+                r#"<tr><td>{side}</td><td><a href="/sessions/s-1?user=u-ana#e{a}">event {a}</a> <a href="/sessions/s-1?user=u-ana#e{b}">event {b}</a> </td></tr>"#,
+                a = pks[0],
+                b = pks[1]
+            );
+            assert!(html.contains(&row), "{side}: {html}");
+        }
+        assert!(
+            html.contains(
+                r#"<td>record</td><td><a href="/sessions/s-1?user=u-ana#e20">event 20</a>"#
+            )
+        );
+        // Without a session: the person's timeline.
+        f.session = None;
+        assert_eq!(event_href(&f, 3), "/people/u-ana#e3");
+        // Another rule's detail with brackets is not read as sides.
+        let mut other = flag("o1", "u-ana");
+        other.detail = "odd [egress 1]".into();
+        let html = render(&page_of(Role::Reviewer, vec![other])).into_string();
+        assert!(!html.contains("Linked events"));
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub struct SessionPage {
     pub transcript: Vec<TranscriptLine>,
     pub egress: Vec<EgressLine>,
     pub files: Vec<FileMark>,
+    /// The pks of the session's records and `transcript.file` items shown on the page: the
+    /// records section carries their anchors (`#e<pk>`, a correlate flag's "record" side).
+    pub record_pks: Vec<i64>,
     /// The session has more events than were read for this page: how many were (the first
     /// ones by `ts`). The page says so and points to the timeline, which pages through all.
     pub cut_at: Option<usize>,
@@ -149,6 +152,7 @@ pub fn render(p: &SessionPage) -> Markup {
                 " pages through all of them."
             }
         }
+        @for pk in &p.record_pks { span id=(format!("e{pk}")) {} }
         h2 { "Session records" }
         (records(p))
         h2 { "Published transcripts" }
@@ -183,6 +187,8 @@ pub fn render(p: &SessionPage) -> Markup {
 fn line_blocks(l: &TranscriptLine, v: &Value, ctx: FileContext) -> Markup {
     html! {
         div.c {
+            // The anchor a flag's linked event points at (`#e<pk>`).
+            span id=(format!("e{}", l.pk)) {}
             small.mut { time { (when(l.ts)) } " · " (l.source.as_str()) }
             @for b in conversation::blocks(l.source, v, ctx) { (conversation::render(&b)) }
         }
@@ -204,6 +210,7 @@ fn entry(e: &Entry) -> Markup {
                 div.c { details.sub open {
                     summary { "Subagent " @if !agent.is_empty() { code { (agent) } " " } "· " (lines.len()) " lines · " code { (key) } }
                     @for (l, v) in lines {
+                        span id=(format!("e{}", l.pk)) {}
                         small.mut { time { (when(l.ts)) } }
                         @for b in conversation::blocks(l.source, v, ctx) { (conversation::render(&b)) }
                     }
@@ -217,6 +224,7 @@ fn entry(e: &Entry) -> Markup {
             let host = v.get("host").and_then(Value::as_str).unwrap_or("");
             html! {
                 div.e {
+                    span id=(format!("e{}", l.pk)) {}
                     time { (when(l.ts)) } " "
                     span.mut { "gate " (one_line(&g("step"), 20)) }
                     br;
@@ -230,6 +238,7 @@ fn entry(e: &Entry) -> Markup {
             let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
             html! {
                 div.e.no[!allowed] {
+                    span id=(format!("e{}", l.pk)) {}
                     time { (when(l.ts)) } " "
                     @if allowed { span.ok { "allowed" } } @else { span.no { "denied" } }
                     br;
@@ -372,6 +381,7 @@ mod tests {
                 FileMark { file: ".claude/projects/-work-repo/b7d2.jsonl".into(), state: State::Matches, lines: 6 },
                 FileMark { file: ".claude/projects/-work-repo/b7d2/subagents/agent-a1b2c3.jsonl".into(), state: State::Differs, lines: 2 },
             ],
+            record_pks: vec![400, 401],
             cut_at: None,
         }
     }
@@ -407,6 +417,23 @@ mod tests {
         assert!(html.contains("/people/u-ana?session=s-7f3a"));
         assert!(!html.contains("more events than one page shows"));
         assert_no_urls(&html);
+    }
+
+    /// A correlate flag's links (`#e<pk>`, render/flags.rs) land on the event: every egress
+    /// line, transcript line (subagents' too) and record of the page has its anchor, once.
+    #[test]
+    fn every_event_has_the_anchor_a_flag_links_to() {
+        let p = sample();
+        let html = render(&p).into_string();
+        let pks = p
+            .egress
+            .iter()
+            .map(|e| e.pk)
+            .chain(p.transcript.iter().map(|l| l.pk))
+            .chain(p.record_pks.iter().copied());
+        for pk in pks {
+            assert_eq!(html.matches(&format!(r#"<span id="e{pk}"></span>"#)).count(), 1, "{pk}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 
+use super::correlate::CorrelateScan;
 use super::detect::session::{SessionRow, SessionScan, covers_of};
 use super::gates::{Decided, DecisionRequest, Gate, GateQuery, GateState, NewGate};
 use super::{
@@ -154,6 +155,24 @@ pub(crate) fn session_row(
 /// The payload column as the session scan reads it: only an egress payload that may be a
 /// `suppressed` line (audit lines are at most 8 KiB), `NULL` for every other row, so the scan
 /// still reads envelopes only.
+/// The correlate pack's two reads of one session ([`Store::scan_correlate`]), each in `pk`
+/// order from `pk > {3}`, served by `events_session` and `events_transcript`: the Airlock
+/// session's egress lines and session records (end record, `transcript.file` items), then
+/// the transcript lines linked to it. Columns: pk, source, id, type, ts, received_at (µs),
+/// file, payload; `{rcv}` is the store's µs expression for `received_at`.
+pub(crate) const CORRELATE_SESSION_ROWS: &str = "SELECT pk, source, id, type, ts, {rcv}, file, \
+     payload FROM events WHERE user_id = {1} AND session = {2} AND source IN ('egress', 'session') \
+     AND conflict_of IS NULL AND pk > {3} ORDER BY pk LIMIT {4}";
+///
+/// The transcript read orders and pages by `pk + 0`, not `pk`: with `pk` itself SQLite walks
+/// `events_user` (user_id, pk) in order — every event the user ever sent, per page — instead
+/// of the `events_transcript` index and a sort of the session's lines (the embedded ingest
+/// slowed as the store grew; docs/BENCHMARKS.md). PostgreSQL chose the index either way.
+pub(crate) const CORRELATE_TRANSCRIPT_ROWS: &str = "SELECT pk, source, id, type, ts, {rcv}, file, \
+     payload FROM events WHERE user_id = {1} AND airlock_session = {2} \
+     AND source IN ('claude', 'codex') AND conflict_of IS NULL AND pk + 0 > {3} \
+     ORDER BY pk + 0 LIMIT {4}";
+
 pub(crate) const SUPPRESSED_PAYLOAD_SQL: &str =
     "CASE WHEN source = 'egress' AND strpos(payload, '\"seqs\"') > 0 THEN payload END";
 
@@ -653,6 +672,17 @@ pub trait IngestScan: Send + Sync + 'static {
     /// ([`Store::scan_session`]'s reading, inside the transaction, so the batch's own rows
     /// are included).
     fn session_flags(&self, scan: SessionScan) -> Vec<NewFlag>;
+    /// The correlate pack's scan for an ended session, or `None` when the pack is off (then
+    /// the store reads nothing more).
+    fn correlate_scan(&self, session: &str) -> Option<CorrelateScan> {
+        let _ = session;
+        None
+    }
+    /// Flags from the correlate scan the store fed ([`Store::scan_correlate`]'s reading,
+    /// inside the transaction).
+    fn correlate_flags(&self, scan: CorrelateScan) -> Vec<NewFlag> {
+        scan.finish()
+    }
 }
 
 /// One flag-state append, as the server decided it.
@@ -873,6 +903,13 @@ pub trait Store: Send + Sync + 'static {
         &self,
         scan: SessionScan,
     ) -> impl Future<Output = Result<SessionScan, StoreError>> + Send;
+    /// Feeds the correlate pack's `scan` its session's rows ([`CORRELATE_SESSION_ROWS`], then
+    /// [`CORRELATE_TRANSCRIPT_ROWS`]), a page of [`SESSION_PAGE`] rows at a time; the scan
+    /// keeps compact facts only and stops keeping past its caps.
+    fn scan_correlate(
+        &self,
+        scan: CorrelateScan,
+    ) -> impl Future<Output = Result<CorrelateScan, StoreError>> + Send;
     /// Every event of one user's session, in `pk` order, payloads included: unbounded, for
     /// tests and tools only (the checks use [`Store::scan_session`]).
     fn session_events(
@@ -1222,6 +1259,9 @@ impl Store for AnyStore {
     }
     async fn scan_session(&self, scan: SessionScan) -> Result<SessionScan, StoreError> {
         dispatch!(self, s => s.scan_session(scan))
+    }
+    async fn scan_correlate(&self, scan: CorrelateScan) -> Result<CorrelateScan, StoreError> {
+        dispatch!(self, s => s.scan_correlate(scan))
     }
     async fn session_events(&self, u: &str, sn: &str) -> Result<Vec<StoredEvent>, StoreError> {
         dispatch!(self, s => s.session_events(u, sn))

@@ -22,6 +22,7 @@ use super::{
 };
 use super::{HourCount, PersonActivity, PublishedFile, SessionTranscriptItems};
 use super::{log_hash, log_i64, log_u64};
+use crate::review::correlate::{self, CorrelateScan};
 use crate::review::detect::session::SessionScan;
 use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, NewGate};
 use crate::review::{
@@ -897,6 +898,50 @@ async fn feed_session(c: &impl GenericClient, scan: &mut SessionScan) -> Result<
     }
 }
 
+/// Feeds the correlate scan its session's rows: the two reads of
+/// [`super::CORRELATE_SESSION_ROWS`] and [`super::CORRELATE_TRANSCRIPT_ROWS`], a page of
+/// [`super::SESSION_PAGE`] rows at a time.
+async fn feed_correlate(
+    c: &impl GenericClient,
+    scan: &mut CorrelateScan,
+) -> Result<(), StoreError> {
+    let (user, session) = (scan.user_id().to_string(), scan.session().to_string());
+    for (sql, read) in [
+        (super::CORRELATE_SESSION_ROWS, correlate::Read::Session),
+        (super::CORRELATE_TRANSCRIPT_ROWS, correlate::Read::Transcript),
+    ] {
+        let sql = sql
+            .replace("{rcv}", "(extract(epoch from received_at) * 1000000)::int8")
+            .replace("{1}", "$1")
+            .replace("{2}", "$2")
+            .replace("{3}", "$3")
+            .replace("{4}", "$4");
+        let mut after = i64::MIN;
+        loop {
+            let rows = c.query(&sql, &[&user, &session, &after, &super::SESSION_PAGE]).await?;
+            let n = rows.len();
+            for r in &rows {
+                after = r.get(0);
+                let Ok(source) = r.get::<_, &str>(1).parse::<Source>() else { continue };
+                scan.feed(correlate::Row {
+                    pk: after,
+                    id: r.get(2),
+                    source,
+                    kind: r.get(3),
+                    ts: r.get(4),
+                    received_at: r.get(5),
+                    file: r.get(6),
+                    payload: r.get(7),
+                });
+            }
+            if (n as i64) < super::SESSION_PAGE || !scan.wants_more(read) {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every event of one user's session, in `pk` order.
 async fn session_rows(
     c: &impl GenericClient,
@@ -1530,6 +1575,10 @@ impl Store for PgStore {
             let mut sc = SessionScan::new(user_id, &session);
             feed_session(&tx, &mut sc).await?;
             flags.extend(scan.session_flags(sc));
+            if let Some(mut cs) = scan.correlate_scan(&session) {
+                feed_correlate(&tx, &mut cs).await?;
+                flags.extend(scan.correlate_flags(cs));
+            }
         }
         insert_flag_rows(&tx, &flags).await?;
         crash_point("after-flags");
@@ -1570,6 +1619,13 @@ impl Store for PgStore {
         let c = self.client().await?;
         let mut scan = scan;
         feed_session(&*c, &mut scan).await?;
+        Ok(scan)
+    }
+
+    async fn scan_correlate(&self, scan: CorrelateScan) -> Result<CorrelateScan, StoreError> {
+        let c = self.client().await?;
+        let mut scan = scan;
+        feed_correlate(&*c, &mut scan).await?;
         Ok(scan)
     }
 

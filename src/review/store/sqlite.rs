@@ -13,6 +13,7 @@ use super::{
     random_id,
 };
 use super::{log_hash, log_i64, log_u64};
+use crate::review::correlate::{self, CorrelateScan};
 use crate::review::detect::session::SessionScan;
 use crate::review::gates::{self, Decided, DecisionRequest, Gate, GateQuery, GateState, NewGate};
 use crate::review::{
@@ -653,6 +654,53 @@ fn feed_session(conn: &Connection, scan: &mut SessionScan) -> Result<(), StoreEr
     Ok(())
 }
 
+/// Feeds the correlate scan its session's rows: the two reads of
+/// [`super::CORRELATE_SESSION_ROWS`] and [`super::CORRELATE_TRANSCRIPT_ROWS`], paged.
+fn feed_correlate(conn: &Connection, scan: &mut CorrelateScan) -> Result<(), StoreError> {
+    let (user, session) = (scan.user_id().to_string(), scan.session().to_string());
+    for (sql, read) in [
+        (super::CORRELATE_SESSION_ROWS, correlate::Read::Session),
+        (super::CORRELATE_TRANSCRIPT_ROWS, correlate::Read::Transcript),
+    ] {
+        let sql = sql
+            .replace("{rcv}", "received_at")
+            .replace("{1}", "?1")
+            .replace("{2}", "?2")
+            .replace("{3}", "?3")
+            .replace("{4}", "?4");
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut after = i64::MIN;
+        loop {
+            let mut rows = stmt.query(params![user, session, after, super::SESSION_PAGE])?;
+            let mut n = 0i64;
+            while let Some(r) = rows.next()? {
+                n += 1;
+                after = r.get(0)?;
+                let source: String = r.get(1)?;
+                let Ok(source) = source.parse::<Source>() else { continue };
+                let id: String = r.get(2)?;
+                let kind: String = r.get(3)?;
+                let file: Option<String> = r.get(6)?;
+                let payload: String = r.get(7)?;
+                scan.feed(correlate::Row {
+                    pk: after,
+                    id: &id,
+                    source,
+                    kind: &kind,
+                    ts: r.get(4)?,
+                    received_at: r.get(5)?,
+                    file: file.as_deref(),
+                    payload: &payload,
+                });
+            }
+            if n < super::SESSION_PAGE || !scan.wants_more(read) {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every event of one user's session, in `pk` order.
 fn session_rows(
     conn: &Connection,
@@ -1265,6 +1313,10 @@ impl Store for SqliteStore {
                 let mut sc = SessionScan::new(&user_id, &session);
                 feed_session(&tx, &mut sc)?;
                 flags.extend(scan.session_flags(sc));
+                if let Some(mut cs) = scan.correlate_scan(&session) {
+                    feed_correlate(&tx, &mut cs)?;
+                    flags.extend(scan.correlate_flags(cs));
+                }
             }
             insert_flag_rows(&tx, &flags)?;
             crash_point("after-flags");
@@ -1312,6 +1364,15 @@ impl Store for SqliteStore {
         self.with(move |c| {
             let mut scan = scan;
             feed_session(c, &mut scan)?;
+            Ok(scan)
+        })
+        .await
+    }
+
+    async fn scan_correlate(&self, scan: CorrelateScan) -> Result<CorrelateScan, StoreError> {
+        self.with(move |c| {
+            let mut scan = scan;
+            feed_correlate(c, &mut scan)?;
             Ok(scan)
         })
         .await
