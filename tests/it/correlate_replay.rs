@@ -137,3 +137,34 @@ fn every_fixture_raises_exactly_its_labelled_correlate_flags() {
     );
     assert!(out.complete);
 }
+
+/// `enabled = false` switches a rule off and leaves the others: with only
+/// `correlate.transcript-gap` on, the corpus raises that rule's labelled flags (waited for,
+/// so the other sessions' checks have run) and no other correlate flag at all.
+#[test]
+fn disabled_correlate_rules_raise_nothing_while_an_enabled_one_still_does() {
+    let dir = fixtures_dir();
+    let labels = load_labels(&dir);
+    let rules = tempfile::tempdir().unwrap();
+    let mut text = String::new();
+    for rule in RULES {
+        let enabled = rule == "correlate.transcript-gap";
+        text.push_str(&format!("[[correlate]]\nid = \"{rule}\"\nenabled = {enabled}\n\n"));
+    }
+    std::fs::write(rules.path().join("correlate.toml"), text).unwrap();
+    // Only the gap positives are expected now; everything else must stay silent.
+    let only_gap: Vec<Labelled> = labels
+        .iter()
+        .map(|l| Labelled {
+            expect: l.expect.iter().filter(|r| *r == "correlate.transcript-gap").cloned().collect(),
+            ..l.clone()
+        })
+        .collect();
+    assert!(only_gap.iter().any(|l| !l.expect.is_empty()));
+    let arg = rules.path().display().to_string();
+    let out = replay(&crate::support::bin("airlockd"), &dir, &only_gap, &["--rules-dir", &arg]);
+    assert!(out.complete, "the gap flags did not all come: {:#?}\n{}", out.flags, out.log);
+    for f in &out.flags {
+        assert_eq!(f["rule_id"], "correlate.transcript-gap", "a disabled rule fired: {f}");
+    }
+}
