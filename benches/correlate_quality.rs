@@ -1,4 +1,4 @@
-//! Correlate quality (issue 20): replays the fixture corpus (`tests/fixtures/correlate/`, 45
+//! Correlate quality (issue 20): replays the fixture corpus (`tests/fixtures/correlate/`, 50
 //! real `airlock run` sessions of the stand-in agent, each as the review server exported it)
 //! into a fresh loopback `airlockd review` with `tests/fixtures/correlate/rules/`, and prints
 //! precision and recall per correlate rule and overall against `labels.toml`, as a Markdown
