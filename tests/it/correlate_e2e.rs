@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::correlate_lab::{CLAIMED, GAP, Lab, Live, RETRY, SECRET, scenarios};
+use crate::correlate_lab::{CLAIMED, GAP, Lab, Live, RETRY, SECRET, UNREPORTED, scenarios};
 use crate::review_support::all_events;
 use crate::support::wait_until;
 
@@ -146,5 +146,26 @@ fn transcript_altered_after_the_session_live_is_a_gap_linking_the_session_record
             && (e["type"] == "end" || e["type"] == "transcript.file")
             && e["session"] == lives[0].session.as_str()),
         "the session record side is linked: {ev:#?}"
+    );
+}
+
+/// A background process left running after its tool call: the flag links the egress line and
+/// the transcript lines around the quiet span it fell in.
+#[test]
+fn unreported_egress_live_links_the_background_attempt_and_the_quiet_span() {
+    let Some(lab) = Lab::new(&[]) else { return };
+    let lives = run(&lab, &["unreported-background-curl"]);
+    let f = flag(&lab, &lives[0].session, UNREPORTED);
+    let ev = linked(&lab, &f);
+    assert!(
+        ev.iter().any(|e| e["source"] == "egress"
+            && e["payload"]["host"] == "allowed.test"
+            && e["payload"]["url"].as_str().is_some_and(|u| u.ends_with("/beacon"))),
+        "the background attempt is linked: {ev:#?}"
+    );
+    assert!(
+        ev.iter()
+            .any(|e| e["source"] == "claude" && e["airlock_session"] == lives[0].session.as_str()),
+        "a transcript line of the session is linked: {ev:#?}"
     );
 }
