@@ -184,11 +184,9 @@ impl Review {
             let (status, text) = self.http(token, "/api/v1/events", Some(&f));
             assert!(status == 200 || status == 207, "POST /api/v1/events: {status} {text}");
             let v: Value = serde_json::from_str(&text).unwrap();
-            if let Some(items) = v["results"].as_array().or(v["items"].as_array()) {
-                for it in items {
-                    let st = it["status"].as_str().unwrap_or("");
-                    assert!(st == "created" || st == "duplicate", "item refused: {it}");
-                }
+            for it in v["results"].as_array().unwrap() {
+                let st = it["status"].as_str().unwrap_or("");
+                assert!(st == "created" || st == "duplicate", "item refused: {it}");
             }
         }
     }
