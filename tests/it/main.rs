@@ -22,6 +22,14 @@ mod console_auth;
 mod console_browser;
 mod console_gates;
 mod console_pages;
+#[cfg(feature = "test-hooks")]
+mod correlate_e2e;
+#[cfg(feature = "test-hooks")]
+mod correlate_fixtures;
+#[cfg(feature = "test-hooks")]
+mod correlate_lab;
+mod correlate_replay;
+mod correlate_score;
 mod daemon;
 mod daemon_units;
 mod evidence_client;
