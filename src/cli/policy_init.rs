@@ -227,4 +227,28 @@ mod tests {
             assert_eq!(text.matches("# --- Codex ---").count(), usize::from(codex));
         }
     }
+
+    /// The starter policy and the review plane's correlate checks keep the agents' own hosts in
+    /// two places (a commented template here, `review::correlate::AGENT_HOSTS` there): every
+    /// host one lists, the other must too, or `correlate.unreported-egress` would flag an
+    /// agent's own traffic (or excuse a host `policy init` never offers).
+    #[test]
+    fn the_template_and_the_correlate_host_list_name_the_same_hosts() {
+        use crate::review::correlate::AGENT_HOSTS;
+        let template = format!("{CLAUDE}{CODEX}");
+        let listed: std::collections::BTreeSet<String> = template
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim().trim_start_matches("# ");
+                let entry = l.strip_prefix('"')?.split('"').next()?;
+                let host = entry.trim_start_matches('=').split(':').next()?;
+                Some(host.to_string())
+            })
+            // Update checks are not the agent's own traffic; the correlate list leaves them out.
+            .filter(|h| !matches!(h.as_str(), "registry.npmjs.org" | "api.github.com"))
+            .collect();
+        let correlate: std::collections::BTreeSet<String> =
+            AGENT_HOSTS.iter().map(|(h, _, _)| h.to_string()).collect();
+        assert_eq!(listed, correlate);
+    }
 }
