@@ -6,8 +6,8 @@
 //! line ([`envelope`], [`elide`]), batches with at most the server's concurrency in flight
 //! ([`upload`]), the state advanced to the acknowledged prefix only, and refused items kept in
 //! `rejected.jsonl` ([`rejected`]). Transcripts (and their `transcript.file` items) are sent and
-//! acknowledged before the session records and audit lines of the same run, so a session's
-//! transcripts always precede its end record.
+//! acknowledged before the audit lines of the same run, and those before its session records,
+//! so a session's transcripts and egress lines always precede its end record.
 
 pub mod elide;
 pub mod envelope;
@@ -253,8 +253,10 @@ pub async fn publish_async<S: Sink>(
 
     // Which Airlock session covered which transcript bytes, and the end records not yet sent.
     let covers = read_session_records(&disc.files, &engine.state, &mut engine.report.skipped);
-    let transcripts: Vec<&SourceFile> = todo.iter().filter(|f| f.kind.is_transcript()).collect();
-    let logs: Vec<&SourceFile> = todo.iter().filter(|f| !f.kind.is_transcript()).collect();
+    let of = |kind: Kind| todo.iter().filter(move |f| f.kind == kind);
+    let transcripts: Vec<&SourceFile> = of(Kind::Claude).chain(of(Kind::Codex)).collect();
+    let audit: Vec<&SourceFile> = of(Kind::Audit).collect();
+    let records: Vec<&SourceFile> = of(Kind::Sessions).collect();
 
     let result = async {
         for f in &transcripts {
@@ -266,7 +268,16 @@ pub async fn publish_async<S: Sink>(
             engine.transcript_files(rec, &agent_root).await?;
         }
         engine.drain().await?;
-        for f in &logs {
+        for f in &audit {
+            engine.file(f, &covers.cover).await?;
+        }
+        // A session's end record is what makes the review plane check the session (gaps,
+        // correlate pack) inside the record's own transaction, and every audit line of a session
+        // is written before its end record: so the audit lines are acknowledged before any
+        // record is sent. Without this wait a records batch in flight beside the last audit
+        // batch could commit first, and the checks would see a session without its egress.
+        engine.drain().await?;
+        for f in &records {
             engine.file(f, &covers.cover).await?;
         }
         engine.drain().await
@@ -1297,6 +1308,46 @@ mod tests {
         let r = publish(&t.paths, &Mem::default(), &o).unwrap();
         assert!(r.incomplete);
         assert_eq!(r.created, 0);
+    }
+
+    /// A sink whose egress batches take longer than the others: a server still committing the
+    /// audit lines while a records batch arrives. `Mem` records a batch when it completes.
+    struct SlowEgress(Mem);
+
+    impl Sink for SlowEgress {
+        fn concurrency(&self) -> Option<usize> {
+            Some(4)
+        }
+        async fn post(&self, gz: bytes::Bytes, items: usize) -> Result<Reply, SinkError> {
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut text).unwrap();
+            if text.contains("\"source\":\"egress\"") {
+                for _ in 0..50 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            self.0.post(gz, items).await
+        }
+    }
+
+    /// Regression: the end record went out beside the session's audit lines, so a server could
+    /// commit it first and run the session's checks (gaps, correlate) without its egress.
+    #[test]
+    fn a_sessions_end_record_is_sent_only_after_its_audit_lines_are_acknowledged() {
+        let t = world();
+        // Lines in several batches: the batch cap is items, so many lines make many posts.
+        let lines: String = (1..=BATCH_ITEMS as u32 * 3).map(audit).collect();
+        append(&t.logs.join("audit-2026-07-24.jsonl"), &lines);
+        let start = serde_json::json!({"id":"s:start","kind":"start","ts":"2026-07-24T18:00:00.000Z","session":"s"});
+        let end = serde_json::json!({"id":"s:end","kind":"end","ts":"2026-07-24T18:05:00.000Z","session":"s"});
+        append(&t.logs.join("sessions-2026-07-24.jsonl"), &format!("{start}\n{end}\n"));
+        let sink = SlowEgress(Mem::default());
+        let r = publish(&t.paths, &sink, &opts()).unwrap();
+        assert_eq!(r.created, BATCH_ITEMS as u64 * 3 + 2, "{r:?}");
+        let ev = sink.0.events.lock().unwrap().clone();
+        let end_at = ev.iter().position(|e| e["id"] == "s:end").unwrap();
+        let last_egress = ev.iter().rposition(|e| e["source"] == "egress").unwrap();
+        assert!(last_egress < end_at, "the end record was stored before an egress line");
     }
 
     #[test]
