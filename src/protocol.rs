@@ -35,8 +35,8 @@
 //! [`Response::GateDecided`].
 //!
 //! Under the [`PHASES`] capability a session may start in a phase ([`SessionSpec::phase`]) and
-//! a control connection that owns no session may switch a running session's phase
-//! ([`Request::PhaseSet`], answered by [`Response::PhaseSet`]); `status` then names each
+//! any control connection (all are host side: the socket refuses sandbox peers) may switch a
+//! running session's phase ([`Request::PhaseSet`], answered by [`Response::PhaseSet`]); `status` then names each
 //! session's phase and the phases its layers define. The session's own connection is then told
 //! of each switch with an unsolicited [`Response::PhaseChanged`] between replies, so its
 //! supervisor re-registers in the phase in force.

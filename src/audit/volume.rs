@@ -159,7 +159,9 @@ impl Pending {
 #[derive(Debug)]
 pub struct Limiter {
     pub(super) volume: Volume,
-    keys: HashMap<(String, Reason), Key>,
+    /// Per (host, reason, phase): refusals under different phases are never summarized
+    /// together, since a summary names the one phase its attempts were decided under.
+    keys: HashMap<(String, Reason, Option<String>), Key>,
     /// Set once the session is stopped (`audit_budget`, `low_space`): every later attempt is
     /// refused and only counted, in one summary per interval with that reason.
     stopped: Option<(Reason, Option<Pending>)>,
@@ -230,7 +232,7 @@ impl Limiter {
             return Verdict::Write(Vec::new());
         }
         let interval = now_ms / INTERVAL_MS;
-        let key = self.keys.entry((line.host.clone(), reason)).or_insert(Key {
+        let key = self.keys.entry((line.host.clone(), reason, line.phase.clone())).or_insert(Key {
             interval,
             written: 0,
             pending: None,
@@ -310,7 +312,7 @@ impl Limiter {
                 }
                 continue;
             }
-            let key = self.keys.entry((l.host.clone(), reason)).or_insert(Key {
+            let key = self.keys.entry((l.host.clone(), reason, l.phase.clone())).or_insert(Key {
                 interval: now_ms / INTERVAL_MS,
                 written: 0,
                 pending: None,
@@ -397,7 +399,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_host_and_reason_and_other_lines_pass() {
+    fn keys_are_host_reason_and_phase_and_other_lines_pass() {
         let mut lim = Limiter::new(Volume { burst: 1, ..Volume::default() });
         assert_eq!(lim.admit(&refusal("a.test", 1), 0), Verdict::Write(vec![]));
         assert_eq!(lim.admit(&refusal("b.test", 2), 0), Verdict::Write(vec![]));
@@ -409,6 +411,12 @@ mod tests {
         allowed.reason = Some(Reason::Allowed);
         assert_eq!(lim.admit(&allowed, 0), Verdict::Write(vec![]));
         assert_eq!(lim.admit(&refusal("a.test", 5), 0), Verdict::Suppressed(vec![]));
+        // Regression: refusals of one host before and after a phase switch were summarized in
+        // one line naming only the first phase.
+        let mut phased = refusal("a.test", 6);
+        phased.phase = Some("build".into());
+        assert_eq!(lim.admit(&phased, 0), Verdict::Write(vec![]));
+        assert_eq!(lim.admit(&refusal("a.test", 7), 0), Verdict::Suppressed(vec![]));
         let off = &mut Limiter::new(Volume { burst: 0, ..Volume::default() });
         for s in 1..100 {
             assert_eq!(off.admit(&refusal("a.test", s), 0), Verdict::Write(vec![]));

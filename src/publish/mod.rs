@@ -278,7 +278,10 @@ pub async fn publish_async<S: Sink>(
         // batch could commit first, and the checks would see a session without its egress.
         engine.drain().await?;
         for f in &records {
-            engine.file(f, &covers.cover).await?;
+            // A file the records pass could not read is sent whole, as before: its records are
+            // not lost, though they may then precede late audit lines.
+            let upto = covers.read_upto.get(&key(&f.abs)).copied();
+            engine.file_upto(f, &covers.cover, upto).await?;
         }
         engine.drain().await
     }
@@ -341,6 +344,12 @@ struct Covers {
     /// Transcript host path → (Airlock session, bytes its end record covered), in record order.
     cover: HashMap<String, Vec<(String, u64)>>,
     unsent_ends: Vec<EndRecord>,
+    /// Sessions file (state key) → the bytes of whole lines read here, before any audit file
+    /// was opened: this run sends no record past them. A session that ends while the run reads
+    /// the audit files has its end record written after its last audit lines, which this run
+    /// may not have read; that record waits for the next run, so an end record never reaches
+    /// the server before its session's egress (the server checks the session on it).
+    read_upto: HashMap<String, u64>,
 }
 
 /// Reads every sessions file in scope (they are small: two lines per session).
@@ -358,12 +367,14 @@ fn read_session_records(files: &[SourceFile], st: &State, skipped: &mut Vec<Stri
         };
         let acked = st.files.get(&key(&f.abs)).map_or(0, |s| s.offset);
         let mut pos = 0u64;
+        out.read_upto.insert(key(&f.abs), 0);
         for line in bytes.split_inclusive(|b| *b == b'\n') {
             let start = pos;
-            pos += line.len() as u64;
             if !line.ends_with(b"\n") {
                 break;
             }
+            pos += line.len() as u64;
+            out.read_upto.insert(key(&f.abs), pos);
             let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else { continue };
             if v.get("kind").and_then(|k| k.as_str()) != Some("end") {
                 continue;
@@ -516,6 +527,16 @@ impl<'a, S: Sink> Engine<'a, S> {
         f: &SourceFile,
         cover: &HashMap<String, Vec<(String, u64)>>,
     ) -> Result<(), Stop> {
+        self.file_upto(f, cover, None).await
+    }
+
+    /// [`Engine::file`], reading no further than `upto` bytes of it (when given).
+    async fn file_upto(
+        &mut self,
+        f: &SourceFile,
+        cover: &HashMap<String, Vec<(String, u64)>>,
+        upto: Option<u64>,
+    ) -> Result<(), Stop> {
         self.check_deadline()?;
         let k = key(&f.abs);
         let opened = match open_file(f) {
@@ -527,6 +548,7 @@ impl<'a, S: Sink> Engine<'a, S> {
         };
         let (file, st) = opened;
         let (dev, inode, size, mtime) = state::stat_key(&st);
+        let size = upto.map_or(size, |u| size.min(u));
         let base = FileState { dev, inode, size, mtime, ..Default::default() };
         let span = HASH_SPAN as usize;
         let mut head = vec![0u8; usize::try_from(size.min(HASH_SPAN)).unwrap_or(span)];
@@ -1348,6 +1370,65 @@ mod tests {
         let end_at = ev.iter().position(|e| e["id"] == "s:end").unwrap();
         let last_egress = ev.iter().rposition(|e| e["source"] == "egress").unwrap();
         assert!(last_egress < end_at, "the end record was stored before an egress line");
+    }
+
+    /// A sink that, while the audit lines are being posted, plays a session that ends: its last
+    /// audit line and then its end record are appended to the files.
+    struct EndsMidRun {
+        mem: Mem,
+        audit: PathBuf,
+        sessions: PathBuf,
+        done: Mutex<bool>,
+    }
+
+    impl Sink for EndsMidRun {
+        fn concurrency(&self) -> Option<usize> {
+            Some(2)
+        }
+        async fn post(&self, gz: bytes::Bytes, items: usize) -> Result<Reply, SinkError> {
+            let mut text = String::new();
+            flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut text).unwrap();
+            let first_egress = text.contains("\"source\":\"egress\"")
+                && !std::mem::replace(&mut *self.done.lock().unwrap(), true);
+            if first_egress {
+                append(&self.audit, &audit(999));
+                let end = serde_json::json!({"id":"late:end","kind":"end","ts":"2026-07-24T18:06:00.000Z","session":"late"});
+                append(&self.sessions, &format!("{end}\n"));
+            }
+            self.mem.post(gz, items).await
+        }
+    }
+
+    /// Regression: a session that ended while a run was posting the audit lines had its end
+    /// record sent in that run, but its last audit lines (written before the record, after the
+    /// run opened the audit file) only in the next one.
+    #[test]
+    fn an_end_record_written_during_a_run_waits_for_the_next_one() {
+        let t = world();
+        let a = t.logs.join("audit-2026-07-24.jsonl");
+        let sessions = t.logs.join("sessions-2026-07-24.jsonl");
+        append(&a, &(1..=3).map(audit).collect::<String>());
+        let end = serde_json::json!({"id":"s:end","kind":"end","ts":"2026-07-24T18:05:00.000Z","session":"s"});
+        append(&sessions, &format!("{end}\n"));
+        let sink = EndsMidRun {
+            mem: Mem::default(),
+            audit: a.clone(),
+            sessions: sessions.clone(),
+            done: Mutex::new(false),
+        };
+        publish(&t.paths, &sink, &opts()).unwrap();
+        let ids = |sink: &EndsMidRun| -> Vec<String> {
+            let ev = sink.mem.events.lock().unwrap();
+            ev.iter().map(|e| e["id"].as_str().unwrap().to_owned()).collect()
+        };
+        let first = ids(&sink);
+        assert!(first.contains(&"s:end".to_owned()), "{first:?}");
+        assert!(!first.contains(&"late:end".to_owned()), "sent before its audit lines: {first:?}");
+        publish(&t.paths, &sink, &opts()).unwrap();
+        let second = ids(&sink);
+        let late = second.iter().position(|i| i == "late:end").unwrap();
+        let last_line = second.iter().position(|i| i == "e999").unwrap();
+        assert!(last_line < late, "{second:?}");
     }
 
     #[test]

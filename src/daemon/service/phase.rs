@@ -4,6 +4,7 @@
 //! phase's policy, writes the `phase` audit line and swaps the session's policy whole; and the
 //! switches so far, for the end record's `phases`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
@@ -75,12 +76,29 @@ pub(crate) struct SessionPhases {
     /// The phase in force, for the session's own connection: its supervisor is told of each
     /// switch ([`crate::protocol::Response::PhaseChanged`]).
     pub(crate) changed: tokio::sync::watch::Sender<Option<String>>,
+    /// Set (under `log`) when the session's end seals its audit root: a switch after it would
+    /// write a line outside the rooted ones and report success for a session that is gone.
+    pub(crate) ended: AtomicBool,
 }
 
 impl SessionPhases {
     pub(crate) fn new(source: PhaseSource) -> Self {
-        Self { source, log: Mutex::default(), changed: tokio::sync::watch::channel(None).0 }
+        Self {
+            source,
+            log: Mutex::default(),
+            changed: tokio::sync::watch::channel(None).0,
+            ended: AtomicBool::new(false),
+        }
     }
+}
+
+/// Why a switch did not happen.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SwitchError {
+    #[error("the session has ended; nothing was switched")]
+    Ended,
+    #[error("the phase line could not be written, so the phase is unchanged: {0}")]
+    Line(String),
 }
 
 impl Default for SessionPhases {
@@ -126,8 +144,11 @@ pub(crate) fn switch(
     phases: &SessionPhases,
     policy: Arc<Policy>,
     start: bool,
-) -> Result<PhaseRecord, String> {
+) -> Result<PhaseRecord, SwitchError> {
     let mut log = lock(&phases.log);
+    if phases.ended.load(Ordering::SeqCst) {
+        return Err(SwitchError::Ended);
+    }
     let phase = policy.phase().map(str::to_owned);
     let by = if start { "start" } else { "cli" };
     let line = proxy
@@ -135,9 +156,7 @@ pub(crate) fn switch(
             let previous = if start { None } else { previous };
             phase_line(proxy, stamp, phase.as_deref(), previous, by)
         })
-        .map_err(|e| {
-            format!("the phase line could not be written, so the phase is unchanged: {e}")
-        })?;
+        .map_err(|e| SwitchError::Line(e.to_string()))?;
     let rec = PhaseRecord {
         phase,
         previous: line.previous.clone(),
@@ -170,7 +189,12 @@ pub(super) async fn phase_set(daemon: &Arc<Daemon>, id: &str, phase: Option<Stri
     let s = Arc::clone(&session);
     let done = blocking(move || {
         let policy = s.phases.source.build(phase.as_deref()).map_err(|m| (ErrorCode::Phase, m))?;
-        switch(&s.proxy, &s.phases, policy, false).map_err(|m| (ErrorCode::Internal, m))
+        switch(&s.proxy, &s.phases, policy, false).map_err(|e| match e {
+            SwitchError::Ended => {
+                (ErrorCode::Session, format!("session {:?} has ended; nothing was switched", s.id))
+            }
+            e @ SwitchError::Line(_) => (ErrorCode::Internal, e.to_string()),
+        })
     })
     .await;
     match done {
@@ -280,11 +304,20 @@ mod tests {
         // A line that cannot be written: no switch (fail closed), no record.
         sink.fail.store(true, Ordering::SeqCst);
         let err = switch(&proxy, &phases, phases.source.build(None).unwrap(), false).unwrap_err();
-        assert!(err.contains("the phase is unchanged"), "{err}");
+        assert!(err.to_string().contains("the phase is unchanged"), "{err}");
         assert_eq!(proxy.policy().phase(), Some("build"));
         sink.fail.store(false, Ordering::SeqCst);
         let back = switch(&proxy, &phases, phases.source.build(None).unwrap(), false).unwrap();
         assert_eq!((back.phase, back.previous.as_deref()), (None, Some("build")));
+
+        // Regression: a switch racing the session's end wrote its line after the audit root
+        // was sealed. Once the end has begun, nothing switches and no line is written.
+        let lines = sink.lines.lock().unwrap().len();
+        phases.ended.store(true, Ordering::SeqCst);
+        let err = switch(&proxy, &phases, phases.source.build(Some("build")).unwrap(), false);
+        assert!(matches!(err, Err(SwitchError::Ended)), "{err:?}");
+        assert_eq!(proxy.policy().phase(), None);
+        assert_eq!(sink.lines.lock().unwrap().len(), lines);
         assert_eq!(lock(&phases.log).len(), 2);
 
         // Unknown and empty phases are refused with the defined ones named.

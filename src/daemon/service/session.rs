@@ -433,7 +433,7 @@ pub(super) async fn start_session(
             let s = Arc::clone(&session);
             let written = blocking(move || {
                 let policy = s.proxy.policy();
-                super::phase::switch(&s.proxy, &s.phases, policy, true)
+                super::phase::switch(&s.proxy, &s.phases, policy, true).map_err(|e| e.to_string())
             })
             .await;
             if let Err(e) = written.and_then(|r| r) {
@@ -585,6 +585,11 @@ pub(super) async fn end_session(
     lock(&daemon.sessions).remove(&session.id);
     let (d, s, end) = (Arc::clone(daemon), Arc::clone(session), end.clone());
     let written = blocking(move || {
+        // No phase switch from here on: one that got the session before it was removed above
+        // would otherwise write its line after the root is sealed (outside it) and report
+        // success for a session that is gone. Switches hold `log` while they write.
+        let phases = lock(&s.phases.log);
+        s.phases.ended.store(true, std::sync::atomic::Ordering::SeqCst);
         let (audit_root, audit_root_error) =
             seal_audit_root(d.paths(), &s.log_dir, &s.id, complete);
         if let Some(e) = &audit_root_error {
@@ -609,7 +614,7 @@ pub(super) async fn end_session(
             bytes_recv: stats.bytes_recv,
             audit_root,
             audit_root_error,
-            phases: &lock(&s.phases.log),
+            phases: &phases,
         };
         if let Err(e) = records::append(&s.log_dir, &rec) {
             tracing::error!("cannot write the end record of {}: {e}", s.id);
