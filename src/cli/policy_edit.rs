@@ -179,26 +179,44 @@ pub fn add_entry(
     entry: &str,
     kind: EntryKind,
 ) -> Result<Option<String>, String> {
+    add_entry_in(text, &["network"], key, entry, kind)
+}
+
+/// [`add_entry`] into the table at `path` (`["phase", "deps", "network"]` for
+/// `[phase.deps.network]`): the table is created when absent, every other byte kept.
+pub fn add_entry_in(
+    text: &str,
+    path: &[&str],
+    key: &str,
+    entry: &str,
+    kind: EntryKind,
+) -> Result<Option<String>, String> {
     let mut doc: toml_edit::DocumentMut =
         text.parse().map_err(|e: toml_edit::TomlError| format!("malformed TOML: {e}"))?;
     let wanted = Entry::parse(entry, kind).map_err(|e| e.to_string())?;
-    let root = doc.as_table_mut();
-    if !root.contains_key("network") {
-        let mut t = toml_edit::Table::new();
-        t.set_implicit(false);
-        root.insert("network", toml_edit::Item::Table(t));
+    let label = path.join(".");
+    let mut table: &mut dyn toml_edit::TableLike = doc.as_table_mut();
+    for (depth, part) in path.iter().enumerate() {
+        if !table.contains_key(part) {
+            let mut t = toml_edit::Table::new();
+            // Intermediate tables (`[phase]`, `[phase.deps]`) stay implicit: only the leaf
+            // gets a header.
+            t.set_implicit(depth + 1 < path.len());
+            table.insert(part, toml_edit::Item::Table(t));
+        }
+        table = table
+            .get_mut(part)
+            .and_then(|i| i.as_table_like_mut())
+            .ok_or_else(|| format!("`{label}` is not a table; it must be [{label}]"))?;
     }
-    let network = root
-        .get_mut("network")
-        .and_then(|i| i.as_table_like_mut())
-        .ok_or("`network` is not a table; it must be [network]")?;
+    let network = table;
     if network.get(key).is_none() {
         network.insert(key, toml_edit::value(toml_edit::Array::new()));
     }
     let array = network
         .get_mut(key)
         .and_then(|i| i.as_array_mut())
-        .ok_or_else(|| format!("[network] {key} is not an array of strings"))?;
+        .ok_or_else(|| format!("[{label}] {key} is not an array of strings"))?;
     let present = array.iter().any(|v| {
         v.as_str()
             .is_some_and(|s| s == entry || Entry::parse(s, kind).is_ok_and(|e| same(&e, &wanted)))

@@ -82,6 +82,9 @@ struct Slim<'a> {
     count: Option<u64>,
     #[serde(default)]
     refused_addrs: Option<Vec<String>>,
+    /// The phase in force when the attempt was decided (absent: the plain `[network]` lists).
+    #[serde(default, borrow)]
+    phase: Option<Cow<'a, str>>,
 }
 
 /// What the selected lines say about one host and port (`None`: a DNS line, no port).
@@ -96,10 +99,17 @@ pub(crate) struct Seen {
     pub refused_addrs: BTreeSet<String>,
 }
 
-/// Every selected line, aggregated per (host, port).
+/// Attempts per host, then per port.
+pub(crate) type Hosts = HashMap<String, BTreeMap<Option<u16>, Seen>>;
+
+/// Every selected line, aggregated per (host, port), apart per phase: a phase's lists replace
+/// `[network]`'s, so its refusals are decided, and proposed, against that phase.
 #[derive(Debug, Default)]
 pub(crate) struct Aggregate {
-    pub seen: HashMap<String, BTreeMap<Option<u16>, Seen>>,
+    /// Attempts decided by the plain `[network]` lists.
+    pub seen: Hosts,
+    /// Attempts decided while a phase was in force, per phase name.
+    pub phased: BTreeMap<String, Hosts>,
     pub lines: u64,
     pub bad: u64,
 }
@@ -111,9 +121,16 @@ impl Aggregate {
         if l.host.is_empty() || matches!(l.method.as_ref(), "INBOUND" | "GATE" | "STOP") {
             return;
         }
-        let ports = match self.seen.get_mut(l.host.as_ref()) {
+        let hosts = match l.phase.as_deref() {
+            None => &mut self.seen,
+            Some(ph) => match self.phased.get_mut(ph) {
+                Some(h) => h,
+                None => self.phased.entry(ph.to_owned()).or_default(),
+            },
+        };
+        let ports = match hosts.get_mut(l.host.as_ref()) {
             Some(p) => p,
-            None => self.seen.entry(l.host.to_string()).or_default(),
+            None => hosts.entry(l.host.to_string()).or_default(),
         };
         let port = if l.method == "DNS" { None } else { l.port };
         let s = ports.entry(port).or_default();
@@ -273,9 +290,12 @@ pub(crate) struct NotProposed {
     pub why: String,
 }
 
-/// What learning proposes.
+/// What learning proposes, for the plain lists or for one phase.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Proposal {
+    /// The phase the refusals were decided under; its `allow` entries go into
+    /// `[phase.NAME.network] allow` (`None`: `[network] allow`).
+    pub phase: Option<String>,
     /// `allow` entries, each with the targets it covers.
     pub allow: Vec<(String, Vec<String>)>,
     /// `allow_private` networks (`--private`), each with the targets it covers.
@@ -311,32 +331,51 @@ fn describe_rule(by: &Option<(String, LayerKind, Option<String>)>) -> String {
     }
 }
 
-/// Decides what to propose from what was seen. `now` decides a (host, port) with the policy as
-/// it is now (`None` when the policy cannot be built, e.g. an empty allowlist).
+/// How the sandbox decides a target: a name without a port (a DNS line) as its resolver does,
+/// allowed when the name is allowed on any port; anything else at its port (443 by default).
+fn decide_at(policy: &Policy, host: &Host, port: Option<u16>) -> Decision {
+    match (host, port) {
+        (Host::Name(name), None) => policy.decide_name_any_port(name),
+        _ => policy.decide(host, port.unwrap_or(443), &LocalAddrs::default()),
+    }
+}
+
+/// Decides what to propose from what was seen (one phase's, or the plain lists'). `now`
+/// decides a host and port (`None`: a DNS line) with the policy as it is now (`None` when the
+/// policy cannot be built, e.g. an empty allowlist), as [`decide_at`] does.
 pub(crate) fn propose(
-    agg: &Aggregate,
-    now: &dyn Fn(&Host, u16) -> Option<Decision>,
+    seen_hosts: &Hosts,
+    now: &dyn Fn(&Host, Option<u16>) -> Option<Decision>,
     private: bool,
 ) -> Proposal {
     let mut out = Proposal::default();
     // (group key, port) → hosts, for names; IP literals stand alone.
     let mut names: BTreeMap<(String, Option<u16>), BTreeSet<String>> = BTreeMap::new();
-    let mut hosts: Vec<&String> = agg.seen.keys().collect();
+    let mut hosts: Vec<&String> = seen_hosts.keys().collect();
     hosts.sort();
     for host_text in hosts {
         let Ok(host) = canonicalize_host(host_text) else {
             // Not a host an entry could name (a malformed request's fragment).
-            out.ignored += agg.seen[host_text]
+            out.ignored += seen_hosts[host_text]
                 .values()
                 .map(|s| s.refused.iter().map(|(_, n)| n).sum::<u64>())
                 .sum::<u64>();
             continue;
         };
-        for (port, seen) in &agg.seen[host_text] {
+        // A refused DNS line of a name, proposed only if no port of the name is allowed or
+        // proposed: the resolver answers a name allowed on any port, so `=host:8443` alone
+        // also lets the lookup through (a port-less entry would widen it to 80/443).
+        let mut dns_pending: Option<(String, String, String)> = None;
+        // A port-specific target of this name that is allowed or proposed.
+        let mut other_port: Option<String> = None;
+        for (port, seen) in &seen_hosts[host_text] {
             let target = authority(host_text, *port);
             if seen.refused.is_empty() {
                 if seen.allowed > 0 {
                     out.covered.push(format!("{target} (allowed {} times)", seen.allowed));
+                    if port.is_some() {
+                        other_port.get_or_insert_with(|| target.clone());
+                    }
                 }
                 continue;
             }
@@ -344,6 +383,9 @@ pub(crate) fn propose(
                 // Refused and allowed in one selection: something already lets it through.
                 out.covered
                     .push(format!("{target} (allowed {} times, refused before)", seen.allowed));
+                if port.is_some() {
+                    other_port.get_or_insert_with(|| target.clone());
+                }
                 continue;
             }
             let mut fixable = false;
@@ -420,7 +462,7 @@ pub(crate) fn propose(
                 continue;
             }
             // The policy may have changed since: decide the target as it is now.
-            let decision = now(&host, port.unwrap_or(443));
+            let decision = now(&host, *port);
             if let Some(d) = &decision {
                 if d.is_allowed() {
                     let by = match &d.rule {
@@ -428,6 +470,9 @@ pub(crate) fn propose(
                         None => String::new(),
                     };
                     out.covered.push(format!("{target} (allowed now{by})"));
+                    if port.is_some() {
+                        other_port.get_or_insert_with(|| target.clone());
+                    }
                     continue;
                 }
                 if !matches!(d.reason, Reason::NotAllowed | Reason::IpNotAllowed) {
@@ -442,6 +487,7 @@ pub(crate) fn propose(
                     continue;
                 }
             }
+            let dns = port.is_none();
             let port = needed_port(*port);
             match host.as_ip() {
                 Some(ip) => {
@@ -473,7 +519,23 @@ pub(crate) fn propose(
                 None => {
                     let name = host.as_name().unwrap_or(host_text).to_owned();
                     let key = registrable_domain(&name).unwrap_or(&name).to_owned();
-                    names.entry((key, port)).or_default().insert(name);
+                    if dns {
+                        dns_pending = Some((key, name, target));
+                    } else {
+                        other_port.get_or_insert_with(|| target.clone());
+                        names.entry((key, port)).or_default().insert(name);
+                    }
+                }
+            }
+        }
+        if let Some((key, name, target)) = dns_pending {
+            match other_port {
+                Some(o) => out.covered.push(format!(
+                    "{target} (DNS: answered once {o} is allowed; the resolver allows a name \
+                     allowed on any port)"
+                )),
+                None => {
+                    names.entry((key, None)).or_default().insert(name);
                 }
             }
         }
@@ -578,33 +640,71 @@ fn learn(args: &LearnArgs, ctx: &Context<'_>) -> Result<i32, String> {
         return Ok(0);
     }
     let layers = other_layers(&paths)?;
-    let policy_now = build(&layers, parsed_old.as_ref())?;
-    let now =
-        |h: &Host, p: u16| policy_now.as_ref().map(|pol| pol.decide(h, p, &LocalAddrs::default()));
-    let proposal = propose(&agg, &now, args.private);
-    print_proposal(&agg, &proposal);
-    if proposal.allow.is_empty() && proposal.allow_private.is_empty() {
+    // The plain lists' refusals first, then each phase's, each decided by its own policy.
+    let mut proposals = Vec::with_capacity(1 + agg.phased.len());
+    let groups =
+        std::iter::once((None, &agg.seen)).chain(agg.phased.iter().map(|(k, v)| (Some(k), v)));
+    for (phase, hosts) in groups {
+        let policy_now = build(&layers, parsed_old.as_ref(), phase.map(String::as_str))?;
+        let now = |h: &Host, p: Option<u16>| policy_now.as_ref().map(|pol| decide_at(pol, h, p));
+        let mut proposal = propose(hosts, &now, args.private);
+        proposal.phase = phase.cloned();
+        if let Some(ph) = phase
+            && !parsed_old.as_ref().is_some_and(|p| p.doc.phases.contains_key(ph))
+        {
+            // `[network] allow` would apply in this phase, but also everywhere else; and a new
+            // `[phase.NAME.network]` table would drop the file's other entries in the phase.
+            // Neither is the minimal edit a user expects: say so instead.
+            for (entry, covers) in std::mem::take(&mut proposal.allow) {
+                for c in covers {
+                    proposal.not_proposed.push(NotProposed {
+                        target: c,
+                        why: format!(
+                            "refused under phase {ph}, which {name} does not define: not \
+                             proposed ({entry}); add a [phase.{ph}.network] table to {name} \
+                             and learn again, or `airlock policy allow {entry}` for [network] \
+                             (every phase {name} does not define)"
+                        ),
+                    });
+                }
+            }
+        }
+        proposals.push(proposal);
+    }
+    print_proposal(&agg, &proposals);
+    if proposals.iter().all(|p| p.allow.is_empty() && p.allow_private.is_empty()) {
         println!("nothing to propose: {name} is unchanged");
         return Ok(0);
     }
     let mut new_text = old_text.clone();
-    for (key, list) in [("allow", &proposal.allow), ("allow_private", &proposal.allow_private)] {
-        for (entry, _) in list {
-            if let Some(t) = super::policy_edit::add_entry(&new_text, key, entry, EntryKind::Allow)
-                .map_err(|e| format!("{name}: {e}"))?
-            {
-                new_text = t;
+    for p in &proposals {
+        let allow_in = allow_table(p.phase.as_deref());
+        // `allow_private` has no phase form: it applies in every phase.
+        for (table, key, list) in
+            [(&allow_in, "allow", &p.allow), (&vec!["network"], "allow_private", &p.allow_private)]
+        {
+            for (entry, _) in list {
+                if let Some(t) =
+                    super::policy_edit::add_entry_in(&new_text, table, key, entry, EntryKind::Allow)
+                        .map_err(|e| format!("{name}: {e}"))?
+                {
+                    new_text = t;
+                }
             }
         }
     }
     let parsed_new = config::parse_layer(LayerKind::Repo, &name, new_text.as_bytes())
         .map_err(|e| format!("{e}\nnot written: the edited {name} would not load"))?;
-    // What the proposal achieves, with the same evaluator: a target still refused is said.
-    if let Ok(Some(p)) = build(&layers, Some(&parsed_new)) {
-        for (_, covers) in &proposal.allow {
+    // What the proposal achieves, with the same evaluator in the same phase: a target still
+    // refused is said.
+    for prop in &proposals {
+        let Ok(Some(p)) = build(&layers, Some(&parsed_new), prop.phase.as_deref()) else {
+            continue;
+        };
+        for (_, covers) in &prop.allow {
             for c in covers {
                 if let Ok(t) = crate::policy::parse_target(c) {
-                    let d = p.decide(&t.host, t.port.unwrap_or(443), &LocalAddrs::default());
+                    let d = decide_at(&p, &t.host, t.port);
                     if !d.is_allowed() {
                         eprintln!(
                             "airlock: warning: {c} would still be refused ({}) with the entries \
@@ -652,59 +752,78 @@ fn other_layers(paths: &Paths) -> Result<config::Loaded, String> {
     config::load(paths, None, identity.as_ref()).map_err(|e| e.to_string())
 }
 
-/// The policy with `repo` as the repo layer; `None` when it is empty (nothing allowed yet).
-fn build(loaded: &config::Loaded, repo: Option<&ParsedLayer>) -> Result<Option<Policy>, String> {
+/// The policy with `repo` as the repo layer, in `phase`; `None` when it is empty (nothing
+/// allowed yet) or the phase is not defined (any more) or empty: nothing decides it now.
+fn build(
+    loaded: &config::Loaded,
+    repo: Option<&ParsedLayer>,
+    phase: Option<&str>,
+) -> Result<Option<Policy>, String> {
     let docs: Vec<&LayerDoc> = [loaded.managed.as_ref(), loaded.user.as_ref(), repo]
         .into_iter()
         .flatten()
         .map(|p| &p.doc)
         .collect();
-    match config::build_policy(&docs, &loaded.review_servers) {
+    match config::build_policy_in_phase(&docs, &loaded.review_servers, phase) {
         Ok(b) => Ok(Some(b.policy)),
         Err(ConfigError::EmptyAllowlist { .. }) => Ok(None),
+        Err(ConfigError::Phase(_)) if phase.is_some() => Ok(None),
         Err(e) => Err(e.to_string()),
     }
 }
 
-fn print_proposal(agg: &Aggregate, p: &Proposal) {
-    let refused: u64 = agg
-        .seen
-        .values()
-        .flat_map(|m| m.values())
-        .flat_map(|s| s.refused.iter().map(|(_, n)| n))
-        .sum();
-    let allowed: u64 = agg.seen.values().flat_map(|m| m.values()).map(|s| s.allowed).sum();
+/// The table a proposal's `allow` entries go into.
+fn allow_table(phase: Option<&str>) -> Vec<&str> {
+    match phase {
+        Some(ph) => vec!["phase", ph, "network"],
+        None => vec!["network"],
+    }
+}
+
+fn print_proposal(agg: &Aggregate, proposals: &[Proposal]) {
+    let all =
+        || std::iter::once(&agg.seen).chain(agg.phased.values()).flat_map(|h| h.values()).flatten();
+    let refused: u64 = all().flat_map(|(_, s)| s.refused.iter().map(|(_, n)| n)).sum();
+    let allowed: u64 = all().map(|(_, s)| s.allowed).sum();
     println!("{} audit lines read: {refused} refused and {allowed} allowed attempts", agg.lines);
-    if !p.allow.is_empty() {
-        println!("proposed [network] allow entries:");
-        for (entry, covers) in &p.allow {
-            println!("  {entry:<32} covers {}", covers.join(", "));
+    for p in proposals {
+        // Which list each entry goes into, and which phase's refusals the rest are.
+        let under = p.phase.as_ref().map(|ph| format!(" (refused under phase {ph})"));
+        let under = under.as_deref().unwrap_or("");
+        if !p.allow.is_empty() {
+            println!(
+                "proposed [{}] allow entries{under}:",
+                allow_table(p.phase.as_deref()).join(".")
+            );
+            for (entry, covers) in &p.allow {
+                println!("  {entry:<32} covers {}", covers.join(", "));
+            }
         }
-    }
-    if !p.allow_private.is_empty() {
-        println!("proposed [network] allow_private entries (--private):");
-        for (net, covers) in &p.allow_private {
-            println!("  {net:<32} for {}", covers.join(", "));
+        if !p.allow_private.is_empty() {
+            println!("proposed [network] allow_private entries (--private){under}:");
+            for (net, covers) in &p.allow_private {
+                println!("  {net:<32} for {}", covers.join(", "));
+            }
         }
-    }
-    if !p.not_proposed.is_empty() {
-        println!("not proposed:");
-        for n in &p.not_proposed {
-            println!("  {}: {}", n.target, n.why);
+        if !p.not_proposed.is_empty() {
+            println!("not proposed{under}:");
+            for n in &p.not_proposed {
+                println!("  {}: {}", n.target, n.why);
+            }
         }
-    }
-    if !p.covered.is_empty() {
-        println!("already allowed:");
-        for c in &p.covered {
-            println!("  {c}");
+        if !p.covered.is_empty() {
+            println!("already allowed{under}:");
+            for c in &p.covered {
+                println!("  {c}");
+            }
         }
-    }
-    if p.ignored > 0 {
-        println!(
-            "ignored: {} refusals no policy entry decides (caps, resolution or connection \
-             failures, malformed requests)",
-            p.ignored
-        );
+        if p.ignored > 0 {
+            println!(
+                "ignored{under}: {} refusals no policy entry decides (caps, resolution or \
+                 connection failures, malformed requests)",
+                p.ignored
+            );
+        }
     }
 }
 
@@ -727,7 +846,7 @@ mod tests {
         )
     }
 
-    fn never(_: &Host, _: u16) -> Option<Decision> {
+    fn never(_: &Host, _: Option<u16>) -> Option<Decision> {
         None
     }
 
@@ -742,7 +861,7 @@ mod tests {
             line("2606:4700::1111", 8443, false, "ip_not_allowed"),
         ];
         let a = agg(&lines.iter().map(String::as_str).collect::<Vec<_>>());
-        let p = propose(&a, &never, false);
+        let p = propose(&a.seen, &never, false);
         let entries: Vec<&str> = p.allow.iter().map(|(e, _)| e.as_str()).collect();
         assert_eq!(
             entries,
@@ -772,7 +891,7 @@ mod tests {
             line("slow.test", 443, false, "resolve_failed"),
         ];
         let a = agg(&lines.iter().map(String::as_str).collect::<Vec<_>>());
-        let p = propose(&a, &never, false);
+        let p = propose(&a.seen, &never, false);
         assert!(p.allow.is_empty(), "{p:?}");
         assert_eq!(p.ignored, 1);
         let whys: Vec<String> =
@@ -787,7 +906,7 @@ mod tests {
         ] {
             assert!(all.contains(want), "{want} in\n{all}");
         }
-        let p = propose(&a, &never, true);
+        let p = propose(&a.seen, &never, true);
         let nets: Vec<&str> = p.allow_private.iter().map(|(e, _)| e.as_str()).collect();
         assert_eq!(nets, ["10.0.0.5/32", "10.1.2.3/32"]);
         assert_eq!(p.allow.iter().map(|(e, _)| e.as_str()).collect::<Vec<_>>(), ["10.1.2.3"]);
@@ -802,7 +921,7 @@ mod tests {
             line("c.test", 443, false, "not_allowed"),
         ];
         let a = agg(&lines.iter().map(String::as_str).collect::<Vec<_>>());
-        let now = |h: &Host, _: u16| {
+        let now = |h: &Host, _: Option<u16>| {
             let mut d = Decision::refusal(Reason::NotAllowed);
             if h.as_name() == Some("c.test") {
                 d.verdict = crate::policy::Verdict::Allow;
@@ -811,7 +930,7 @@ mod tests {
             }
             Some(d)
         };
-        let p = propose(&a, &now, false);
+        let p = propose(&a.seen, &now, false);
         assert!(p.allow.is_empty(), "{p:?}");
         assert_eq!(p.covered.len(), 3, "{:?}", p.covered);
     }
@@ -823,7 +942,7 @@ mod tests {
             .replace(r#""layer":"none""#, r#""layer":"none","seqs":[[2,11]],"count":10"#);
         let a = agg(&[dns, &sup]);
         assert_eq!(a.seen["y.example.org"][&Some(443)].refused, [(Reason::NotAllowed, 10)]);
-        let p = propose(&a, &never, false);
+        let p = propose(&a.seen, &never, false);
         assert_eq!(
             p.allow,
             [(
@@ -831,5 +950,52 @@ mod tests {
                 vec!["x.example.org".to_owned(), "y.example.org".to_owned()]
             )]
         );
+    }
+
+    fn dns(host: &str) -> String {
+        format!(
+            r#"{{"ts":"2026-01-01T00:00:00.000Z","repo":"r","host":"{host}","method":"DNS","allowed":false,"id":"x","session":"s","boot":"b","seq":1,"reason":"not_allowed","layer":"none","qtype":"A","answer":"NXDOMAIN"}}"#
+        )
+    }
+
+    #[test]
+    fn a_dns_refusal_explained_by_a_port_specific_one_proposes_no_portless_entry() {
+        let lines = [dns("git.corp.test"), line("git.corp.test", 8443, false, "not_allowed")];
+        let a = agg(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+        let p = propose(&a.seen, &never, false);
+        let entries: Vec<&str> = p.allow.iter().map(|(e, _)| e.as_str()).collect();
+        assert_eq!(entries, ["=git.corp.test:8443"], "{p:?}");
+        assert!(p.covered.iter().any(|c| c.starts_with("git.corp.test (DNS: answered once")));
+        // A DNS refusal alone still proposes the name.
+        let a = agg(&[&dns("solo.test")]);
+        let p = propose(&a.seen, &never, false);
+        assert_eq!(p.allow, [("=solo.test".to_owned(), vec!["solo.test".to_owned()])]);
+    }
+
+    #[test]
+    fn a_dns_line_is_decided_as_the_resolver_does_on_any_port() {
+        // The policy now allows only git.corp.test:8443: the resolver answers the name.
+        let doc = config::parse_layer(
+            LayerKind::Repo,
+            "t",
+            b"[network]\nallow = [\"=git.corp.test:8443\"]\n",
+        )
+        .unwrap();
+        let pol = config::build_policy(&[&doc.doc], &[]).unwrap().policy;
+        let now = |h: &Host, p: Option<u16>| Some(decide_at(&pol, h, p));
+        let a = agg(&[&dns("git.corp.test")]);
+        let p = propose(&a.seen, &now, false);
+        assert!(p.allow.is_empty(), "{p:?}");
+        assert_eq!(p.covered.len(), 1, "{:?}", p.covered);
+    }
+
+    #[test]
+    fn phase_lines_are_aggregated_apart() {
+        let phased = line("pypi.org", 443, false, "not_allowed")
+            .replace(r#""layer":"none""#, r#""layer":"none","phase":"deps""#);
+        let lines = [phased, line("plain.test", 443, false, "not_allowed")];
+        let a = agg(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(a.seen.contains_key("plain.test") && !a.seen.contains_key("pypi.org"));
+        assert!(a.phased["deps"].contains_key("pypi.org"));
     }
 }

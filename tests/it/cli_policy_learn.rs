@@ -340,3 +340,40 @@ fn learns_from_a_real_sandboxed_session() {
     world.airlock(&repo).args(["policy", "trust"]).run().expect_code(0);
     world.airlock(&repo).args(["policy", "check", "cdn.learn.test"]).run().expect_code(0);
 }
+
+/// Refusals decided under a phase are decided with, and proposed into, that phase's lists
+/// (`[phase.NAME.network] allow`), not `[network] allow`, which the phase replaces; a phase the
+/// repo file does not define is not proposed.
+#[test]
+fn refusals_under_a_phase_are_proposed_into_that_phase_table() {
+    let policy = "[network]\nallow = [\"anthropic.com\", \"github.com\"]\n\n[phase.deps.network]\nallow = [\"anthropic.com\"]\n";
+    let (world, repo) = world_with(Some(policy));
+    let deps = r#","phase":"deps""#;
+    let lines = vec![
+        line("s1", 9, "pypi.org", 443, false, "not_allowed", deps),
+        // Allowed by the plain lists, refused in the phase: still proposed for the phase.
+        line("s1", 8, "api.github.com", 443, false, "not_allowed", deps),
+        line("s1", 7, "plain.test", 443, false, "not_allowed", ""),
+        line("s1", 6, "other.test", 443, false, "not_allowed", r#","phase":"build""#),
+    ];
+    plant(&world, &lines, &[("s1", 10)]);
+    let run = learn(&world, &repo, &["--session", "s1", "--yes"]).expect_code(0);
+    let out = run.stdout();
+    assert!(
+        out.contains("proposed [phase.deps.network] allow entries (refused under phase deps):"),
+        "{out}"
+    );
+    assert!(out.contains("proposed [network] allow entries:\n  =plain.test "), "{out}");
+    assert!(out.contains("not proposed (refused under phase build):"), "{out}");
+    assert!(out.contains("refused under phase build, which"), "{out}");
+    let text = std::fs::read_to_string(repo.join(".airlock.toml")).unwrap();
+    let (plain, phase) = text.split_once("[phase.deps.network]").unwrap();
+    assert!(plain.contains("=plain.test") && !plain.contains("pypi"), "{text}");
+    assert!(phase.contains("=pypi.org") && phase.contains("=api.github.com"), "{text}");
+    assert!(!text.contains("other.test"), "{text}");
+    // The diff shows the phase table's line changed.
+    assert!(
+        out.contains("+allow = [\"anthropic.com\", \"=api.github.com\", \"=pypi.org\"]"),
+        "{out}"
+    );
+}
