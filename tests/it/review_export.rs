@@ -68,6 +68,16 @@ fn export_suite(world: &World, store: &StoreSel) {
         .as_bytes(),
     );
     assert_eq!(post_events(&server.base, &bob, &f, "application/json", &[]).status, 200);
+    // The log sequences after commit (on PostgreSQL a sequencer does, after the answer), and an
+    // export waits 2 s for a head covering it, which a loaded machine can outlast: wait for the
+    // head first. This test is about what an export carries, not how fast the sequencer is.
+    assert!(
+        crate::support::wait_until(std::time::Duration::from_secs(60), || {
+            let r = get(&server.base, &rev, "/api/v1/log/checkpoint", &[]);
+            r.status == 200 && r.json()["tree_size"].as_u64() >= Some(2501)
+        }),
+        "the review log never covered the 2,501 events"
+    );
 
     // A reviewer exports ana's history.
     let r = get(&server.base, &rev, "/api/v1/export?user=ana%40example.test", &[]);
