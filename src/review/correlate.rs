@@ -682,10 +682,12 @@ impl CorrelateScan {
             if reads_key_file(text) {
                 return true;
             }
-            if !has_read_verb(text) {
+            // The rule sees only the simple commands a reading verb runs, from the verb on.
+            let reads = read_parts(text);
+            if reads.is_empty() {
                 return false;
             }
-            View { kind: "assistant".into(), command: vec![text.to_string()], ..View::default() }
+            View { kind: "assistant".into(), command: reads, ..View::default() }
         } else {
             let Some(path) = path else { return false };
             if names_key_file(&path.to_lowercase()) {
@@ -945,9 +947,13 @@ fn names_key_file(text: &str) -> bool {
     p.key_file.find_iter(text).any(|m| !p.not_key.is_match(m.as_str()))
 }
 
-/// Whether lowercased shell command `text` holds a reading verb.
-fn has_read_verb(text: &str) -> bool {
-    PATTERNS.as_ref().is_some_and(|p| p.read_verb.is_match(text))
+/// The simple commands of shell command `text` (split at `;`, `|`, `&`, newlines) that run
+/// a reading verb, each from the verb on: `echo .env >> .gitignore` is none.
+fn read_parts(text: &str) -> Vec<String> {
+    let Some(p) = PATTERNS.as_ref() else { return Vec::new() };
+    text.split([';', '|', '&', '\n'])
+        .filter_map(|part| p.read_verb.find(part).map(|v| part[v.start()..].to_string()))
+        .collect()
 }
 
 /// Whether lowercased shell command `text` applies a reading verb to a private key file: a
@@ -2214,6 +2220,7 @@ mod tests {
             }),
             ("a shell echo of a key name", |s| {
                 s.bash(S, 2 * S, "echo server.key >> .gitignore", "");
+                s.bash(3 * S, 4 * S, "cat README.md; echo .env >> .gitignore", "");
             }),
             ("reading a public certificate", |s| {
                 s.tool(
