@@ -244,8 +244,6 @@ mod tests {
                 let host = entry.trim_start_matches('=').split(':').next()?;
                 Some(host.to_string())
             })
-            // Update checks are not the agent's own traffic; the correlate list leaves them out.
-            .filter(|h| !matches!(h.as_str(), "registry.npmjs.org" | "api.github.com"))
             .collect();
         let correlate: std::collections::BTreeSet<String> =
             AGENT_HOSTS.iter().map(|(h, _, _)| h.to_string()).collect();

@@ -21,7 +21,7 @@ use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, LazyLock};
 
@@ -37,6 +37,11 @@ pub const MAX_LINES: usize = 200_000;
 pub const MAX_WINDOW_US: Micros = 24 * 3600 * 1_000_000;
 /// Characters of a tool call's command or input kept for matching hosts and tools.
 const MAX_CALL_TEXT: usize = 4096;
+/// Tool calls and unpaired results one session's checks keep in total: one forged line can
+/// hold any number of blocks, so the per-line caps alone do not bound memory.
+pub const MAX_CALLS: usize = MAX_LINES;
+/// Bytes of call text one session's checks keep in total (past it, calls are dropped).
+pub const MAX_CALL_TEXT_TOTAL: usize = 64 * 1024 * 1024;
 /// Slack for the ms rounding of the two clocks (the daemon's and the agent's, one machine).
 const CLOCK_SLACK_US: Micros = 1_000_000;
 
@@ -267,12 +272,16 @@ pub enum HostRole {
     Auth,
     /// Telemetry and error reports.
     Telemetry,
+    /// The agent's own update check (Codex's at start-up is refused under the starter
+    /// policy). A tool can reach these hosts too, so only the attempts no tool call holds are
+    /// the agent's own, and a refusal of one is never the denial a retry follows.
+    Update,
 }
 
-/// The agents' own API, auth and telemetry hosts: the hosts the correlate checks never count
-/// as the agent's tool traffic (docs/agents.md lists the same hosts, with what each is for).
-/// `true`: subdomains too. Update hosts (`registry.npmjs.org`, `api.github.com`) are not here:
-/// a tool can reach them.
+/// The agents' own hosts (docs/agents.md lists the same hosts, with what each is for): API,
+/// auth and telemetry hosts the correlate checks never count as the agent's tool traffic, and
+/// update hosts ([`HostRole::Update`]) they count only while a tool call is open.
+/// `true`: subdomains too.
 pub const AGENT_HOSTS: &[(&str, HostRole, bool)] = &[
     ("api.anthropic.com", HostRole::Api, false),
     ("platform.claude.com", HostRole::Auth, false),
@@ -283,6 +292,8 @@ pub const AGENT_HOSTS: &[(&str, HostRole, bool)] = &[
     ("chatgpt.com", HostRole::Api, false),
     ("auth.openai.com", HostRole::Auth, false),
     ("api.openai.com", HostRole::Api, false),
+    ("registry.npmjs.org", HostRole::Update, false),
+    ("api.github.com", HostRole::Update, false),
 ];
 
 /// The role of `host` when it is one of [`AGENT_HOSTS`].
@@ -295,6 +306,16 @@ pub fn agent_host(host: &str) -> Option<HostRole> {
                 && host.to_ascii_lowercase().ends_with(&format!(".{h}")));
         hit.then_some(*role)
     })
+}
+
+/// `host` is an agent's own API, auth or telemetry host (never a tool's traffic).
+fn own_host(host: &str) -> bool {
+    agent_host(host).is_some_and(|r| r != HostRole::Update)
+}
+
+/// `host` is an agent's update host (a tool's traffic only while a call is open).
+fn update_host(host: &str) -> bool {
+    agent_host(host) == Some(HostRole::Update)
 }
 
 /// One egress line as the checks see it.
@@ -402,6 +423,11 @@ pub struct CorrelateScan {
     end: Option<(i64, String)>,
     files: BTreeMap<String, (i64, PublishedFile)>,
     incomplete: Vec<String>,
+    /// Bytes of call text kept (see [`MAX_CALL_TEXT_TOTAL`]).
+    call_text_bytes: usize,
+    /// [`MAX_CALLS`] and [`MAX_CALL_TEXT_TOTAL`] (fields, so a unit test can reach them small).
+    max_calls: usize,
+    max_call_text: usize,
 }
 
 /// The store's two reads of a session ([`super::store::Store::scan_correlate`]).
@@ -457,6 +483,9 @@ impl CorrelateScan {
             end: None,
             files: BTreeMap::new(),
             incomplete: Vec::new(),
+            call_text_bytes: 0,
+            max_calls: MAX_CALLS,
+            max_call_text: MAX_CALL_TEXT_TOTAL,
         }
     }
 
@@ -522,7 +551,7 @@ impl CorrelateScan {
 
     fn feed_egress(&mut self, row: Row<'_>) {
         if !self.wants_egress() {
-            if self.incomplete.is_empty() {
+            if !self.incomplete.iter().any(|m| m.contains("egress lines")) {
                 self.incomplete.push(format!(
                     "correlate: the session has more than {MAX_EGRESS} egress lines; correlated \
                      the first {MAX_EGRESS} only"
@@ -570,14 +599,22 @@ impl CorrelateScan {
             Source::Claude => claude_line(&v),
             _ => codex_line(&v),
         };
-        for (id, name, text) in parsed.calls {
-            let credential = self.is_credential_read(row.source, &text, &v);
+        for (id, name, text, path) in parsed.calls {
+            let text = cap(&text.to_lowercase(), MAX_CALL_TEXT);
+            if self.calls.len() + self.orphan_results.len() >= self.max_calls
+                || self.call_text_bytes + text.len() > self.max_call_text
+            {
+                self.calls_capped();
+                break;
+            }
+            self.call_text_bytes += text.len();
+            let credential = self.is_credential_read(row.source, &name, &text, path.as_deref());
             let mut call = Call {
                 pk: row.pk,
                 ts: row.ts,
                 id: id.clone(),
                 name,
-                text: cap(&text.to_lowercase(), MAX_CALL_TEXT),
+                text,
                 credential,
                 ..Call::default()
             };
@@ -601,7 +638,12 @@ impl CorrelateScan {
                 }
                 Some(_) => {}
                 None => {
-                    // Bounded by the line cap: one entry per result line.
+                    if self.calls.len() + self.orphan_results.len() >= self.max_calls
+                        && !self.orphan_results.contains_key(&id)
+                    {
+                        self.calls_capped();
+                        break;
+                    }
                     self.orphan_results.insert(id, (row.pk, row.ts, secret, net));
                 }
             }
@@ -613,25 +655,50 @@ impl CorrelateScan {
         }
     }
 
-    /// Whether a tool call reads a credential file: the engine's `access.credential-file`
-    /// rule over the line, or a private key file (`.ssh/…` but public keys and host lists,
-    /// `*.pem`, `*.key`).
-    fn is_credential_read(&self, source: Source, text: &str, payload: &Value) -> bool {
-        // `text` is a shell command, or a non-shell tool's input (Read names its file there).
-        if names_key_file(&text.to_lowercase()) {
-            return true;
+    /// Past [`MAX_CALLS`] or [`MAX_CALL_TEXT_TOTAL`]: said once as `detect.incomplete`.
+    fn calls_capped(&mut self) {
+        if !self.incomplete.iter().any(|m| m.contains("tool calls")) {
+            self.incomplete.push(format!(
+                "correlate: the session has more than {} tool calls and results or {} bytes \
+                 of call text; correlated the first only",
+                self.max_calls, self.max_call_text
+            ));
         }
-        // Only the fields `access.credential-file` reads: the line's text (tool inputs) would
-        // run every secret rule for nothing.
-        let full = super::transcript::view(source, payload);
-        let view = View {
-            kind: full.kind,
-            command: full.command,
-            file_read: full.file_read,
-            ..View::default()
+    }
+
+    /// Whether one tool call reads a credential file: the engine's `access.credential-file`
+    /// rule, or a private key file (`.ssh/…` but public keys and host lists, private `*.pem`,
+    /// `*.key`, `*.p12`, `*.pfx`). Only a read counts: a shell command with a reading verb
+    /// applied to the file, or the path argument of a read-like tool ([`READ_TOOLS`]) — a
+    /// Write or Edit whose content mentions `server.key` reads nothing.
+    fn is_credential_read(
+        &self,
+        source: Source,
+        name: &str,
+        text: &str,
+        path: Option<&str>,
+    ) -> bool {
+        let view = if is_shell(name) {
+            if reads_key_file(text) {
+                return true;
+            }
+            // The rule sees only the simple commands a reading verb runs, from the verb on.
+            let reads = read_parts(text);
+            if reads.is_empty() {
+                return false;
+            }
+            View { kind: "assistant".into(), command: reads, ..View::default() }
+        } else {
+            let Some(path) = path else { return false };
+            if names_key_file(&path.to_lowercase()) {
+                return true;
+            }
+            View { kind: "assistant".into(), file_read: vec![path.to_string()], ..View::default() }
         };
+        // Only this call's fields: the whole line (one line may hold many calls) would be
+        // scanned once per call.
         self.engine
-            .scan(source, &view, payload)
+            .scan(source, &view, &Value::Null)
             .iter()
             .any(|h| self.engine.rules()[h.rule].id == "access.credential-file")
     }
@@ -653,8 +720,8 @@ impl CorrelateScan {
 /// What one transcript line holds for the checks.
 #[derive(Debug, Default)]
 struct Parsed {
-    /// (call id, tool name, command or input text)
-    calls: Vec<(String, String, String)>,
+    /// (call id, tool name, command or input text, path a read-like tool reads)
+    calls: Vec<(String, String, String, Option<String>)>,
     /// (call id, result text)
     results: Vec<(String, String)>,
     /// Main-thread assistant text.
@@ -701,7 +768,8 @@ fn claude_line(p: &Value) -> Parsed {
                             Some(c) => c.to_string(),
                             None => input.to_string(),
                         };
-                        out.calls.push((id, name, cmd));
+                        let path = read_path(&name, input);
+                        out.calls.push((id, name, cmd, path));
                     }
                     _ => {}
                 }
@@ -758,12 +826,13 @@ fn codex_line(line: &Value) -> Parsed {
                     _ => None,
                 })
                 .unwrap_or_else(|| args.to_string());
-            out.calls.push((id(), name, cmd));
+            let path = serde_json::from_str::<Value>(args).ok().and_then(|a| read_path(&name, &a));
+            out.calls.push((id(), name, cmd, path));
         }
         ("response_item", "custom_tool_call") => {
             let name = p.get("name").and_then(Value::as_str).unwrap_or("").to_string();
             let input = p.get("input").and_then(Value::as_str).unwrap_or("").to_string();
-            out.calls.push((id(), name, input));
+            out.calls.push((id(), name, input, None));
         }
         ("response_item", "local_shell_call") => {
             let cmd = p
@@ -772,7 +841,7 @@ fn codex_line(line: &Value) -> Parsed {
                 .and_then(Value::as_array)
                 .map(|parts| parts.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default();
-            out.calls.push((id(), "local_shell".into(), cmd));
+            out.calls.push((id(), "local_shell".into(), cmd, None));
         }
         ("response_item", "function_call_output")
         | ("response_item", "custom_tool_call_output") => {
@@ -809,6 +878,27 @@ fn codex_line(line: &Value) -> Parsed {
     out
 }
 
+/// Tools that read the file their path argument names (Claude Code's `Read`, `Grep`, `Glob`,
+/// `NotebookRead`; Codex's `read_file`). Other non-shell tools (Write, Edit, …) only mention
+/// paths in their content, which is no read.
+const READ_TOOLS: &[&str] = &["Read", "Grep", "Glob", "NotebookRead", "read_file"];
+
+/// The path a read-like tool's input names.
+fn read_path(name: &str, input: &Value) -> Option<String> {
+    if !READ_TOOLS.contains(&name) {
+        return None;
+    }
+    ["file_path", "notebook_path", "path"]
+        .iter()
+        .find_map(|k| input.get(*k).and_then(Value::as_str))
+        .map(str::to_string)
+}
+
+/// Whether a call runs a shell command (its text is the command, not an input's JSON).
+fn is_shell(name: &str) -> bool {
+    matches!(name, "Bash" | "shell" | "local_shell" | "exec_command" | "")
+}
+
 fn cap(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
@@ -816,9 +906,12 @@ fn cap(s: &str, max: usize) -> String {
 /// The fixed patterns of the checks, compiled once.
 #[derive(Debug)]
 struct Patterns {
-    /// Private key files a tool call may read: anything under `.ssh/`, and `*.pem` / `*.key` /
-    /// `*.p12` / `*.pfx` (matched on lowercased text).
+    /// Private key files a tool call may read: anything under `.ssh/`, private `*.pem`
+    /// (`privkey*.pem`, `*-key.pem`, `key.pem`), `*.key`, `*.p12`, `*.pfx` (lowercased text).
+    /// A bare `*.pem` is most often a public certificate (`ca.pem`, `fullchain.pem`).
     key_file: Regex,
+    /// A shell command's reading verb (cat, less, head, cp, base64, grep, source, …).
+    read_verb: Regex,
     /// The `.ssh/` files that are not secrets: public keys, host lists, the client config.
     not_key: Regex,
     /// Tool-result text that reads like the output of a network fetch.
@@ -830,7 +923,11 @@ struct Patterns {
 static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(|| {
     Some(Patterns {
         key_file: Regex::new(
-            r#"(?:^|[\s/"'=~])(?:\.ssh/[a-z0-9_.-]+|[a-z0-9_.-]+\.(?:pem|key|p12|pfx))(?:$|[\s"';|&)<>`,}])"#,
+            r#"(?:^|[\s/"'=~])(?:\.ssh/[a-z0-9_.-]+|[a-z0-9_.-]*privkey[a-z0-9_.-]*\.pem|(?:[a-z0-9_.-]*[-_])?key\.pem|[a-z0-9_.-]+\.(?:key|p12|pfx))(?:$|[\s"';|&)<>`,}])"#,
+        )
+        .ok()?,
+        read_verb: Regex::new(
+            r"(?:^|[\s;&|(`]|\$\()(?:sudo\s+)?(?:cat|tac|less|more|head|tail|nl|bat|cp|mv|scp|rsync|base64|xxd|od|hexdump|strings|grep|egrep|fgrep|rg|ag|sed|awk|cut|sort|diff|source|\.|openssl|ssh-keygen|ssh-add|gpg|tar|zip|jq|python3?|node|vi|vim|nano)\s",
         )
         .ok()?,
         not_key: Regex::new(
@@ -848,6 +945,28 @@ static PATTERNS: LazyLock<Option<Patterns>> = LazyLock::new(|| {
 fn names_key_file(text: &str) -> bool {
     let Some(p) = PATTERNS.as_ref() else { return false };
     p.key_file.find_iter(text).any(|m| !p.not_key.is_match(m.as_str()))
+}
+
+/// The simple commands of shell command `text` (split at `;`, `|`, `&`, newlines) that run
+/// a reading verb, each from the verb on: `echo .env >> .gitignore` is none.
+fn read_parts(text: &str) -> Vec<String> {
+    let Some(p) = PATTERNS.as_ref() else { return Vec::new() };
+    text.split([';', '|', '&', '\n'])
+        .filter_map(|part| p.read_verb.find(part).map(|v| part[v.start()..].to_string()))
+        .collect()
+}
+
+/// Whether lowercased shell command `text` applies a reading verb to a private key file: a
+/// key file named in a simple command (up to `;`, `|`, `&`, a newline) that starts with, or
+/// holds, a reading verb before the file. `echo server.key > notes` is no read.
+fn reads_key_file(text: &str) -> bool {
+    let Some(p) = PATTERNS.as_ref() else { return false };
+    text.split([';', '|', '&', '\n']).any(|part| {
+        p.read_verb.find(part).is_some_and(|v| {
+            let rest = &part[v.start()..];
+            p.key_file.find_iter(rest).any(|m| !p.not_key.is_match(m.as_str()))
+        })
+    })
 }
 
 fn claims_network(text: &str) -> bool {
@@ -1031,18 +1150,27 @@ pub fn tool_family(call: &Call) -> Option<String> {
     None
 }
 
+/// The name a call's text must hold to aim at `host`: its registrable domain, else the host.
+fn aim_key(host: &str) -> &str {
+    registrable_domain(host).unwrap_or(host)
+}
+
+/// The host-like tokens of lowercased `text` (runs of `[a-z0-9.-]`, dots trimmed) and each
+/// one's registrable domain: a call aims at a host when one of them is its [`aim_key`].
+fn host_keys(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+        .map(|t| t.trim_matches('.'))
+        .filter(|t| !t.is_empty())
+        .flat_map(|t| {
+            let d = if t.contains('.') { registrable_domain(t).filter(|d| *d != t) } else { None };
+            std::iter::once(t).chain(d)
+        })
+}
+
 /// Whether a call's text names `host` or another host of its registrable domain.
+#[cfg(test)]
 fn call_aims_at(call: &Call, host: &str) -> bool {
-    if host.is_empty() {
-        return false;
-    }
-    if contains_host(&call.text, host) {
-        return true;
-    }
-    match registrable_domain(host) {
-        Some(d) => contains_host(&call.text, d),
-        None => false,
-    }
+    !host.is_empty() && host_keys(&call.text).any(|t| t == aim_key(host))
 }
 
 /// `text` names `host` as a whole name (not as part of a longer label).
@@ -1142,11 +1270,15 @@ struct Case {
     detail: Vec<String>,
     attempts: u64,
     more_egress: u64,
+    /// Every egress pk seen (linked or counted in `more_egress`): a repeat is neither, and
+    /// the test is O(1) (a linear `contains` made linking quadratic).
+    seen_egress: HashSet<i64>,
+    seen_transcript: HashSet<i64>,
 }
 
 impl Case {
     fn add_egress(&mut self, pk: i64) {
-        if self.egress.contains(&pk) {
+        if !self.seen_egress.insert(pk) {
             return;
         }
         if self.egress.len() < MAX_LINKED {
@@ -1156,7 +1288,7 @@ impl Case {
         }
     }
     fn add_transcript(&mut self, pk: i64) {
-        if !self.transcript.contains(&pk) && self.transcript.len() < MAX_LINKED {
+        if self.transcript.len() < MAX_LINKED && self.seen_transcript.insert(pk) {
             self.transcript.push(pk);
         }
     }
@@ -1292,7 +1424,7 @@ impl CorrelateScan {
         let mut recent: HashMap<String, HashMap<Key, (Micros, usize)>> = HashMap::new();
         let mut last_named: Option<usize> = None;
         for (i, a) in self.egress.iter().enumerate() {
-            if !a.is_attempt() || agent_host(&a.host).is_some() {
+            if !a.is_attempt() || own_host(&a.host) {
                 continue;
             }
             let group = registrable_domain(&a.host).unwrap_or(&a.host).to_string();
@@ -1370,7 +1502,9 @@ impl CorrelateScan {
                     case.add_transcript(c.pk);
                 }
             }
-            if a.is_policy_denial() {
+            // An update check's refusal is the agent's start-up, not a tool's denial: a later
+            // `github.com` fetch is no retry of it.
+            if a.is_policy_denial() && !update_host(&a.host) {
                 let key = (a.host.clone(), a.port, a.method.clone(), a.transparent);
                 let ds = recent.entry(group).or_default();
                 // Bounded: one entry per distinct (host, port, method, capture) of a domain,
@@ -1388,64 +1522,112 @@ impl CorrelateScan {
         }
         // Tool switch: a call aimed at a denied host, then within the window a call of
         // another network tool aimed at it (or its domain).
-        let denials: Vec<&Egress> = self.egress.iter().filter(|e| e.is_policy_denial()).collect();
         let mut denied_hosts: BTreeMap<&str, Vec<&Egress>> = BTreeMap::new();
-        for d in &denials {
+        for d in self.egress.iter().filter(|e| e.is_policy_denial()) {
+            if agent_host(&d.host).is_some() || d.host.is_empty() {
+                continue;
+            }
             let v = denied_hosts.entry(d.host.as_str()).or_default();
-            if v.len() < 64 && agent_host(&d.host).is_none() {
+            if v.len() < 64 {
                 v.push(d);
             }
         }
-        if denied_hosts.len() <= 10_000 {
-            let net_calls: Vec<(&Call, String)> =
-                self.calls.iter().filter_map(|c| tool_family(c).map(|f| (c, f))).collect();
-            for (host, ds) in &denied_hosts {
-                let aimed: Vec<&(&Call, String)> =
-                    net_calls.iter().filter(|(c, _)| call_aims_at(c, host)).collect();
-                'pairs: for (k, (c1, f1)) in aimed.iter().enumerate() {
-                    let Some(d) = ds.iter().find(|d| {
-                        d.ts + CLOCK_SLACK_US >= c1.ts && d.ts <= self.call_end(c1) + CLOCK_SLACK_US
-                    }) else {
-                        continue;
-                    };
-                    for (c2, f2) in aimed.iter().skip(k + 1) {
-                        if f2 != f1 && c2.ts > d.ts - CLOCK_SLACK_US && c2.ts - d.ts <= p.window {
-                            let case = by_host.entry(host.to_string()).or_insert_with(|| Case {
-                                key: host.to_string(),
-                                ..Case::default()
-                            });
-                            if case.egress.is_empty() {
-                                case.add_egress(d.pk);
-                                case.detail.push(format!(
-                                    "denied {} {} ({}) at {}",
-                                    d.method,
-                                    d.target(),
-                                    d.reason,
-                                    format_micros(d.ts)
-                                ));
-                            }
-                            case.add_transcript(c1.pk);
-                            case.add_transcript(c2.pk);
-                            case.attempts += 1;
-                            case.detail.push(format!(
-                                "then {}: {f1} (transcript {}) → {f2} (transcript {})",
-                                Way::ToolSwitch.describe(),
-                                c1.pk,
-                                c2.pk
-                            ));
-                            // The switched tool's own attempts at the host or its domain.
-                            let end = self.call_end(c2) + CLOCK_SLACK_US;
-                            for e in self.egress.iter().filter(|e| {
-                                e.ts + CLOCK_SLACK_US >= c2.ts
-                                    && e.ts <= end
-                                    && (e.host == *host || same_registrable_domain(&e.host, host))
-                            }) {
-                                case.add_egress(e.pk);
-                            }
-                            break 'pairs;
-                        }
-                    }
+        // Indexed, so the cost is linear in the calls' text: each call's text is split into
+        // host-like tokens once and looked up (a denied host × call product let an agent
+        // stall the ingest transaction with many denied names and many calls).
+        let keys: HashSet<&str> = denied_hosts.keys().map(|h| aim_key(h)).collect();
+        let mut aimed_by: HashMap<&str, Vec<(&Call, String)>> = HashMap::new();
+        for c in &self.calls {
+            let Some(f) = tool_family(c) else { continue };
+            let mut hit: HashSet<&str> = HashSet::new();
+            for t in host_keys(&c.text) {
+                if let Some(&k) = keys.get(t)
+                    && hit.insert(k)
+                {
+                    aimed_by.entry(k).or_default().push((c, f.clone()));
                 }
+            }
+        }
+        // Per key: the index of the next aimed call of another family (the first switch).
+        let next_other: HashMap<&str, Vec<usize>> = aimed_by
+            .iter()
+            .map(|(k, aimed)| {
+                let mut next = vec![aimed.len(); aimed.len()];
+                for j in (0..aimed.len().saturating_sub(1)).rev() {
+                    next[j] = if aimed[j + 1].1 != aimed[j].1 { j + 1 } else { next[j + 1] };
+                }
+                (*k, next)
+            })
+            .collect();
+        for (host, ds) in &denied_hosts {
+            let key = aim_key(host);
+            let (Some(aimed), Some(next)) = (aimed_by.get(key), next_other.get(key)) else {
+                continue;
+            };
+            // The calls whose span may hold a denial (as `call_at`: the latest 64 before it).
+            let mut firsts: BTreeSet<usize> = BTreeSet::new();
+            for d in ds {
+                let upto = aimed.partition_point(|(c, _)| c.ts <= d.ts + CLOCK_SLACK_US);
+                firsts.extend((0..upto).rev().take(64).filter(|&k| {
+                    self.call_end(aimed[k].0) + CLOCK_SLACK_US >= d.ts
+                        && d.ts + CLOCK_SLACK_US >= aimed[k].0.ts
+                }));
+            }
+            for k in firsts {
+                let (c1, f1) = &aimed[k];
+                let Some(d) = ds.iter().find(|d| {
+                    d.ts + CLOCK_SLACK_US >= c1.ts && d.ts <= self.call_end(c1) + CLOCK_SLACK_US
+                }) else {
+                    continue;
+                };
+                // The first aimed call after c1 and after the denial (less slack), then the
+                // first of those of another family; in time order, so the window test is
+                // on that one only.
+                let start =
+                    (k + 1).max(aimed.partition_point(|(c, _)| c.ts <= d.ts - CLOCK_SLACK_US));
+                let j = match aimed.get(start) {
+                    Some((_, f)) if f == f1 => next[start],
+                    _ => start,
+                };
+                let Some((c2, f2)) = aimed.get(j) else { continue };
+                if c2.ts - d.ts > p.window {
+                    continue;
+                }
+                let case = by_host
+                    .entry(host.to_string())
+                    .or_insert_with(|| Case { key: host.to_string(), ..Case::default() });
+                if case.egress.is_empty() {
+                    case.add_egress(d.pk);
+                    case.detail.push(format!(
+                        "denied {} {} ({}) at {}",
+                        d.method,
+                        d.target(),
+                        d.reason,
+                        format_micros(d.ts)
+                    ));
+                }
+                case.add_transcript(c1.pk);
+                case.add_transcript(c2.pk);
+                case.attempts += 1;
+                case.detail.push(format!(
+                    "then {}: {f1} (transcript {}) → {f2} (transcript {})",
+                    Way::ToolSwitch.describe(),
+                    c1.pk,
+                    c2.pk
+                ));
+                // The switched tool's own attempts at the host or its domain (a bounded walk
+                // from the call on).
+                let end = self.call_end(c2) + CLOCK_SLACK_US;
+                let from = self.egress.partition_point(|e| e.ts + CLOCK_SLACK_US < c2.ts);
+                for e in self.egress[from..]
+                    .iter()
+                    .take_while(|e| e.ts <= end)
+                    .take(4 * MAX_LINKED)
+                    .filter(|e| e.host == *host || same_registrable_domain(&e.host, host))
+                {
+                    case.add_egress(e.pk);
+                }
+                break;
             }
         }
         by_host.into_values().filter(|c| c.attempts >= p.min_attempts).collect()
@@ -1474,32 +1656,34 @@ impl CorrelateScan {
         let uploads: Vec<&Egress> = self
             .egress
             .iter()
-            .filter(|e| e.allowed && e.bytes_sent > p.min_bytes && agent_host(&e.host).is_none())
+            .filter(|e| e.allowed && e.bytes_sent > p.min_bytes && !own_host(&e.host))
             .collect();
         // Cases keyed by the first upload they link, so two reads before one upload are one
-        // case.
-        let mut out: Vec<Case> = Vec::new();
+        // case. Each case keeps a cursor (the uploads it has walked): triggers come in time
+        // order, so a later trigger's window only extends the case's range, and each upload
+        // is walked once per case (not once per trigger). Past MAX_LINKED linked uploads the
+        // rest are counted, not walked.
+        let mut out: Vec<(Case, usize)> = Vec::new();
         let mut by_upload: HashMap<i64, usize> = HashMap::new();
         for (ts, tpks, what) in triggers {
             let from = uploads.partition_point(|e| e.ts + CLOCK_SLACK_US < ts);
-            let hits: Vec<&&Egress> =
-                uploads[from..].iter().take_while(|e| e.ts - ts <= p.window).collect();
-            let Some(first) = hits.first() else { continue };
+            let to = uploads.partition_point(|e| e.ts - ts <= p.window).max(from);
+            let Some(first) = uploads.get(from).filter(|_| to > from) else { continue };
             let idx = *by_upload.entry(first.pk).or_insert_with(|| {
-                out.push(Case {
-                    key: tpks.first().map(i64::to_string).unwrap_or_default(),
-                    ..Case::default()
-                });
+                let key = tpks.first().map(i64::to_string).unwrap_or_default();
+                out.push((Case { key, ..Case::default() }, from));
                 out.len() - 1
             });
-            let case = &mut out[idx];
+            let (case, cursor) = &mut out[idx];
             for pk in &tpks {
                 case.add_transcript(*pk);
             }
             if case.detail.len() < 6 {
                 case.detail.push(format!("{what} at {}", format_micros(ts)));
             }
-            for e in &hits {
+            let start = (*cursor).max(from);
+            let walk = to.saturating_sub(start).min(MAX_LINKED.saturating_sub(case.egress.len()));
+            for e in &uploads[start..start + walk] {
                 if case.egress.len() < 4 {
                     case.detail.push(format!(
                         "then {} {} sent {} bytes at {}",
@@ -1511,8 +1695,10 @@ impl CorrelateScan {
                 }
                 case.add_egress(e.pk);
             }
+            case.more_egress += (to.saturating_sub(start) - walk) as u64;
+            *cursor = (*cursor).max(to);
         }
-        out
+        out.into_iter().map(|(c, _)| c).collect()
     }
 
     fn unreported_egress(&self, p: &Params) -> Vec<Case> {
@@ -1524,10 +1710,11 @@ impl CorrelateScan {
         // lines) they fall in.
         let mut by_span: BTreeMap<usize, Case> = BTreeMap::new();
         for e in &self.egress {
-            if !e.is_attempt() || agent_host(&e.host).is_some() {
+            if !e.is_attempt() || own_host(&e.host) {
                 continue;
             }
-            if self.call_at(e.ts, p.window).is_some() {
+            // No call open: an update host is the agent's own check.
+            if self.call_at(e.ts, p.window).is_some() || update_host(&e.host) {
                 continue;
             }
             let span = self.lines.partition_point(|&(t, _)| t <= e.ts);
@@ -1572,7 +1759,7 @@ impl CorrelateScan {
             let seen = self.egress[from..]
                 .iter()
                 .take_while(|e| e.ts <= rts + p.window)
-                .any(|e| e.is_attempt() && agent_host(&e.host).is_none());
+                .any(|e| e.is_attempt() && !own_host(&e.host));
             if seen {
                 continue;
             }
@@ -1599,19 +1786,25 @@ impl CorrelateScan {
         let mut out = Vec::new();
         let Some((ts, pk, claims)) = self.last_message else { return out };
         if claims.no_network {
+            // Only allowed attempts are network access: an agent whose fetch was refused
+            // truthfully says it had none. An update check no tool call holds is the agent's.
             let seen: Vec<&Egress> = self
                 .egress
                 .iter()
-                .filter(|e| e.is_attempt() && agent_host(&e.host).is_none())
+                .filter(|e| {
+                    e.allowed
+                        && e.is_attempt()
+                        && !own_host(&e.host)
+                        && !(update_host(&e.host) && self.call_at(e.ts, CLOCK_SLACK_US).is_none())
+                })
                 .collect();
             if !seen.is_empty() {
                 let mut case = Case { key: "network".into(), ..Case::default() };
                 case.add_transcript(pk);
                 let n: u64 = seen.iter().map(|e| e.attempts).sum();
-                let allowed = seen.iter().filter(|e| e.allowed).count();
                 case.detail.push(format!(
-                    "the final message ({}) says no network access was made; the proxy saw {n} \
-                     attempts ({allowed} lines allowed), first {} {}",
+                    "the final message ({}) says no network access was made; the proxy allowed \
+                     {n} attempts, first {} {}",
                     format_micros(ts),
                     seen[0].method,
                     seen[0].target()
@@ -1700,7 +1893,7 @@ impl CorrelateScan {
                     e.is_attempt()
                         && !matches!(
                             agent_host(&e.host),
-                            Some(HostRole::Auth | HostRole::Telemetry)
+                            Some(HostRole::Auth | HostRole::Telemetry | HostRole::Update)
                         )
                         && self.calls_open_at(e.ts).is_none()
                 })
@@ -1867,7 +2060,9 @@ mod tests {
             )
         }
         fn flags(&self) -> Vec<NewFlag> {
-            let mut scan = CorrelateScan::new(self.engine.clone(), "u", "s1");
+            self.feed(CorrelateScan::new(self.engine.clone(), "u", "s1")).finish()
+        }
+        fn feed(&self, mut scan: CorrelateScan) -> CorrelateScan {
             if self.settled {
                 scan = scan.settled();
             }
@@ -1883,7 +2078,7 @@ mod tests {
                     payload,
                 });
             }
-            scan.finish()
+            scan
         }
         fn of(&self, check: Check) -> Vec<NewFlag> {
             self.flags().into_iter().filter(|f| f.rule_id == check.id()).collect()
@@ -1892,6 +2087,203 @@ mod tests {
 
     fn sha(c: char) -> String {
         format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    fn dns_denied(s: &mut Session, at: Micros, host: &str) -> i64 {
+        s.egress(
+            at,
+            "dns",
+            json!({"host": host, "method": "DNS", "allowed": false, "reason": "not_allowed"}),
+        )
+    }
+
+    /// Regression (review HIGH 1a/1c): 10,000 distinct denied DNS names, 20,000 network
+    /// calls aimed at them, and one forged line of 50,000 tool_use blocks. The tool-switch
+    /// search is indexed (each call's text tokenized once), and calls are capped in total,
+    /// said as `detect.incomplete`. Asserts on counts, not time.
+    #[test]
+    fn an_adversarial_session_completes_with_calls_capped_in_total() {
+        let mut s = Session::new();
+        for i in 0..10_000i64 {
+            let host = format!("r{i}.example");
+            let at = i * 10 * S;
+            s.bash(at, at + 2 * S, &format!("dig {host}"), "status: REFUSED");
+            dns_denied(&mut s, at + S, &host);
+            s.bash(at + 3 * S, at + 4 * S, &format!("curl https://{host}/"), "refused");
+        }
+        let id = "toolu_flood";
+        let blocks: Vec<Value> = (0..50_000)
+            .map(|i| {
+                json!({"type": "tool_use", "id": format!("{id}{i}"), "name": "Bash",
+                    "input": {"command": format!("curl https://flood{i}.test/ {}", "x".repeat(40))}})
+            })
+            .collect();
+        s.line(
+            200_000 * S,
+            json!({"type": "assistant", "message": {"role": "assistant", "content": blocks}}),
+        );
+        let mut scan = CorrelateScan::new(s.engine.clone(), "u", "s1");
+        // Caps small enough to reach here; the defaults are the same code.
+        (scan.max_calls, scan.max_call_text) = (30_000, 2 << 20);
+        let scan = s.feed(scan);
+        assert_eq!(scan.calls.len() + scan.orphan_results.len(), 30_000);
+        assert!(scan.call_text_bytes <= 2 << 20);
+        let flags = scan.finish();
+        // Every denied name had a dig → curl switch.
+        let retries = flags.iter().filter(|f| f.rule_id == Check::RetryAfterDeny.id()).count();
+        assert_eq!(retries, 10_000);
+        let inc: Vec<_> = flags.iter().filter(|f| f.rule_id == "detect.incomplete").collect();
+        assert_eq!(inc.len(), 1, "{inc:?}");
+        assert!(inc[0].detail.contains("30000 tool calls"), "{}", inc[0].detail);
+
+        // The byte budget alone: one line of big calls stops at it.
+        let mut s = Session::new();
+        let blocks: Vec<Value> = (0..2_000)
+            .map(|i| {
+                json!({"type": "tool_use", "id": format!("t{i}"), "name": "Bash",
+                    "input": {"command": "y".repeat(MAX_CALL_TEXT)}})
+            })
+            .collect();
+        s.line(
+            S,
+            json!({"type": "assistant", "message": {"role": "assistant", "content": blocks}}),
+        );
+        let mut scan = CorrelateScan::new(s.engine.clone(), "u", "s1");
+        scan.max_call_text = 100 * MAX_CALL_TEXT;
+        let scan = s.feed(scan);
+        assert_eq!(scan.calls.len(), 100);
+        assert!(scan.finish().iter().any(|f| f.rule_id == "detect.incomplete"));
+    }
+
+    /// Regression (review HIGH 1b): every trigger re-walked the uploads in its window and
+    /// counted the uploads past the link cap again each time.
+    #[test]
+    fn secret_then_egress_counts_each_upload_once_over_many_triggers() {
+        let mut s = Session::new();
+        for i in 0..3 {
+            s.bash(i * S, i * S + S / 2, "cat .env", "A=1");
+        }
+        for i in 0..1_200i64 {
+            s.allowed(10 * S + i * 1000, "paste.test", 443, 5000);
+        }
+        let flags = s.of(Check::SecretThenEgress);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert!(
+            flags[0].detail.contains("(200 more egress lines not linked)"),
+            "{}",
+            flags[0].detail
+        );
+        assert_eq!(flags[0].event_pks.len(), MAX_LINKED + 3);
+    }
+
+    /// Regression (review MEDIUM 2): a refused install is no network access; the agent that
+    /// says "no network access" is truthful.
+    #[test]
+    fn a_no_network_claim_after_only_refused_attempts_is_not_flagged() {
+        let mut s = Session::new();
+        s.bash(S, 3 * S, "pip install requests", "ERROR: 403 Forbidden");
+        s.denied(2 * S, "pypi.org", 443);
+        s.say(10 * S, "The sandbox has no network access, so I could not install requests.");
+        assert!(s.of(Check::ClaimedVsSeen).is_empty(), "{:?}", s.of(Check::ClaimedVsSeen));
+        // One allowed attempt makes the claim false.
+        let e = s.allowed(4 * S, "files.pythonhosted.org", 443, 10);
+        let flags = s.of(Check::ClaimedVsSeen);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert!(flags[0].event_pks.contains(&e));
+    }
+
+    /// Regression (review MEDIUM 3): a mention of a key file is no read of it.
+    #[test]
+    fn a_key_file_mentioned_not_read_is_no_credential_read() {
+        type Setup = fn(&mut Session);
+        let misses: &[(&str, Setup)] = &[
+            ("a Write whose content names server.key", |s| {
+                let conf =
+                    "ssl_certificate fullchain.pem;\nssl_certificate_key /etc/ssl/server.key;";
+                s.tool(
+                    S,
+                    2 * S,
+                    "Write",
+                    json!({"file_path": "nginx.conf", "content": conf}),
+                    "ok",
+                );
+            }),
+            ("an Edit that names a .env", |s| {
+                s.tool(
+                    S,
+                    2 * S,
+                    "Edit",
+                    json!({"file_path": ".gitignore",
+                    "old_string": "", "new_string": ".env\n*.key\n"}),
+                    "ok",
+                );
+            }),
+            ("a shell echo of a key name", |s| {
+                s.bash(S, 2 * S, "echo server.key >> .gitignore", "");
+                s.bash(3 * S, 4 * S, "cat README.md; echo .env >> .gitignore", "");
+            }),
+            ("reading a public certificate", |s| {
+                s.tool(
+                    S,
+                    2 * S,
+                    "Read",
+                    json!({"file_path": "/etc/ssl/ca.pem"}),
+                    "-----BEGIN CERT",
+                );
+                s.bash(3 * S, 4 * S, "cat fullchain.pem", "-----BEGIN CERTIFICATE-----");
+            }),
+        ];
+        for (why, setup) in misses {
+            let mut s = Session::new();
+            setup(&mut s);
+            s.allowed(10 * S, "github.com", 443, 90_000);
+            let flags = s.of(Check::SecretThenEgress);
+            assert!(flags.is_empty(), "{why}: {flags:?}");
+        }
+        let hits: &[(&str, Setup)] = &[
+            ("cat of a .key", |s| {
+                s.bash(S, 2 * S, "cat /etc/ssl/private/server.key", "-----BEGIN");
+            }),
+            ("Read of privkey.pem", |s| {
+                s.tool(S, 2 * S, "Read", json!({"file_path": "/etc/le/privkey.pem"}), "x");
+            }),
+            ("base64 of an ssh key", |s| {
+                s.bash(S, 2 * S, "base64 -w0 ~/.ssh/id_rsa | head", "AAAA");
+            }),
+            ("Grep in .env", |s| {
+                s.tool(S, 2 * S, "Grep", json!({"pattern": "KEY", "path": ".env"}), "KEY=1");
+            }),
+            ("tls-key.pem through less", |s| {
+                s.bash(S, 2 * S, "less certs/tls-key.pem", "x");
+            }),
+        ];
+        for (why, setup) in hits {
+            let mut s = Session::new();
+            setup(&mut s);
+            s.allowed(10 * S, "github.com", 443, 90_000);
+            assert_eq!(s.of(Check::SecretThenEgress).len(), 1, "{why}");
+        }
+    }
+
+    /// Regression (review MEDIUM 4): Codex's start-up update check to `api.github.com`,
+    /// refused with no tool call open, is neither unreported egress nor a denial that a later
+    /// `github.com` fetch retries.
+    #[test]
+    fn an_agent_update_check_is_neither_unreported_nor_retried() {
+        let mut s = Session::new();
+        s.denied(0, "api.github.com", 443);
+        s.prompt(S, "clone the repo");
+        s.bash(2 * S, 6 * S, "git clone https://github.com/o/r", "Cloning into 'r'...");
+        s.allowed(3 * S, "github.com", 443, 900);
+        s.say(10 * S, "Cloned.");
+        assert!(s.of(Check::UnreportedEgress).is_empty(), "{:?}", s.of(Check::UnreportedEgress));
+        assert!(s.of(Check::RetryAfterDeny).is_empty(), "{:?}", s.of(Check::RetryAfterDeny));
+        // A tool's own upload to an update host still counts (npm publish after a read).
+        let mut s = Session::new();
+        s.bash(S, 2 * S, "cat ~/.npmrc", "//registry.npmjs.org/:_authToken=x");
+        s.bash(3 * S, 8 * S, "npm publish", "+ pkg@1.0.0");
+        s.allowed(4 * S, "registry.npmjs.org", 443, 50_000);
+        assert_eq!(s.of(Check::SecretThenEgress).len(), 1);
     }
 
     #[test]
@@ -2583,7 +2975,7 @@ mod tests {
         assert_eq!(agent_host("o123.ingest.sentry.io"), Some(HostRole::Telemetry));
         assert_eq!(agent_host("api.anthropic.com."), Some(HostRole::Api));
         assert_eq!(agent_host("evil-api.anthropic.com"), None);
-        assert_eq!(agent_host("registry.npmjs.org"), None);
+        assert_eq!(agent_host("registry.npmjs.org"), Some(HostRole::Update));
         assert!(names_key_file("cat ~/.ssh/id_rsa"));
         assert!(names_key_file("{\"file_path\":\"/srv/tls/server.key\"}"));
         assert!(!names_key_file("cat ~/.ssh/known_hosts ~/.ssh/config"));
