@@ -276,15 +276,22 @@ fn phase_set_needs_exactly_one_live_session_or_an_id() {
     let b = p.exec_bg(&[], &script("b"));
     wait_file(&p.repo.join("readya"));
     wait_file(&p.repo.join("readyb"));
-    let status = p.airlock(&["status", "--json"]).expect_code(0).stdout();
-    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    // Both sessions are live; the daemon lists them once they registered. (Where tests share
+    // one daemon, as the unprivileged CI run does, another test may restart it; a live
+    // session then registers again with the new one.)
+    let mut status = serde_json::Value::Null;
+    let listed = wait_until(Duration::from_secs(30), || {
+        let out = p.airlock(&["status", "--json"]).expect_code(0).stdout();
+        status = serde_json::from_str(&out).unwrap();
+        status["sessions"].as_array().is_some_and(|s| s.len() == 2)
+    });
+    assert!(listed, "two live sessions: {status}");
     let ids: Vec<String> = status["sessions"]
         .as_array()
         .unwrap()
         .iter()
         .map(|s| s["session"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(ids.len(), 2, "{status}");
     let run = p.airlock(&["phase", "set", "build"]).expect_code(1);
     let err = run.stderr();
     assert!(err.contains("2 live sessions") && err.contains("--session"), "{err}");
