@@ -16,23 +16,10 @@ pub fn private_dir(dir: &Path) -> io::Result<()> {
 pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().ok_or_else(|| io::Error::other("path has no parent directory"))?;
     private_dir(dir)?;
-    let mut rnd = [0u8; 6];
-    getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", hex::encode(rnd)));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
+    let tmp = synced_private_temp(dir, path, bytes)?;
+    let result = std::fs::rename(&tmp, path)
         // The rename is durable once the directory entry is.
-        File::open(dir)?.sync_all()
-    })();
+        .and_then(|()| File::open(dir)?.sync_all());
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -46,24 +33,30 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// which must never be overwritten.
 pub fn create_private_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().ok_or_else(|| io::Error::other("path has no parent directory"))?;
+    let tmp = synced_private_temp(dir, path, bytes)?;
+    let result = std::fs::hard_link(&tmp, path).and_then(|()| File::open(dir)?.sync_all());
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// Writes `bytes` to a new 0600 temporary file beside `path` in `dir` (never through a
+/// symlink) and syncs it; returns its path. Removed again if writing fails.
+fn synced_private_temp(dir: &Path, path: &Path, bytes: &[u8]) -> io::Result<std::path::PathBuf> {
     let mut rnd = [0u8; 6];
     getrandom::fill(&mut rnd).map_err(|e| io::Error::other(e.to_string()))?;
     let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{file_name}.tmp-{}", hex::encode(rnd)));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::hard_link(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    let _ = std::fs::remove_file(&tmp);
-    result
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    let written = f.write_all(bytes).and_then(|()| f.sync_all());
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map(|()| tmp)
 }
 
 /// Why a private file could not be read.

@@ -1949,6 +1949,20 @@ mod tests {
         settled: bool,
     }
 
+    /// A named session setup that must raise nothing.
+    type NearMiss<'a> = (&'a str, fn(&mut Session));
+
+    /// Asserts that `check` raises nothing on each named near miss, each in a fresh session
+    /// (`settled`: checked by the settle sweep rather than the end record).
+    fn assert_no_flags(check: Check, settled: bool, misses: &[NearMiss]) {
+        for (why, setup) in misses {
+            let mut s = Session::new();
+            s.settled = settled;
+            setup(&mut s);
+            let flags = s.of(check);
+            assert!(flags.is_empty(), "{why}: {flags:?}");
+        }
+    }
     impl Session {
         fn new() -> Self {
             static ENGINE: std::sync::OnceLock<Arc<Engine>> = std::sync::OnceLock::new();
@@ -2581,15 +2595,7 @@ mod tests {
                 s.denied(10 * S, "x.test", 443);
             }),
         ];
-        for (why, setup) in misses {
-            let mut s = Session::new();
-            setup(&mut s);
-            assert!(
-                s.of(Check::SecretThenEgress).is_empty(),
-                "{why}: {:?}",
-                s.of(Check::SecretThenEgress)
-            );
-        }
+        assert_no_flags(Check::SecretThenEgress, false, misses);
     }
 
     #[test]
@@ -2654,15 +2660,7 @@ mod tests {
                 s.bash(S, 3 * S, "curl -i http://localhost:8080/health", "HTTP/1.1 200 OK");
             }),
         ];
-        for (why, setup) in misses {
-            let mut s = Session::new();
-            setup(&mut s);
-            assert!(
-                s.of(Check::UnreportedEgress).is_empty(),
-                "{why}: {:?}",
-                s.of(Check::UnreportedEgress)
-            );
-        }
+        assert_no_flags(Check::UnreportedEgress, false, misses);
     }
 
     #[test]
@@ -2710,15 +2708,7 @@ mod tests {
                 s.say(10 * S, "I did not read any credentials.");
             }),
         ];
-        for (why, setup) in misses {
-            let mut s = Session::new();
-            setup(&mut s);
-            assert!(
-                s.of(Check::ClaimedVsSeen).is_empty(),
-                "{why}: {:?}",
-                s.of(Check::ClaimedVsSeen)
-            );
-        }
+        assert_no_flags(Check::ClaimedVsSeen, false, misses);
     }
 
     #[test]
@@ -2813,16 +2803,7 @@ mod tests {
                 s.say(600 * S, "b");
             }),
         ];
-        for (why, setup) in misses {
-            let mut s = Session::new();
-            s.settled = true;
-            setup(&mut s);
-            assert!(
-                s.of(Check::TranscriptGap).is_empty(),
-                "{why}: {:?}",
-                s.of(Check::TranscriptGap)
-            );
-        }
+        assert_no_flags(Check::TranscriptGap, true, misses);
     }
 
     #[test]
