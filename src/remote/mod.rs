@@ -42,6 +42,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_RESPONSE_BYTES: usize = 16 << 20;
 /// How much of a server's error text goes into an error message.
 const MAX_ERROR_TEXT: usize = 400;
+/// Fresh connections tried for a repeatable request whose connection failed before any
+/// answer (see `exchange_inner`).
+const FRESH_CONNECTION_ATTEMPTS: u32 = 3;
 /// Idle keep-alive connections kept for reuse (publish keeps a few posts in flight).
 const MAX_IDLE: usize = 16;
 
@@ -414,13 +417,25 @@ impl Client {
                 Err(e) => return Err(self.transport(e.to_string())),
             }
         }
-        let mut sender = self.connect().await?;
-        sender.ready().await.map_err(|e| self.transport(e.to_string()))?;
-        let resp = sender
-            .send_request(self.request(&method, path, body)?)
-            .await
-            .map_err(|e| self.transport(e.to_string()))?;
-        self.finish(sender, resp).await
+        // On a fresh connection, a failure before any answer is a reset or close mid-request
+        // (a server refusing a request before reading its body, an overloaded peer). A request
+        // that is safe to repeat — a GET, or an ingest the server deduplicates — gets a few
+        // more fresh connections before the failure is the caller's; a refused connect is
+        // not retried (the server is not there).
+        let repeatable = method == Method::GET || path == "/api/v1/events";
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let mut sender = self.connect().await?;
+            sender.ready().await.map_err(|e| self.transport(e.to_string()))?;
+            match sender.send_request(self.request(&method, path, body.clone())?).await {
+                Ok(resp) => return self.finish(sender, resp).await,
+                Err(_) if repeatable && attempt < FRESH_CONNECTION_ATTEMPTS => {
+                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                }
+                Err(e) => return Err(self.transport(e.to_string())),
+            }
+        }
     }
 
     fn request(

@@ -467,6 +467,42 @@ async fn authenticate<S: Store>(
     }
 }
 
+/// The most of a refused request's body [`discard_body`] reads, and for how long.
+const DISCARD_MAX_BYTES: usize = ingest::MAX_BODY;
+const DISCARD_MAX_TIME: Duration = Duration::from_secs(10);
+
+/// `resp`, for a request answered without reading its body: the body is discarded
+/// ([`discard_body`]).
+fn answered_unread(req: Request<Incoming>, resp: Resp) -> Resp {
+    discard_body(req.into_body());
+    resp
+}
+
+/// Reads and throws away, in a task of its own, the body of a request answered before its
+/// body was read (a 401, a 429, a 413 by `Content-Length`). Dropped unread, the body makes
+/// hyper close the connection with data still in the receive queue, which the kernel answers
+/// with a reset: a client still writing its body (curl, `airlock publish`) then loses the
+/// answer — "connection reset" instead of a 429 it would have waited out. RFC 9112 §9.6 asks a
+/// server closing early to keep reading for this reason. The read is bounded in bytes and time
+/// (the connection limit bounds how many run); past either, the connection is dropped.
+fn discard_body(body: Incoming) {
+    tokio::spawn(async move {
+        let mut body = body;
+        let mut read = 0usize;
+        let drain = async {
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    read = read.saturating_add(data.len());
+                    if read > DISCARD_MAX_BYTES {
+                        break;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(DISCARD_MAX_TIME, drain).await;
+    });
+}
+
 enum ReadError {
     TooLarge,
     Io(String),
@@ -591,7 +627,7 @@ async fn route<S: Store>(st: Arc<AppState<S>>, peer: IpAddr, req: Request<Incomi
     let user = match path.as_str() {
         p if p.starts_with("/api/v1/") => match authenticate(&st, peer, &req).await {
             Ok(u) => u,
-            Err(r) => return r,
+            Err(r) => return answered_unread(req, r),
         },
         "/healthz" if method == Method::GET => {
             return json_resp(StatusCode::OK, &json!({"ok": true}));
@@ -661,6 +697,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let _slot = match st.ingest.try_acquire(&user.id) {
         Ok(slot) => slot,
         Err(SlotRefusal::PerUser) => {
+            discard_body(req.into_body());
             return too_many(
                 "ingest_per_user",
                 Duration::from_secs(1),
@@ -672,6 +709,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
             );
         }
         Err(SlotRefusal::Global) => {
+            discard_body(req.into_body());
             return too_many(
                 "ingest_global",
                 Duration::from_secs(1),
@@ -683,7 +721,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let format =
         match ingest::format_for(headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok())) {
             Ok(f) => f,
-            Err(e) => return body_error(&e),
+            Err(e) => return answered_unread(req, body_error(&e)),
         };
     let gzip = match headers
         .get(header::CONTENT_ENCODING)
@@ -692,7 +730,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         None => false,
         Some(e) if e.is_empty() || e == "identity" => false,
         Some(e) if e == "gzip" || e == "x-gzip" => true,
-        Some(e) => return body_error(&BodyError::Encoding(e)),
+        Some(e) => return answered_unread(req, body_error(&BodyError::Encoding(e))),
     };
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
@@ -700,7 +738,7 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
         .and_then(|v| v.parse::<u64>().ok())
         && len > ingest::MAX_BODY as u64
     {
-        return body_error(&BodyError::TooLarge);
+        return answered_unread(req, body_error(&BodyError::TooLarge));
     }
     // The ingest slot is held while the body arrives; a stalled client loses it.
     let read = tokio::time::timeout(

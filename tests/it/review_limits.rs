@@ -355,3 +355,64 @@ fn failed_authentications_are_limited_per_peer() {
     let r = get(&server.base, &ana, "/api/v1/me", &[]);
     assert_eq!(r.status, 429, "the peer is refused before its token is checked: {r:?}");
 }
+
+/// One raw POST of `body_len` bytes to `/api/v1/events`, the whole body written before the
+/// answer is read, as curl and `airlock publish` do. The status line's code, or the error
+/// that lost it.
+fn post_whole_body_then_read(port: u16, token: &str, body_len: usize) -> Result<u16, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /api/v1/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer \
+         {token}\r\nContent-Type: application/x-ndjson\r\nContent-Length: {body_len}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).map_err(|e| format!("writing the head: {e}"))?;
+    let chunk = vec![b'\n'; 64 * 1024];
+    let mut left = body_len;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        s.write_all(&chunk[..n]).map_err(|e| format!("writing the body: {e}"))?;
+        left -= n;
+    }
+    let mut resp = [0u8; 64];
+    let mut got = 0;
+    while got < 12 {
+        match s.read(&mut resp[got..]) {
+            Ok(0) => return Err(format!("closed after {got} bytes of answer")),
+            Ok(n) => got += n,
+            Err(e) => return Err(format!("reading the answer: {e}")),
+        }
+    }
+    let text = String::from_utf8_lossy(&resp[..got]).into_owned();
+    text.split(' ').nth(1).and_then(|c| c.parse().ok()).ok_or(text)
+}
+
+/// Regression: a request refused before its body was read (401, 429) was answered and the
+/// connection closed with the body unread, so the kernel reset it and a client still writing
+/// its body lost the answer ("connection error"; `airlock publish` gave up on a busy server
+/// instead of waiting out its 429). The refused body is now read and discarded.
+#[test]
+fn a_refusal_before_the_body_is_read_still_reaches_a_client_writing_a_large_body() {
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    let ana = user_with_token(&world, &store, "ana@example.test", "member");
+    let server = Server::start(
+        &world,
+        &store,
+        &["--rate-limit-per-token", "0.05", "--rate-limit-burst", "1"],
+    );
+    let port = server.port;
+    // 4 MB: far more than loopback's socket buffers hold, so the client is still writing when
+    // the refusal is sent.
+    const BODY: usize = 4_000_000;
+    for round in 0..5 {
+        // 401, and 429 once this peer's failed authentications pass their burst.
+        let answer = post_whole_body_then_read(port, "al_bad_token", BODY);
+        assert!(matches!(answer, Ok(401 | 429)), "round {round}: {answer:?}");
+    }
+    assert_eq!(get(&server.base, &ana, "/api/v1/me", &[]).status, 200);
+    for round in 0..5 {
+        assert_eq!(post_whole_body_then_read(port, &ana, BODY), Ok(429), "{round}");
+    }
+}
