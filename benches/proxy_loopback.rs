@@ -4,7 +4,10 @@
 //! Run: `cargo bench --bench proxy_loopback` (release profile). Add `-- --quick` for a short
 //! smoke run; `-- --skip-memory` to skip the 10,000-tunnel memory test (which needs root to
 //! raise the open-files limit); `-- --memory-only` to run only that one;
-//! `-- --throughput-only [--runs N]` to run only the throughput pairs (default 3 pairs);
+//! `-- --throughput-only [--runs N]` to run only the throughput pairs (default 3 pairs; the
+//! figure is the median of the per-pair ratios; add `--c-relay` to push through a minimal C
+//! splice relay in the same pairs as a reference); `-- --syscalls N` to count the proxy
+//! process's syscalls per short CONNECT under `strace -f -c` (issue 22);
 //! `-- --transparent-only [--runs N]` to compare a transparently captured connection (issue 14)
 //! with a CONNECT tunnel, both in one fresh network namespace (the bench runs itself again
 //! under `unshare -Urn`, installs the sandbox's capture rule there and serves both paths from
@@ -285,6 +288,9 @@ fn main() {
         let quick = args.iter().any(|a| a == "--quick");
         return transparent(runs, if quick { 256 << 20 } else { 2 << 30 });
     }
+    if let Some(n) = args.iter().position(|a| a == "--syscalls").and_then(|i| args.get(i + 1)) {
+        return syscalls(n.parse().unwrap());
+    }
     if args.iter().any(|a| a == "--memory-only") {
         return memory(if quick { 1_000 } else { 10_000 }, 20, 5);
     }
@@ -300,15 +306,30 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    // 1. Throughput, one tunnel vs raw loopback: `runs` interleaved pairs, best of each.
+    // 1. Throughput, one tunnel vs raw loopback: `runs` interleaved pairs against the same
+    //    sink; the figure is the median of the per-pair ratios (best of each side too).
     let total = if quick { 256 << 20 } else { 2 << 30 };
     let mut raw_bps = 0f64;
     let mut tun_bps = 0f64;
+    let mut ratios = Vec::with_capacity(runs);
+    // `--c-relay`: a minimal C splice relay (benches/support/splice_relay.c, built here with
+    // `cc`) in the same pairs, as the floor a relay in the proxy's place costs.
+    let relay = args.iter().any(|a| a == "--c-relay").then(|| c_relay(tmp.path(), upstream));
+    let mut c_ratios = Vec::new();
     for i in 0..runs {
         let r = push(TcpStream::connect(raw).unwrap(), total);
         let t = push(tunnel(proxy, upstream), total);
+        let c = relay.as_ref().map(|(_, port)| {
+            let s = TcpStream::connect(("127.0.0.1", *port)).unwrap();
+            s.set_nodelay(true).unwrap();
+            push(s, total)
+        });
+        let c_text = c.map_or(String::new(), |c| {
+            c_ratios.push(c / r);
+            format!("; C splice relay {:.2} GB/s, ratio {:.2}", c / 1e9, c / r)
+        });
         println!(
-            "  pair {}: raw {:.2} GB/s, tunnel {:.2} GB/s, ratio {:.2}",
+            "  pair {}: raw {:.2} GB/s, tunnel {:.2} GB/s, ratio {:.2}{c_text}",
             i + 1,
             r / 1e9,
             t / 1e9,
@@ -316,13 +337,21 @@ fn main() {
         );
         raw_bps = raw_bps.max(r);
         tun_bps = tun_bps.max(t);
+        ratios.push(t / r);
     }
     println!(
-        "throughput: raw {:.2} GB/s, tunnel {:.2} GB/s, ratio {:.2} (best of {runs} each; target >= 0.55, stretch 0.70)",
+        "throughput: median pair ratio {:.2} over {runs} pairs (target >= 0.65); best of each side: raw {:.2} GB/s, tunnel {:.2} GB/s, ratio {:.2}; load {}",
+        median(&mut ratios),
         raw_bps / 1e9,
         tun_bps / 1e9,
-        tun_bps / raw_bps
+        tun_bps / raw_bps,
+        loadavg()
     );
+    if let Some((mut child, _)) = relay {
+        println!("C splice relay (reference): median pair ratio {:.2}", median(&mut c_ratios));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     if throughput_only {
         return;
     }
@@ -460,7 +489,8 @@ fn memory(n: usize, sessions: usize, procs: usize) {
     let mut held = Vec::with_capacity(n);
     for i in 0..n {
         let mut s = tunnel(listeners[i % listeners.len()], up_addr);
-        // One byte each way, so both directions have set up their splice pipes.
+        // One byte each way, so both directions have moved data (short reads are copied
+        // through the worker's scratch buffer: since issue 22 no pipe exists until bulk data).
         s.write_all(b"ex").unwrap();
         let mut b = [0u8; 1];
         s.read_exact(&mut b).unwrap();
@@ -482,6 +512,104 @@ fn memory(n: usize, sessions: usize, procs: usize) {
     }
     let _ = upstream.kill();
     let _ = upstream.wait();
+}
+
+/// Builds and starts the reference C splice relay towards `upstream`; returns it and its port.
+fn c_relay(dir: &Path, upstream: SocketAddr) -> (std::process::Child, u16) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/support/splice_relay.c");
+    let bin = dir.join("splice_relay");
+    let ok = Command::new("cc").args(["-O2", "-pthread", "-o"]).arg(&bin).arg(&src).status();
+    assert!(ok.is_ok_and(|s| s.success()), "cc {}", src.display());
+    let mut child = Command::new(&bin)
+        .args([upstream.ip().to_string(), upstream.port().to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let port = first_line(&mut child).parse().unwrap();
+    (child, port)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// 6. Syscalls per short CONNECT in the proxy process alone: a proxy child runs under
+///    `strace -f -c`; the harness makes `n` and then `n + 2000` CONNECT -> 200 -> close cycles
+///    (variant "empty") and the same with a one-byte echo inside the tunnel ("echo"); the
+///    difference of the two runs' counts / 2000 is per cycle (start-up cancels out).
+fn syscalls(n: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let up = start_upstream(&rt);
+    let exe = std::env::current_exe().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |cycles: usize, echo: bool| -> std::collections::BTreeMap<String, u64> {
+        let out = tmp.path().join("strace.txt");
+        let mut child = Command::new("strace")
+            .args(["-f", "-c", "-o"])
+            .arg(&out)
+            .arg(&exe)
+            .args(["--memory-child", &format!("proxy={up}"), "1", "64"])
+            .env("BENCH_TMP", tmp.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("strace");
+        let proxy: SocketAddr = first_line(&mut child).parse().unwrap();
+        for _ in 0..cycles {
+            let mut s = tunnel(proxy, up);
+            if echo {
+                s.write_all(b"ex").unwrap();
+                let mut b = [0u8; 1];
+                s.read_exact(&mut b).unwrap();
+            }
+            drop(s);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        let text = std::fs::read_to_string(&out).unwrap();
+        let mut m = std::collections::BTreeMap::new();
+        for l in text.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "% time seconds usecs/call calls [errors] syscall"; the total line lacks usecs/call.
+            let name = f.last().copied().unwrap_or("");
+            let calls = if name == "total" { f.get(2) } else { f.get(3) };
+            if let Some(c) = calls.and_then(|c| c.parse::<u64>().ok()) {
+                m.insert(name.to_owned(), c);
+            }
+        }
+        m
+    };
+    const EXTRA: usize = 2000;
+    for (label, echo) in [("empty", false), ("echo", true)] {
+        let a = run(n, echo);
+        let b = run(n + EXTRA, echo);
+        let per = |k: &str| {
+            (*b.get(k).unwrap_or(&0) as f64 - *a.get(k).unwrap_or(&0) as f64) / EXTRA as f64
+        };
+        let mut rows: Vec<(String, f64)> =
+            b.keys().filter(|k| *k != "total").map(|k| (k.clone(), per(k))).collect();
+        rows.sort_by(|x, y| y.1.total_cmp(&x.1));
+        let total: f64 = rows.iter().map(|r| r.1).sum();
+        let detail: Vec<String> = rows
+            .iter()
+            .filter(|r| r.1.abs() >= 0.01)
+            .map(|r| format!("{} {:.2}", r.0, r.1))
+            .collect();
+        println!(
+            "syscalls per CONNECT ({label}): {total:.1} in the proxy process [{}]; load {}",
+            detail.join(", "),
+            loadavg()
+        );
+    }
 }
 
 fn first_line(child: &mut std::process::Child) -> String {

@@ -4,11 +4,13 @@
 //! propagated (`shutdown(SHUT_WR)` on the other side at EOF, RFC 9293 §3.6), so protocols that
 //! signal "done sending" by a FIN keep working.
 //!
-//! Pipes and copy buffers are created lazily on a direction's first data, so an idle tunnel
-//! costs two sockets and one small task.
+//! A direction starts by copying through its worker thread's scratch buffer and makes its pipe
+//! (asking for 1 MiB) only once a read shows bulk data, so an idle or short tunnel costs two
+//! sockets and one small task, and a CONNECT that closes without data makes no pipe at all.
+//! A pipe, once made, lives until the tunnel ends (an empty pipe holds no data pages).
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,14 +20,21 @@ use tokio::sync::watch;
 
 use crate::sys::splice::{nonblocking_pipe, set_pipe_size, splice};
 
-/// A new pipe's capacity (the kernel default, pipe(7)).
-const PIPE_START: usize = 64 * 1024;
-/// Capacity a pipe grows to once a single splice fills it (a bulk transfer): fewer syscalls
-/// per megabyte. Interactive and idle tunnels keep small pipes, so their kernel memory stays
-/// small. The kernel may clamp it (`/proc/sys/fs/pipe-max-size`, per-user pipe limits).
-const PIPE_BULK: usize = 256 * 1024;
+/// What one read of the copy phase takes at most. A read that fills it is taken as the start of
+/// a bulk transfer, and the direction switches to splice through a pipe.
+const SCRATCH: usize = 32 * 1024;
+/// The pipe a bulk direction asks for (the C splice relay's figure: fewer splices and wakeups
+/// per megabyte). The kernel may clamp or refuse it (`/proc/sys/fs/pipe-max-size`, per-user
+/// pipe limits), so smaller sizes are tried in turn and the default 64 KiB is the floor.
+const PIPE_SIZES: [usize; 3] = [1024 * 1024, 256 * 1024, 128 * 1024];
 /// Copy-loop buffer when splice is not available.
 const COPY_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// One copy-phase buffer per worker thread, shared by every tunnel it runs: a short or idle
+    /// tunnel holds no buffer and no pipe of its own.
+    static SCRATCH_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// Live byte counts of one tunnel and of its whole session (`sent` = agent → upstream).
 #[derive(Debug, Default)]
@@ -117,7 +126,10 @@ fn count(dir: Dir, n: usize, tunnel: &Meter, session: &Meter, start: Instant) {
     tunnel.last_ms.store(ms, Ordering::Relaxed);
 }
 
-/// One direction: splice until EOF, then half-close the destination.
+/// One direction: copies small reads through the worker's scratch buffer (no pipe, no
+/// per-tunnel buffer: a short CONNECT makes no pipe at all), switches to splice through a
+/// large pipe at the first read that fills the scratch buffer, and half-closes the destination
+/// at EOF.
 async fn one_way(
     src: &TcpStream,
     dst: &TcpStream,
@@ -126,17 +138,35 @@ async fn one_way(
     session: &Meter,
     start: Instant,
 ) -> io::Result<()> {
-    let mut pipe: Option<(OwnedFd, OwnedFd)> = None;
-    let mut cap = PIPE_START;
     loop {
         src.readable().await?;
-        if pipe.is_none() {
-            match nonblocking_pipe() {
-                Ok(pair) => pipe = Some(pair),
-                Err(_) => return copy_loop(src, dst, dir, tunnel, session, start).await,
+        match copy_once(src, dst)? {
+            Copied::Again => continue,
+            Copied::Eof => {
+                half_close(dst);
+                return Ok(());
+            }
+            Copied::Done { n, rest } => {
+                if !rest.is_empty() {
+                    write_all(dst, &rest).await?;
+                }
+                count(dir, n, tunnel, session, start);
+                if n == SCRATCH {
+                    break;
+                }
             }
         }
-        let Some((r, w)) = pipe.as_ref() else { continue };
+    }
+    // Bulk: splice from here on.
+    let Ok((r, w)) = nonblocking_pipe() else {
+        return copy_loop(src, dst, dir, tunnel, session, start).await;
+    };
+    let cap = PIPE_SIZES
+        .iter()
+        .find_map(|&want| set_pipe_size(w.as_fd(), want).ok())
+        .unwrap_or(64 * 1024);
+    loop {
+        src.readable().await?;
         let n = match src.try_io(Interest::READABLE, || splice(src.as_fd(), w.as_fd(), cap)) {
             Ok(0) => {
                 half_close(dst);
@@ -152,22 +182,57 @@ async fn one_way(
         };
         let mut left = n;
         while left > 0 {
-            dst.writable().await?;
+            // Straight to the write: the socket is writable far more often than not, so the
+            // readiness wait only happens after a WouldBlock.
             match dst.try_io(Interest::WRITABLE, || splice(r.as_fd(), dst.as_fd(), left)) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(m) => {
                     left -= m;
                     count(dir, m, tunnel, session, start);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => dst.writable().await?,
                 Err(e) => return Err(e),
             }
         }
-        if n >= cap && cap < PIPE_BULK {
-            // The pipe is empty again, so resizing cannot fail for lack of room.
-            cap = set_pipe_size(w.as_fd(), PIPE_BULK).unwrap_or(cap).max(cap);
-        }
     }
+}
+
+/// What one copy-phase step did.
+enum Copied {
+    /// Nothing to read after all (spurious readiness).
+    Again,
+    Eof,
+    /// `n` bytes read; `rest` is the tail the destination would not take yet.
+    Done {
+        n: usize,
+        rest: Vec<u8>,
+    },
+}
+
+/// Reads once into the worker's scratch buffer and writes what it can straight on; only a tail
+/// the destination refuses is copied out (the buffer cannot be held across an await).
+fn copy_once(src: &TcpStream, dst: &TcpStream) -> io::Result<Copied> {
+    SCRATCH_BUF.with_borrow_mut(|buf| {
+        if buf.len() < SCRATCH {
+            buf.resize(SCRATCH, 0);
+        }
+        let n = match src.try_read(&mut buf[..SCRATCH]) {
+            Ok(0) => return Ok(Copied::Eof),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Copied::Again),
+            Err(e) => return Err(e),
+        };
+        let mut off = 0;
+        while off < n {
+            match dst.try_write(&buf[off..n]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(m) => off += m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Copied::Done { n, rest: buf[off..n].to_vec() })
+    })
 }
 
 /// The fallback: a user-space copy with one large buffer, allocated on first use.

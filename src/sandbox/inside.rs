@@ -431,6 +431,9 @@ pub fn forwarded_signals() -> SigSet {
 /// the supervisor's `--port` requests ([`super::ports::serve_request`]), waiting for both with
 /// poll(2) on a signalfd(2).
 fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
+    // Init only waits from here on: drop the setup's code pages a moment in, off the path of
+    // a short command (issue 22; best effort).
+    crate::sys::memtrim::release_later(std::time::Duration::from_millis(500));
     let set = forwarded_signals();
     let sigfd = ports.as_ref().and_then(|_| {
         nix::sys::signalfd::SignalFd::with_flags(

@@ -562,6 +562,9 @@ pub fn run(
         Watch { child, status: None, master, winsize_from, stop, killed_for_stop: false };
     // The child may have exited before the signalfd existed.
     watch.signal(Signal::SIGCHLD);
+    // Setup is over: what remains is the relay loop, so the setup's code pages can go (a
+    // moment in, so short commands never pay for it; issue 22).
+    crate::sys::memtrim::release_later(Duration::from_millis(500));
     let relayed = relay::run(&mut pumps, &signals, &mut watch);
     let status = match watch.status {
         Some(st) => st,

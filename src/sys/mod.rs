@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod exec;
 pub mod fdpass;
+pub mod memtrim;
 pub mod namespaces;
 pub mod netfilter;
 pub mod nflog;
