@@ -11,7 +11,7 @@
 
 use std::io;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::Interest;
@@ -23,10 +23,38 @@ use crate::sys::splice::{nonblocking_pipe, set_pipe_size, splice};
 /// What one read of the copy phase takes at most. A read that fills it is taken as the start of
 /// a bulk transfer, and the direction switches to splice through a pipe.
 const SCRATCH: usize = 32 * 1024;
-/// The pipe a bulk direction asks for (the C splice relay's figure: fewer splices and wakeups
-/// per megabyte). The kernel may clamp or refuse it (`/proc/sys/fs/pipe-max-size`, per-user
-/// pipe limits), so smaller sizes are tried in turn and the default 64 KiB is the floor.
-const PIPE_SIZES: [usize; 3] = [1024 * 1024, 256 * 1024, 128 * 1024];
+/// The pipe a bulk direction asks for while [`LARGE_PIPE_BUDGET`] allows (the C splice relay's
+/// figure: fewer splices and wakeups per megabyte).
+const PIPE_LARGE: usize = 1024 * 1024;
+/// The sizes tried otherwise, in turn; the kernel may clamp or refuse them
+/// (`/proc/sys/fs/pipe-max-size`, per-user pipe limits), and the default 64 KiB is the floor.
+const PIPE_SIZES: [usize; 2] = [256 * 1024, 128 * 1024];
+/// How many 1 MiB pipes the process holds at once. Pipe pages count against the user's
+/// `pipe-user-pages-soft` allowance (pipe(7): 16384 pages by default), past which *every* new
+/// pipe of that user — the developer's shells and build jobservers included — gets 8 KiB; 16
+/// large pipes are a quarter of it, and further bulk directions use 256 KiB, as before.
+const LARGE_PIPE_BUDGET: usize = 16;
+static LARGE_PIPES: AtomicUsize = AtomicUsize::new(0);
+
+/// One of [`LARGE_PIPE_BUDGET`]'s slots, given back on drop.
+struct LargePipeSlot;
+
+impl LargePipeSlot {
+    fn take() -> Option<Self> {
+        LARGE_PIPES
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < LARGE_PIPE_BUDGET).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| LargePipeSlot)
+    }
+}
+
+impl Drop for LargePipeSlot {
+    fn drop(&mut self) {
+        LARGE_PIPES.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 /// Copy-loop buffer when splice is not available.
 const COPY_BYTES: usize = 64 * 1024;
 
@@ -147,10 +175,12 @@ async fn one_way(
                 return Ok(());
             }
             Copied::Done { n, rest } => {
+                // What went straight through counts now (a slow reader keeps the tunnel live).
+                count(dir, n - rest.len(), tunnel, session, start);
                 if !rest.is_empty() {
                     write_all(dst, &rest).await?;
+                    count(dir, rest.len(), tunnel, session, start);
                 }
-                count(dir, n, tunnel, session, start);
                 if n == SCRATCH {
                     break;
                 }
@@ -161,10 +191,19 @@ async fn one_way(
     let Ok((r, w)) = nonblocking_pipe() else {
         return copy_loop(src, dst, dir, tunnel, session, start).await;
     };
-    let cap = PIPE_SIZES
-        .iter()
-        .find_map(|&want| set_pipe_size(w.as_fd(), want).ok())
-        .unwrap_or(64 * 1024);
+    let mut large = LargePipeSlot::take();
+    let cap = match large.as_ref().and_then(|_| set_pipe_size(w.as_fd(), PIPE_LARGE).ok()) {
+        Some(c) => c,
+        None => {
+            large = None;
+            PIPE_SIZES
+                .iter()
+                .find_map(|&want| set_pipe_size(w.as_fd(), want).ok())
+                .unwrap_or(64 * 1024)
+        }
+    };
+    // Held (and the pipe with it) until this direction ends.
+    let _large = large;
     loop {
         src.readable().await?;
         let n = match src.try_io(Interest::READABLE, || splice(src.as_fd(), w.as_fd(), cap)) {

@@ -402,18 +402,19 @@ impl Client {
         body: Option<(Bytes, BodyKind)>,
     ) -> Result<(StatusCode, HeaderMap, Bytes), RemoteError> {
         // A kept-alive connection may have been closed by the server meanwhile; such a
-        // failure (before any answer) is retried on a fresh connection. Every request is
-        // safe to repeat then: a GET, an ingest the server deduplicates, and a gate request
-        // the server never received (it failed before any answer).
+        // failure (before any answer) is retried on a fresh connection. A request safe to
+        // repeat (a GET, an ingest the server deduplicates) is retried whenever no answer
+        // came; any other (a gate request) only when hyper never sent it (`is_canceled`): a
+        // server that crashed after acting on it must not see it twice.
+        let repeatable = method == Method::GET || path == "/api/v1/events";
         while let Some(mut sender) = self.take_idle() {
             if sender.ready().await.is_err() {
                 continue;
             }
             match sender.send_request(self.request(&method, path, body.clone())?).await {
                 Ok(resp) => return self.finish(sender, resp).await,
-                Err(e) if e.is_canceled() || e.is_incomplete_message() || e.is_closed() => {
-                    continue;
-                }
+                Err(e) if e.is_canceled() => continue,
+                Err(e) if repeatable && (e.is_incomplete_message() || e.is_closed()) => continue,
                 Err(e) => return Err(self.transport(e.to_string())),
             }
         }
@@ -422,7 +423,6 @@ impl Client {
         // that is safe to repeat — a GET, or an ingest the server deduplicates — gets a few
         // more fresh connections before the failure is the caller's; a refused connect is
         // not retried (the server is not there).
-        let repeatable = method == Method::GET || path == "/api/v1/events";
         let mut attempt = 0u32;
         loop {
             attempt += 1;

@@ -467,14 +467,25 @@ async fn authenticate<S: Store>(
     }
 }
 
-/// The most of a refused request's body [`discard_body`] reads, and for how long.
-const DISCARD_MAX_BYTES: usize = ingest::MAX_BODY;
-const DISCARD_MAX_TIME: Duration = Duration::from_secs(10);
+/// The most of a refused request's body [`discard_body`] reads, and for how long: enough for a
+/// client that reads the early answer and stops (a publish batch is ~100 KB gzipped), small
+/// enough that refusing load under overload does not mean taking every refused body in.
+const DISCARD_MAX_BYTES: usize = 1 << 20;
+const DISCARD_MAX_TIME: Duration = Duration::from_secs(5);
 
 /// `resp`, for a request answered without reading its body: the body is discarded
-/// ([`discard_body`]).
+/// ([`discard_body`]) unless the client is still waiting for a `100 Continue` (RFC 9110
+/// §10.1.1): reading it would make hyper invite the upload of a body already refused.
 fn answered_unread(req: Request<Incoming>, resp: Resp) -> Resp {
-    discard_body(req.into_body());
+    let expects_continue = req
+        .headers()
+        .get(header::EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    let body = req.into_body();
+    if !expects_continue && !hyper::body::Body::is_end_stream(&body) {
+        discard_body(body);
+    }
     resp
 }
 
@@ -697,23 +708,27 @@ async fn post_events<S: Store>(st: &AppState<S>, user: &User, req: Request<Incom
     let _slot = match st.ingest.try_acquire(&user.id) {
         Ok(slot) => slot,
         Err(SlotRefusal::PerUser) => {
-            discard_body(req.into_body());
-            return too_many(
-                "ingest_per_user",
-                Duration::from_secs(1),
-                format!(
-                    "you already have {} ingest requests in progress (the per-user limit, also \
+            return answered_unread(
+                req,
+                too_many(
+                    "ingest_per_user",
+                    Duration::from_secs(1),
+                    format!(
+                        "you already have {} ingest requests in progress (the per-user limit, also \
                      sent as X-Airlock-Ingest-Concurrency); retry after the delay",
-                    st.ingest.per_user_limit()
+                        st.ingest.per_user_limit()
+                    ),
                 ),
             );
         }
         Err(SlotRefusal::Global) => {
-            discard_body(req.into_body());
-            return too_many(
-                "ingest_global",
-                Duration::from_secs(1),
-                "too many concurrent ingest requests; retry after the delay",
+            return answered_unread(
+                req,
+                too_many(
+                    "ingest_global",
+                    Duration::from_secs(1),
+                    "too many concurrent ingest requests; retry after the delay",
+                ),
             );
         }
     };

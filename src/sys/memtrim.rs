@@ -49,6 +49,7 @@ pub fn release_idle_pages() -> io::Result<Released> {
     let ranges = droppable()?;
     // SAFETY: malloc_trim only returns free heap memory to the kernel; no pointer of ours is
     // affected.
+    #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
     }
@@ -70,8 +71,13 @@ pub fn release_idle_pages() -> io::Result<Released> {
 
 /// The read-only, private mappings of /proc/self/exe with no anonymous page.
 fn droppable() -> io::Result<Vec<Range>> {
-    let exe = std::fs::read_link("/proc/self/exe")?;
-    let exe = exe.to_string_lossy().into_owned();
+    // The executable is matched by device and inode, not by path: a path may hold spaces,
+    // and after an upgrade during a long session it reads "… (deleted)".
+    let exe = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata("/proc/self/exe")?;
+        (dev_field(m.dev()), m.ino())
+    };
     let smaps = BufReader::new(std::fs::File::open("/proc/self/smaps")?);
     let mut out = Vec::new();
     // The mapping being read: (range, still a candidate).
@@ -88,11 +94,14 @@ fn droppable() -> io::Result<Vec<Range>> {
                 out.push(r);
             }
             let perms = f.next().unwrap_or("");
-            let path = f.nth(3).unwrap_or("");
+            let _offset = f.next();
+            let dev = f.next().unwrap_or("");
+            let inode = f.next().and_then(|i| i.parse::<u64>().ok());
             let candidate = perms.starts_with('r')
                 && !perms.contains('w')
                 && perms.ends_with('p')
-                && path == exe;
+                && dev == exe.0
+                && inode == Some(exe.1);
             cur = Some((Range { start, end, rss_kib: 0 }, candidate));
             continue;
         }
@@ -109,6 +118,14 @@ fn droppable() -> io::Result<Vec<Range>> {
         out.push(r);
     }
     Ok(out)
+}
+
+/// `st_dev` as /proc/<pid>/smaps prints it (`major:minor` in hex, proc(5)), with glibc's
+/// encoding of the two numbers (makedev(3)).
+fn dev_field(dev: u64) -> String {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("{major:02x}:{minor:02x}")
 }
 
 #[cfg(test)]
