@@ -249,10 +249,85 @@ pub(crate) fn for_each_line(
     }
 }
 
+/// Calls `f` on each line of `file` (without its newline; a final line without one too), from
+/// the last line to the first, until `f` returns true; says whether it did. For records written
+/// recently (a session's start record when it ends): the file is read from its end in
+/// fixed-size blocks, so the cost follows the distance from the end, not the file's size.
+pub(crate) fn rfind_line(
+    file: &File,
+    path: &Path,
+    mut f: impl FnMut(&[u8]) -> bool,
+) -> Result<bool, AuditError> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: u64 = 64 * 1024;
+    let read_err = |source| AuditError::Read { path: path.to_owned(), source };
+    let mut pos = file.metadata().map_err(read_err)?.len();
+    // The start of a line whose beginning lies in a block not read yet.
+    let mut carry: Vec<u8> = Vec::new();
+    while pos > 0 {
+        let start = pos.saturating_sub(BLOCK);
+        let mut block = vec![0u8; (pos - start) as usize];
+        file.read_exact_at(&mut block, start).map_err(read_err)?;
+        block.extend_from_slice(&carry);
+        pos = start;
+        // Complete lines are those after a newline in this block (or all, at the file's start).
+        let mut end = block.len();
+        while let Some(nl) = block[..end].iter().rposition(|b| *b == b'\n') {
+            let line = &block[nl + 1..end];
+            if !line.is_empty() && f(line) {
+                return Ok(true);
+            }
+            end = nl;
+        }
+        carry = block[..end].to_vec();
+    }
+    Ok(!carry.is_empty() && f(&carry))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// Backwards, every line is seen once, in reverse order, whatever the block boundaries
+    /// (lines longer than a block, a final line without a newline, blank lines skipped).
+    #[test]
+    fn rfind_line_sees_every_line_last_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.jsonl");
+        let long = "x".repeat(150 * 1024);
+        let mut lines: Vec<String> =
+            (0..3000).map(|i| format!("line {i} {}", "y".repeat(i % 97))).collect();
+        lines.insert(10, long.clone());
+        lines.insert(2000, long);
+        let text = format!("{}\n\ntorn tail", lines.join("\n"));
+        std::fs::write(&path, &text).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut seen: Vec<String> = Vec::new();
+        let found = rfind_line(&file, &path, |l| {
+            seen.push(String::from_utf8(l.to_vec()).unwrap());
+            false
+        })
+        .unwrap();
+        assert!(!found);
+        let mut expected: Vec<String> = lines.clone();
+        expected.push("torn tail".into());
+        expected.reverse();
+        assert_eq!(seen, expected);
+        // It stops at the first match from the end.
+        let mut n = 0;
+        assert!(
+            rfind_line(&file, &path, |l| {
+                n += 1;
+                l.starts_with(b"line 2999 ")
+            })
+            .unwrap()
+        );
+        assert_eq!(n, 2);
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "").unwrap();
+        assert!(!rfind_line(&File::open(&empty).unwrap(), &empty, |_| true).unwrap());
+    }
 
     /// A short write is an error, never finished by a second write; the next line starts with
     /// a newline so only the fragment is lost. A full non-blocking pipe forces the short write.

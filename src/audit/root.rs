@@ -26,7 +26,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::AuditError;
-use super::files::{audit_files, dated_files, for_each_line};
+use super::files::{audit_files, dated_files, for_each_line, rfind_line};
 use super::journal::{journal_boot, pending_records};
 use super::settle::day_before;
 use crate::tlog::merkle::{CompactRange, Hash, leaf_hash};
@@ -205,13 +205,14 @@ fn start_date(dir: &Path, session: &str) -> Result<Option<String>, AuditError> {
     let finder = finder(dir, &format!("\"{id}\""))?;
     for (date, path) in dated_files(dir, "sessions")?.into_iter().rev() {
         let Some(file) = open_if_there(&path)? else { continue };
-        let mut found = false;
-        for_each_line(file, &path, |buf| {
-            if found || !finder.is_match(buf) {
-                return;
+        // From the end of the file: the start record is among the last ones when the session
+        // ends, so this does not read the whole day's records at every session's end.
+        let found = rfind_line(&file, &path, |buf| {
+            if !finder.is_match(buf) {
+                return false;
             }
             let rec: Option<serde_json::Value> = serde_json::from_slice(buf).ok();
-            found = rec.is_some_and(|r| r.get("id").and_then(|i| i.as_str()) == Some(id.as_str()));
+            rec.is_some_and(|r| r.get("id").and_then(|i| i.as_str()) == Some(id.as_str()))
         })?;
         if found {
             return Ok(Some(date));

@@ -227,17 +227,20 @@ pub fn state_beneath(
             _ => None,
         })
         .collect();
-    let mut dir: OwnedFd = fsat::open_dir(root_fd, Path::new(""))?;
+    // The walk starts at `root_fd` itself (callers hold it open as a directory): re-opening
+    // it first cost an openat2 + close per lookup, ~100 per `exec` (issue 22).
+    let mut opened: Option<OwnedFd> = None;
     let mut at = PathBuf::new();
     for (i, name) in comps.iter().enumerate() {
         at.push(name);
-        let (state, id) = state_of(dir.as_fd(), Path::new(name))?;
+        let dir = opened.as_ref().map_or(root_fd, |d| d.as_fd());
+        let (state, id) = state_of(dir, Path::new(name))?;
         let last = i + 1 == comps.len();
         if last {
             return Ok((at, state, id));
         }
         match state {
-            State::Dir => dir = fsat::open_dir(dir.as_fd(), Path::new(name))?,
+            State::Dir => opened = Some(fsat::open_dir(dir, Path::new(name))?),
             State::Absent => return Ok((rel.to_path_buf(), State::Absent, None)),
             other => return Ok((at, other, id)),
         }

@@ -482,6 +482,38 @@ fn kernel_attack_surface_syscalls_are_refused() {
     assert_eq!(out, expected);
 }
 
+/// The host tree is detached whole during setup (one lazy unmount of the setup root, the host
+/// tree under it included): the sandbox's mount table holds only its own tree.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn the_mount_table_holds_only_the_sandboxs_own_tree() {
+    if !prereqs(&["cat"]) {
+        return;
+    }
+    let sb = Sandbox::new("mounttable");
+    let out = sb.sh("cat /proc/self/mountinfo").expect_code(0).stdout();
+    let allowed = [
+        "/usr",
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/etc/",
+        "/tmp",
+        "/home/agent",
+        "/dev",
+        "/proc",
+        "/mounttable",
+        "/opt/airlock",
+    ];
+    let points: Vec<&str> = out.lines().filter_map(|l| l.split(' ').nth(4)).collect();
+    assert!(points.len() >= 10 && points.len() <= 80, "{out}");
+    assert_eq!(points.iter().filter(|p| **p == "/").count(), 1, "{out}");
+    for p in points.iter().filter(|p| **p != "/") {
+        assert!(allowed.iter().any(|a| p.starts_with(a)), "unexpected mount {p} inside:\n{out}");
+    }
+    assert!(!out.contains("oldroot") && !out.contains("newroot"), "{out}");
+}
+
 #[cfg(feature = "test-hooks")]
 #[test]
 fn nested_unshare_and_remounts_fail() {
