@@ -467,10 +467,10 @@ async fn authenticate<S: Store>(
     }
 }
 
-/// The most of a refused request's body [`discard_body`] reads, and for how long: enough for a
-/// client that reads the early answer and stops (a publish batch is ~100 KB gzipped), small
-/// enough that refusing load under overload does not mean taking every refused body in.
-const DISCARD_MAX_BYTES: usize = 1 << 20;
+/// The most of a refused request's body [`discard_body`] reads, and for how long: any body the
+/// ingest cap allows (a loopback connection alone holds ~4 MB unread, so a smaller cap still
+/// reset clients sending large batches); the connection limit bounds how many drains run.
+const DISCARD_MAX_BYTES: usize = ingest::MAX_BODY;
 const DISCARD_MAX_TIME: Duration = Duration::from_secs(5);
 
 /// `resp`, for a request answered without reading its body: the body is discarded
