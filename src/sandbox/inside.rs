@@ -429,11 +429,21 @@ pub fn forwarded_signals() -> SigSet {
 /// PID 1: wait for signals (they are blocked, inherited from the supervisor), forward them,
 /// reap everything, and leave with the command's status. With ports published it also answers
 /// the supervisor's `--port` requests ([`super::ports::serve_request`]), waiting for both with
-/// poll(2) on a signalfd(2).
+/// poll(2) on a signalfd(2); without, it holds no descriptor but stdio and waits with
+/// sigtimedwait(2). Half a second in, it drops its setup pages once.
 fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
-    // Init only waits from here on: drop the setup's code pages a moment in, off the path of
-    // a short command (issue 22; best effort).
-    crate::sys::memtrim::release_later(std::time::Duration::from_millis(500));
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::time::Instant;
+    // Init only waits from here on: once the command has run for a moment, the setup's code
+    // pages are dropped (issue 22; best effort). Inline, off the path of a short command: a
+    // helper thread would hold one of the user's RLIMIT_NPROC slots while it lives.
+    let mut release_at = Some(Instant::now() + INIT_RELEASE_AFTER);
+    let release_if_due = |release_at: &mut Option<Instant>| {
+        if release_at.is_some_and(|at| Instant::now() >= at) {
+            *release_at = None;
+            let _ = crate::sys::memtrim::release_idle_pages();
+        }
+    };
     let set = forwarded_signals();
     let sigfd = ports.as_ref().and_then(|_| {
         nix::sys::signalfd::SignalFd::with_flags(
@@ -446,20 +456,33 @@ fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
         // No ports (or no signalfd: the channel is then closed, and the host side reports
         // each connection as failed).
         loop {
-            match set.wait() {
-                Ok(sig) => on_signal(child, sig),
-                Err(_) => continue,
+            let sig = match release_at {
+                Some(at) => {
+                    let left = at.saturating_duration_since(Instant::now());
+                    let sig = sysx::sigtimedwait(&set, left).ok().flatten();
+                    release_if_due(&mut release_at);
+                    sig
+                }
+                None => set.wait().ok(),
+            };
+            if let Some(sig) = sig {
+                on_signal(child, sig);
             }
         }
     };
     let mut channel = Some(channel);
     loop {
-        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let mut pfds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
         if let Some(c) = &channel {
             pfds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
         }
-        if poll(&mut pfds, PollTimeout::NONE).is_err() {
+        let timeout = release_at.map_or(PollTimeout::NONE, |at| {
+            let left = at.saturating_duration_since(Instant::now());
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)
+        });
+        let polled = poll(&mut pfds, timeout);
+        release_if_due(&mut release_at);
+        if !matches!(polled, Ok(n) if n > 0) {
             continue;
         }
         let ready = |i: usize| pfds.get(i).and_then(PollFd::revents).is_some_and(|r| !r.is_empty());
@@ -479,6 +502,9 @@ fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
         }
     }
 }
+
+/// How long the command runs before init drops its setup pages.
+const INIT_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One signal as init handles it: SIGCHLD reaps (and ends init with the command's status),
 /// others go to the command.

@@ -171,6 +171,28 @@ pub fn set_rlimit_nproc(value: u64) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
+/// sigtimedwait(2): the next pending signal of `set` (which the caller has blocked), waiting at
+/// most `timeout`; `None` once the time has passed.
+pub fn sigtimedwait(
+    set: &nix::sys::signal::SigSet,
+    timeout: std::time::Duration,
+) -> nix::Result<Option<nix::sys::signal::Signal>> {
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `set` is a valid sigset_t, the siginfo pointer may be NULL and `ts` is a valid
+    // timespec, all only read during the call (sigtimedwait(2)).
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    if r < 0 {
+        return match nix::errno::Errno::last() {
+            nix::errno::Errno::EAGAIN => Ok(None),
+            e => Err(e),
+        };
+    }
+    nix::sys::signal::Signal::try_from(r).map(Some)
+}
+
 /// Leaves immediately without running destructors or atexit handlers (used in forked
 /// children that must not flush the parent's buffers twice).
 pub fn exit_now(code: i32) -> ! {
