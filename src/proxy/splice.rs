@@ -202,8 +202,8 @@ async fn one_way(
                 .unwrap_or(64 * 1024)
         }
     };
-    // Held (and the pipe with it) until this direction ends.
-    let _large = large;
+    // Held until this direction ends (or falls back to copying, below).
+    let large_slot = large;
     loop {
         src.readable().await?;
         let n = match src.try_io(Interest::READABLE, || splice(src.as_fd(), w.as_fd(), cap)) {
@@ -215,6 +215,9 @@ async fn one_way(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             // EINVAL: this kernel or fd pair cannot splice; nothing was moved yet in this call.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // The pipe is empty (every splice in is written out before the next): give it
+                // and its budget slot back before copying for the rest of the tunnel.
+                drop((r, w, large_slot));
                 return copy_loop(src, dst, dir, tunnel, session, start).await;
             }
             Err(e) => return Err(e),

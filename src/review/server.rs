@@ -477,11 +477,13 @@ const DISCARD_MAX_TIME: Duration = Duration::from_secs(5);
 /// ([`discard_body`]) unless the client is still waiting for a `100 Continue` (RFC 9110
 /// §10.1.1): reading it would make hyper invite the upload of a body already refused.
 fn answered_unread(req: Request<Incoming>, resp: Resp) -> Resp {
-    let expects_continue = req
-        .headers()
-        .get(header::EXPECT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
+    // HTTP/1.0 has no 100 Continue (hyper ignores Expect there): such a client sends anyway.
+    let expects_continue = req.version() >= http::Version::HTTP_11
+        && req
+            .headers()
+            .get(header::EXPECT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"));
     let body = req.into_body();
     if !expects_continue && !hyper::body::Body::is_end_stream(&body) {
         discard_body(body);

@@ -477,7 +477,9 @@ fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
             pfds.push(PollFd::new(c.as_fd(), PollFlags::POLLIN));
         }
         let timeout = release_at.map_or(PollTimeout::NONE, |at| {
-            let left = at.saturating_duration_since(Instant::now());
+            // Rounded up to whole milliseconds, so the last one does not spin at timeout 0.
+            let left = at.saturating_duration_since(Instant::now())
+                + std::time::Duration::from_micros(999);
             PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX)
         });
         let polled = poll(&mut pfds, timeout);

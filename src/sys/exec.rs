@@ -177,13 +177,10 @@ pub fn sigtimedwait(
     set: &nix::sys::signal::SigSet,
     timeout: std::time::Duration,
 ) -> nix::Result<Option<nix::sys::signal::Signal>> {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
+    let ts = nix::sys::time::TimeSpec::from_duration(timeout);
     // SAFETY: `set` is a valid sigset_t, the siginfo pointer may be NULL and `ts` is a valid
     // timespec, all only read during the call (sigtimedwait(2)).
-    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), ts.as_ref()) };
     if r < 0 {
         return match nix::errno::Errno::last() {
             nix::errno::Errno::EAGAIN => Ok(None),

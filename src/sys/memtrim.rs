@@ -9,7 +9,7 @@
 //! in the page cache, shared and reclaimable; the process just stops mapping them, so they no
 //! longer count in its RSS and PSS.
 
-use std::io::{self, BufRead, BufReader};
+use std::io;
 
 /// What [`release_idle_pages`] handed back, in KiB, for logs and the benchmark.
 #[derive(Debug, Clone, Copy, Default)]
@@ -69,69 +69,119 @@ pub fn release_idle_pages() -> io::Result<Released> {
     Ok(out)
 }
 
-/// The read-only, private mappings of /proc/self/exe with no anonymous page.
+/// The read-only, private mappings of this process's executable with no anonymous page.
 fn droppable() -> io::Result<Vec<Range>> {
-    // The executable is matched by device and inode, not by path: a path may hold spaces,
-    // and after an upgrade during a long session it reads "… (deleted)".
-    let exe = {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata("/proc/self/exe")?;
-        (dev_field(m.dev()), m.ino())
-    };
-    let smaps = BufReader::new(std::fs::File::open("/proc/self/smaps")?);
-    let mut out = Vec::new();
-    // The mapping being read: (range, still a candidate).
-    let mut cur: Option<(Range, bool)> = None;
+    let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+    // The executable is the file mapped where this very function's code is: matched by the
+    // device and inode smaps prints, never by path (a path may hold spaces, reads "… (deleted)"
+    // after an upgrade) nor by stat(2) (on overlayfs and btrfs its device differs from the one
+    // smaps shows).
+    let here = droppable as fn() -> io::Result<Vec<Range>> as usize;
+    Ok(select(&smaps, here))
+}
+
+/// One mapping of an smaps listing (proc(5)).
+struct Mapping<'a> {
+    range: Range,
+    perms: &'a str,
+    /// `major:minor` and inode, as printed.
+    file: (&'a str, &'a str),
+    /// Whether it holds an anonymous (copy-on-write) or swapped page.
+    anon: bool,
+}
+
+fn mappings(smaps: &str) -> Vec<Mapping<'_>> {
+    let mut out: Vec<Mapping<'_>> = Vec::new();
     for line in smaps.lines() {
-        let line = line?;
         let mut f = line.split_whitespace();
         let first = f.next().unwrap_or("");
         if let Some((a, b)) = first.split_once('-')
             && let (Ok(start), Ok(end)) =
                 (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
         {
-            if let Some((r, true)) = cur.take() {
-                out.push(r);
-            }
             let perms = f.next().unwrap_or("");
             let _offset = f.next();
             let dev = f.next().unwrap_or("");
-            let inode = f.next().and_then(|i| i.parse::<u64>().ok());
-            let candidate = perms.starts_with('r')
-                && !perms.contains('w')
-                && perms.ends_with('p')
-                && dev == exe.0
-                && inode == Some(exe.1);
-            cur = Some((Range { start, end, rss_kib: 0 }, candidate));
+            let inode = f.next().unwrap_or("0");
+            out.push(Mapping {
+                range: Range { start, end, rss_kib: 0 },
+                perms,
+                file: (dev, inode),
+                anon: false,
+            });
             continue;
         }
-        let Some((r, candidate)) = cur.as_mut() else { continue };
+        let Some(m) = out.last_mut() else { continue };
         let kib = f.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         match first {
-            "Rss:" => r.rss_kib = kib,
+            "Rss:" => m.range.rss_kib = kib,
             // A copy-on-write page (relocations, a debugger's breakpoint) must not be lost.
-            "Anonymous:" | "Swap:" if kib > 0 => *candidate = false,
+            "Anonymous:" | "Swap:" if kib > 0 => m.anon = true,
             _ => {}
         }
     }
-    if let Some((r, true)) = cur {
-        out.push(r);
-    }
-    Ok(out)
+    out
 }
 
-/// `st_dev` as /proc/<pid>/smaps prints it (`major:minor` in hex, proc(5)), with glibc's
-/// encoding of the two numbers (makedev(3)).
-fn dev_field(dev: u64) -> String {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    format!("{major:02x}:{minor:02x}")
+/// The droppable mappings of the file mapped at `code` (read-only, private, no anonymous page).
+fn select(smaps: &str, code: usize) -> Vec<Range> {
+    let maps = mappings(smaps);
+    let Some(exe) = maps
+        .iter()
+        .find(|m| (m.range.start..m.range.end).contains(&code))
+        .map(|m| m.file)
+        .filter(|f| f.1 != "0")
+    else {
+        return Vec::new();
+    };
+    maps.into_iter()
+        .filter(|m| {
+            m.file == exe
+                && m.perms.starts_with('r')
+                && !m.perms.contains('w')
+                && m.perms.ends_with('p')
+                && !m.anon
+        })
+        .map(|m| m.range)
+        .collect()
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// The executable is the file mapped at the given code address, whatever its path or
+    /// the device stat(2) would report; its relocated (anonymous) and writable mappings stay.
+    #[test]
+    fn the_executable_is_the_file_mapped_at_our_code() {
+        let smaps = "\
+555555554000-555555556000 r--p 00000000 00:2f 1234  /usr/bin/my app (deleted)
+Rss:                   8 kB
+Anonymous:             0 kB
+555555556000-55555555a000 r-xp 00002000 00:2f 1234  /usr/bin/my app (deleted)
+Rss:                  16 kB
+Anonymous:             0 kB
+55555555a000-55555555c000 r--p 00006000 00:2f 1234  /usr/bin/my app (deleted)
+Rss:                   8 kB
+Anonymous:             4 kB
+55555555c000-55555555d000 rw-p 00008000 00:2f 1234  /usr/bin/my app (deleted)
+Rss:                   4 kB
+Anonymous:             4 kB
+7ffff7dd0000-7ffff7df0000 r-xp 00000000 fe:00 99  /usr/lib/libc.so.6
+Rss:                  64 kB
+Anonymous:             0 kB
+7ffff7ff0000-7ffff7ff1000 rw-p 00000000 00:00 0
+Rss:                   4 kB
+Anonymous:             4 kB
+";
+        let got: Vec<(usize, u64)> =
+            select(smaps, 0x555555557000).iter().map(|r| (r.start, r.rss_kib)).collect();
+        assert_eq!(got, [(0x555555554000, 8), (0x555555556000, 16)]);
+        // Code outside any file mapping (or in an anonymous one) selects nothing.
+        assert!(select(smaps, 0x1000).is_empty());
+        assert!(select(smaps, 0x7ffff7ff0800).is_empty());
+    }
 
     #[test]
     fn drops_code_pages_and_keeps_running() {
