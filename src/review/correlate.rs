@@ -1277,6 +1277,30 @@ struct Case {
 }
 
 impl Case {
+    /// The case of denied host `key` in `by_host`, opened on the denial `d` (linked and
+    /// described) if it is new; whether it was.
+    fn of_denial<'a>(
+        by_host: &'a mut BTreeMap<String, Case>,
+        key: &str,
+        d: &Egress,
+    ) -> (&'a mut Case, bool) {
+        let case = by_host
+            .entry(key.to_string())
+            .or_insert_with(|| Case { key: key.to_string(), ..Case::default() });
+        let new = case.egress.is_empty();
+        if new {
+            case.add_egress(d.pk);
+            case.detail.push(format!(
+                "denied {} {} ({}) at {}",
+                d.method,
+                d.target(),
+                d.reason,
+                format_micros(d.ts)
+            ));
+        }
+        (case, new)
+    }
+
     fn add_egress(&mut self, pk: i64) {
         if !self.seen_egress.insert(pk) {
             return;
@@ -1470,21 +1494,9 @@ impl CorrelateScan {
             }
             if let Some((di, way)) = found {
                 let d = &self.egress[di];
-                let case = by_host
-                    .entry(d.host.clone())
-                    .or_insert_with(|| Case { key: d.host.clone(), ..Case::default() });
-                if case.egress.is_empty() {
-                    case.add_egress(d.pk);
-                    case.detail.push(format!(
-                        "denied {} {} ({}) at {}",
-                        d.method,
-                        d.target(),
-                        d.reason,
-                        format_micros(d.ts)
-                    ));
-                    if let Some(c) = self.call_at(d.ts, CLOCK_SLACK_US) {
-                        case.add_transcript(c.pk);
-                    }
+                let (case, new) = Case::of_denial(&mut by_host, &d.host, d);
+                if new && let Some(c) = self.call_at(d.ts, CLOCK_SLACK_US) {
+                    case.add_transcript(c.pk);
                 }
                 case.add_egress(a.pk);
                 case.attempts += a.attempts;
@@ -1593,19 +1605,7 @@ impl CorrelateScan {
                 if c2.ts - d.ts > p.window {
                     continue;
                 }
-                let case = by_host
-                    .entry(host.to_string())
-                    .or_insert_with(|| Case { key: host.to_string(), ..Case::default() });
-                if case.egress.is_empty() {
-                    case.add_egress(d.pk);
-                    case.detail.push(format!(
-                        "denied {} {} ({}) at {}",
-                        d.method,
-                        d.target(),
-                        d.reason,
-                        format_micros(d.ts)
-                    ));
-                }
+                let (case, _) = Case::of_denial(&mut by_host, host, d);
                 case.add_transcript(c1.pk);
                 case.add_transcript(c2.pk);
                 case.attempts += 1;
