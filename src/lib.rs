@@ -23,6 +23,7 @@ pub mod audit;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod container;
 pub mod daemon;
 pub mod env;
 pub mod evidence;

@@ -619,6 +619,7 @@ mod tests {
         log.simulate_crash();
         drop(sink);
         drop(log);
+        crate::audit::settle::wait_until_unlocked(&tmp.path().join("journal-live.jsonl"));
         crate::audit::settle_journals(tmp.path()).unwrap();
         let c = check_dir(tmp.path(), &MachineKey::Missing).unwrap();
         assert_eq!(c.gaps.len(), 1, "{c:?}");

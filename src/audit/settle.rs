@@ -88,6 +88,22 @@ pub fn settle_journals(dir: &Path) -> Result<SettleReport, AuditError> {
     Ok(report)
 }
 
+/// Waits until no process holds `journal`'s lock. A test on another thread that forks while a
+/// writer's journal is open gives the child a copy of the descriptor, and with it the flock(2)
+/// lock (locks belong to the open file description), until the child execs and its
+/// close-on-exec descriptors go; a settlement in that window rightly reports the journal busy.
+#[cfg(test)]
+pub(crate) fn wait_until_unlocked(journal: &Path) {
+    let file = File::open(journal).expect("open the journal");
+    for _ in 0..500 {
+        if file.try_lock().is_ok() {
+            return; // dropping `file` releases the probe's own lock
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{} stayed locked with its writer gone", journal.display());
+}
+
 /// Settles every repo directory under `logs_root` (`~/.airlock/logs/`), e.g. at daemon start.
 pub fn settle_all(logs_root: &Path) -> Result<SettleReport, AuditError> {
     let mut report = SettleReport::default();
@@ -281,7 +297,9 @@ mod tests {
         log.simulate_crash();
         drop(sink);
         drop(log); // lock released, record still open: the file stays
-        assert!(dir.join(format!("journal-{boot}.jsonl")).exists());
+        let journal = dir.join(format!("journal-{boot}.jsonl"));
+        assert!(journal.exists());
+        wait_until_unlocked(&journal);
         (done, open)
     }
 

@@ -63,7 +63,7 @@ const TOP_KEYS: &[&str] = &[
 ];
 const GATE_KEYS: &[&str] = &["hosts", "rule", "timeout", "commands", "self_approve"];
 const GATE_RULE_KEYS: &[&str] = &["host", "severity"];
-const SANDBOX_KEYS: &[&str] = &["mounts", "cache"];
+const SANDBOX_KEYS: &[&str] = &["mounts", "cache", "backend"];
 const LOGS_KEYS: &[&str] = &["keep"];
 const PUBLISH_KEYS: &[&str] = &["auto", "timeout"];
 const AUDIT_KEYS: &[&str] = &["burst", "session_budget", "min_free"];
@@ -169,6 +169,10 @@ pub struct SandboxDoc {
     /// `cache`: cache names ([`crate::sandbox::toolchain::CACHES`]).
     #[serde(default)]
     pub cache: Vec<String>,
+    /// `backend`: `native`, `docker` or `podman` (managed and user layers only); `--backend`
+    /// overrides it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<crate::container::Backend>,
 }
 
 /// A value as written and its `file:line:col` (for refusals made later, at launch).
@@ -666,6 +670,25 @@ impl Walker<'_> {
                                 ),
                             );
                         }
+                    }
+                }
+                "backend" => {
+                    let Some(text) = self.string(value, "sandbox.backend") else { continue };
+                    if !matches!(self.kind, LayerKind::Managed | LayerKind::User) {
+                        self.error(
+                            key.span(),
+                            format!(
+                                "sandbox.backend is not allowed in the {} layer: which engine \
+                                 runs sessions is the machine's choice; set it in \
+                                 ~/.airlock/config.toml (or pass --backend)",
+                                self.kind
+                            ),
+                        );
+                        continue;
+                    }
+                    match text.parse() {
+                        Ok(b) => doc.sandbox.backend = Some(b),
+                        Err(e) => self.error(value.span(), format!("sandbox.backend: {e}")),
                     }
                 }
                 _ => self.unknown(key, "[sandbox]", SANDBOX_KEYS),
@@ -1261,6 +1284,27 @@ mod tests {
         assert_eq!(d.sandbox.mounts[0].at, format!("{F}:2:11"));
         assert_eq!(d.sandbox.mounts[1].at, format!("{F}:2:30"));
         assert_eq!(d.sandbox.cache, ["cargo", "npm"]);
+    }
+
+    #[test]
+    fn sandbox_backend_is_the_machines_choice_and_a_typo_is_located() {
+        let user = parse_layer(
+            LayerKind::User,
+            "~/.airlock/config.toml",
+            b"[sandbox]\nbackend = \"podman\"\n",
+        )
+        .unwrap()
+        .doc;
+        assert_eq!(user.sandbox.backend, Some(crate::container::Backend::Podman));
+        let e = repo_err("[sandbox]\nbackend = \"docker\"\n");
+        assert!(
+            e.starts_with(&format!("{F}:2:1: sandbox.backend is not allowed in the repo")),
+            "{e}"
+        );
+        let e = parse_layer(LayerKind::User, "u.toml", b"[sandbox]\nbackend = \"dokcer\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("u.toml:2:11: sandbox.backend: unknown backend \"dokcer\""), "{e}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod diag;
 pub mod fsutil;
 pub mod identity;
 mod layer;
+pub mod layers_file;
 pub mod machine_key;
 pub mod phase;
 pub mod policy_tests;
@@ -573,6 +574,14 @@ pub fn sandbox_mounts(
         }
     }
     (mounts, caches)
+}
+
+/// `[sandbox] backend`: the user layer's choice, else the managed layer's (a repo file may not
+/// choose; the parser refuses it there).
+pub fn sandbox_backend(layers: &[&LayerDoc]) -> Option<crate::container::Backend> {
+    let of =
+        |kind: LayerKind| layers.iter().filter(|d| d.kind == kind).find_map(|d| d.sandbox.backend);
+    of(LayerKind::User).or_else(|| of(LayerKind::Managed))
 }
 
 /// A path as the user sees it: `~/…` under the home directory.

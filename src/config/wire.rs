@@ -124,7 +124,7 @@ fn credential_from_wire(c: &wire::Credential) -> Credential {
     }
 }
 
-fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
+pub(super) fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
     wire::LayerDoc {
         kind: kind_to_wire(doc.kind),
         name: doc.name.clone(),
@@ -184,7 +184,7 @@ fn layer_to_wire(doc: &LayerDoc) -> wire::LayerDoc {
     }
 }
 
-fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
+pub(super) fn layer_from_wire(doc: &wire::LayerDoc) -> Result<LayerDoc, ConfigError> {
     let allow_private = doc
         .network
         .allow_private

@@ -44,6 +44,12 @@ pub struct Standalone {
     pub limits: Limits,
     pub policy: Policy,
     pub resolver: Arc<dyn Resolver>,
+    /// The session id the lines carry (`None`: a new one). The container backend passes the
+    /// CLI's, so its session records, refusal report and quarantine agree with the lines.
+    pub session: Option<String>,
+    /// Created (empty) once the listener is bound: how an orchestrator that cannot reach the
+    /// listener (the container backend's CLI) knows the proxy is ready.
+    pub ready_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +63,12 @@ pub enum StandaloneError {
     #[error("cannot listen on {addr}")]
     Listen {
         addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot create the ready file {}", path.display())]
+    Ready {
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -77,7 +89,7 @@ pub async fn serve(
 ) -> Result<(), StandaloneError> {
     let boot = crate::audit::new_boot_id();
     let info = SessionInfo {
-        session: crate::audit::new_id(),
+        session: proxy.session.clone().unwrap_or_else(crate::audit::new_id),
         repo: proxy.repo_name.clone(),
         repo_path: None,
         repo_key: None,
@@ -100,6 +112,10 @@ pub async fn serve(
         .await
         .map_err(|source| StandaloneError::Listen { addr: proxy.listen, source })?;
     let bound = listener.local_addr().map_err(StandaloneError::LocalAddr)?;
+    if let Some(ready) = &proxy.ready_file {
+        std::fs::write(ready, b"")
+            .map_err(|source| StandaloneError::Ready { path: ready.clone(), source })?;
+    }
     let identity = Identity {
         repo: proxy.repo_name.clone(),
         repo_path: None,

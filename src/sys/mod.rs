@@ -10,5 +10,6 @@ pub mod netfilter;
 pub mod nflog;
 pub mod peer;
 pub mod rtnetlink;
+pub mod signals;
 pub mod spawn;
 pub mod splice;

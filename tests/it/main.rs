@@ -23,6 +23,8 @@ mod console_browser;
 mod console_gates;
 mod console_pages;
 #[cfg(feature = "test-hooks")]
+mod container_backend;
+#[cfg(feature = "test-hooks")]
 mod correlate_e2e;
 #[cfg(feature = "test-hooks")]
 mod correlate_fixtures;

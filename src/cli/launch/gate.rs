@@ -63,6 +63,8 @@ pub struct Prepared {
     pub phases: Vec<(String, Vec<String>)>,
     /// `--phase`: the phase the session starts in.
     pub phase: Option<String>,
+    /// `[sandbox] backend` of the applied layers: the user layer's, else the managed layer's.
+    pub backend: Option<crate::container::Backend>,
 }
 
 /// The configuration layer (DESIGN §4): trust by content hash, `[env] pass`/`[mcp.*]` from the
@@ -168,6 +170,7 @@ impl TrustGate for ConfigGate {
             gate_self_approve,
             phases,
             phase: None,
+            backend: config::sandbox_backend(&applied),
         })
     }
 }

@@ -11,6 +11,7 @@
 
 mod agent;
 mod bridge;
+mod container;
 mod gate;
 mod gatenotice;
 mod gaterelay;
@@ -166,6 +167,19 @@ pub fn run_with(
         }
         prepared.phase = Some(phase.clone());
     }
+    let backend = container::choose(opts.backend, &prepared);
+    if backend.engine().is_some() {
+        // Not yet: the agent is installed in the image (docs/backends.md), so the host's agent
+        // resolution and trees do not apply; ports need a published port on the sandbox.
+        if matches!(target, Target::Agent(..)) {
+            return fail(format!(
+                "`airlock run --backend {backend}` is not available yet; run the agent installed                  in the airlock/base image with `airlock exec --backend {backend} -- AGENT`"
+            ));
+        }
+        if !ports.is_empty() {
+            return fail(format!("--port is not available with --backend {backend} yet"));
+        }
+    }
     let chosen = match toolchains::judge(&paths, &repo, rules.clone(), &prepared, opts) {
         Ok(c) => c,
         Err(e) => return fail(e),
@@ -178,7 +192,9 @@ pub fn run_with(
         );
     }
     let kernel = probe::probe(&HostFs::from_env(ctx.env));
-    warn_once(&paths, &kernel.optional_warnings());
+    if backend.engine().is_none() {
+        warn_once(&paths, &kernel.optional_warnings());
+    }
     if prepared.identity.user_id.is_none() {
         warn_unattributed_once(&paths, &repo);
     }
@@ -228,41 +244,67 @@ pub fn run_with(
     }
     // The date before the session starts: its lines are in files of that date or later.
     let started = crate::timefmt::rfc3339_ms(std::time::SystemTime::now());
+    if let Some(engine) = backend.engine() {
+        return match container::run(engine, &paths, &req, &prepared, ctx.env) {
+            Ok(outcome) => {
+                report_sweep(&outcome.sweep, &req.session);
+                finish(&paths, &req, &prepared, opts, ctx, &started, None, outcome.exit_code)
+            }
+            Err(e) => fail(e),
+        };
+    }
     match supervisor::run(&req, &kernel, &mut *bridge) {
         Ok(outcome) => {
             // The relay has restored the terminal by now (supervisor::run returns after it).
             report_sweep(&outcome.sweep, &req.session);
-            if !opts.quiet {
-                let hints = refusals::Hints::for_repo(&req.repo.path, &ctx.cwd);
-                // The same lookup the daemon's writer used (one checkout per directory).
-                let root = paths.logs_root();
-                match crate::audit::logdir::locate(&root, &req.repo.name, &req.repo.path) {
-                    Ok(Some(dir)) => {
-                        for line in refusals::report(&dir, &started[..10], &req.session, &hints) {
-                            eprintln!("{line}");
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        eprintln!("airlock: warning: cannot list this session's refusals: {e}")
-                    }
-                }
-            }
-            if let Some(stopped) = &outcome.stopped {
-                // The daemon's words, escaped: they name a directory, which may carry any bytes.
-                eprintln!(
-                    "airlock: session stopped: {}",
-                    crate::audit::escape_for_terminal(&stopped.message)
-                );
-            }
-            // On the host, after the sandbox has exited: the token never meets the session.
-            if let Some(timeout) = prepared.publish_at_end {
-                super::publish::publish_at_session_end(&paths, &req.repo.path, timeout);
-            }
-            outcome.exit_code
+            let stopped = outcome.stopped.as_ref();
+            finish(&paths, &req, &prepared, opts, ctx, &started, stopped, outcome.exit_code)
         }
         Err(e) => fail(e),
     }
+}
+
+/// After the session (either backend): this session's refusals, why it was stopped, and the
+/// publish the configuration asks for. Returns the session's exit code.
+#[allow(clippy::too_many_arguments)] // one call per backend; a struct would only rename them
+fn finish(
+    paths: &Paths,
+    req: &Request,
+    prepared: &Prepared,
+    opts: &SessionOptions,
+    ctx: &Context<'_>,
+    started: &str,
+    stopped: Option<&crate::sandbox::bridge::Stopped>,
+    exit_code: i32,
+) -> i32 {
+    if !opts.quiet {
+        let hints = refusals::Hints::for_repo(&req.repo.path, &ctx.cwd);
+        // The same lookup the daemon's writer used (one checkout per directory).
+        let root = paths.logs_root();
+        match crate::audit::logdir::locate(&root, &req.repo.name, &req.repo.path) {
+            Ok(Some(dir)) => {
+                for line in refusals::report(&dir, &started[..10], &req.session, &hints) {
+                    eprintln!("{line}");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("airlock: warning: cannot list this session's refusals: {e}")
+            }
+        }
+    }
+    if let Some(stopped) = stopped {
+        // The daemon's words, escaped: they name a directory, which may carry any bytes.
+        eprintln!(
+            "airlock: session stopped: {}",
+            crate::audit::escape_for_terminal(&stopped.message)
+        );
+    }
+    // On the host, after the sandbox has exited: the token never meets the session.
+    if let Some(timeout) = prepared.publish_at_end {
+        super::publish::publish_at_session_end(paths, &req.repo.path, timeout);
+    }
+    exit_code
 }
 
 /// The repo's git pointers, honoured only as `airlock policy trust` recorded them, passing the

@@ -1,5 +1,5 @@
 //! Options every session takes (`exec` and `run`): `--mount`, `-w/--workdir`, `--quiet` and
-//! `--phase`.
+//! `--phase` and `--backend`.
 
 use std::path::PathBuf;
 
@@ -23,4 +23,9 @@ pub struct SessionOptions {
     /// later with `airlock phase set`. See "Phases" in docs/configuration.md.
     #[arg(long, value_name = "NAME")]
     pub phase: Option<String>,
+    /// Run the session in Airlock's own sandbox (`native`, the default) or in containers
+    /// (`docker`, `podman`): a sandbox container whose only peer is a proxy container. Default:
+    /// `[sandbox] backend`, else native. See docs/backends.md.
+    #[arg(long, value_name = "native|docker|podman")]
+    pub backend: Option<crate::container::Backend>,
 }

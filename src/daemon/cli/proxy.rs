@@ -25,8 +25,13 @@ pub struct ProxyArgs {
     #[arg(long, env = "AIRLOCK_LISTEN", value_name = "ADDR")]
     pub listen: SocketAddr,
     /// Policy file in `.airlock.toml` format, trusted as the `operator` layer.
-    #[arg(long, env = "AIRLOCK_CONFIG", value_name = "FILE")]
+    #[arg(long, env = "AIRLOCK_CONFIG", value_name = "FILE", conflicts_with = "layers")]
     pub config: Option<PathBuf>,
+    /// A layers file (JSON) with the managed, user and repo layers' policy parts, as `airlock
+    /// exec|run --backend docker|podman` writes it for a session's proxy container: evaluation
+    /// and `layer` attribution are then the daemon's for that session. See docs/backends.md.
+    #[arg(long, env = "AIRLOCK_LAYERS", value_name = "FILE")]
+    pub layers: Option<PathBuf>,
     /// Evaluate with phase NAME in force: each layer's [phase.NAME.network] lists in place of
     /// its [network] lists (every audit line then carries `phase`).
     #[arg(long, env = "AIRLOCK_PHASE", value_name = "NAME")]
@@ -37,6 +42,14 @@ pub struct ProxyArgs {
     /// `user_id` written on every line (omitted when unset: unattributed).
     #[arg(long, env = "AIRLOCK_USER_ID", value_name = "ID")]
     pub user_id: Option<String>,
+    /// The session id every line carries (default: a new random one). Letters, digits, `-`
+    /// and `_`, at most 64.
+    #[arg(long, env = "AIRLOCK_SESSION", value_name = "ID", value_parser = parse_session_id)]
+    pub session: Option<String>,
+    /// Create this (empty) file once the listener is bound: a readiness signal for an
+    /// orchestrator that cannot connect to the listener itself.
+    #[arg(long, env = "AIRLOCK_READY_FILE", value_name = "FILE")]
+    pub ready_file: Option<PathBuf>,
     /// Time for a request head to arrive.
     #[arg(long, env = "AIRLOCK_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -112,6 +125,8 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         user_id: args.user_id,
         policy,
         resolver,
+        session: args.session,
+        ready_file: args.ready_file,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -119,6 +134,18 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(standalone::serve(proxy, wait_for_signal()))?;
     Ok(())
+}
+
+/// `--session`: an id that is safe in file names and log lines.
+fn parse_session_id(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("a session id is 1 to 64 letters, digits, `-` or `_`".into())
+    }
 }
 
 async fn wait_for_signal() {
@@ -139,10 +166,22 @@ async fn wait_for_signal() {
 /// The operator file, plus the fleet's managed layer (and its review-plane servers) when the
 /// machine has one: a fleet policy binds the standalone proxy too.
 fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
+    if let Some(path) = &args.layers {
+        // The file carries the managed layer the session's CLI read on the host; this process
+        // (a container) reads none of its own.
+        let file = crate::config::layers_file::LayersFile::read(path)
+            .map_err(|e| anyhow::anyhow!("--layers: {e}"))?;
+        let built = file.build_policy(args.phase.as_deref()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        for w in &built.warnings {
+            eprintln!("airlockd proxy: warning: {w}");
+        }
+        return Ok(built.policy);
+    }
     let Some(path) = &args.config else {
         bail!(
             "no policy: pass --config FILE (or AIRLOCK_CONFIG) with an allow list in \
-             .airlock.toml format, e.g. [network] allow = [\"example.com\"]"
+             .airlock.toml format, e.g. [network] allow = [\"example.com\"], or --layers FILE \
+             (or AIRLOCK_LAYERS) as `airlock exec --backend podman` writes it"
         );
     };
     let operator = crate::config::load_operator(path).map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -1,0 +1,399 @@
+//! The engine command lines a session runs, as pure functions of what they need: the network,
+//! the proxy container and the sandbox container. Each hardening flag sits beside the leak it
+//! closes; those leaks were measured on Podman 4.3 (netavark, aardvark-dns) and Docker 20.10
+//! (docs/backends.md, "What `--internal` leaves open").
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::Engine;
+use super::names::{PROXY_HOST, PROXY_PORT};
+
+/// Where the proxy container finds what the host gives it.
+pub const PROXY_RUN_DIR: &str = "/airlock/run";
+pub const PROXY_LOG_DIR: &str = "/airlock/logs";
+/// The `airlockd` inside the proxy image (`contrib/docker/`).
+pub const PROXY_AIRLOCKD: &str = "/usr/local/bin/airlockd";
+/// The image names (`airlock/base`, `airlock/proxy`); `[sandbox]`-independent so every
+/// machine's images are found the same way. `AIRLOCK_BASE_IMAGE`/`AIRLOCK_PROXY_IMAGE`
+/// override them.
+pub const BASE_IMAGE: &str = "airlock/base:latest";
+pub const PROXY_IMAGE: &str = "airlock/proxy:latest";
+
+/// The user the containers run as: the caller, so files written through bind mounts keep the
+/// caller's ownership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+    /// Podman without root: `--userns=keep-id` maps the caller to the same ids inside.
+    pub rootless_podman: bool,
+}
+
+impl RunAs {
+    fn args(&self) -> Vec<OsString> {
+        if self.rootless_podman {
+            vec!["--userns=keep-id".into()]
+        } else {
+            vec!["--user".into(), format!("{}:{}", self.uid, self.gid).into()]
+        }
+    }
+}
+
+/// One bind mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bind {
+    pub host: PathBuf,
+    pub inside: PathBuf,
+    pub read_only: bool,
+}
+
+/// A path an engine's `--mount` syntax cannot carry (its fields are comma-separated).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{} cannot be bind-mounted by a container engine (a comma or a newline in the path); \
+     rename it, or use --backend native",
+    .0.display()
+)]
+pub struct UnmountablePath(pub PathBuf);
+
+impl Bind {
+    /// `--mount type=bind,...`: unlike `-v`, it never creates a missing host path (Docker would
+    /// create it as root) and has no `:` ambiguity.
+    fn arg(&self) -> Result<OsString, UnmountablePath> {
+        for p in [&self.host, &self.inside] {
+            let bytes = p.as_os_str().as_encoded_bytes();
+            if bytes.iter().any(|b| matches!(b, b',' | b'\n' | b'\r')) {
+                return Err(UnmountablePath(p.clone()));
+            }
+        }
+        let mut s = OsString::from("type=bind,source=");
+        s.push(&self.host);
+        s.push(",target=");
+        s.push(&self.inside);
+        if self.read_only {
+            s.push(",readonly=true");
+        }
+        Ok(s)
+    }
+}
+
+/// `network create` for the repo's internal network.
+pub fn network_create(engine: Engine, name: &str, repo_key: &str) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["network".into(), "create".into()];
+    // No route off the network (no gateway NAT).
+    a.push("--internal".into());
+    match engine {
+        // Podman with DNS on forwards external names from the internal network (aardvark-dns),
+        // and gives the bridge an IPv4 the sandbox can reach; without it, neither. Created
+        // through the podman CLI: the Docker-compatible API turns DNS back on.
+        Engine::Podman => a.push("--disable-dns".into()),
+        // Docker gives an internal bridge an address on the engine host and routes the
+        // sandbox to it: every service listening there on 0.0.0.0 was reachable. Without an
+        // IPv4 on the bridge, nothing of the host answers.
+        Engine::Docker => {
+            a.push("-o".into());
+            a.push("com.docker.network.bridge.inhibit_ipv4=true".into());
+        }
+    }
+    a.push("--label".into());
+    a.push(format!("airlock.repo-key={repo_key}").into());
+    a.push(name.into());
+    a
+}
+
+/// `network inspect`, to see whether the network is there.
+pub fn network_exists(name: &str) -> Vec<OsString> {
+    vec!["network".into(), "inspect".into(), name.into()]
+}
+
+/// `image inspect`, to see whether an image is there (both engines have it).
+pub fn image_exists(image: &str) -> Vec<OsString> {
+    vec!["image".into(), "inspect".into(), "--format".into(), "{{.Id}}".into(), image.into()]
+}
+
+/// What the proxy container needs.
+#[derive(Debug, Clone)]
+pub struct ProxySpec {
+    pub name: String,
+    pub image: String,
+    pub network: String,
+    pub uplink: String,
+    pub run_as: RunAs,
+    pub repo_name: String,
+    pub session: String,
+    pub user_id: Option<String>,
+    pub phase: Option<String>,
+    /// Host directory with the layers file, bound read-write at [`PROXY_RUN_DIR`] (the proxy
+    /// writes its ready file there).
+    pub run_dir: PathBuf,
+    /// The repo's audit log directory, bound at [`PROXY_LOG_DIR`].
+    pub log_dir: PathBuf,
+    /// Extra `-e NAME=VALUE` (test builds only: the test resolver).
+    pub env: Vec<(String, String)>,
+    /// Extra read-only binds (test builds only: the test resolver's file).
+    pub binds: Vec<Bind>,
+}
+
+/// `run -d` for the session's proxy container.
+pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, UnmountablePath> {
+    let mut a: Vec<OsString> = vec!["run".into(), "-d".into(), "--rm".into()];
+    a.extend(["--name".into(), p.name.clone().into()]);
+    a.extend(["--label".into(), format!("airlock.session={}", p.session).into()]);
+    a.extend(["--network".into(), p.network.clone().into()]);
+    // Its only way out, and the only container on two networks. The Docker CLI takes one
+    // network at `run`; the uplink is joined with [`network_connect`] before any sandbox
+    // starts.
+    if engine == Engine::Podman {
+        a.extend(["--network".into(), p.uplink.clone().into()]);
+    }
+    // Not a router between the two networks, whatever a sandbox sends it.
+    a.extend(["--sysctl".into(), "net.ipv4.ip_forward=0".into()]);
+    a.extend(["--cap-drop".into(), "ALL".into()]);
+    a.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    a.extend(p.run_as.args());
+    for (k, v) in &p.env {
+        a.extend(["--env".into(), format!("{k}={v}").into()]);
+    }
+    let mut binds = vec![
+        Bind { host: p.run_dir.clone(), inside: PROXY_RUN_DIR.into(), read_only: false },
+        Bind { host: p.log_dir.clone(), inside: PROXY_LOG_DIR.into(), read_only: false },
+    ];
+    binds.extend(p.binds.iter().cloned());
+    for b in &binds {
+        a.extend(["--mount".into(), b.arg()?]);
+    }
+    // The images are built locally (contrib/docker/); never fetch one by that name.
+    a.push("--pull=never".into());
+    a.extend(["--entrypoint".into(), PROXY_AIRLOCKD.into()]);
+    a.push(p.image.clone().into());
+    let run = Path::new(PROXY_RUN_DIR);
+    a.push("proxy".into());
+    a.extend(["--repo-name".into(), p.repo_name.clone().into()]);
+    a.extend(["--listen".into(), format!("0.0.0.0:{PROXY_PORT}").into()]);
+    a.extend(["--layers".into(), run.join("layers.json").into()]);
+    a.extend(["--log-dir".into(), PROXY_LOG_DIR.into()]);
+    a.extend(["--session".into(), p.session.clone().into()]);
+    a.extend(["--ready-file".into(), run.join("ready").into()]);
+    if let Some(u) = &p.user_id {
+        a.extend(["--user-id".into(), u.clone().into()]);
+    }
+    if let Some(ph) = &p.phase {
+        a.extend(["--phase".into(), ph.clone().into()]);
+    }
+    Ok(a)
+}
+
+/// `network connect`: the proxy container joins its uplink (Docker).
+pub fn network_connect(network: &str, container: &str) -> Vec<OsString> {
+    vec!["network".into(), "connect".into(), network.into(), container.into()]
+}
+
+/// What the sandbox container needs.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub name: String,
+    pub image: String,
+    pub network: String,
+    pub proxy_ip: String,
+    pub run_as: RunAs,
+    pub hostname: String,
+    pub workdir: PathBuf,
+    /// The repo (read-write), then protected paths (read-only) and pinned directories.
+    pub binds: Vec<Bind>,
+    /// The home directory: a tmpfs (`exec`) or a bind of the per-repo agent home (`run`).
+    pub home: Home,
+    /// The `--env-file` with the session's environment (0600, host side).
+    pub env_file: PathBuf,
+    pub tty: bool,
+    pub argv: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Home {
+    Tmpfs { path: PathBuf },
+    Bind(Bind),
+}
+
+/// `run` (attached) for the session's sandbox container.
+pub fn sandbox_run(engine: Engine, s: &SandboxSpec) -> Result<Vec<OsString>, UnmountablePath> {
+    let mut a: Vec<OsString> = vec!["run".into(), "--rm".into(), "-i".into()];
+    if s.tty {
+        a.push("-t".into());
+    }
+    a.extend(["--name".into(), s.name.clone().into()]);
+    a.extend(["--network".into(), s.network.clone().into()]);
+    // No resolver: an internal network still forwards names (aardvark-dns; Docker's embedded
+    // 127.0.0.11), which is a channel out. Names resolve at the proxy.
+    match engine {
+        Engine::Podman => a.extend(["--dns".into(), "none".into()]),
+        // The Docker CLI has no `none`: a loopback address nothing listens on.
+        Engine::Docker => a.extend(["--dns".into(), "127.0.0.1".into()]),
+    }
+    a.extend(["--add-host".into(), format!("{PROXY_HOST}:{}", s.proxy_ip).into()]);
+    // The bridge's IPv6 link-local address answers otherwise.
+    a.extend(["--sysctl".into(), "net.ipv6.conf.all.disable_ipv6=1".into()]);
+    // No CAP_NET_ADMIN (routes), CAP_NET_RAW (raw packets), nor any other.
+    a.extend(["--cap-drop".into(), "ALL".into()]);
+    a.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    a.extend(s.run_as.args());
+    a.extend(["--hostname".into(), s.hostname.clone().into()]);
+    a.extend(["--workdir".into(), s.workdir.clone().into()]);
+    for b in &s.binds {
+        a.extend(["--mount".into(), b.arg()?]);
+    }
+    match &s.home {
+        Home::Tmpfs { path } => {
+            let mut t = OsString::from(path);
+            t.push(":rw,nosuid,nodev,size=1g,mode=0700,");
+            // Owned by the caller inside: Podman's `U` chowns it to the container user (it
+            // refuses tmpfs's own uid=/gid=); Docker passes uid=/gid= to the kernel.
+            match engine {
+                Engine::Podman => t.push("U"),
+                Engine::Docker => t.push(format!("uid={},gid={}", s.run_as.uid, s.run_as.gid)),
+            }
+            a.extend(["--tmpfs".into(), t]);
+        }
+        Home::Bind(b) => a.extend(["--mount".into(), b.arg()?]),
+    }
+    a.extend(["--env-file".into(), s.env_file.clone().into()]);
+    a.push("--pull=never".into());
+    a.push(s.image.clone().into());
+    a.extend(s.argv.iter().cloned());
+    Ok(a)
+}
+
+/// `inspect` for the proxy's address on the repo's network.
+pub fn proxy_ip(name: &str, network: &str) -> Vec<OsString> {
+    vec![
+        "inspect".into(),
+        "--format".into(),
+        format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}").into(),
+        name.into(),
+    ]
+}
+
+/// `stop` with the proxy's drain grace; `--rm` removes it once stopped.
+pub fn stop(name: &str, grace_secs: u32) -> Vec<OsString> {
+    vec!["stop".into(), "-t".into(), grace_secs.to_string().into(), name.into()]
+}
+
+/// `rm -f`, for a container that must go whatever its state.
+pub fn remove(name: &str) -> Vec<OsString> {
+    vec!["rm".into(), "-f".into(), name.into()]
+}
+
+/// `logs`, for the proxy's own words when it did not come up.
+pub fn logs(name: &str) -> Vec<OsString> {
+    vec!["logs".into(), name.into()]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn has_pair(a: &[OsString], flag: &str, value: &str) -> bool {
+        a.windows(2).any(|w| w[0] == flag && w[1] == value)
+    }
+
+    fn run_as() -> RunAs {
+        RunAs { uid: 1000, gid: 1000, rootless_podman: false }
+    }
+
+    fn sandbox(engine: Engine) -> Vec<OsString> {
+        let spec = SandboxSpec {
+            name: "airlock-sandbox-app-1-2".into(),
+            image: BASE_IMAGE.into(),
+            network: "airlock-net-12345678".into(),
+            proxy_ip: "10.89.0.2".into(),
+            run_as: run_as(),
+            hostname: "app".into(),
+            workdir: "/app".into(),
+            binds: vec![Bind { host: "/h/app".into(), inside: "/app".into(), read_only: false }],
+            home: Home::Tmpfs { path: "/home/agent".into() },
+            env_file: "/run/env".into(),
+            tty: false,
+            argv: vec!["true".into()],
+        };
+        sandbox_run(engine, &spec).unwrap()
+    }
+
+    #[test]
+    fn the_sandbox_container_carries_every_measured_seal() {
+        for engine in [Engine::Podman, Engine::Docker] {
+            let a = sandbox(engine);
+            let dns = if engine == Engine::Podman { "none" } else { "127.0.0.1" };
+            assert!(has_pair(&a, "--dns", dns), "{engine}: {a:?}");
+            assert!(has_pair(&a, "--sysctl", "net.ipv6.conf.all.disable_ipv6=1"));
+            assert!(has_pair(&a, "--cap-drop", "ALL"));
+            assert!(has_pair(&a, "--security-opt", "no-new-privileges"));
+            assert!(has_pair(&a, "--add-host", "airlock-proxy:10.89.0.2"));
+            assert!(has_pair(&a, "--network", "airlock-net-12345678"));
+            assert_eq!(a.iter().filter(|x| *x == "--network").count(), 1, "one network only");
+            assert!(has_pair(&a, "--user", "1000:1000"));
+            assert!(has_pair(&a, "--mount", "type=bind,source=/h/app,target=/app"));
+            assert!(!a.iter().any(|x| x == "--privileged" || x == "-t"));
+            assert_eq!(a.last().unwrap(), "true");
+        }
+    }
+
+    #[test]
+    fn the_proxy_is_no_router_and_reads_only_its_layers_file() {
+        let p = ProxySpec {
+            name: "airlock-proxy-app-1-2".into(),
+            image: PROXY_IMAGE.into(),
+            network: "airlock-net-12345678".into(),
+            uplink: "podman".into(),
+            run_as: RunAs { rootless_podman: true, ..run_as() },
+            repo_name: "app".into(),
+            session: "s1".into(),
+            user_id: Some("u1".into()),
+            phase: None,
+            run_dir: "/h/.airlock/run/s1".into(),
+            log_dir: "/h/.airlock/logs/app".into(),
+            env: vec![],
+            binds: vec![],
+        };
+        let a = proxy_run(Engine::Podman, &p).unwrap();
+        assert!(has_pair(&a, "--sysctl", "net.ipv4.ip_forward=0"));
+        assert!(has_pair(&a, "--cap-drop", "ALL"));
+        assert!(a.iter().any(|x| x == "--userns=keep-id"));
+        assert!(has_pair(&a, "--layers", "/airlock/run/layers.json"));
+        assert!(has_pair(&a, "--session", "s1"));
+        assert!(has_pair(&a, "--user-id", "u1"));
+        assert!(!a.iter().any(|x| x == "--config"));
+        assert!(has_pair(
+            &a,
+            "--mount",
+            "type=bind,source=/h/.airlock/logs/app,target=/airlock/logs"
+        ));
+        assert_eq!(a.iter().filter(|x| *x == "--network").count(), 2);
+        let d = proxy_run(Engine::Docker, &p).unwrap();
+        assert!(has_pair(&d, "--network", "airlock-net-12345678"));
+        assert_eq!(d.iter().filter(|x| *x == "--network").count(), 1, "docker: connect later");
+    }
+
+    #[test]
+    fn podman_networks_are_internal_without_dns_and_docker_ones_internal() {
+        let a = network_create(Engine::Podman, "airlock-net-1", "app-1");
+        assert!(a.iter().any(|x| x == "--internal") && a.iter().any(|x| x == "--disable-dns"));
+        let d = network_create(Engine::Docker, "airlock-net-1", "app-1");
+        assert!(d.iter().any(|x| x == "--internal"));
+        assert!(!d.iter().any(|x| x == "--disable-dns"), "docker has no such flag");
+        assert!(has_pair(&d, "-o", "com.docker.network.bridge.inhibit_ipv4=true"));
+    }
+
+    #[test]
+    fn read_only_binds_say_so_and_paths_an_engine_cannot_carry_are_refused() {
+        let b =
+            Bind { host: "/r/.git/hooks".into(), inside: "/r/.git/hooks".into(), read_only: true };
+        assert_eq!(
+            b.arg().unwrap(),
+            "type=bind,source=/r/.git/hooks,target=/r/.git/hooks,readonly=true"
+        );
+        let bad = Bind { host: "/r/a,b".into(), inside: "/x".into(), read_only: false };
+        let e = bad.arg().unwrap_err().to_string();
+        assert!(e.contains("/r/a,b") && e.contains("--backend native"), "{e}");
+    }
+}

@@ -1,0 +1,346 @@
+//! One container session from start to end: the walls on the host side that do not depend on
+//! the backend (protected paths scanned and their placeholders made, SECURITY §4/§7), the
+//! repo's network, the session's proxy container and its readiness, the sandbox container
+//! attached to the caller's terminal, then the proxy stopped (it drains its tunnels) and the
+//! end-of-session sweep of the same host repo.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::engine::{EngineCli, EngineError};
+use super::names;
+use super::plan::{self, Bind, Home, ProxySpec, RunAs, SandboxSpec, UnmountablePath};
+use crate::config::layers_file::LayersFile;
+use crate::sandbox::mounts::HomeMount;
+use crate::sandbox::protect::{self, Protection, State};
+use crate::sandbox::supervisor::Request;
+use crate::sandbox::{quarantine, sweep};
+
+/// How long the proxy container may take to listen.
+const PROXY_READY_WAIT: Duration = Duration::from_secs(20);
+/// `stop -t`: the proxy's SIGTERM drain (`airlockd proxy --drain-grace`, 5 s) plus margin.
+const PROXY_STOP_GRACE: u32 = 7;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Unmountable(#[from] UnmountablePath),
+    #[error("{0}")]
+    Setup(String),
+    #[error(
+        "the {engine} image {image} is missing; build it from contrib/docker/ (see \
+         docs/backends.md, \"Images\"), or run with --backend native"
+    )]
+    MissingImage { engine: super::Engine, image: String },
+    #[error("the proxy container {name} did not start listening within {secs} s: {logs}")]
+    ProxyNotReady { name: String, secs: u64, logs: String },
+}
+
+/// What the session needs beyond its [`Request`].
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub engine: &'a dyn EngineCli,
+    /// `~/.airlock/run/<session>`: the layers and environment files (0600 in a 0700
+    /// directory), outside the repo and the agent home; removed at the end.
+    pub run_dir: PathBuf,
+    /// The repo's audit log directory ([`crate::audit::logdir::claim`]).
+    pub log_dir: PathBuf,
+    pub layers: &'a LayersFile,
+    pub phase: Option<String>,
+    pub base_image: String,
+    pub proxy_image: String,
+    /// The caller's ids and whether podman runs rootless.
+    pub run_as: RunAs,
+    /// Extra environment and binds for the proxy container (test builds: the test resolver).
+    pub proxy_env: Vec<(String, String)>,
+    pub proxy_binds: Vec<Bind>,
+}
+
+/// How the session ended.
+#[derive(Debug)]
+pub struct Outcome {
+    pub exit_code: i32,
+    pub sweep: sweep::Report,
+}
+
+/// Removes this session's placeholders and run directory however the session ends, and the
+/// proxy container if it is still there.
+struct Cleanup<'a> {
+    prot: &'a Protection,
+    repo: &'a Path,
+    run_dir: &'a Path,
+    proxy: Option<(&'a dyn EngineCli, String)>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if let Some((engine, name)) = self.proxy.take() {
+            let _ = engine.output(&plan::remove(&name));
+        }
+        protect::remove_placeholders(self.prot, self.repo);
+        let _ = std::fs::remove_dir_all(self.run_dir);
+    }
+}
+
+/// Runs the session to its end.
+pub fn run(req: &Request, p: &Plan<'_>) -> Result<Outcome, ContainerError> {
+    let engine = p.engine;
+    for image in [&p.base_image, &p.proxy_image] {
+        if !engine.output(&plan::image_exists(image))?.success {
+            return Err(ContainerError::MissingImage {
+                engine: engine.engine(),
+                image: image.clone(),
+            });
+        }
+    }
+    let setup = |what: &str, e: std::io::Error| ContainerError::Setup(format!("{what}: {e}"));
+    let mut protection = protect::scan(&req.repo.path, &req.git, &req.host_git_configs)
+        .map_err(|e| ContainerError::Setup(e.to_string()))?;
+    refuse_overlaps(req, &protection)?;
+    for w in protect::make_placeholders(&mut protection, &req.repo.path) {
+        eprintln!("airlock: warning: {w}");
+    }
+    let home_dir = match &req.home {
+        HomeMount::Bind { parent, name } => Some(parent.join(name)),
+        HomeMount::Tmpfs => None,
+    };
+    let mut roots: Vec<&Path> = vec![&req.repo.path];
+    roots.extend(protection.external.iter().map(PathBuf::as_path));
+    roots.extend(home_dir.as_deref());
+    let threshold = sweep::threshold(&roots);
+    let mut cleanup =
+        Cleanup { prot: &protection, repo: &req.repo.path, run_dir: &p.run_dir, proxy: None };
+
+    crate::config::fsutil::private_dir(&p.run_dir).map_err(|e| setup("the run directory", e))?;
+    p.layers.write(&p.run_dir.join("layers.json")).map_err(|e| setup("the layers file", e))?;
+    let env_file = p.run_dir.join("env");
+    crate::config::fsutil::write_private(&env_file, &env_file_text(&req.env)?)
+        .map_err(|e| setup("the environment file", e))?;
+
+    let network = names::network(&req.repo);
+    ensure_network(engine, &network, &req.repo.key())?;
+
+    let proxy_name = names::proxy(&req.repo, &req.session);
+    let proxy = ProxySpec {
+        name: proxy_name.clone(),
+        image: p.proxy_image.clone(),
+        network: network.clone(),
+        uplink: engine.engine().uplink_network().into(),
+        run_as: p.run_as,
+        repo_name: req.repo.name.clone(),
+        session: req.session.clone(),
+        user_id: req.user_id.clone(),
+        phase: p.phase.clone(),
+        run_dir: p.run_dir.clone(),
+        log_dir: p.log_dir.clone(),
+        env: p.proxy_env.clone(),
+        binds: p.proxy_binds.clone(),
+    };
+    engine.check(&plan::proxy_run(engine.engine(), &proxy)?)?;
+    cleanup.proxy = Some((engine, proxy_name.clone()));
+    if engine.engine() == super::Engine::Docker {
+        engine.check(&plan::network_connect(&proxy.uplink, &proxy_name))?;
+    }
+    wait_ready(engine, &proxy_name, &p.run_dir.join("ready"))?;
+    let proxy_ip = engine.check(&plan::proxy_ip(&proxy_name, &network))?.trim().to_owned();
+    if proxy_ip.parse::<std::net::Ipv4Addr>().is_err() {
+        return Err(ContainerError::Setup(format!(
+            "the proxy container {proxy_name} has no IPv4 address on {network} ({proxy_ip:?})"
+        )));
+    }
+
+    let sandbox = SandboxSpec {
+        name: names::sandbox(&req.repo, &req.session),
+        image: p.base_image.clone(),
+        network,
+        proxy_ip,
+        run_as: p.run_as,
+        hostname: req.repo.hostname().to_owned(),
+        workdir: req.workdir.clone().unwrap_or_else(|| req.repo.sandbox_path()),
+        binds: binds(req, &protection),
+        home: match &home_dir {
+            Some(h) => Home::Bind(Bind {
+                host: h.clone(),
+                inside: crate::sandbox::env::SANDBOX_HOME.into(),
+                read_only: false,
+            }),
+            None => Home::Tmpfs { path: crate::sandbox::env::SANDBOX_HOME.into() },
+        },
+        env_file,
+        tty: {
+            use std::io::IsTerminal;
+            std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
+        },
+        argv: req.argv.clone(),
+    };
+    let args = plan::sandbox_run(engine.engine(), &sandbox)?;
+    sweep::wait_past(threshold.not_before);
+    let exit_code = engine.attached(&args)?;
+
+    // The proxy drains its open tunnels on SIGTERM; `--rm` then removes it.
+    if engine.output(&plan::stop(&proxy_name, PROXY_STOP_GRACE))?.success {
+        cleanup.proxy = None;
+    }
+    let mut store =
+        quarantine::Store::new(req.quarantine_dir.clone(), &req.session, &req.repo.path);
+    let report = sweep::run(
+        &sweep::Sweep {
+            repo: &req.repo.path,
+            prot: &protection,
+            home: home_dir,
+            since: threshold.since,
+        },
+        &mut store,
+    );
+    if let Err(e) = store.save() {
+        eprintln!("airlock: warning: writing the quarantine manifest: {e}");
+    }
+    drop(cleanup);
+    Ok(Outcome { exit_code, sweep: report })
+}
+
+/// The repo's network, made if missing. Two sessions may race to make it: a failed create is
+/// fine when the network is there afterwards.
+fn ensure_network(engine: &dyn EngineCli, name: &str, key: &str) -> Result<(), ContainerError> {
+    if engine.output(&plan::network_exists(name))?.success {
+        return Ok(());
+    }
+    match engine.check(&plan::network_create(engine.engine(), name, key)) {
+        Ok(_) => Ok(()),
+        Err(e) if engine.output(&plan::network_exists(name))?.success => {
+            tracing::debug!(error = %e, "network {name} made by another session meanwhile");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Waits for the proxy's ready file; a proxy that exits or never listens is reported with its
+/// own words (`logs`).
+fn wait_ready(engine: &dyn EngineCli, name: &str, ready: &Path) -> Result<(), ContainerError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    while start.elapsed() < PROXY_READY_WAIT {
+        if ready.exists() {
+            return Ok(());
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    let logs = engine.output(&plan::logs(name)).map(|o| o.stderr + &o.stdout).unwrap_or_default();
+    Err(ContainerError::ProxyNotReady {
+        name: name.to_owned(),
+        secs: PROXY_READY_WAIT.as_secs(),
+        logs: logs.trim().to_owned(),
+    })
+}
+
+/// The sandbox's mounts: the repo read-write at its sandbox path, external git dirs at their
+/// host paths, pinned directories onto themselves (a mount point cannot be renamed away), and
+/// every protected path present at the start read-only — the native plan's walls
+/// ([`crate::sandbox::mounts::plan`]) in an engine's terms.
+fn binds(req: &Request, prot: &Protection) -> Vec<Bind> {
+    let repo_inside = req.repo.sandbox_path();
+    let inside = |host: &Path| match host.strip_prefix(&req.repo.path) {
+        Ok(rel) => repo_inside.join(rel),
+        Err(_) => host.to_path_buf(),
+    };
+    let mut out =
+        vec![Bind { host: req.repo.path.clone(), inside: repo_inside.clone(), read_only: false }];
+    for ext in prot.external.iter().filter(|e| !e.starts_with(&req.repo.path)) {
+        out.push(Bind { host: ext.clone(), inside: ext.clone(), read_only: false });
+    }
+    for pinned in &prot.pinned {
+        out.push(Bind { host: pinned.clone(), inside: inside(pinned), read_only: false });
+    }
+    for item in &prot.listed {
+        if matches!(item.state, State::Dir | State::File) {
+            let host = item.host_path();
+            out.push(Bind { inside: inside(&host), host, read_only: true });
+        }
+    }
+    // `--mount` and `[sandbox] mounts`, as judged at launch.
+    for m in &req.mounts {
+        out.push(Bind { host: m.src.clone(), inside: m.dst.clone(), read_only: !m.rw });
+    }
+    out
+}
+
+/// Nothing may be mounted over (or under) the repo or an external git dir: the engine would
+/// make the mount point in the host tree. The native supervisor refuses the same.
+fn refuse_overlaps(req: &Request, prot: &Protection) -> Result<(), ContainerError> {
+    let overlaps = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+    let repo_inside = req.repo.sandbox_path();
+    let taken: Vec<&Path> = std::iter::once(repo_inside.as_path())
+        .chain(prot.external.iter().map(PathBuf::as_path))
+        .chain(std::iter::once(Path::new(crate::sandbox::env::SANDBOX_HOME)))
+        .collect();
+    for m in &req.mounts {
+        if let Some(t) = taken.iter().find(|t| overlaps(&m.dst, t)) {
+            return Err(ContainerError::Setup(format!(
+                "{} would be mounted over {} inside the sandbox; choose another place",
+                m.dst.display(),
+                t.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `--env-file` text: `NAME=VALUE` lines. The sandbox's proxy is the proxy container, and
+/// `PATH` the image's. A value with a newline cannot be carried and is refused.
+fn env_file_text(env: &[(OsString, OsString)]) -> Result<Vec<u8>, ContainerError> {
+    let proxy_url = format!("http://{}:{}", names::PROXY_HOST, names::PROXY_PORT);
+    let mut out = Vec::new();
+    for (k, v) in env {
+        let name = k.to_string_lossy();
+        let value: std::borrow::Cow<'_, [u8]> = match name.as_ref() {
+            "HTTP_PROXY" | "HTTPS_PROXY" | "http_proxy" | "https_proxy" => {
+                proxy_url.as_bytes().into()
+            }
+            "PATH" => {
+                b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".as_slice().into()
+            }
+            _ => v.as_encoded_bytes().into(),
+        };
+        if value.iter().any(|b| matches!(b, b'\n' | b'\r' | 0)) || name.contains('=') {
+            return Err(ContainerError::Setup(format!(
+                "the environment variable {name} has a newline in its value, which a container \
+                 engine's --env-file cannot carry; unset it or use --backend native"
+            )));
+        }
+        out.extend_from_slice(k.as_encoded_bytes());
+        out.push(b'=');
+        out.extend_from_slice(&value);
+        out.push(b'\n');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_env_file_points_at_the_proxy_container_and_refuses_what_it_cannot_carry() {
+        let env: Vec<(OsString, OsString)> = vec![
+            ("HTTPS_PROXY".into(), "http://127.0.0.1:8888".into()),
+            ("NO_PROXY".into(), "localhost,127.0.0.1".into()),
+            ("AIRLOCK_REPO".into(), "/app".into()),
+            ("TOKEN".into(), "a b=c".into()),
+        ];
+        let text = String::from_utf8(env_file_text(&env).unwrap()).unwrap();
+        assert_eq!(
+            text,
+            "HTTPS_PROXY=http://airlock-proxy:8888\nNO_PROXY=localhost,127.0.0.1\n\
+             AIRLOCK_REPO=/app\nTOKEN=a b=c\n"
+        );
+        let bad = vec![("KEY".into(), "line1\nline2".into())];
+        let e = env_file_text(&bad).unwrap_err().to_string();
+        assert!(e.contains("KEY") && e.contains("--backend native"), "{e}");
+    }
+}

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# exec-scenario.sh AIRLOCK AIRLOCKD — one `airlock exec --backend podman|docker` session
+# inside sealed.sh, as a user would run it, with the escapes a sandbox container could try.
+# Prints `RESULT name=value` lines that tests/it/container_backend.rs judges; everything
+# else is the session's own output, for the reader of a failed run.
+#
+# Network safety: runs only inside sealed.sh's namespace (no uplink). The one upstream
+# server listens in that namespace; names resolve only through the test resolver file.
+set -euo pipefail
+[ "${AIRLOCK_TEST_SEALED:-}" = 1 ] || { echo "exec-scenario.sh: run inside sealed.sh" >&2; exit 2; }
+[ $# -eq 2 ] || { echo "usage: exec-scenario.sh AIRLOCK AIRLOCKD" >&2; exit 2; }
+AIRLOCK=$1 AIRLOCKD=$2
+E=$SEALED_ENGINE W=$SEALED_WORKDIR
+here=$(dirname "$(realpath "$0")")
+result() { echo "RESULT $1=$2"; }
+
+"$here/images.sh" "$E" "$AIRLOCKD" "$W" >&2
+
+# The engine's default network (the proxy's uplink) exists once a container used it; its
+# gateway is this namespace's side, where the upstream server listens.
+if [ "$E" = podman ]; then
+    podman network inspect podman >/dev/null
+    GW=$(podman network inspect --format '{{range .Subnets}}{{.Gateway}}{{end}}' podman)
+else
+    GW=$(docker network inspect --format '{{range .IPAM.Config}}{{.Gateway}}{{end}}' bridge)
+fi
+[ -n "$GW" ] || { echo "no gateway on the engine's default network" >&2; exit 3; }
+result gateway "$GW"
+
+S=$(mktemp -d "$W/scenario.XXXXXX")
+export HOME="$S/home"
+mkdir -p "$HOME/.airlock" "$S/app"
+PORT=18080
+mkdir -p "$S/www" && echo upstream-ok > "$S/www/ok"
+python3 -m http.server "$PORT" --bind 0.0.0.0 --directory "$S/www" >"$S/www.log" 2>&1 &
+srv=$!
+trap 'kill $srv 2>/dev/null || true' EXIT
+printf 'allowed.test %s\ndenied.test %s\nfleet-blocked.test %s\n' "$GW" "$GW" "$GW" > "$S/resolver"
+export AIRLOCK_TEST_RESOLVER="$S/resolver"
+# The user allows fleet-blocked.test; the machine's managed layer blocks it. The proxy
+# container can read neither file: it must get both through the layers file.
+cat > "$HOME/.airlock/config.toml" <<TOML
+[network]
+allow = ["allowed.test:$PORT", "fleet-blocked.test:$PORT"]
+allow_private = ["$GW/32"]
+TOML
+export AIRLOCK_TEST_MANAGED_POLICY="$S/managed-policy.toml"
+printf '[network]\nblock = ["fleet-blocked.test"]\n' > "$AIRLOCK_TEST_MANAGED_POLICY"
+"$AIRLOCK" login --email dev@example.test >/dev/null 2>&1 || true
+git -C "$S/app" init -q
+mkdir -p "$S/app/.git/hooks"
+cd "$S/app"
+
+# The session: the allowed fetch, the denied one, then every escape a sandbox may try.
+set +e
+"$AIRLOCK" exec --backend "$E" -- sh -c '
+  echo "RESULT inside_user=$(id -u):$(id -g)"
+  echo "RESULT inside_home=$HOME"
+  echo "RESULT inside_pwd=$(pwd)"
+  echo "RESULT inside_hostname=$(hostname)"
+  echo "RESULT inside_proxy=$HTTPS_PROXY"
+  echo "RESULT fetch_allowed=$(curl -sS -m 10 http://allowed.test:'"$PORT"'/ok 2>&1)"
+  echo "RESULT fetch_managed_block=$(curl -sS -m 10 -o /dev/null -w %{http_code} http://fleet-blocked.test:'"$PORT"'/ok 2>&1)"
+  echo "RESULT fetch_denied=$(curl -sS -m 10 -o /dev/null -w %{http_code} http://denied.test:'"$PORT"'/ok 2>&1)"
+  python3 - <<PY
+import socket, os, subprocess
+def tcp(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM); s.settimeout(3)
+    try:
+        s.connect((host, port)); return "connected"
+    except OSError as e:
+        return type(e).__name__
+    finally:
+        s.close()
+print("RESULT direct_gateway=" + tcp("'"$GW"'", '"$PORT"'))
+proxy = socket.gethostbyname("airlock-proxy")
+print("RESULT proxy_other_port=" + tcp(proxy, '"$PORT"'))
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+try:
+    u.sendto(b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x04test\x00\x00\x01\x00\x01", ("'"$GW"'", 53))
+    u.recvfrom(512); print("RESULT dns_udp=answered")
+except OSError as e:
+    print("RESULT dns_udp=" + type(e).__name__)
+print("RESULT resolv_conf=" + ("present" if os.path.exists("/etc/resolv.conf") and open("/etc/resolv.conf").read().strip() else "absent"))
+try:
+    socket.getaddrinfo("allowed.test", 80); print("RESULT name_lookup=resolved")
+except OSError as e:
+    print("RESULT name_lookup=" + type(e).__name__)
+v6 = open("/proc/net/if_inet6").read().strip() if os.path.exists("/proc/net/if_inet6") else ""
+print("RESULT ipv6_addresses=" + str(len(v6.splitlines()) if v6 else 0))
+r = subprocess.run(["ip", "route", "replace", "default", "via", proxy], capture_output=True, text=True)
+print("RESULT route_change=" + ("ok" if r.returncode == 0 else "refused"))
+print("RESULT secrets_file=" + ("visible" if os.path.exists("/airlock/run/layers.json") else "absent"))
+print("RESULT engine_socket=" + ("visible" if any(os.path.exists(p) for p in ["/run/podman/podman.sock", "/var/run/docker.sock", "/run/docker.sock"]) else "absent"))
+PY
+  echo planted > .envrc
+  echo "#!/bin/sh" > .git/hooks/post-checkout 2>/dev/null && echo "RESULT hook_write=written" || echo "RESULT hook_write=refused"
+  exit 7
+'
+rc=$?
+set -e
+result exit_code "$rc"
+result envrc_after "$([ -e "$S/app/.envrc" ] && echo present || echo absent)"
+result hook_after "$([ -e "$S/app/.git/hooks/post-checkout" ] && echo present || echo absent)"
+result containers_left "$("$E" ps -aq | wc -l)"
+key8=$(printf '%s' "$(realpath "$S/app")" | sha256sum | cut -c1-8)
+result network_made "$("$E" network inspect "airlock-net-$key8" >/dev/null 2>&1 && echo yes || echo no)"
+logs=$(ls -d "$HOME"/.airlock/logs/app* | head -n1)
+result audit_allow "$(cat "$logs"/audit-*.jsonl | python3 -c '
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l)
+    if r.get("host")=="allowed.test" and r.get("allowed"): print(r.get("session","")[:8]+","+str(r.get("user_id") is not None)+","+str(r.get("layer")))
+' | head -n1)"
+result audit_deny "$(cat "$logs"/audit-*.jsonl | python3 -c '
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l)
+    if r.get("host")=="denied.test" and not r.get("allowed"): print(str(r.get("reason"))+","+str(r.get("layer")))
+' | head -n1)"
+result audit_managed "$(cat "$logs"/audit-*.jsonl | python3 -c '
+import json,sys
+for l in sys.stdin:
+    r=json.loads(l)
+    if r.get("host")=="fleet-blocked.test": print(str(r.get("allowed"))+","+str(r.get("layer")))
+' | head -n1)"
+result run_dir_left "$(ls "$HOME/.airlock/run" 2>/dev/null | wc -l)"

@@ -1,0 +1,158 @@
+//! The container backend (`airlock exec --backend podman`, docs/backends.md) against a real
+//! Podman, and `airlockd proxy --layers FILE` (what its proxy container runs) on its own.
+//!
+//! Network safety: the engine runs only inside a network namespace the test made, with `lo`
+//! alone and no uplink (`tests/containers/sealed.sh` refuses to run the engine otherwise); the
+//! upstream server listens in that namespace and names resolve only through the test resolver.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::{World, bin, in_ci};
+
+/// `tests/containers/<name>`.
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/containers").join(name)
+}
+
+/// Root with podman, runc and unshare: what the sealed engine needs. Missing in CI fails.
+fn engine_ready(engine: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let tools = [engine, "runc", "unshare", "ip"];
+    let missing: Vec<&str> = tools
+        .iter()
+        .copied()
+        .filter(|t| {
+            !["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+                .iter()
+                .any(|d| Path::new(d).join(t).exists())
+        })
+        .collect();
+    if root && missing.is_empty() {
+        return true;
+    }
+    // The sealed engine needs root (a network namespace and tmpfs mounts around the engine);
+    // .ci/run runs this suite as root and .ci/prereqs installs the engines.
+    assert!(
+        !in_ci() || !root,
+        "CI needs {missing:?} for the container backend suite (.ci/prereqs installs them)"
+    );
+    eprintln!("SKIP: container backend suite needs root and {missing:?}");
+    false
+}
+
+/// Runs the exec scenario under `sealed.sh` and returns its `RESULT` lines.
+fn scenario(engine: &str) -> (HashMap<String, String>, String) {
+    let world = World::new();
+    let work = world.tmp.path().join("engine");
+    let out = Command::new(script("sealed.sh"))
+        .arg(&work)
+        .arg(engine)
+        .arg("--")
+        .arg(script("exec-scenario.sh"))
+        .arg(bin("airlock"))
+        .arg(bin("airlockd"))
+        .env_remove("AIRLOCK_TEST_RESOLVER")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = format!("{stdout}\n--- stderr ---\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the scenario failed ({}):\n{all}", out.status);
+    let results = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    (results, all)
+}
+
+#[test]
+fn a_podman_session_reaches_only_its_proxy_and_the_walls_hold() {
+    if !engine_ready("podman") {
+        return;
+    }
+    let (r, all) = scenario("podman");
+    let get = |k: &str| r.get(k).map(String::as_str).unwrap_or_else(|| panic!("no {k}:\n{all}"));
+    // The page's contract inside.
+    assert_eq!(get("inside_pwd"), "/app", "{all}");
+    assert_eq!(get("inside_hostname"), "app", "{all}");
+    assert_eq!(get("inside_home"), "/home/agent", "{all}");
+    assert_eq!(get("inside_proxy"), "http://airlock-proxy:8888", "{all}");
+    assert_eq!(get("exit_code"), "7", "the command's own status: {all}");
+    // The allowlist, evaluated by the proxy container from the layers file.
+    assert_eq!(get("fetch_allowed"), "upstream-ok", "{all}");
+    assert_eq!(get("fetch_denied"), "403", "{all}");
+    assert_eq!(get("fetch_managed_block"), "403", "the managed layer binds the proxy: {all}");
+    // Every way around the proxy fails.
+    assert_ne!(get("direct_gateway"), "connected", "direct TCP to the host side: {all}");
+    assert_ne!(get("proxy_other_port"), "connected", "the proxy container's other ports: {all}");
+    assert_ne!(get("dns_udp"), "answered", "DNS to the host side: {all}");
+    assert_eq!(get("resolv_conf"), "absent", "no resolver inside: {all}");
+    assert_ne!(get("name_lookup"), "resolved", "names resolve only at the proxy: {all}");
+    assert_eq!(get("ipv6_addresses"), "0", "no IPv6 link-local to the bridge: {all}");
+    assert_eq!(get("route_change"), "refused", "no CAP_NET_ADMIN: {all}");
+    assert_eq!(get("secrets_file"), "absent", "the layers file is the proxy's alone: {all}");
+    assert_eq!(get("engine_socket"), "absent", "no engine socket inside: {all}");
+    // Protected paths are read-only inside; nothing planted reaches the host repo.
+    assert_eq!(get("hook_write"), "refused", "{all}");
+    assert_eq!(get("hook_after"), "absent", "{all}");
+    assert_eq!(get("envrc_after"), "absent", "{all}");
+    // The audit trail: the session's lines, attributed, in the repo's log directory.
+    let allow: Vec<&str> = get("audit_allow").split(',').collect();
+    assert_eq!(allow.len(), 3, "an ALLOW line for allowed.test: {all}");
+    assert_eq!(allow[0].len(), 8, "{all}");
+    assert_eq!((allow[1], allow[2]), ("True", "user"), "user_id and layer: {all}");
+    assert!(get("audit_deny").starts_with("not_allowed"), "{all}");
+    assert_eq!(get("audit_managed"), "False,managed", "{all}");
+    // Per repo network kept; per session containers and files gone.
+    assert_eq!(get("network_made"), "yes", "{all}");
+    assert_eq!(get("containers_left"), "0", "{all}");
+    assert_eq!(get("run_dir_left"), "0", "{all}");
+}
+
+#[test]
+fn a_backend_typo_and_a_missing_engine_are_clear_errors() {
+    let world = World::new();
+    let repo = world.repo("app");
+    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"x.test\"]\n");
+    let run = world.airlock(&repo).args(["exec", "--backend", "dokcer", "--", "true"]).run();
+    // A usage error, like every other bad flag (exit 125: Airlock did not run anything).
+    assert_eq!(run.code(), 125, "{}", run.stderr());
+    assert!(
+        run.stderr().contains("unknown backend \"dokcer\"; use one of native, docker, podman"),
+        "{}",
+        run.stderr()
+    );
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_PODMAN", world.tmp.path().join("no-such-podman"))
+        .args(["exec", "--backend", "podman", "--", "true"])
+        .run();
+    assert_eq!(run.code(), 125, "{}", run.stderr());
+    assert!(
+        run.stderr().contains("podman is not installed")
+            && run.stderr().contains("--backend native"),
+        "{}",
+        run.stderr()
+    );
+    // Nothing of the session is left: no placeholder, no run directory.
+    assert!(!repo.join(".envrc").exists());
+    assert!(
+        !world.home.join(".airlock/run").exists()
+            || std::fs::read_dir(world.home.join(".airlock/run")).unwrap().next().is_none()
+    );
+}
+
+#[test]
+fn a_repo_file_cannot_choose_the_backend() {
+    let world = World::new();
+    let repo = world.repo("app");
+    world.write(world.home.join(".airlock/config.toml"), "[network]\nallow = [\"x.test\"]\n");
+    world.write(repo.join(".airlock.toml"), "[sandbox]\nbackend = \"docker\"\n");
+    let run = world.airlock(&repo).args(["policy", "test"]).run();
+    assert_eq!(run.code(), 3, "a configuration error: {}", run.stdout());
+    let text = run.stdout() + &run.stderr();
+    assert!(text.contains("sandbox.backend is not allowed in the repo layer"), "{text}");
+}
