@@ -22,7 +22,8 @@ if [ "$E" = podman ]; then
     podman network inspect podman >/dev/null
     GW=$(podman network inspect --format '{{range .Subnets}}{{.Gateway}}{{end}}' podman)
 else
-    GW=$(docker network inspect --format '{{range .IPAM.Config}}{{.Gateway}}{{end}}' bridge)
+    # The default bridge's IPAM entry may name no gateway; docker0's own address is it.
+    GW=$(ip -4 -o addr show docker0 | awk '{print $4}' | cut -d/ -f1)
 fi
 [ -n "$GW" ] || { echo "no gateway on the engine's default network" >&2; exit 3; }
 result gateway "$GW"
@@ -35,6 +36,30 @@ mkdir -p "$S/www" && echo upstream-ok > "$S/www/ok"
 python3 -m http.server "$PORT" --bind 0.0.0.0 --directory "$S/www" >"$S/www.log" 2>&1 &
 srv=$!
 trap 'kill $srv 2>/dev/null || true' EXIT
+# A resolver on every address of this namespace (127.0.0.1 too) that answers any name and
+# counts queries: nothing the sandbox does may reach it (Docker's embedded resolver forwards
+# to the `--dns` address; Podman's aardvark-dns to the host's).
+cat > "$S/dns.py" <<'PY'
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", 53))
+log = open(sys.argv[1], "a", buffering=1)
+while True:
+    q, peer = s.recvfrom(512)
+    log.write(peer[0] + "\n")
+    # Answer with one A record 10.99.99.99 (a name that "resolved" shows the leak).
+    s.sendto(q[:2] + b"\x81\x80" + q[4:6] + q[4:6] + b"\x00\x00\x00\x00" + q[12:]
+             + b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\x0a\x63\x63\x63", peer)
+PY
+# The engines read the host's resolver list for their containers and their own forwarding;
+# in this mount namespace it names the counting resolver, so a sandbox given any resolver at
+# all is seen.
+printf 'nameserver %s\n' "$GW" > "$S/resolv.conf"
+mount --bind "$S/resolv.conf" /etc/resolv.conf
+: > "$S/dns.log"
+python3 "$S/dns.py" "$S/dns.log" &
+dns=$!
+trap 'kill $srv $dns 2>/dev/null || true' EXIT
 printf 'allowed.test %s\ndenied.test %s\nfleet-blocked.test %s\n' "$GW" "$GW" "$GW" > "$S/resolver"
 export AIRLOCK_TEST_RESOLVER="$S/resolver"
 # The user allows fleet-blocked.test; the machine's managed layer blocks it. The proxy
@@ -81,9 +106,10 @@ try:
     u.recvfrom(512); print("RESULT dns_udp=answered")
 except OSError as e:
     print("RESULT dns_udp=" + type(e).__name__)
-print("RESULT resolv_conf=" + ("present" if os.path.exists("/etc/resolv.conf") and open("/etc/resolv.conf").read().strip() else "absent"))
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")] if os.path.exists("/etc/resolv.conf") else []
+print("RESULT resolv_conf=" + (",".join(ns) if ns else "absent"))
 try:
-    socket.getaddrinfo("allowed.test", 80); print("RESULT name_lookup=resolved")
+    socket.getaddrinfo("leak-probe.example", 80); print("RESULT name_lookup=resolved")
 except OSError as e:
     print("RESULT name_lookup=" + type(e).__name__)
 v6 = open("/proc/net/if_inet6").read().strip() if os.path.exists("/proc/net/if_inet6") else ""
@@ -124,4 +150,5 @@ for l in sys.stdin:
     r=json.loads(l)
     if r.get("host")=="fleet-blocked.test": print(str(r.get("allowed"))+","+str(r.get("layer")))
 ' | head -n1)"
+result dns_queries_seen "$(wc -l < "$S/dns.log")"
 result run_dir_left "$(ls "$HOME/.airlock/run" 2>/dev/null | wc -l)"

@@ -144,7 +144,8 @@ start_docker() {
     #   bridge IPs is never forwarded, so with or without iptables a sandbox
     #   reaches services on the bridge IPs unless the internal network is
     #   created with -o com.docker.network.bridge.inhibit_ipv4=true.
-    # --bridge=none: no default docker0; tests create their own networks.
+    # The default bridge (docker0) stays: it is the proxy container's uplink, as on a user's
+    # machine; in this namespace its gateway is the namespace's own side, where tests serve.
     # --storage-driver overlay2: WORKDIR is on ext4, overlay2 works (no vfs).
     # containerd: dockerd starts its own (host's /run/containerd is hidden).
     # SEALED_DOCKERD_FLAGS is appended; later flags win (e.g. --iptables=true).
@@ -154,7 +155,6 @@ start_docker() {
         --pidfile "$DOCKER_PIDFILE" \
         -H "unix://$DOCKER_SOCK" \
         --iptables=false --ip6tables=false --ip-forward=false --ip-masq=false \
-        --bridge=none \
         --storage-driver overlay2 \
         --userland-proxy=false \
         --default-ulimit nofile=1024:1024 \

@@ -58,6 +58,9 @@ fn a_session_ends_with_what_was_refused_and_the_command_that_allows_it() {
     assert_eq!(run.stdout(), "upstream-ok\ndone\n", "{}", run.stderr());
     let err = run.stderr();
     assert!(err.contains("no `airlock login`"), "unattributed warning: {err}");
+    // One line of single-spaced words (the message once carried a source line break's indent).
+    assert!(err.contains("audit lines carry no user_id, so nobody"), "{err}");
+    assert!(err.contains("--email YOU` (shown once for "), "{err}");
     assert!(err.contains(&format!("  refused.test:{port} not_allowed ×3\n")), "{err}");
     assert!(err.contains("  refused.test:443 not_allowed ×1\n"), "{err}");
     assert!(err.contains(&format!("  airlock policy allow refused.test:{port}\n")), "{err}");

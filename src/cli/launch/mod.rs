@@ -401,7 +401,9 @@ fn warn_unattributed_once(paths: &Paths, repo: &Repo) {
         return;
     }
     eprintln!(
-        "airlock: warning: no `airlock login` on this machine: this session's audit lines carry          no user_id, so nobody can tell whose session it was; run `airlock login --email YOU`          (shown once for {})",
+        "airlock: warning: no `airlock login` on this machine: this session's audit lines carry \
+         no user_id, so nobody can tell whose session it was; run `airlock login --email YOU` \
+         (shown once for {})",
         crate::audit::escape_for_terminal(&repo.path.display().to_string())
     );
     let _ = std::fs::create_dir_all(paths.airlock_dir());
