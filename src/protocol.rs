@@ -120,6 +120,7 @@ impl Capabilities {
             GATES,
             GATE_RELAY,
             PHASES,
+            CONTAINER_SESSIONS,
         ]
         .into_iter()
         .collect()
@@ -206,6 +207,14 @@ pub const GATE_RELAY: &str = "gate_relay";
 /// [`Request::PhaseSet`] switches a running one (issue 20). Without it the CLI refuses
 /// `--phase` and `airlock phase set`: an older daemon would ignore the phase.
 pub const PHASES: &str = "phases";
+
+/// Capability `container_sessions`: a session may be registered with
+/// [`SessionSpec::container`] and no socket: its proxy runs in a container of its own
+/// (`--backend docker|podman`, docs/backends.md) and writes the audit lines itself; the daemon
+/// writes the session's start and end records (with its `audit_root`) as for any session.
+/// Without it the CLI refuses `--backend docker|podman` (an older daemon would ask for the
+/// listener).
+pub const CONTAINER_SESSIONS: &str = "container_sessions";
 
 /// Test hook (feature `test-hooks`): the daemon's protocol range, `MIN-MAX`.
 pub const TEST_DAEMON_PROTOCOL_VAR: &str = "AIRLOCK_TEST_DAEMON_PROTOCOL";
@@ -570,6 +579,18 @@ pub struct SessionSpec {
     /// Under [`PHASES`]: the phase the session starts in (`airlock run --phase`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// Under [`CONTAINER_SESSIONS`]: the session's proxy is this container; no socket travels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerSpec>,
+}
+
+/// A container session's proxy (`--backend docker|podman`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    /// `docker` or `podman`.
+    pub engine: String,
+    /// The proxy container's name (`airlock-proxy-<name>-<key8>-<session8>`).
+    pub proxy: String,
 }
 
 /// `session_start`'s policy layers: what the client read and trusts, as documents (DESIGN §4).
@@ -1119,6 +1140,7 @@ mod tests {
             sockets: vec![],
             gate_relay: None,
             phase: None,
+            container: None,
         }
     }
 

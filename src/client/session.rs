@@ -76,16 +76,26 @@ fn register(
     endpoint: &Endpoint,
     spec: &SessionSpec,
     documents: Option<&Documents>,
-    sockets: &Handover,
+    sockets: Option<&Handover>,
     reregister: bool,
 ) -> Result<(Client, String, String), ClientError> {
     let mut client = endpoint.connect()?;
     let mut spec = spec.clone();
+    // A container session hands over nothing; only a daemon that knows such sessions may get
+    // one (an older one would ask for the listener).
+    if spec.container.is_some() && !client.capabilities.contains(protocol::CONTAINER_SESSIONS) {
+        return Err(ClientError::Unexpected(
+            "the running airlockd is too old for --backend docker|podman (no container_sessions \
+             capability); restart it (`airlock service restart`, or end its sessions and let it \
+             idle out)"
+                .into(),
+        ));
+    }
     // Several sockets only to a daemon that agreed to `session_sockets`: an older one would
     // take the last fd for the proxy listener. Without it the sandbox has no resolver (its
     // sockets are closed with the supervisor's copies) and the explicit proxy works as before.
-    let all = offered(&client.capabilities, sockets);
-    spec.sockets = if client.capabilities.contains(protocol::SESSION_SOCKETS) {
+    let all = sockets.map(|s| offered(&client.capabilities, s)).unwrap_or_default();
+    spec.sockets = if client.capabilities.contains(protocol::SESSION_SOCKETS) && sockets.is_some() {
         all.iter().map(|(k, _)| k.name().to_string()).collect()
     } else {
         Vec::new()
@@ -207,15 +217,38 @@ impl SessionHandle {
     /// without the `layer_digests` capability (this one or the next instance).
     pub fn start_with_documents(
         endpoint: Endpoint,
-        mut spec: SessionSpec,
+        spec: SessionSpec,
         documents: Option<Documents>,
         sockets: impl Into<Handover>,
     ) -> Result<Self, ClientError> {
-        let listener: Handover = sockets.into();
+        Self::register_session(endpoint, spec, documents, Some(sockets.into()))
+    }
+
+    /// Registers a container session (`spec.container` set): no socket travels, the proxy is
+    /// the session's proxy container. The daemon writes the start and end records as for any
+    /// session; re-registration with a new daemon instance works the same way.
+    pub fn start_container(
+        endpoint: Endpoint,
+        spec: SessionSpec,
+        documents: Option<Documents>,
+    ) -> Result<Self, ClientError> {
+        if spec.container.is_none() {
+            return Err(ClientError::Unexpected("start_container without a container".into()));
+        }
+        Self::register_session(endpoint, spec, documents, None)
+    }
+
+    fn register_session(
+        endpoint: Endpoint,
+        mut spec: SessionSpec,
+        documents: Option<Documents>,
+        listener: Option<Handover>,
+    ) -> Result<Self, ClientError> {
         if spec.airlock_version.is_empty() {
             spec.airlock_version = env!("CARGO_PKG_VERSION").into();
         }
-        let (client, id, boot) = register(&endpoint, &spec, documents.as_ref(), &listener, false)?;
+        let (client, id, boot) =
+            register(&endpoint, &spec, documents.as_ref(), listener.as_ref(), false)?;
         spec.session = Some(id.clone());
         let reader = client.stream.try_clone().map_err(|e| ClientError::Frame(e.into()))?;
         let _ = reader.set_read_timeout(None);
@@ -365,7 +398,7 @@ fn watch(
     endpoint: Endpoint,
     mut spec: SessionSpec,
     documents: Option<Documents>,
-    listener: Handover,
+    listener: Option<Handover>,
     mut reader: UnixStream,
     shared: Arc<Mutex<Shared>>,
     boots: Arc<Mutex<Vec<String>>>,
@@ -428,7 +461,7 @@ fn watch(
         // The daemon went away (crash, kill -9, SIGTERM): re-register with the next instance.
         let mut backoff = Duration::from_millis(10);
         loop {
-            match register(&endpoint, &spec, documents.as_ref(), &listener, true) {
+            match register(&endpoint, &spec, documents.as_ref(), listener.as_ref(), true) {
                 Ok((client, _, boot)) => {
                     let Ok(r) = client.stream.try_clone() else { return };
                     let _ = r.set_read_timeout(None);

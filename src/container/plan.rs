@@ -79,8 +79,17 @@ impl Bind {
 }
 
 /// `network create` for the repo's internal network.
-pub fn network_create(engine: Engine, name: &str, repo_key: &str) -> Vec<OsString> {
+pub fn network_create(
+    engine: Engine,
+    name: &str,
+    repo_key: &str,
+    subnet: Option<ipnet::Ipv4Net>,
+) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["network".into(), "create".into()];
+    if let Some(net) = subnet {
+        a.push("--subnet".into());
+        a.push(net.to_string().into());
+    }
     // No route off the network (no gateway NAT).
     a.push("--internal".into());
     match engine {
@@ -102,6 +111,19 @@ pub fn network_create(engine: Engine, name: &str, repo_key: &str) -> Vec<OsStrin
     a
 }
 
+/// A candidate subnet for a Docker network (Docker assigns a static address only on a
+/// network whose subnet was given): a /24 in 10.128.0.0/10 from the repo key and the attempt,
+/// so a subnet another network holds (Docker says the pool overlaps) is tried again with the
+/// next. The bridge has no IPv4 (`inhibit_ipv4`), so the host gets no route to it and a LAN of
+/// the same range is not shadowed.
+pub fn docker_subnet(repo_key: &str, attempt: u32) -> ipnet::Ipv4Net {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(format!("{repo_key}/{attempt}").as_bytes());
+    let addr = std::net::Ipv4Addr::new(10, 128 | (d[0] & 0x3f), d[1], 0);
+    // A /24 at a .0 address is always a valid network.
+    ipnet::Ipv4Net::new(addr, 24).unwrap_or_default()
+}
+
 /// `network inspect`, to see whether the network is there.
 pub fn network_exists(name: &str) -> Vec<OsString> {
     vec!["network".into(), "inspect".into(), name.into()]
@@ -118,9 +140,14 @@ pub struct ProxySpec {
     pub name: String,
     pub image: String,
     pub network: String,
+    /// Its address on `network`, where alone it listens: the engine's other networks (the
+    /// uplink's other containers) cannot use it as their proxy.
+    pub ip: std::net::Ipv4Addr,
     pub uplink: String,
     pub run_as: RunAs,
     pub repo_name: String,
+    /// The repo's host path: the lines carry it and its repo key, as a native session's do.
+    pub repo_path: PathBuf,
     pub session: String,
     pub user_id: Option<String>,
     pub phase: Option<String>,
@@ -140,12 +167,18 @@ pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, Unmount
     let mut a: Vec<OsString> = vec!["run".into(), "-d".into(), "--rm".into()];
     a.extend(["--name".into(), p.name.clone().into()]);
     a.extend(["--label".into(), format!("airlock.session={}", p.session).into()]);
-    a.extend(["--network".into(), p.network.clone().into()]);
     // Its only way out, and the only container on two networks. The Docker CLI takes one
     // network at `run`; the uplink is joined with [`network_connect`] before any sandbox
     // starts.
-    if engine == Engine::Podman {
-        a.extend(["--network".into(), p.uplink.clone().into()]);
+    match engine {
+        Engine::Podman => {
+            a.extend(["--network".into(), format!("{}:ip={}", p.network, p.ip).into()]);
+            a.extend(["--network".into(), p.uplink.clone().into()]);
+        }
+        Engine::Docker => {
+            a.extend(["--network".into(), p.network.clone().into()]);
+            a.extend(["--ip".into(), p.ip.to_string().into()]);
+        }
     }
     // Not a router between the two networks, whatever a sandbox sends it.
     a.extend(["--sysctl".into(), "net.ipv4.ip_forward=0".into()]);
@@ -170,7 +203,8 @@ pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, Unmount
     let run = Path::new(PROXY_RUN_DIR);
     a.push("proxy".into());
     a.extend(["--repo-name".into(), p.repo_name.clone().into()]);
-    a.extend(["--listen".into(), format!("0.0.0.0:{PROXY_PORT}").into()]);
+    a.extend(["--repo-path".into(), p.repo_path.clone().into()]);
+    a.extend(["--listen".into(), format!("{}:{PROXY_PORT}", p.ip).into()]);
     a.extend(["--layers".into(), run.join("layers.json").into()]);
     a.extend(["--log-dir".into(), PROXY_LOG_DIR.into()]);
     a.extend(["--session".into(), p.session.clone().into()]);
@@ -263,14 +297,31 @@ pub fn sandbox_run(engine: Engine, s: &SandboxSpec) -> Result<Vec<OsString>, Unm
     Ok(a)
 }
 
-/// `inspect` for the proxy's address on the repo's network.
-pub fn proxy_ip(name: &str, network: &str) -> Vec<OsString> {
-    vec![
-        "inspect".into(),
-        "--format".into(),
-        format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}").into(),
-        name.into(),
-    ]
+/// `network inspect` printing the network's IPv4 subnets.
+pub fn network_subnets(engine: Engine, name: &str) -> Vec<OsString> {
+    let format = match engine {
+        Engine::Podman => "{{range .Subnets}}{{.Subnet}} {{end}}",
+        Engine::Docker => "{{range .IPAM.Config}}{{.Subnet}} {{end}}",
+    };
+    vec!["network".into(), "inspect".into(), "--format".into(), format.into(), name.into()]
+}
+
+/// The first IPv4 subnet in `network_subnets`' output.
+pub fn first_v4_subnet(text: &str) -> Option<ipnet::Ipv4Net> {
+    text.split_whitespace().find_map(|w| w.parse::<ipnet::Ipv4Net>().ok())
+}
+
+/// A host address of `net` for the proxy, from `random`: never the network or broadcast
+/// address, nor the first host (Docker's gateway, unused but reserved). `None` when the
+/// subnet has no room (smaller than a /29).
+pub fn proxy_address(net: ipnet::Ipv4Net, random: u32) -> Option<std::net::Ipv4Addr> {
+    let hosts = net.hosts().count() as u32;
+    if hosts < 4 {
+        return None;
+    }
+    // Hosts 2..=hosts-1 (1-based): skip the first, keep clear of the broadcast.
+    let offset = 2 + random % (hosts - 2);
+    Some(std::net::Ipv4Addr::from(u32::from(net.network()) + offset))
 }
 
 /// `stop` with the proxy's drain grace; `--rm` removes it once stopped.
@@ -344,9 +395,11 @@ mod tests {
             name: "airlock-proxy-app-1-2".into(),
             image: PROXY_IMAGE.into(),
             network: "airlock-net-12345678".into(),
+            ip: "10.89.0.7".parse().unwrap(),
             uplink: "podman".into(),
             run_as: RunAs { rootless_podman: true, ..run_as() },
             repo_name: "app".into(),
+            repo_path: "/h/app".into(),
             session: "s1".into(),
             user_id: Some("u1".into()),
             phase: None,
@@ -369,19 +422,46 @@ mod tests {
             "type=bind,source=/h/.airlock/logs/app,target=/airlock/logs"
         ));
         assert_eq!(a.iter().filter(|x| *x == "--network").count(), 2);
+        assert!(has_pair(&a, "--network", "airlock-net-12345678:ip=10.89.0.7"));
+        assert!(has_pair(&a, "--listen", "10.89.0.7:8888"), "never 0.0.0.0: {a:?}");
         let d = proxy_run(Engine::Docker, &p).unwrap();
         assert!(has_pair(&d, "--network", "airlock-net-12345678"));
         assert_eq!(d.iter().filter(|x| *x == "--network").count(), 1, "docker: connect later");
+        assert!(has_pair(&d, "--ip", "10.89.0.7"));
     }
 
     #[test]
     fn podman_networks_are_internal_without_dns_and_docker_ones_internal() {
-        let a = network_create(Engine::Podman, "airlock-net-1", "app-1");
+        let a = network_create(Engine::Podman, "airlock-net-1", "app-1", None);
         assert!(a.iter().any(|x| x == "--internal") && a.iter().any(|x| x == "--disable-dns"));
-        let d = network_create(Engine::Docker, "airlock-net-1", "app-1");
+        let d = network_create(
+            Engine::Docker,
+            "airlock-net-1",
+            "app-1",
+            Some(docker_subnet("app-1", 0)),
+        );
         assert!(d.iter().any(|x| x == "--internal"));
         assert!(!d.iter().any(|x| x == "--disable-dns"), "docker has no such flag");
         assert!(has_pair(&d, "-o", "com.docker.network.bridge.inhibit_ipv4=true"));
+        assert!(d.iter().any(|x| x == "--subnet"));
+        let (s0, s1) = (docker_subnet("app-1", 0), docker_subnet("app-1", 1));
+        assert_ne!(s0, s1, "each attempt another subnet");
+        assert!("10.128.0.0/10".parse::<ipnet::Ipv4Net>().unwrap().contains(&s0));
+        assert_eq!(s0.prefix_len(), 24);
+    }
+
+    #[test]
+    fn the_proxy_address_is_a_host_of_the_subnet_and_never_the_gateway_or_broadcast() {
+        let net = first_v4_subnet("fd00::/64 10.89.3.0/24 ").unwrap();
+        assert_eq!(net.to_string(), "10.89.3.0/24");
+        for r in [0, 1, 252, 253, u32::MAX, 12345] {
+            let ip = proxy_address(net, r).unwrap();
+            let last = ip.octets()[3];
+            assert!((2..=254).contains(&last), "{ip}");
+            assert!(net.contains(&ip));
+        }
+        assert_eq!(proxy_address("10.0.0.0/30".parse().unwrap(), 7), None);
+        assert_eq!(first_v4_subnet("fd00::/64"), None);
     }
 
     #[test]

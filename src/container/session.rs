@@ -12,10 +12,17 @@ use super::engine::{EngineCli, EngineError};
 use super::names;
 use super::plan::{self, Bind, Home, ProxySpec, RunAs, SandboxSpec, UnmountablePath};
 use crate::config::layers_file::LayersFile;
+use crate::protocol::ContainerSpec;
+use crate::sandbox::bridge::{ProxyBridge, SessionEnd, SessionInfo};
 use crate::sandbox::mounts::HomeMount;
 use crate::sandbox::protect::{self, Protection, State};
-use crate::sandbox::supervisor::Request;
+use crate::sandbox::supervisor::{self, Request};
 use crate::sandbox::{quarantine, sweep};
+
+/// The part of the run directory bound into the proxy container (its layers file and ready
+/// file). The sandbox's environment file stays beside it, outside: it may hold `[env] pass`
+/// and MCP credentials, which the proxy has no business reading.
+const PROXY_DIR: &str = "proxy";
 
 /// How long the proxy container may take to listen.
 const PROXY_READY_WAIT: Duration = Duration::from_secs(20);
@@ -69,24 +76,31 @@ pub struct Outcome {
 /// Removes this session's placeholders and run directory however the session ends, and the
 /// proxy container if it is still there.
 struct Cleanup<'a> {
+    engine: &'a dyn EngineCli,
     prot: &'a Protection,
     repo: &'a Path,
     run_dir: &'a Path,
-    proxy: Option<(&'a dyn EngineCli, String)>,
+    /// The proxy container, while it may still be there.
+    proxy: Option<String>,
 }
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if let Some((engine, name)) = self.proxy.take() {
-            let _ = engine.output(&plan::remove(&name));
+        if let Some(name) = self.proxy.take() {
+            let _ = self.engine.output(&plan::remove(&name));
         }
         protect::remove_placeholders(self.prot, self.repo);
         let _ = std::fs::remove_dir_all(self.run_dir);
     }
 }
 
-/// Runs the session to its end.
-pub fn run(req: &Request, p: &Plan<'_>) -> Result<Outcome, ContainerError> {
+/// Runs the session to its end, registered with `airlockd` through `bridge` (start and end
+/// records, as for a native session).
+pub fn run(
+    req: &Request,
+    p: &Plan<'_>,
+    bridge: &mut dyn ProxyBridge,
+) -> Result<Outcome, ContainerError> {
     let engine = p.engine;
     for image in [&p.base_image, &p.proxy_image] {
         if !engine.output(&plan::image_exists(image))?.success {
@@ -111,56 +125,141 @@ pub fn run(req: &Request, p: &Plan<'_>) -> Result<Outcome, ContainerError> {
     roots.extend(protection.external.iter().map(PathBuf::as_path));
     roots.extend(home_dir.as_deref());
     let threshold = sweep::threshold(&roots);
-    let mut cleanup =
-        Cleanup { prot: &protection, repo: &req.repo.path, run_dir: &p.run_dir, proxy: None };
+    let mut cleanup = Cleanup {
+        engine,
+        prot: &protection,
+        repo: &req.repo.path,
+        run_dir: &p.run_dir,
+        proxy: None,
+    };
 
-    crate::config::fsutil::private_dir(&p.run_dir).map_err(|e| setup("the run directory", e))?;
-    p.layers.write(&p.run_dir.join("layers.json")).map_err(|e| setup("the layers file", e))?;
-    let env_file = p.run_dir.join("env");
-    crate::config::fsutil::write_private(&env_file, &env_file_text(&req.env)?)
+    let proxy_dir = p.run_dir.join(PROXY_DIR);
+    crate::config::fsutil::private_dir(&proxy_dir).map_err(|e| setup("the run directory", e))?;
+    p.layers.write(&proxy_dir.join("layers.json")).map_err(|e| setup("the layers file", e))?;
+    crate::config::fsutil::write_private(&p.run_dir.join("env"), &env_file_text(&req.env)?)
         .map_err(|e| setup("the environment file", e))?;
-
     let network = names::network(&req.repo);
     ensure_network(engine, &network, &req.repo.key())?;
 
+    // Registered before the proxy writes its first line: the daemon checks the same layers and
+    // writes the start record; at the end, the end record with the lines' audit root.
     let proxy_name = names::proxy(&req.repo, &req.session);
-    let proxy = ProxySpec {
+    let info = SessionInfo {
+        session: req.session.clone(),
+        repo_name: req.repo.name.clone(),
+        repo_path: req.repo.path.clone(),
+        command: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+        user_id: req.user_id.clone(),
+        agent: req.agent.clone(),
+        agent_version: req.agent_version.clone(),
+        layers: vec![format!("container:{}", engine.engine())],
+        missing_layers: Vec::new(),
+    };
+    let container =
+        ContainerSpec { engine: engine.engine().to_string(), proxy: proxy_name.clone() };
+    bridge.start_container(&info, container).map_err(|e| ContainerError::Setup(e.0))?;
+    let started = Started { network, proxy_name, home_dir, threshold };
+    match serve(req, p, &protection, &mut cleanup, started) {
+        Ok((exit_code, report)) => {
+            bridge.end(&SessionEnd {
+                exit_code,
+                quarantined: report.items.iter().map(supervisor::to_protocol).collect(),
+                leftovers: supervisor::leftovers(&report),
+                transcripts: Vec::new(),
+            });
+            drop(cleanup);
+            Ok(Outcome { exit_code, sweep: report })
+        }
+        Err(e) => {
+            bridge.end(&SessionEnd { exit_code: 125, ..SessionEnd::default() });
+            Err(e)
+        }
+    }
+}
+
+/// What [`run`] settled before the session was registered.
+struct Started {
+    network: String,
+    proxy_name: String,
+    home_dir: Option<PathBuf>,
+    threshold: sweep::Threshold,
+}
+
+/// The registered part of a session: the proxy container and its readiness, the sandbox
+/// container attached, the proxy stopped, the sweep. Returns the command's exit code and the
+/// sweep's report.
+fn serve(
+    req: &Request,
+    p: &Plan<'_>,
+    protection: &Protection,
+    cleanup: &mut Cleanup<'_>,
+    started: Started,
+) -> Result<(i32, sweep::Report), ContainerError> {
+    let engine = p.engine;
+    let Started { network, proxy_name, home_dir, threshold } = started;
+    let subnets = engine.check(&plan::network_subnets(engine.engine(), &network))?;
+    let subnet = plan::first_v4_subnet(&subnets).ok_or_else(|| {
+        ContainerError::Setup(format!("the network {network} has no IPv4 subnet ({subnets:?})"))
+    })?;
+    let mut proxy = ProxySpec {
         name: proxy_name.clone(),
         image: p.proxy_image.clone(),
         network: network.clone(),
+        ip: std::net::Ipv4Addr::UNSPECIFIED,
         uplink: engine.engine().uplink_network().into(),
         run_as: p.run_as,
         repo_name: req.repo.name.clone(),
+        repo_path: req.repo.path.clone(),
         session: req.session.clone(),
         user_id: req.user_id.clone(),
         phase: p.phase.clone(),
-        run_dir: p.run_dir.clone(),
+        run_dir: p.run_dir.join(PROXY_DIR),
         log_dir: p.log_dir.clone(),
         env: p.proxy_env.clone(),
         binds: p.proxy_binds.clone(),
     };
-    engine.check(&plan::proxy_run(engine.engine(), &proxy)?)?;
-    cleanup.proxy = Some((engine, proxy_name.clone()));
+    // A static address, chosen at random: two sessions of one repo share its network, so an
+    // address another proxy holds is tried again with another.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut random = [0u8; 4];
+        getrandom::fill(&mut random)
+            .map_err(|e| ContainerError::Setup(format!("no randomness for an address: {e}")))?;
+        proxy.ip = plan::proxy_address(subnet, u32::from_le_bytes(random)).ok_or_else(|| {
+            ContainerError::Setup(format!("the network {network}'s subnet {subnet} is too small"))
+        })?;
+        let args = plan::proxy_run(engine.engine(), &proxy)?;
+        let out = engine.output(&args)?;
+        if out.success {
+            break;
+        }
+        let taken = ["already", "in use", "allocated"].iter().any(|w| out.stderr.contains(w));
+        if !taken || attempt == 4 {
+            return Err(EngineError::Failed {
+                command: engine.describe(&args),
+                status: "non-zero exit".into(),
+                stderr: out.stderr.trim().to_owned(),
+            }
+            .into());
+        }
+        // A container of that name may exist half-made; the next attempt reuses the name.
+        let _ = engine.output(&plan::remove(&proxy_name));
+    }
+    cleanup.proxy = Some(proxy_name.clone());
     if engine.engine() == super::Engine::Docker {
         engine.check(&plan::network_connect(&proxy.uplink, &proxy_name))?;
     }
-    wait_ready(engine, &proxy_name, &p.run_dir.join("ready"))?;
-    let proxy_ip = engine.check(&plan::proxy_ip(&proxy_name, &network))?.trim().to_owned();
-    if proxy_ip.parse::<std::net::Ipv4Addr>().is_err() {
-        return Err(ContainerError::Setup(format!(
-            "the proxy container {proxy_name} has no IPv4 address on {network} ({proxy_ip:?})"
-        )));
-    }
-
+    wait_ready(engine, &proxy_name, &p.run_dir.join(PROXY_DIR).join("ready"))?;
     let sandbox = SandboxSpec {
         name: names::sandbox(&req.repo, &req.session),
         image: p.base_image.clone(),
         network,
-        proxy_ip,
+        proxy_ip: proxy.ip.to_string(),
         run_as: p.run_as,
         hostname: req.repo.hostname().to_owned(),
         workdir: req.workdir.clone().unwrap_or_else(|| req.repo.sandbox_path()),
-        binds: binds(req, &protection),
+        binds: binds(req, protection),
         home: match &home_dir {
             Some(h) => Home::Bind(Bind {
                 host: h.clone(),
@@ -169,7 +268,7 @@ pub fn run(req: &Request, p: &Plan<'_>) -> Result<Outcome, ContainerError> {
             }),
             None => Home::Tmpfs { path: crate::sandbox::env::SANDBOX_HOME.into() },
         },
-        env_file,
+        env_file: p.run_dir.join("env"),
         tty: {
             use std::io::IsTerminal;
             std::io::stdin().is_terminal() && std::io::stdout().is_terminal()
@@ -189,7 +288,7 @@ pub fn run(req: &Request, p: &Plan<'_>) -> Result<Outcome, ContainerError> {
     let report = sweep::run(
         &sweep::Sweep {
             repo: &req.repo.path,
-            prot: &protection,
+            prot: protection,
             home: home_dir,
             since: threshold.since,
         },
@@ -198,8 +297,7 @@ pub fn run(req: &Request, p: &Plan<'_>) -> Result<Outcome, ContainerError> {
     if let Err(e) = store.save() {
         eprintln!("airlock: warning: writing the quarantine manifest: {e}");
     }
-    drop(cleanup);
-    Ok(Outcome { exit_code, sweep: report })
+    Ok((exit_code, report))
 }
 
 /// The repo's network, made if missing. Two sessions may race to make it: a failed create is
@@ -208,13 +306,26 @@ fn ensure_network(engine: &dyn EngineCli, name: &str, key: &str) -> Result<(), C
     if engine.output(&plan::network_exists(name))?.success {
         return Ok(());
     }
-    match engine.check(&plan::network_create(engine.engine(), name, key)) {
-        Ok(_) => Ok(()),
-        Err(e) if engine.output(&plan::network_exists(name))?.success => {
-            tracing::debug!(error = %e, "network {name} made by another session meanwhile");
-            Ok(())
+    let mut attempt = 0;
+    loop {
+        // Podman picks a free subnet itself; Docker needs one given to place the proxy.
+        let subnet =
+            (engine.engine() == super::Engine::Docker).then(|| plan::docker_subnet(key, attempt));
+        let args = plan::network_create(engine.engine(), name, key, subnet);
+        let out = engine.output(&args)?;
+        if out.success || engine.output(&plan::network_exists(name))?.success {
+            // Made, or made by another session meanwhile.
+            return Ok(());
         }
-        Err(e) => Err(e.into()),
+        attempt += 1;
+        if subnet.is_none() || !out.stderr.contains("overlap") || attempt == 8 {
+            return Err(EngineError::Failed {
+                command: engine.describe(&args),
+                status: "non-zero exit".into(),
+                stderr: out.stderr.trim().to_owned(),
+            }
+            .into());
+        }
     }
 }
 
@@ -290,8 +401,9 @@ fn refuse_overlaps(req: &Request, prot: &Protection) -> Result<(), ContainerErro
     Ok(())
 }
 
-/// `--env-file` text: `NAME=VALUE` lines. The sandbox's proxy is the proxy container, and
-/// `PATH` the image's. A value with a newline cannot be carried and is refused.
+/// `--env-file` text: `NAME=VALUE` lines. The sandbox's proxy is the proxy container; `PATH`
+/// is the native session's (toolchain mounts first, then `/usr/local/bin:/usr/bin:/bin`). A
+/// value with a newline cannot be carried and is refused.
 fn env_file_text(env: &[(OsString, OsString)]) -> Result<Vec<u8>, ContainerError> {
     let proxy_url = format!("http://{}:{}", names::PROXY_HOST, names::PROXY_PORT);
     let mut out = Vec::new();
@@ -300,9 +412,6 @@ fn env_file_text(env: &[(OsString, OsString)]) -> Result<Vec<u8>, ContainerError
         let value: std::borrow::Cow<'_, [u8]> = match name.as_ref() {
             "HTTP_PROXY" | "HTTPS_PROXY" | "http_proxy" | "https_proxy" => {
                 proxy_url.as_bytes().into()
-            }
-            "PATH" => {
-                b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".as_slice().into()
             }
             _ => v.as_encoded_bytes().into(),
         };

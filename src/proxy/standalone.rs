@@ -44,6 +44,9 @@ pub struct Standalone {
     pub limits: Limits,
     pub policy: Policy,
     pub resolver: Arc<dyn Resolver>,
+    /// The repo's host path the lines carry, with its repo key (`None`: neither). The
+    /// container backend passes the host path its container cannot see.
+    pub repo_path: Option<String>,
     /// The session id the lines carry (`None`: a new one). The container backend passes the
     /// CLI's, so its session records, refusal report and quarantine agree with the lines.
     pub session: Option<String>,
@@ -88,11 +91,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StandaloneError> {
     let boot = crate::audit::new_boot_id();
+    let repo_key = proxy
+        .repo_path
+        .as_deref()
+        .map(|p| crate::audit::logdir::repo_key(&proxy.repo_name, std::path::Path::new(p)));
     let info = SessionInfo {
         session: proxy.session.clone().unwrap_or_else(crate::audit::new_id),
         repo: proxy.repo_name.clone(),
-        repo_path: None,
-        repo_key: None,
+        repo_path: proxy.repo_path.clone(),
+        repo_key: repo_key.clone(),
         user_id: proxy.user_id.clone(),
     };
     // Opening the log settles journals left by writers that died (their tunnels become
@@ -118,8 +125,8 @@ pub async fn serve(
     }
     let identity = Identity {
         repo: proxy.repo_name.clone(),
-        repo_path: None,
-        repo_key: None,
+        repo_path: proxy.repo_path.clone(),
+        repo_key,
         user_id: proxy.user_id,
     };
     // Kept current by the rtnetlink watcher for as long as the proxy runs.

@@ -46,6 +46,16 @@ pub trait ProxyBridge {
     /// (127.0.0.1:8888), the resolver's (127.0.0.53:53 UDP and TCP) and the capture listener
     /// (127.0.0.1:8889).
     fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError>;
+    /// Registers a container session (`--backend docker|podman`): no socket, the proxy is
+    /// the container `container` names. Bridges that serve a proxy themselves cannot.
+    fn start_container(
+        &mut self,
+        info: &SessionInfo,
+        container: crate::protocol::ContainerSpec,
+    ) -> Result<(), BridgeError> {
+        let _ = (info, container);
+        Err(BridgeError("this bridge cannot register a container session".into()))
+    }
     /// The session is over.
     fn end(&mut self, end: &SessionEnd);
     /// A descriptor that becomes readable when whoever serves the proxy stops the session

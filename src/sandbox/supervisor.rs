@@ -671,7 +671,7 @@ fn end_of_session(
     report
 }
 
-fn to_protocol(item: &quarantine::Item) -> crate::protocol::Quarantined {
+pub(crate) fn to_protocol(item: &quarantine::Item) -> crate::protocol::Quarantined {
     crate::protocol::Quarantined {
         path: item.host_path().display().to_string(),
         moved_to: item.stored.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
@@ -681,7 +681,7 @@ fn to_protocol(item: &quarantine::Item) -> crate::protocol::Quarantined {
     }
 }
 
-fn leftovers(report: &Report) -> crate::protocol::Leftovers {
+pub(crate) fn leftovers(report: &Report) -> crate::protocol::Leftovers {
     let show = |p: &Path| p.display().to_string();
     crate::protocol::Leftovers {
         setuid_stripped: report.setuid_stripped.iter().map(|p| show(p)).collect(),

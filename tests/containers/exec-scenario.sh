@@ -30,7 +30,11 @@ result gateway "$GW"
 
 S=$(mktemp -d "$W/scenario.XXXXXX")
 export HOME="$S/home"
-mkdir -p "$HOME/.airlock" "$S/app"
+# This world's own airlockd: another scenario's (another namespace) must not be found.
+export XDG_RUNTIME_DIR="$S/xdg"
+unset AIRLOCK_SOCKET
+mkdir -p "$HOME/.airlock" "$S/app" "$XDG_RUNTIME_DIR"
+chmod 0700 "$XDG_RUNTIME_DIR"
 PORT=18080
 mkdir -p "$S/www" && echo upstream-ok > "$S/www/ok"
 python3 -m http.server "$PORT" --bind 0.0.0.0 --directory "$S/www" >"$S/www.log" 2>&1 &
@@ -151,4 +155,39 @@ for l in sys.stdin:
     if r.get("host")=="fleet-blocked.test": print(str(r.get("allowed"))+","+str(r.get("layer")))
 ' | head -n1)"
 result dns_queries_seen "$(wc -l < "$S/dns.log")"
+result session_records "$(cat "$logs"/sessions-*.jsonl | python3 -c '
+import json,sys
+recs=[json.loads(l) for l in sys.stdin]
+audit_sessions={json.loads(l).get("session") for f in sys.argv[1:] for l in open(f)}
+starts=[r for r in recs if r.get("kind")=="start"]
+ends=[r for r in recs if r.get("kind")=="end"]
+same=all(r.get("session") in audit_sessions for r in starts)
+status = ends[0].get("exit_status") if ends else None
+rooted = bool(ends and ends[0].get("audit_root"))
+print(",".join(str(x) for x in [len(starts), len(ends), same, status, rooted]))
+' "$logs"/audit-*.jsonl)"
+result audit_repo_key "$(head -n1 "$logs"/audit-*.jsonl | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(str(r.get("repo_path") is not None)+","+str(r.get("repo_key") is not None))')"
+
+# Phase 2, while a session of this repo runs: a container on the engine's default network
+# (the proxy's uplink) tries to use the proxy, and a second repo's sandbox tries to reach it.
+"$AIRLOCK" exec --quiet --backend "$E" -- sh -c 'sleep 8' &
+long=$!
+for _ in $(seq 100); do
+    name=$("$E" ps --format '{{.Names}}' | grep '^airlock-proxy-app-' | head -n1 || true)
+    [ -n "$name" ] && [ -n "$(ls "$HOME"/.airlock/run/*/proxy/ready 2>/dev/null)" ] && break
+    sleep 0.1
+done
+pip=$("$E" inspect --format "{{(index .NetworkSettings.Networks \"airlock-net-$key8\").IPAddress}}" "$name")
+uip=$("$E" inspect --format "{{(index .NetworkSettings.Networks \"$([ "$E" = podman ] && echo podman || echo bridge)\").IPAddress}}" "$name")
+probe='import socket,sys
+s=socket.socket(); s.settimeout(3)
+try:
+    s.connect((sys.argv[1], 8888)); print("connected")
+except OSError as e:
+    print(type(e).__name__)'
+result neighbour_uplink_ip "$("$E" run --rm --network "$([ "$E" = podman ] && echo podman || echo bridge)" airlock/base:latest python3 -c "$probe" "$uip" 2>/dev/null)"
+mkdir -p "$S/other" && git -C "$S/other" init -q
+result other_repo_reach "$(cd "$S/other" && "$AIRLOCK" exec --quiet --backend "$E" -- python3 -c "$probe" "$pip" 2>/dev/null)"
+result other_repo_net_differs "$([ "$("$E" network ls --format '{{.Name}}' | grep -c '^airlock-net-')" -ge 2 ] && echo yes || echo no)"
+wait "$long" || true
 result run_dir_left "$(ls "$HOME/.airlock/run" 2>/dev/null | wc -l)"

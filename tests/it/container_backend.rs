@@ -77,7 +77,7 @@ fn a_podman_session_reaches_only_its_proxy_and_the_walls_hold() {
 
 #[test]
 fn a_docker_session_reaches_only_its_proxy_and_the_walls_hold() {
-    if engine_ready("dockerd") {
+    if engine_ready("dockerd") && engine_ready("docker") {
         judge("docker");
     }
 }
@@ -121,6 +121,16 @@ fn judge(engine: &str) {
     assert_eq!((allow[1], allow[2]), ("True", "user"), "user_id and layer: {all}");
     assert!(get("audit_deny").starts_with("not_allowed"), "{all}");
     assert_eq!(get("audit_managed"), "False,managed", "{all}");
+    // Registered with airlockd as a native session is: start and end records for the
+    // session the lines carry, the command's status and the lines' audit root in the end
+    // record; the lines carry the repo's host path and key.
+    assert_eq!(get("session_records"), "1,1,True,7,True", "{all}");
+    assert_eq!(get("audit_repo_key"), "True,True", "{all}");
+    // The proxy serves its own repo's sandboxes only: not another container on the engine's
+    // default network (its uplink), not another repo's sandbox (another network).
+    assert_ne!(get("neighbour_uplink_ip"), "connected", "{all}");
+    assert_ne!(get("other_repo_reach"), "connected", "{all}");
+    assert_eq!(get("other_repo_net_differs"), "yes", "{all}");
     // Per repo network kept; per session containers and files gone.
     assert_eq!(get("network_made"), "yes", "{all}");
     assert_eq!(get("containers_left"), "0", "{all}");
@@ -149,6 +159,14 @@ fn a_backend_typo_and_a_missing_engine_are_clear_errors() {
     assert!(
         run.stderr().contains("podman is not installed")
             && run.stderr().contains("--backend native"),
+        "{}",
+        run.stderr()
+    );
+    // `run` with a container backend is refused for what it is, before any host agent lookup.
+    let run = world.airlock(&repo).args(["run", "--backend", "podman", "claude"]).run();
+    assert_eq!(run.code(), 125, "{}", run.stderr());
+    assert!(
+        run.stderr().contains("`airlock run --backend podman` is not available yet"),
         "{}",
         run.stderr()
     );

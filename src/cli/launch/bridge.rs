@@ -64,10 +64,15 @@ impl DaemonBridge {
         let key = RelayKey::new().map_err(BridgeError)?;
         Ok(Some((client, key)))
     }
-}
 
-impl ProxyBridge for DaemonBridge {
-    fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError> {
+    /// Registers the session with `airlockd`: a native session hands over its sandbox's
+    /// `sockets`; a container session (`container`) none.
+    fn register(
+        &mut self,
+        sockets: Option<Handover>,
+        info: &SessionInfo,
+        container: Option<crate::protocol::ContainerSpec>,
+    ) -> Result<(), BridgeError> {
         let endpoint =
             self.endpoint.take().ok_or_else(|| BridgeError("session already started".into()))?;
         // The supervisor's id: audit lines, session records and the quarantine directory
@@ -96,6 +101,7 @@ impl ProxyBridge for DaemonBridge {
             sockets: Vec::new(),
             gate_relay: None,
             phase: self.prepared.phase.clone(),
+            container,
         };
         let relay = self.relay()?;
         let mut spec = spec;
@@ -105,8 +111,13 @@ impl ProxyBridge for DaemonBridge {
             crate::config::documents_from_sources(layers).map_err(|e| e.to_string())
         });
         let watcher = self.prepared.gated.then(|| endpoint.clone());
-        let handle = SessionHandle::start_with_documents(endpoint, spec, Some(documents), sockets)
-            .map_err(|e| BridgeError(e.to_string()))?;
+        let handle = match sockets {
+            Some(sockets) => {
+                SessionHandle::start_with_documents(endpoint, spec, Some(documents), sockets)
+            }
+            None => SessionHandle::start_container(endpoint, spec, Some(documents)),
+        }
+        .map_err(|e| BridgeError(e.to_string()))?;
         self.handle = Some(handle);
         if let Some(endpoint) = watcher {
             let notifier = self.notifier.clone();
@@ -128,6 +139,20 @@ impl ProxyBridge for DaemonBridge {
             }
         }
         Ok(())
+    }
+}
+
+impl ProxyBridge for DaemonBridge {
+    fn start(&mut self, sockets: Handover, info: &SessionInfo) -> Result<(), BridgeError> {
+        self.register(Some(sockets), info, None)
+    }
+
+    fn start_container(
+        &mut self,
+        info: &SessionInfo,
+        container: crate::protocol::ContainerSpec,
+    ) -> Result<(), BridgeError> {
+        self.register(None, info, Some(container))
     }
 
     fn stop_fd(&self) -> Option<std::os::fd::OwnedFd> {

@@ -9,6 +9,7 @@ use crate::container::session::{self, Outcome, Plan};
 use crate::container::{Backend, Engine};
 use crate::env::Env;
 use crate::paths::Paths;
+use crate::sandbox::bridge::ProxyBridge;
 use crate::sandbox::supervisor::Request;
 
 use super::Prepared;
@@ -25,6 +26,7 @@ pub fn run(
     req: &Request,
     prepared: &Prepared,
     env: &dyn Env,
+    bridge: &mut dyn ProxyBridge,
 ) -> Result<Outcome, String> {
     let managed = crate::config::load_managed(paths).map_err(|e| e.to_string())?;
     let client = if prepared.by_content.sources.is_empty() {
@@ -56,7 +58,7 @@ pub fn run(
         proxy_env,
         proxy_binds,
     };
-    session::run(req, &plan).map_err(|e| e.to_string())
+    session::run(req, &plan, bridge).map_err(|e| e.to_string())
 }
 
 /// Test builds only: the proxy container resolves names from the test's file, as the native

@@ -109,6 +109,13 @@ pub fn run_with(
         Ok(w) => w,
         Err(e) => return fail(e),
     };
+    // Said before the host is searched for the agent: with a container backend the agent is
+    // the image's, so a missing host install would be the wrong complaint.
+    if let (Launch::Agent { .. }, Some(b)) =
+        (&launch, opts.backend.filter(|b| b.engine().is_some()))
+    {
+        return fail(run_backend_refusal(b));
+    }
     // An agent that is not installed is reported before anything is asked or started.
     let target = match launch {
         Launch::Command(argv) => Target::Command(argv),
@@ -172,12 +179,18 @@ pub fn run_with(
         // Not yet: the agent is installed in the image (docs/backends.md), so the host's agent
         // resolution and trees do not apply; ports need a published port on the sandbox.
         if matches!(target, Target::Agent(..)) {
-            return fail(format!(
-                "`airlock run --backend {backend}` is not available yet; run the agent installed                  in the airlock/base image with `airlock exec --backend {backend} -- AGENT`"
-            ));
+            return fail(run_backend_refusal(backend));
         }
         if !ports.is_empty() {
             return fail(format!("--port is not available with --backend {backend} yet"));
+        }
+        // The proxy container holds no gate (it has no control socket to ask); refusing is the
+        // closed failure, rather than a gated host refused as `gate_unavailable` mid-session.
+        if prepared.gated {
+            return fail(format!(
+                "this policy has [gate] entries, which --backend {backend} does not hold yet; \
+                 run with --backend native"
+            ));
         }
     }
     let chosen = match toolchains::judge(&paths, &repo, rules.clone(), &prepared, opts) {
@@ -245,7 +258,7 @@ pub fn run_with(
     // The date before the session starts: its lines are in files of that date or later.
     let started = crate::timefmt::rfc3339_ms(std::time::SystemTime::now());
     if let Some(engine) = backend.engine() {
-        return match container::run(engine, &paths, &req, &prepared, ctx.env) {
+        return match container::run(engine, &paths, &req, &prepared, ctx.env, &mut *bridge) {
             Ok(outcome) => {
                 report_sweep(&outcome.sweep, &req.session);
                 finish(&paths, &req, &prepared, opts, ctx, &started, None, outcome.exit_code)
@@ -305,6 +318,14 @@ fn finish(
         super::publish::publish_at_session_end(paths, &req.repo.path, timeout);
     }
     exit_code
+}
+
+/// Why `airlock run` does not take a container backend yet, and what to do instead.
+fn run_backend_refusal(backend: crate::container::Backend) -> String {
+    format!(
+        "`airlock run --backend {backend}` is not available yet; run an agent installed in your \
+         image with `airlock exec --backend {backend} -- AGENT` (see docs/backends.md, \"Images\")"
+    )
 }
 
 /// The repo's git pointers, honoured only as `airlock policy trust` recorded them, passing the

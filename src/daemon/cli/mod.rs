@@ -44,7 +44,8 @@ pub struct DaemonCli {
 pub enum DaemonCommand {
     /// Run the egress proxy in the foreground (no daemon): one listener, policy from an
     /// operator `--config` file, ALLOW/DENY lines on stdout. See docs/proxy.md.
-    Proxy(proxy::ProxyArgs),
+    // Boxed, like `Review`: its flags make it the largest variant.
+    Proxy(Box<proxy::ProxyArgs>),
     /// Serve the review plane (or manage it: init-tls, migrate, maintain).
     // Boxed: the review server's flags make it several times the size of the other variants.
     Review(Box<review::ReviewArgs>),
@@ -58,7 +59,7 @@ pub enum DaemonCommand {
 /// Runs what `cli` asks for; returns the process exit code.
 pub fn run(cli: DaemonCli) -> i32 {
     match cli.command {
-        Some(DaemonCommand::Proxy(args)) => proxy::main(args, &crate::env::ProcessEnv),
+        Some(DaemonCommand::Proxy(args)) => proxy::main(*args, &crate::env::ProcessEnv),
         Some(DaemonCommand::Review(args)) => review::run_review(*args),
         Some(DaemonCommand::Admin(cmd)) => review::run_admin(review::AdminArgs { command: cmd }),
         Some(DaemonCommand::Completions(args)) => crate::cli::completions::print_script(

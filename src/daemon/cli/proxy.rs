@@ -20,6 +20,10 @@ pub struct ProxyArgs {
     /// The repo name the audit lines carry (and the log directory's name).
     #[arg(long, env = "AIRLOCK_REPO_NAME", value_name = "NAME")]
     pub repo_name: String,
+    /// The repo's path on the host, written on every line with its repo key (as a native
+    /// session's lines carry them). An absolute path.
+    #[arg(long, env = "AIRLOCK_REPO_PATH", value_name = "PATH", value_parser = parse_repo_path)]
+    pub repo_path: Option<String>,
     /// Address to listen on, e.g. 127.0.0.1:3128 (port 0 picks a free port; the chosen address
     /// is printed on stderr).
     #[arg(long, env = "AIRLOCK_LISTEN", value_name = "ADDR")]
@@ -125,6 +129,7 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         user_id: args.user_id,
         policy,
         resolver,
+        repo_path: args.repo_path,
         session: args.session,
         ready_file: args.ready_file,
     };
@@ -134,6 +139,15 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     runtime.block_on(standalone::serve(proxy, wait_for_signal()))?;
     Ok(())
+}
+
+/// `--repo-path`: absolute, one line.
+fn parse_repo_path(s: &str) -> Result<String, String> {
+    if s.starts_with('/') && !s.contains(['\n', '\r', '\0']) {
+        Ok(s.to_owned())
+    } else {
+        Err("an absolute path on one line".into())
+    }
 }
 
 /// `--session`: an id that is safe in file names and log lines.

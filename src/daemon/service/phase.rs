@@ -178,6 +178,17 @@ pub(super) async fn phase_set(daemon: &Arc<Daemon>, id: &str, phase: Option<Stri
             format!("no live session {id:?}; `airlock status` lists the live sessions"),
         );
     };
+    if let Some(c) = &session.spec.container {
+        // Its policy is evaluated in its proxy container, which this switch cannot reach.
+        return error(
+            ErrorCode::Phase,
+            format!(
+                "session {id:?} runs in {} containers, whose proxy ({}) fixes its phase at start; \
+                 start a new session with --phase instead",
+                c.engine, c.proxy
+            ),
+        );
+    }
     if let Some(name) = phase.as_deref()
         && !crate::config::phase::is_phase_name(name)
     {

@@ -200,7 +200,8 @@ struct Prepared {
     id: String,
     built: Arc<Policy>,
     policy_layers: Vec<String>,
-    sockets: SessionSockets,
+    /// `None` for a container session: its proxy runs in its own container.
+    sockets: Option<SessionSockets>,
     listen: String,
     resolver: Arc<dyn Resolver>,
     sink: FileAuditSink,
@@ -213,12 +214,14 @@ struct Prepared {
 /// Every check and every file touched before a session can be served, in the order the errors
 /// are reported. Blocking: stat and parse of the managed layer, the test resolver file, the
 /// audit log's settlement and journal, `getifaddrs` (first session, or without the watcher).
+#[allow(clippy::too_many_arguments)] // the connection's capabilities, each a separate check
 fn prepare(
     daemon: &Daemon,
     mut spec: SessionSpec,
     fds: Vec<OwnedFd>,
     capable: bool,
     digests: bool,
+    containers: bool,
     reregister: bool,
 ) -> Result<Prepared, Response> {
     // The managed layer is read here, by the daemon, for every session: the client cannot drop
@@ -249,7 +252,32 @@ fn prepare(
     for source in &mut spec.config.sources {
         source.text = None;
     }
-    let (sockets, listen) = session_sockets(&spec.sockets, capable, fds)?;
+    let (sockets, listen) = match &spec.container {
+        None => session_sockets(&spec.sockets, capable, fds).map(|(s, l)| (Some(s), l))?,
+        Some(c) => {
+            if !containers {
+                return Err(error(
+                    ErrorCode::Protocol,
+                    "session_start names a container proxy but the container_sessions \
+                     capability is not in force on this connection; offer it in hello",
+                ));
+            }
+            if !fds.is_empty() || !spec.sockets.is_empty() {
+                return Err(error(
+                    ErrorCode::Listener,
+                    "a container session hands over no socket (its proxy is the container)",
+                ));
+            }
+            if !matches!(c.engine.as_str(), "docker" | "podman") || c.proxy.is_empty() {
+                return Err(error(
+                    ErrorCode::Session,
+                    format!("invalid container proxy {:?} on {:?}", c.proxy, c.engine),
+                ));
+            }
+            // What `airlock status` and the start record show as where the proxy listens.
+            (None, format!("{}:{}", c.engine, c.proxy))
+        }
+    };
     let resolver = daemon.resolver().map_err(|e| error(ErrorCode::Config, e))?;
     // The checkout's own directory under ~/.airlock/logs (docs/audit-format.md, Files): the one
     // choice every reader and writer makes through `logdir`.
@@ -345,9 +373,12 @@ pub(super) async fn start_session(
     let fds = std::mem::take(&mut conn.fds);
     let capable = conn.capabilities.contains(crate::protocol::SESSION_SOCKETS);
     let digests = conn.capabilities.contains(crate::protocol::LAYER_DIGESTS);
+    let containers = conn.capabilities.contains(crate::protocol::CONTAINER_SESSIONS);
     let d = Arc::clone(daemon);
     let prepared =
-        match blocking(move || prepare(&d, spec, fds, capable, digests, reregister)).await {
+        match blocking(move || prepare(&d, spec, fds, capable, digests, containers, reregister))
+            .await
+        {
             Ok(Ok(p)) => p,
             Ok(Err(resp)) => return resp,
             Err(e) => return error(ErrorCode::Internal, e),
@@ -366,18 +397,6 @@ pub(super) async fn start_session(
         repo_key,
         phase_source,
     } = prepared;
-    let SessionSockets {
-        proxy: listener,
-        dns_udp,
-        dns_tcp,
-        capture_tcp,
-        capture_tcp6,
-        capture_udp_log,
-    } = sockets;
-    let tcp = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => return error(ErrorCode::Listener, format!("cannot serve the listener: {e}")),
-    };
     // The effective policy's digest (mode, entries, review hosts — not display names).
     let policy_digest = built.digest();
     let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
@@ -442,18 +461,65 @@ pub(super) async fn start_session(
             }
         }
     }
+    match sockets {
+        Some(sockets) => {
+            if let Err(e) = serve(daemon, &session, proxy, sockets, shutdown_rx, drained_tx) {
+                lock(&daemon.sessions).remove(&id);
+                return e;
+            }
+        }
+        // Its proxy is a container, which writes the lines: nothing here serves or drains.
+        None => {
+            drained_tx.send_replace(true);
+        }
+    }
+    // From here on, each switch of this session's phase is told to its supervisor.
+    conn.phase_rx = Some(session.phases.changed.subscribe());
+    conn.session = Some(Arc::clone(&session));
+    daemon.notify_status();
+    daemon.activity.notify_one();
+    Response::SessionStarted {
+        session: id,
+        boot: daemon.boot.clone(),
+        listen: session.listen.clone(),
+    }
+}
+
+/// Serves a native session's proxy, resolver and capture sockets until the session ends or
+/// the daemon stops; `drained_tx` becomes true once every one of them has finished.
+fn serve(
+    daemon: &Arc<Daemon>,
+    session: &Arc<Session>,
+    proxy: Arc<SessionProxy>,
+    sockets: SessionSockets,
+    shutdown_rx: watch::Receiver<bool>,
+    drained_tx: watch::Sender<bool>,
+) -> Result<(), Response> {
+    let SessionSockets {
+        proxy: listener,
+        dns_udp,
+        dns_tcp,
+        capture_tcp,
+        capture_tcp6,
+        capture_udp_log,
+    } = sockets;
+    let tcp = tokio::net::TcpListener::from_std(listener)
+        .map_err(|e| error(ErrorCode::Listener, format!("cannot serve the listener: {e}")))?;
     // Serve the proxy on the validated listener until the session ends or the daemon stops.
     daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
     let d = Arc::clone(daemon);
-    let sid = id.clone();
+    let sid = session.id.clone();
     // The resolver on the sandbox's 127.0.0.53 (UDP and TCP), until the session ends.
     let udp = dns_udp.map(tokio::net::UdpSocket::from_std).transpose();
     let dns_tcp = dns_tcp.map(tokio::net::TcpListener::from_std).transpose();
     let (udp, dns_tcp) = match (udp, dns_tcp) {
         (Ok(u), Ok(t)) => (u, t),
         (Err(e), _) | (_, Err(e)) => {
-            lock(&daemon.sessions).remove(&id);
-            return error(ErrorCode::Listener, format!("cannot serve the resolver sockets: {e}"));
+            d.running_proxies.fetch_sub(1, Ordering::SeqCst);
+            return Err(error(
+                ErrorCode::Listener,
+                format!("cannot serve the resolver sockets: {e}"),
+            ));
         }
     };
     let dns =
@@ -479,21 +545,10 @@ pub(super) async fn start_session(
         d.running_proxies.fetch_sub(1, Ordering::SeqCst);
         d.activity.notify_one();
     });
-    {
-        let mut proxies = lock(&daemon.proxies);
-        proxies.retain(|h| !h.is_finished());
-        proxies.push(handle);
-    }
-    // From here on, each switch of this session's phase is told to its supervisor.
-    conn.phase_rx = Some(session.phases.changed.subscribe());
-    conn.session = Some(Arc::clone(&session));
-    daemon.notify_status();
-    daemon.activity.notify_one();
-    Response::SessionStarted {
-        session: id,
-        boot: daemon.boot.clone(),
-        listen: session.listen.clone(),
-    }
+    let mut proxies = lock(&daemon.proxies);
+    proxies.retain(|h| !h.is_finished());
+    proxies.push(handle);
+    Ok(())
 }
 
 /// How long a session's end waits at most for its UDP refusal reader to drain. The wait ends
