@@ -16,6 +16,11 @@ pub struct DoctorArgs {
     /// Print the checks as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also check a container backend's engine (default: the configured `[sandbox] backend`,
+    /// when it is docker or podman): its version, the images, and whether each of the
+    /// repos' networks is sealed.
+    #[arg(long, value_name = "docker|podman")]
+    pub backend: Option<crate::container::Backend>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -103,8 +108,87 @@ pub fn kernel(ctx: &Context<'_>) -> Vec<Check> {
         .collect()
 }
 
+/// The container backend's engine, when one is asked for (`--backend`) or configured: its
+/// CLI and version, the two images, and whether every `airlock-net-*` network on it is sealed
+/// (a session refuses one that is not). No engine command runs otherwise.
+pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> Vec<Check> {
+    use crate::container::{engine::Cli, engine::EngineCli, plan};
+    let configured = Paths::from_env(ctx.env).ok().and_then(|paths| {
+        let repo = crate::repo::Repo::resolve(None, &ctx.cwd).ok();
+        let loaded = crate::config::load(&paths, repo.as_ref(), None).ok()?;
+        crate::config::sandbox_backend(&loaded.applied())
+    });
+    let chosen = asked.or(configured).unwrap_or_default();
+    let Some(engine) = chosen.engine() else {
+        return vec![Check::ok(
+            "backend",
+            "native (`airlock doctor --backend podman|docker` checks a container engine)",
+        )];
+    };
+    let cli = Cli::new(engine, ctx.env);
+    let version = match engine {
+        crate::container::Engine::Podman => "{{.Client.Version}}",
+        // The daemon's: the CLI alone cannot run a session.
+        crate::container::Engine::Docker => "{{.Server.Version}}",
+    };
+    let mut out = Vec::new();
+    match cli.check(&["version".into(), "--format".into(), version.into()]) {
+        Ok(v) => out.push(Check::ok(
+            "backend",
+            format!(
+                "{engine} {}: sessions get an internal network per repo ({}), a proxy container \
+                 with ip_forward=0 on a static address, and a sandbox with no resolver, IPv6 off, \
+                 no capabilities and no-new-privileges",
+                v.trim(),
+                match engine {
+                    crate::container::Engine::Podman => "DNS off",
+                    crate::container::Engine::Docker => "no IPv4 on its bridge",
+                }
+            ),
+        )),
+        Err(e) => {
+            out.push(Check::fail(
+                "backend",
+                format!("{engine}: {e}"),
+                format!("install {engine} (and start its service), or use --backend native"),
+            ));
+            return out;
+        }
+    }
+    for image in [plan::BASE_IMAGE, plan::PROXY_IMAGE] {
+        let var =
+            if image == plan::BASE_IMAGE { "AIRLOCK_BASE_IMAGE" } else { "AIRLOCK_PROXY_IMAGE" };
+        let image = ctx.env.var(var).filter(|v| !v.is_empty()).unwrap_or_else(|| image.into());
+        match cli.output(&plan::images_exist(&[&image])) {
+            Ok(o) if o.success => out.push(Check::ok("backend", format!("image {image}: present"))),
+            _ => out.push(Check::fail(
+                "backend",
+                format!("image {image}: missing"),
+                "build it from contrib/docker/ (docs/backends.md, \"Images\")",
+            )),
+        }
+    }
+    let listed = cli.check(&["network".into(), "ls".into(), "--format".into(), "{{.Name}}".into()]);
+    for name in listed.unwrap_or_default().lines().filter(|n| n.starts_with("airlock-net-")) {
+        let judged = cli
+            .check(&plan::network_inspect(engine, name))
+            .map_err(|e| e.to_string())
+            .and_then(|o| plan::judge_seal(engine, &o));
+        match judged {
+            Ok(()) => out.push(Check::ok("backend", format!("network {name}: sealed"))),
+            Err(why) => out.push(Check::fail(
+                "backend",
+                format!("network {name}: not sealed ({why}); sessions of its repo are refused"),
+                format!("{engine} network rm {name} (Airlock makes it again, sealed)"),
+            )),
+        }
+    }
+    out
+}
+
 pub fn run(args: &DoctorArgs, ctx: &Context<'_>) -> i32 {
-    let checks: Vec<Check> = PROBES.iter().flat_map(|p| p(ctx)).collect();
+    let mut checks: Vec<Check> = PROBES.iter().flat_map(|p| p(ctx)).collect();
+    checks.extend(backend(ctx, args.backend));
     if args.json {
         match serde_json::to_string_pretty(&checks) {
             Ok(s) => println!("{s}"),

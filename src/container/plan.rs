@@ -124,14 +124,48 @@ pub fn docker_subnet(repo_key: &str, attempt: u32) -> ipnet::Ipv4Net {
     ipnet::Ipv4Net::new(addr, 24).unwrap_or_default()
 }
 
-/// `network inspect`, to see whether the network is there.
-pub fn network_exists(name: &str) -> Vec<OsString> {
-    vec!["network".into(), "inspect".into(), name.into()]
+/// `network inspect` printing, in one call, what makes a network sealed (`internal` and, for
+/// Podman, whether DNS is on; for Docker, the bridge's `inhibit_ipv4` option) and then its
+/// subnets. Fails when there is no such network.
+pub fn network_inspect(engine: Engine, name: &str) -> Vec<OsString> {
+    let format = match engine {
+        Engine::Podman => "{{.Internal}} {{.DNSEnabled}} {{range .Subnets}}{{.Subnet}} {{end}}",
+        Engine::Docker => {
+            "{{.Internal}} {{index .Options \"com.docker.network.bridge.inhibit_ipv4\"}} \
+             {{range .IPAM.Config}}{{.Subnet}} {{end}}"
+        }
+    };
+    vec!["network".into(), "inspect".into(), "--format".into(), format.into(), name.into()]
 }
 
-/// `image inspect`, to see whether an image is there (both engines have it).
-pub fn image_exists(image: &str) -> Vec<OsString> {
-    vec!["image".into(), "inspect".into(), "--format".into(), "{{.Id}}".into(), image.into()]
+/// Whether [`network_inspect`]'s output shows a sealed network; `Err` says what is missing. A
+/// network of the same name made by someone else (by hand, an older Airlock, another user of
+/// the engine) must not be used as it is.
+pub fn judge_seal(engine: Engine, output: &str) -> Result<(), String> {
+    let mut words = output.split_whitespace();
+    let internal = words.next() == Some("true");
+    let second = words.next().unwrap_or("");
+    let mut missing = Vec::new();
+    if !internal {
+        missing.push("it is not --internal");
+    }
+    match engine {
+        Engine::Podman if second != "false" => missing.push("its DNS is on (no --disable-dns)"),
+        Engine::Docker if second != "true" => {
+            missing.push("its bridge has an IPv4 address (no inhibit_ipv4)")
+        }
+        _ => {}
+    }
+    if missing.is_empty() { Ok(()) } else { Err(missing.join(", ")) }
+}
+
+/// `image inspect` of `images`, to see whether they are all there (both engines have it; it
+/// fails when one is missing).
+pub fn images_exist(images: &[&str]) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["image".into(), "inspect".into(), "--format".into()];
+    a.push("{{.Id}}".into());
+    a.extend(images.iter().map(OsString::from));
+    a
 }
 
 /// What the proxy container needs.
@@ -297,16 +331,7 @@ pub fn sandbox_run(engine: Engine, s: &SandboxSpec) -> Result<Vec<OsString>, Unm
     Ok(a)
 }
 
-/// `network inspect` printing the network's IPv4 subnets.
-pub fn network_subnets(engine: Engine, name: &str) -> Vec<OsString> {
-    let format = match engine {
-        Engine::Podman => "{{range .Subnets}}{{.Subnet}} {{end}}",
-        Engine::Docker => "{{range .IPAM.Config}}{{.Subnet}} {{end}}",
-    };
-    vec!["network".into(), "inspect".into(), "--format".into(), format.into(), name.into()]
-}
-
-/// The first IPv4 subnet in `network_subnets`' output.
+/// The first IPv4 subnet in [`network_inspect`]'s output.
 pub fn first_v4_subnet(text: &str) -> Option<ipnet::Ipv4Net> {
     text.split_whitespace().find_map(|w| w.parse::<ipnet::Ipv4Net>().ok())
 }
@@ -452,7 +477,7 @@ mod tests {
 
     #[test]
     fn the_proxy_address_is_a_host_of_the_subnet_and_never_the_gateway_or_broadcast() {
-        let net = first_v4_subnet("fd00::/64 10.89.3.0/24 ").unwrap();
+        let net = first_v4_subnet("true false fd00::/64 10.89.3.0/24 ").unwrap();
         assert_eq!(net.to_string(), "10.89.3.0/24");
         for r in [0, 1, 252, 253, u32::MAX, 12345] {
             let ip = proxy_address(net, r).unwrap();
@@ -462,6 +487,16 @@ mod tests {
         }
         assert_eq!(proxy_address("10.0.0.0/30".parse().unwrap(), 7), None);
         assert_eq!(first_v4_subnet("fd00::/64"), None);
+    }
+
+    #[test]
+    fn only_a_network_made_sealed_is_judged_sealed() {
+        assert_eq!(judge_seal(Engine::Podman, "true false 10.89.0.0/24 \n"), Ok(()));
+        assert!(judge_seal(Engine::Podman, "true true").unwrap_err().contains("DNS"));
+        assert!(judge_seal(Engine::Podman, "false false").unwrap_err().contains("--internal"));
+        assert!(judge_seal(Engine::Podman, "").is_err());
+        assert_eq!(judge_seal(Engine::Docker, "true true"), Ok(()));
+        assert!(judge_seal(Engine::Docker, "true <no value>").unwrap_err().contains("inhibit"));
     }
 
     #[test]

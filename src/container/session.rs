@@ -102,12 +102,15 @@ pub fn run(
     bridge: &mut dyn ProxyBridge,
 ) -> Result<Outcome, ContainerError> {
     let engine = p.engine;
-    for image in [&p.base_image, &p.proxy_image] {
-        if !engine.output(&plan::image_exists(image))?.success {
-            return Err(ContainerError::MissingImage {
-                engine: engine.engine(),
-                image: image.clone(),
-            });
+    // One call for both; only when one is missing, one call each to say which.
+    if !engine.output(&plan::images_exist(&[&p.base_image, &p.proxy_image]))?.success {
+        for image in [&p.base_image, &p.proxy_image] {
+            if !engine.output(&plan::images_exist(&[image]))?.success {
+                return Err(ContainerError::MissingImage {
+                    engine: engine.engine(),
+                    image: image.clone(),
+                });
+            }
         }
     }
     let setup = |what: &str, e: std::io::Error| ContainerError::Setup(format!("{what}: {e}"));
@@ -139,7 +142,10 @@ pub fn run(
     crate::config::fsutil::write_private(&p.run_dir.join("env"), &env_file_text(&req.env)?)
         .map_err(|e| setup("the environment file", e))?;
     let network = names::network(&req.repo);
-    ensure_network(engine, &network, &req.repo.key())?;
+    let inspected = ensure_network(engine, &network, &req.repo.key())?;
+    let subnet = plan::first_v4_subnet(&inspected).ok_or_else(|| {
+        ContainerError::Setup(format!("the network {network} has no IPv4 subnet ({inspected:?})"))
+    })?;
 
     // Registered before the proxy writes its first line: the daemon checks the same layers and
     // writes the start record; at the end, the end record with the lines' audit root.
@@ -158,7 +164,7 @@ pub fn run(
     let container =
         ContainerSpec { engine: engine.engine().to_string(), proxy: proxy_name.clone() };
     bridge.start_container(&info, container).map_err(|e| ContainerError::Setup(e.0))?;
-    let started = Started { network, proxy_name, home_dir, threshold };
+    let started = Started { network, subnet, proxy_name, home_dir, threshold };
     match serve(req, p, &protection, &mut cleanup, started) {
         Ok((exit_code, report)) => {
             bridge.end(&SessionEnd {
@@ -180,6 +186,7 @@ pub fn run(
 /// What [`run`] settled before the session was registered.
 struct Started {
     network: String,
+    subnet: ipnet::Ipv4Net,
     proxy_name: String,
     home_dir: Option<PathBuf>,
     threshold: sweep::Threshold,
@@ -196,11 +203,7 @@ fn serve(
     started: Started,
 ) -> Result<(i32, sweep::Report), ContainerError> {
     let engine = p.engine;
-    let Started { network, proxy_name, home_dir, threshold } = started;
-    let subnets = engine.check(&plan::network_subnets(engine.engine(), &network))?;
-    let subnet = plan::first_v4_subnet(&subnets).ok_or_else(|| {
-        ContainerError::Setup(format!("the network {network} has no IPv4 subnet ({subnets:?})"))
-    })?;
+    let Started { network, subnet, proxy_name, home_dir, threshold } = started;
     let mut proxy = ProxySpec {
         name: proxy_name.clone(),
         image: p.proxy_image.clone(),
@@ -300,11 +303,14 @@ fn serve(
     Ok((exit_code, report))
 }
 
-/// The repo's network, made if missing. Two sessions may race to make it: a failed create is
-/// fine when the network is there afterwards.
-fn ensure_network(engine: &dyn EngineCli, name: &str, key: &str) -> Result<(), ContainerError> {
-    if engine.output(&plan::network_exists(name))?.success {
-        return Ok(());
+/// The repo's network, made if missing, and judged sealed; returns its
+/// [`plan::network_inspect`] output (seal and subnets). Two sessions may race to make it: a
+/// failed create is fine when the network is there afterwards.
+fn ensure_network(engine: &dyn EngineCli, name: &str, key: &str) -> Result<String, ContainerError> {
+    let inspect = plan::network_inspect(engine.engine(), name);
+    let found = engine.output(&inspect)?;
+    if found.success {
+        return check_sealed(engine, name, found.stdout);
     }
     let mut attempt = 0;
     loop {
@@ -313,9 +319,10 @@ fn ensure_network(engine: &dyn EngineCli, name: &str, key: &str) -> Result<(), C
             (engine.engine() == super::Engine::Docker).then(|| plan::docker_subnet(key, attempt));
         let args = plan::network_create(engine.engine(), name, key, subnet);
         let out = engine.output(&args)?;
-        if out.success || engine.output(&plan::network_exists(name))?.success {
-            // Made, or made by another session meanwhile.
-            return Ok(());
+        // Made, or made by another session meanwhile (judged like any network found).
+        let found = engine.output(&inspect)?;
+        if found.success {
+            return check_sealed(engine, name, found.stdout);
         }
         attempt += 1;
         if subnet.is_none() || !out.stderr.contains("overlap") || attempt == 8 {
@@ -326,6 +333,24 @@ fn ensure_network(engine: &dyn EngineCli, name: &str, key: &str) -> Result<(), C
             }
             .into());
         }
+    }
+}
+
+/// Refuses a network of the repo's name that is not sealed: anyone who can use the engine can
+/// make one (the name is derived from the repo's path), and a session on it would have a way
+/// out. Returns `inspected` when it is sealed.
+fn check_sealed(
+    engine: &dyn EngineCli,
+    name: &str,
+    inspected: String,
+) -> Result<String, ContainerError> {
+    match plan::judge_seal(engine.engine(), &inspected) {
+        Ok(()) => Ok(inspected),
+        Err(why) => Err(ContainerError::Setup(format!(
+            "the network {name} exists but is not sealed ({why}); Airlock did not make it this \
+             way. Remove it (`{} network rm {name}`) and Airlock makes it again",
+            engine.engine()
+        ))),
     }
 }
 

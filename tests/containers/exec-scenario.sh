@@ -132,6 +132,8 @@ set -e
 result exit_code "$rc"
 result envrc_after "$([ -e "$S/app/.envrc" ] && echo present || echo absent)"
 result hook_after "$([ -e "$S/app/.git/hooks/post-checkout" ] && echo present || echo absent)"
+# `--rm` removal is the engine's, after the container stopped (Docker's is asynchronous).
+for _ in $(seq 50); do [ "$("$E" ps -aq | wc -l)" = 0 ] && break; sleep 0.1; done
 result containers_left "$("$E" ps -aq | wc -l)"
 key8=$(printf '%s' "$(realpath "$S/app")" | sha256sum | cut -c1-8)
 result network_made "$("$E" network inspect "airlock-net-$key8" >/dev/null 2>&1 && echo yes || echo no)"
@@ -190,4 +192,24 @@ mkdir -p "$S/other" && git -C "$S/other" init -q
 result other_repo_reach "$(cd "$S/other" && "$AIRLOCK" exec --quiet --backend "$E" -- python3 -c "$probe" "$pip" 2>/dev/null)"
 result other_repo_net_differs "$([ "$("$E" network ls --format '{{.Name}}' | grep -c '^airlock-net-')" -ge 2 ] && echo yes || echo no)"
 wait "$long" || true
+# A network of another repo's name made by someone else, not sealed: the session refuses it.
+mkdir -p "$S/planted" && git -C "$S/planted" init -q
+pk=$(printf '%s' "$(realpath "$S/planted")" | sha256sum | cut -c1-8)
+if [ "$E" = podman ]; then
+    podman network create --internal "airlock-net-$pk" >/dev/null
+else
+    docker network create --internal "airlock-net-$pk" >/dev/null
+fi
+set +e
+planted_err=$(cd "$S/planted" && "$AIRLOCK" exec --quiet --backend "$E" -- true 2>&1)
+planted_rc=$?
+set -e
+result planted_network "$planted_rc,$(echo "$planted_err" | grep -c 'is not sealed')"
+set +e
+doctor=$("$AIRLOCK" doctor --backend "$E" 2>&1)
+set -e
+result doctor_engine "$(echo "$doctor" | grep -c "^\[ok  \] backend   $E [0-9]")"
+result doctor_images "$(echo "$doctor" | grep -c '^\[ok  \] backend   image airlock/.*: present')"
+result doctor_sealed "$(echo "$doctor" | grep -c "network airlock-net-$key8: sealed")"
+result doctor_planted "$(echo "$doctor" | grep -c "^\[FAIL\] backend   network airlock-net-$pk: not sealed")"
 result run_dir_left "$(ls "$HOME/.airlock/run" 2>/dev/null | wc -l)"

@@ -131,6 +131,13 @@ fn judge(engine: &str) {
     assert_ne!(get("neighbour_uplink_ip"), "connected", "{all}");
     assert_ne!(get("other_repo_reach"), "connected", "{all}");
     assert_eq!(get("other_repo_net_differs"), "yes", "{all}");
+    // A network of a repo's name that someone else made without the seals is refused.
+    assert_eq!(get("planted_network"), "125,1", "{all}");
+    // `airlock doctor --backend` says the same: the engine, the images, each network's seal.
+    assert_eq!(get("doctor_engine"), "1", "{all}");
+    assert_eq!(get("doctor_images"), "2", "{all}");
+    assert_eq!(get("doctor_sealed"), "1", "{all}");
+    assert_eq!(get("doctor_planted"), "1", "{all}");
     // Per repo network kept; per session containers and files gone.
     assert_eq!(get("network_made"), "yes", "{all}");
     assert_eq!(get("containers_left"), "0", "{all}");
