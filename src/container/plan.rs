@@ -198,7 +198,8 @@ pub struct ProxySpec {
 
 /// `run -d` for the session's proxy container.
 pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, UnmountablePath> {
-    let mut a: Vec<OsString> = vec!["run".into(), "-d".into(), "--rm".into()];
+    // No `--rm`: a proxy that exits at start keeps its words for `logs`; the session removes it.
+    let mut a: Vec<OsString> = vec!["run".into(), "-d".into()];
     a.extend(["--name".into(), p.name.clone().into()]);
     a.extend(["--label".into(), format!("airlock.session={}", p.session).into()]);
     // Its only way out, and the only container on two networks. The Docker CLI takes one
@@ -349,9 +350,17 @@ pub fn proxy_address(net: ipnet::Ipv4Net, random: u32) -> Option<std::net::Ipv4A
     Some(std::net::Ipv4Addr::from(u32::from(net.network()) + offset))
 }
 
-/// `stop` with the proxy's drain grace; `--rm` removes it once stopped.
-pub fn stop(name: &str, grace_secs: u32) -> Vec<OsString> {
-    vec!["stop".into(), "-t".into(), grace_secs.to_string().into(), name.into()]
+/// Stopping the proxy with its drain grace (SIGTERM, then SIGKILL after `grace_secs`) and
+/// removing it: one `rm -f -t` for Podman; Docker's `rm -f` kills at once, so `stop -t` first
+/// and then [`remove`].
+pub fn stop_and_remove(engine: Engine, name: &str, grace_secs: u32) -> Vec<Vec<OsString>> {
+    let grace: OsString = grace_secs.to_string().into();
+    match engine {
+        Engine::Podman => vec![vec!["rm".into(), "-f".into(), "-t".into(), grace, name.into()]],
+        Engine::Docker => {
+            vec![vec!["stop".into(), "-t".into(), grace, name.into()], remove(name)]
+        }
+    }
 }
 
 /// `rm -f`, for a container that must go whatever its state.
@@ -487,6 +496,15 @@ mod tests {
         }
         assert_eq!(proxy_address("10.0.0.0/30".parse().unwrap(), 7), None);
         assert_eq!(first_v4_subnet("fd00::/64"), None);
+    }
+
+    #[test]
+    fn the_proxy_is_stopped_with_its_drain_grace_before_it_is_removed() {
+        let p = stop_and_remove(Engine::Podman, "px", 7);
+        assert_eq!(p, vec![vec!["rm", "-f", "-t", "7", "px"]]);
+        // Docker's `rm -f` would SIGKILL at once: the drain needs `stop -t` first.
+        let d = stop_and_remove(Engine::Docker, "px", 7);
+        assert_eq!(d, vec![vec!["stop", "-t", "7", "px"], vec!["rm", "-f", "px"]]);
     }
 
     #[test]

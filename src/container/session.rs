@@ -282,8 +282,12 @@ fn serve(
     sweep::wait_past(threshold.not_before);
     let exit_code = engine.attached(&args)?;
 
-    // The proxy drains its open tunnels on SIGTERM; `--rm` then removes it.
-    if engine.output(&plan::stop(&proxy_name, PROXY_STOP_GRACE))?.success {
+    // The proxy drains its open tunnels on SIGTERM, then goes.
+    let mut removed = true;
+    for step in plan::stop_and_remove(engine.engine(), &proxy_name, PROXY_STOP_GRACE) {
+        removed &= engine.output(&step)?.success;
+    }
+    if removed {
         cleanup.proxy = None;
     }
     let mut store =

@@ -122,6 +122,8 @@ r = subprocess.run(["ip", "route", "replace", "default", "via", proxy], capture_
 print("RESULT route_change=" + ("ok" if r.returncode == 0 else "refused"))
 print("RESULT secrets_file=" + ("visible" if os.path.exists("/airlock/run/layers.json") else "absent"))
 print("RESULT engine_socket=" + ("visible" if any(os.path.exists(p) for p in ["/run/podman/podman.sock", "/var/run/docker.sock", "/run/docker.sock"]) else "absent"))
+print("RESULT daemon_socket=" + ("visible" if os.path.exists("'"$XDG_RUNTIME_DIR"'/airlock/airlock.sock") else "absent"))
+print("RESULT host_home=" + ("visible" if os.path.exists("'"$HOME"'/.airlock") else "absent"))
 PY
   echo planted > .envrc
   echo "#!/bin/sh" > .git/hooks/post-checkout 2>/dev/null && echo "RESULT hook_write=written" || echo "RESULT hook_write=refused"
@@ -172,7 +174,7 @@ result audit_repo_key "$(head -n1 "$logs"/audit-*.jsonl | python3 -c 'import jso
 
 # Phase 2, while a session of this repo runs: a container on the engine's default network
 # (the proxy's uplink) tries to use the proxy, and a second repo's sandbox tries to reach it.
-"$AIRLOCK" exec --quiet --backend "$E" -- sh -c 'sleep 8' &
+"$AIRLOCK" exec --quiet --backend "$E" -- sh -c "curl -sS -m 5 -o /dev/null http://allowed.test:$PORT/ok; sleep 8" &
 long=$!
 for _ in $(seq 100); do
     name=$("$E" ps --format '{{.Names}}' | grep '^airlock-proxy-app-' | head -n1 || true)
@@ -188,6 +190,9 @@ try:
 except OSError as e:
     print(type(e).__name__)'
 result neighbour_uplink_ip "$("$E" run --rm --network "$([ "$E" = podman ] && echo podman || echo bridge)" airlock/base:latest python3 -c "$probe" "$uip" 2>/dev/null)"
+# The page's live view: the proxy container's stdout has an ALLOW line per allowed attempt.
+for _ in $(seq 50); do "$E" logs "$name" 2>/dev/null | grep -q ' ALLOW ' && break; sleep 0.1; done
+result live_view "$("$E" logs "$name" 2>/dev/null | grep -c "Z ALLOW allowed.test:$PORT GET ")"
 mkdir -p "$S/other" && git -C "$S/other" init -q
 result other_repo_reach "$(cd "$S/other" && "$AIRLOCK" exec --quiet --backend "$E" -- python3 -c "$probe" "$pip" 2>/dev/null)"
 result other_repo_net_differs "$([ "$("$E" network ls --format '{{.Name}}' | grep -c '^airlock-net-')" -ge 2 ] && echo yes || echo no)"

@@ -110,6 +110,10 @@ fn judge(engine: &str) {
     assert_eq!(get("route_change"), "refused", "no CAP_NET_ADMIN: {all}");
     assert_eq!(get("secrets_file"), "absent", "the layers file is the proxy's alone: {all}");
     assert_eq!(get("engine_socket"), "absent", "no engine socket inside: {all}");
+    assert_eq!(get("daemon_socket"), "absent", "no airlockd socket inside: {all}");
+    assert_eq!(get("host_home"), "absent", "nothing of the host's home inside: {all}");
+    // The page's live view: `podman logs -f` / `docker logs -f` of the proxy container.
+    assert_eq!(get("live_view"), "1", "{all}");
     // Protected paths are read-only inside; nothing planted reaches the host repo.
     assert_eq!(get("hook_write"), "refused", "{all}");
     assert_eq!(get("hook_after"), "absent", "{all}");
