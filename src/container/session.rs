@@ -13,7 +13,7 @@ use super::names;
 use super::plan::{self, Bind, Home, ProxySpec, RunAs, SandboxSpec, UnmountablePath};
 use crate::config::layers_file::LayersFile;
 use crate::protocol::ContainerSpec;
-use crate::sandbox::bridge::{ProxyBridge, SessionEnd, SessionInfo};
+use crate::sandbox::bridge::{ProxyBridge, SessionEnd};
 use crate::sandbox::mounts::HomeMount;
 use crate::sandbox::protect::{self, Protection, State};
 use crate::sandbox::supervisor::{self, Request};
@@ -150,17 +150,7 @@ pub fn run(
     // Registered before the proxy writes its first line: the daemon checks the same layers and
     // writes the start record; at the end, the end record with the lines' audit root.
     let proxy_name = names::proxy(&req.repo, &req.session);
-    let info = SessionInfo {
-        session: req.session.clone(),
-        repo_name: req.repo.name.clone(),
-        repo_path: req.repo.path.clone(),
-        command: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
-        user_id: req.user_id.clone(),
-        agent: req.agent.clone(),
-        agent_version: req.agent_version.clone(),
-        layers: vec![format!("container:{}", engine.engine())],
-        missing_layers: Vec::new(),
-    };
+    let info = req.session_info(vec![format!("container:{}", engine.engine())], Vec::new());
     let container =
         ContainerSpec { engine: engine.engine().to_string(), proxy: proxy_name.clone() };
     bridge.start_container(&info, container).map_err(|e| ContainerError::Setup(e.0))?;

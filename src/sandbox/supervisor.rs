@@ -238,6 +238,24 @@ impl Events for Watch {
     }
 }
 
+impl Request {
+    /// What the daemon is told about this session, with the sandbox layers in force and those
+    /// that were not available.
+    pub fn session_info(&self, layers: Vec<String>, missing: Vec<String>) -> SessionInfo {
+        SessionInfo {
+            session: self.session.clone(),
+            repo_name: self.repo.name.clone(),
+            repo_path: self.repo.path.clone(),
+            command: self.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+            user_id: self.user_id.clone(),
+            agent: self.agent.clone(),
+            agent_version: self.agent_version.clone(),
+            layers,
+            missing_layers: missing,
+        }
+    }
+}
+
 /// Runs one session to its end.
 pub fn run(
     req: &Request,
@@ -511,17 +529,7 @@ pub fn run(
         eprintln!("airlock: warning: {warning}");
         missing.push(warning);
     }
-    let info = SessionInfo {
-        session: req.session.clone(),
-        repo_name: req.repo.name.clone(),
-        repo_path: req.repo.path.clone(),
-        command: req.argv.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
-        user_id: req.user_id.clone(),
-        agent: req.agent.clone(),
-        agent_version: req.agent_version.clone(),
-        layers,
-        missing_layers: missing,
-    };
+    let info = req.session_info(layers, missing);
     let started = bridge.start(listener, &info);
     let setup_error = read_setup_error();
     if started.is_err() || !setup_error.is_empty() {
