@@ -217,4 +217,30 @@ result doctor_engine "$(echo "$doctor" | grep -c "^\[ok  \] backend   $E [0-9]")
 result doctor_images "$(echo "$doctor" | grep -c '^\[ok  \] backend   image airlock/.*: present')"
 result doctor_sealed "$(echo "$doctor" | grep -c "network airlock-net-$key8: sealed")"
 result doctor_planted "$(echo "$doctor" | grep -c "^\[FAIL\] backend   network airlock-net-$pk: not sealed")"
+# `airlock run --backend`: an image with a (fake) `claude` made from airlock/base, run twice.
+"$E" rm -f airlock-test-mk >/dev/null 2>&1 || true
+"$E" run --name airlock-test-mk --network none airlock/base:latest sh -c 'mkdir -p /usr/local/bin && cat > /usr/local/bin/claude <<"AGENT"
+#!/bin/sh
+echo "RESULT agent_home=$HOME"
+echo "RESULT agent_args=$*"
+n=$(cat "$HOME/.runs" 2>/dev/null || echo 0)
+echo $((n + 1)) > "$HOME/.runs"
+echo "RESULT agent_runs=$((n + 1))"
+mkdir -p "$HOME/.claude/projects/app"
+echo "{\"type\":\"user\",\"n\":$n}" >> "$HOME/.claude/projects/app/session.jsonl"
+AGENT
+chmod 0755 /usr/local/bin/claude' >/dev/null
+"$E" commit airlock-test-mk localhost/airlock-test/agent:latest >/dev/null
+"$E" rm -f airlock-test-mk >/dev/null
+for _ in 1 2; do
+    AIRLOCK_BASE_IMAGE=localhost/airlock-test/agent:latest \
+        "$AIRLOCK" run --quiet --backend "$E" claude -- --print hello
+done
+result agent_record "$(cat "$logs"/sessions-*.jsonl | python3 -c '
+import json, sys
+recs = [json.loads(l) for l in sys.stdin]
+end = [r for r in recs if r.get("kind") == "end"][-1]
+start = [r for r in recs if r.get("kind") == "start" and r.get("session") == end.get("session")][0]
+print(str(start.get("agent")) + "," + str(len(end.get("transcripts") or [])))
+')"
 result run_dir_left "$(ls "$HOME/.airlock/run" 2>/dev/null | wc -l)"

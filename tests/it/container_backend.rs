@@ -142,6 +142,12 @@ fn judge(engine: &str) {
     assert_eq!(get("doctor_images"), "2", "{all}");
     assert_eq!(get("doctor_sealed"), "1", "{all}");
     assert_eq!(get("doctor_planted"), "1", "{all}");
+    // `airlock run --backend`: the image's agent, its per-repo home kept between sessions,
+    // the transcripts it wrote hashed into the end record.
+    assert_eq!(get("agent_home"), "/home/agent", "{all}");
+    assert_eq!(get("agent_args"), "--print hello", "{all}");
+    assert_eq!(get("agent_runs"), "2", "the home persists between sessions: {all}");
+    assert_eq!(get("agent_record"), "claude,1", "{all}");
     // Per repo network kept; per session containers and files gone.
     assert_eq!(get("network_made"), "yes", "{all}");
     assert_eq!(get("containers_left"), "0", "{all}");
@@ -173,14 +179,18 @@ fn a_backend_typo_and_a_missing_engine_are_clear_errors() {
         "{}",
         run.stderr()
     );
-    // `run` with a container backend is refused for what it is, before any host agent lookup.
-    let run = world.airlock(&repo).args(["run", "--backend", "podman", "claude"]).run();
+    // `run` with a container backend runs the image's agent: the host is not searched for it
+    // (no `claude` here), so the complaint is the engine's absence; a host path is refused.
+    let run = world
+        .airlock(&repo)
+        .env("AIRLOCK_PODMAN", world.tmp.path().join("no-such-podman"))
+        .args(["run", "--backend", "podman", "claude"])
+        .run();
     assert_eq!(run.code(), 125, "{}", run.stderr());
-    assert!(
-        run.stderr().contains("`airlock run --backend podman` is not available yet"),
-        "{}",
-        run.stderr()
-    );
+    assert!(run.stderr().contains("podman is not installed"), "{}", run.stderr());
+    let run = world.airlock(&repo).args(["run", "--backend", "podman", "/opt/x/claude"]).run();
+    assert_eq!(run.code(), 125, "{}", run.stderr());
+    assert!(run.stderr().contains("not a host path"), "{}", run.stderr());
     // Nothing of the session is left: no placeholder, no run directory.
     assert!(!repo.join(".envrc").exists());
     assert!(

@@ -58,8 +58,51 @@ pub fn prepare(
     env: &mut Vec<(OsString, OsString)>,
     req: &mut Request,
 ) -> Result<AgentSession, String> {
+    let session = prepare_home(&resolved.agent, paths, prepared, env, req)?;
+    let mut path: Vec<PathBuf> = resolved.path_dirs.clone();
+    path.extend(std::env::split_paths(SANDBOX_PATH));
+    let path = std::env::join_paths(path).map_err(|e| format!("agent PATH: {e}"))?;
+    set_var(env, "PATH", path);
+    req.argv = resolved.argv.iter().map(|p| p.clone().into_os_string()).chain(args).collect();
+    req.ro_binds = resolved.binds.iter().map(|b| (b.src.clone(), b.dst.clone())).collect();
+    req.symlinks = resolved.links.clone();
+    req.agent_version = resolved.version.clone();
+    Ok(session)
+}
+
+/// The agent side of a container session (`--backend docker|podman`): the agent is the
+/// image's command `name` (a host binary is not assumed to run in the image), so nothing of
+/// the host's install is bound; its per-repo home is the same as a native session's.
+pub fn prepare_in_image(
+    name: &str,
+    args: Vec<OsString>,
+    paths: &Paths,
+    prepared: &Prepared,
+    env: &mut Vec<(OsString, OsString)>,
+    req: &mut Request,
+) -> Result<AgentSession, String> {
+    if name.contains('/') {
+        return Err(format!(
+            "with a container backend the agent is a command of the image, not a host path \
+             ({name}); give its name (claude, codex, …)"
+        ));
+    }
+    let session = prepare_home(&crate::agent::Agent::from_arg(name), paths, prepared, env, req)?;
+    req.argv = std::iter::once(OsString::from(name)).chain(args).collect();
+    Ok(session)
+}
+
+/// The per-repo agent home (SECURITY §4), its credentials and `.gitconfig`, the agent's own
+/// variables, and what the session record names; both backends.
+fn prepare_home(
+    agent: &crate::agent::Agent,
+    paths: &Paths,
+    prepared: &Prepared,
+    env: &mut Vec<(OsString, OsString)>,
+    req: &mut Request,
+) -> Result<AgentSession, String> {
     let key = req.repo.key();
-    let home = AgentHome::open(&paths.airlock_dir().join("agent"), &resolved.agent, &key)
+    let home = AgentHome::open(&paths.airlock_dir().join("agent"), agent, &key)
         .map_err(|e| e.to_string())?;
     claim_home(&home, &req.repo)?;
     let copied_in = home.copy_in().map_err(|e| e.to_string())?;
@@ -68,26 +111,16 @@ pub fn prepare(
         home.write_gitconfig(name, email).map_err(|e| e.to_string())?;
     }
     let before = home.snapshot();
-
-    let mut path: Vec<PathBuf> = resolved.path_dirs.clone();
-    path.extend(std::env::split_paths(SANDBOX_PATH));
-    let path = std::env::join_paths(path).map_err(|e| format!("agent PATH: {e}"))?;
-    set_var(env, "PATH", path);
-    for (k, v) in agent_env(&resolved.agent) {
+    for (k, v) in agent_env(agent) {
         if !env.iter().any(|(name, _)| name == k) {
             set_var(env, k, v.into());
         }
     }
-
-    req.argv = resolved.argv.iter().map(|p| p.clone().into_os_string()).chain(args).collect();
     let parent = home.path().parent().map(|p| p.to_path_buf()).ok_or_else(|| {
         format!("{}: an agent home needs a parent directory", home.path().display())
     })?;
     req.home = HomeMount::Bind { parent, name: key };
-    req.ro_binds = resolved.binds.iter().map(|b| (b.src.clone(), b.dst.clone())).collect();
-    req.symlinks = resolved.links.clone();
-    req.agent = Some(resolved.agent.name().to_string());
-    req.agent_version = resolved.version.clone();
+    req.agent = Some(agent.name().to_string());
     Ok(AgentSession { home, copied_in, before })
 }
 
@@ -162,6 +195,14 @@ impl ProxyBridge for AgentBridge {
         info: &SessionInfo,
     ) -> Result<(), BridgeError> {
         self.inner.start(sockets, info)
+    }
+
+    fn start_container(
+        &mut self,
+        info: &SessionInfo,
+        container: crate::protocol::ContainerSpec,
+    ) -> Result<(), BridgeError> {
+        self.inner.start_container(info, container)
     }
 
     fn stop_fd(&self) -> Option<std::os::fd::OwnedFd> {

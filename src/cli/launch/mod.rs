@@ -61,6 +61,9 @@ pub enum Launch {
 enum Target {
     Command(Vec<OsString>),
     Agent(Box<Resolved>, Vec<OsString>),
+    /// A container session's agent: the image's command of that name (never looked up on the
+    /// host).
+    ImageAgent(String, Vec<OsString>),
 }
 
 /// Runs a session with the production collaborators: the configuration gate and the daemon
@@ -109,16 +112,12 @@ pub fn run_with(
         Ok(w) => w,
         Err(e) => return fail(e),
     };
-    // Said before the host is searched for the agent: with a container backend the agent is
-    // the image's, so a missing host install would be the wrong complaint.
-    if let (Launch::Agent { .. }, Some(b)) =
-        (&launch, opts.backend.filter(|b| b.engine().is_some()))
-    {
-        return fail(run_backend_refusal(b));
-    }
-    // An agent that is not installed is reported before anything is asked or started.
+    // An agent that is not installed is reported before anything is asked or started. With
+    // `--backend docker|podman` the agent is the image's: the host is not searched.
+    let image_agent = opts.backend.is_some_and(|b| b.engine().is_some());
     let target = match launch {
         Launch::Command(argv) => Target::Command(argv),
+        Launch::Agent { agent, args } if image_agent => Target::ImageAgent(agent, args),
         Launch::Agent { agent, args } => match agent::resolve_agent(&agent, ctx, &paths, &repo) {
             Ok(resolved) => Target::Agent(Box::new(resolved), args),
             Err(e) => {
@@ -175,12 +174,19 @@ pub fn run_with(
         prepared.phase = Some(phase.clone());
     }
     let backend = container::choose(opts.backend, &prepared);
-    if backend.engine().is_some() {
-        // Not yet: the agent is installed in the image (docs/backends.md), so the host's agent
-        // resolution and trees do not apply; ports need a published port on the sandbox.
-        if matches!(target, Target::Agent(..)) {
-            return fail(run_backend_refusal(backend));
+    // A container backend from configuration: the agent found on the host is run by name
+    // from the image (its host files are not bound there).
+    let target = match target {
+        Target::Agent(resolved, args) if backend.engine().is_some() => {
+            Target::ImageAgent(resolved.agent.name().to_owned(), args)
         }
+        Target::ImageAgent(..) if backend.engine().is_none() => {
+            return fail("internal error: an image agent for the native backend");
+        }
+        other => other,
+    };
+    if backend.engine().is_some() {
+        // Not yet: ports need a published port on the sandbox container.
         if !ports.is_empty() {
             return fail(format!("--port is not available with --backend {backend} yet"));
         }
@@ -241,6 +247,12 @@ pub fn run_with(
         Target::Command(argv) => req.argv = argv,
         Target::Agent(resolved, args) => {
             match agent::prepare(&resolved, args, &paths, &prepared, &mut env, &mut req) {
+                Ok(session) => bridge = Box::new(session.wrap(bridge)),
+                Err(e) => return fail(e),
+            }
+        }
+        Target::ImageAgent(name, args) => {
+            match agent::prepare_in_image(&name, args, &paths, &prepared, &mut env, &mut req) {
                 Ok(session) => bridge = Box::new(session.wrap(bridge)),
                 Err(e) => return fail(e),
             }
@@ -318,14 +330,6 @@ fn finish(
         super::publish::publish_at_session_end(paths, &req.repo.path, timeout);
     }
     exit_code
-}
-
-/// Why `airlock run` does not take a container backend yet, and what to do instead.
-fn run_backend_refusal(backend: crate::container::Backend) -> String {
-    format!(
-        "`airlock run --backend {backend}` is not available yet; run an agent installed in your \
-         image with `airlock exec --backend {backend} -- AGENT` (see docs/backends.md, \"Images\")"
-    )
 }
 
 /// The repo's git pointers, honoured only as `airlock policy trust` recorded them, passing the
