@@ -9,6 +9,7 @@ use std::process::{Command, Stdio};
 
 use super::Engine;
 use crate::env::Env;
+use crate::sys::signals::Hold;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -53,8 +54,9 @@ pub trait EngineCli: std::fmt::Debug {
         }
     }
     /// Runs the sandbox container with this process's stdio; returns its exit code (the
-    /// engine's 125–127 when it could not run it, 128+N for a signal).
-    fn attached(&self, args: &[OsString]) -> Result<i32, EngineError>;
+    /// engine's 125–127 when it could not run it, 128+N for a signal). The held signals are
+    /// passed on to the engine CLI meanwhile.
+    fn attached(&self, args: &[OsString], hold: &Hold) -> Result<i32, EngineError>;
     /// The command as the user would type it, for messages.
     fn describe(&self, args: &[OsString]) -> String {
         let mut s = self.engine().program().to_owned();
@@ -122,14 +124,14 @@ impl EngineCli for Cli {
         })
     }
 
-    fn attached(&self, args: &[OsString]) -> Result<i32, EngineError> {
+    fn attached(&self, args: &[OsString], hold: &Hold) -> Result<i32, EngineError> {
         use std::os::unix::process::ExitStatusExt;
         let mut child = self.command(args).spawn().map_err(|e| self.spawn_error(e, args))?;
         let pid = child.id();
         // The terminal's signals reach the engine CLI too (same process group), and it passes
         // them on to the container; ours are held meanwhile, so this process lives to stop the
         // proxy and sweep the repo (SIGTERM sent to us alone is passed on to the engine CLI).
-        let forwarding = crate::sys::signals::Forwarder::start(pid);
+        let forwarding = crate::sys::signals::Forwarder::start(hold, pid);
         crate::sys::signals::wait_exited_unreaped(pid);
         drop(forwarding);
         let status = child.wait();

@@ -20,6 +20,22 @@ pub const PROXY_AIRLOCKD: &str = "/usr/local/bin/airlockd";
 pub const BASE_IMAGE: &str = "airlock/base:latest";
 pub const PROXY_IMAGE: &str = "airlock/proxy:latest";
 
+/// An image name from the environment (`AIRLOCK_BASE_IMAGE`, `AIRLOCK_PROXY_IMAGE`) is a
+/// positional argument of `run`: one that starts with `-` would be read as a flag
+/// (`--privileged`). Allowed: a reference's characters, starting with a letter or digit.
+pub fn check_image_name(image: &str) -> Result<(), String> {
+    let ok = image.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && image.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "the image name {image:?} is not an image reference (letters, digits and `._-/:@`, \
+             starting with a letter or digit); check AIRLOCK_BASE_IMAGE and AIRLOCK_PROXY_IMAGE"
+        ))
+    }
+}
+
 /// The user the containers run as: the caller, so files written through bind mounts keep the
 /// caller's ownership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,10 +145,12 @@ pub fn docker_subnet(repo_key: &str, attempt: u32) -> ipnet::Ipv4Net {
 /// subnets. Fails when there is no such network.
 pub fn network_inspect(engine: Engine, name: &str) -> Vec<OsString> {
     let format = match engine {
-        Engine::Podman => "{{.Internal}} {{.DNSEnabled}} {{range .Subnets}}{{.Subnet}} {{end}}",
+        Engine::Podman => {
+            "{{.Internal}} {{.DNSEnabled}} {{.Driver}} {{range .Subnets}}{{.Subnet}} {{end}}"
+        }
         Engine::Docker => {
             "{{.Internal}} {{index .Options \"com.docker.network.bridge.inhibit_ipv4\"}} \
-             {{range .IPAM.Config}}{{.Subnet}} {{end}}"
+             {{.Driver}} {{range .IPAM.Config}}{{.Subnet}} {{end}}"
         }
     };
     vec!["network".into(), "inspect".into(), "--format".into(), format.into(), name.into()]
@@ -145,9 +163,15 @@ pub fn judge_seal(engine: Engine, output: &str) -> Result<(), String> {
     let mut words = output.split_whitespace();
     let internal = words.next() == Some("true");
     let second = words.next().unwrap_or("");
+    // A macvlan or ipvlan network puts its containers on the host's own link: only a bridge
+    // is the private segment these flags describe.
+    let bridge = words.next() == Some("bridge");
     let mut missing = Vec::new();
     if !internal {
         missing.push("it is not --internal");
+    }
+    if !bridge {
+        missing.push("its driver is not bridge");
     }
     match engine {
         Engine::Podman if second != "false" => missing.push("its DNS is on (no --disable-dns)"),
@@ -486,7 +510,7 @@ mod tests {
 
     #[test]
     fn the_proxy_address_is_a_host_of_the_subnet_and_never_the_gateway_or_broadcast() {
-        let net = first_v4_subnet("true false fd00::/64 10.89.3.0/24 ").unwrap();
+        let net = first_v4_subnet("true false bridge fd00::/64 10.89.3.0/24 ").unwrap();
         assert_eq!(net.to_string(), "10.89.3.0/24");
         for r in [0, 1, 252, 253, u32::MAX, 12345] {
             let ip = proxy_address(net, r).unwrap();
@@ -508,13 +532,27 @@ mod tests {
     }
 
     #[test]
+    fn an_image_name_that_an_engine_would_read_as_a_flag_is_refused() {
+        for ok in [BASE_IMAGE, "localhost/airlock-test/agent:latest", "r.example:5000/a/b@sha256:00"] {
+            assert_eq!(check_image_name(ok), Ok(()), "{ok}");
+        }
+        for bad in ["--privileged", "-v", "", "a b", "img;rm", "/abs"] {
+            assert!(check_image_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn only_a_network_made_sealed_is_judged_sealed() {
-        assert_eq!(judge_seal(Engine::Podman, "true false 10.89.0.0/24 \n"), Ok(()));
-        assert!(judge_seal(Engine::Podman, "true true").unwrap_err().contains("DNS"));
-        assert!(judge_seal(Engine::Podman, "false false").unwrap_err().contains("--internal"));
+        assert_eq!(judge_seal(Engine::Podman, "true false bridge 10.89.0.0/24 \n"), Ok(()));
+        assert!(judge_seal(Engine::Podman, "true true bridge").unwrap_err().contains("DNS"));
+        let e = judge_seal(Engine::Podman, "false false bridge").unwrap_err();
+        assert!(e.contains("--internal"), "{e}");
+        assert!(judge_seal(Engine::Podman, "true false macvlan").unwrap_err().contains("driver"));
         assert!(judge_seal(Engine::Podman, "").is_err());
-        assert_eq!(judge_seal(Engine::Docker, "true true"), Ok(()));
-        assert!(judge_seal(Engine::Docker, "true <no value>").unwrap_err().contains("inhibit"));
+        assert_eq!(judge_seal(Engine::Docker, "true true bridge 10.128.1.0/24"), Ok(()));
+        let e = judge_seal(Engine::Docker, "true <no value> bridge").unwrap_err();
+        assert!(e.contains("inhibit"), "{e}");
+        assert!(judge_seal(Engine::Docker, "true true ipvlan").unwrap_err().contains("driver"));
     }
 
     #[test]

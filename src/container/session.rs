@@ -17,6 +17,7 @@ use crate::sandbox::bridge::{ProxyBridge, SessionEnd};
 use crate::sandbox::mounts::HomeMount;
 use crate::sandbox::protect::{self, Protection, State};
 use crate::sandbox::supervisor::{self, Request};
+use crate::sys::signals::Hold;
 use crate::sandbox::{quarantine, sweep};
 
 /// The part of the run directory bound into the proxy container (its layers file and ready
@@ -80,15 +81,16 @@ struct Cleanup<'a> {
     prot: &'a Protection,
     repo: &'a Path,
     run_dir: &'a Path,
+    /// The sandbox container, while it may still be there.
+    sandbox: Option<String>,
     /// The proxy container, while it may still be there.
     proxy: Option<String>,
 }
 
 impl Drop for Cleanup<'_> {
     fn drop(&mut self) {
-        if let Some(name) = self.proxy.take() {
-            let _ = self.engine.output(&plan::remove(&name));
-        }
+        remove_now(self.engine, &mut self.sandbox);
+        remove_now(self.engine, &mut self.proxy);
         protect::remove_placeholders(self.prot, self.repo);
         let _ = std::fs::remove_dir_all(self.run_dir);
     }
@@ -101,7 +103,13 @@ pub fn run(
     p: &Plan<'_>,
     bridge: &mut dyn ProxyBridge,
 ) -> Result<Outcome, ContainerError> {
+    // Before any thread starts (the daemon bridge starts one): from here to the end of the
+    // cleanup, a Ctrl-C or SIGTERM cannot end this process between the sandbox and the sweep.
+    let hold = Hold::new();
     let engine = p.engine;
+    for image in [&p.base_image, &p.proxy_image] {
+        plan::check_image_name(image).map_err(ContainerError::Setup)?;
+    }
     // One call for both; only when one is missing, one call each to say which.
     if !engine.output(&plan::images_exist(&[&p.base_image, &p.proxy_image]))?.success {
         for image in [&p.base_image, &p.proxy_image] {
@@ -133,6 +141,7 @@ pub fn run(
         prot: &protection,
         repo: &req.repo.path,
         run_dir: &p.run_dir,
+        sandbox: None,
         proxy: None,
     };
 
@@ -155,7 +164,7 @@ pub fn run(
         ContainerSpec { engine: engine.engine().to_string(), proxy: proxy_name.clone() };
     bridge.start_container(&info, container).map_err(|e| ContainerError::Setup(e.0))?;
     let started = Started { network, subnet, proxy_name, home_dir, threshold };
-    match serve(req, p, &protection, &mut cleanup, started) {
+    match serve(req, p, &protection, &mut cleanup, started, &hold) {
         Ok((exit_code, report)) => {
             bridge.end(&SessionEnd {
                 exit_code,
@@ -167,6 +176,8 @@ pub fn run(
             Ok(Outcome { exit_code, sweep: report })
         }
         Err(e) => {
+            // The proxy goes before the end record roots the session's lines.
+            drop(cleanup);
             bridge.end(&SessionEnd { exit_code: 125, ..SessionEnd::default() });
             Err(e)
         }
@@ -191,9 +202,12 @@ fn serve(
     protection: &Protection,
     cleanup: &mut Cleanup<'_>,
     started: Started,
+    hold: &Hold,
 ) -> Result<(i32, sweep::Report), ContainerError> {
     let engine = p.engine;
     let Started { network, subnet, proxy_name, home_dir, threshold } = started;
+    // Removed however the start goes: a `run -d` that fails may leave a created container.
+    cleanup.proxy = Some(proxy_name.clone());
     let mut proxy = ProxySpec {
         name: proxy_name.clone(),
         image: p.proxy_image.clone(),
@@ -269,13 +283,37 @@ fn serve(
         argv: req.argv.clone(),
     };
     let args = plan::sandbox_run(engine.engine(), &sandbox)?;
+    // The engine resolves each source by its path when it mounts it: refuse one that is, or
+    // passes through, a symlink now (the scan judged them; this narrows the time since).
+    for b in &sandbox.binds {
+        refuse_symlinks(&b.host)?;
+    }
     sweep::wait_past(threshold.not_before);
-    let exit_code = engine.attached(&args)?;
+    cleanup.sandbox = Some(sandbox.name.clone());
+    let exit_code = match engine.attached(&args, hold) {
+        // A normal exit: the engine has removed the container (`--rm`).
+        Ok(code) if code < 125 => {
+            cleanup.sandbox = None;
+            code
+        }
+        // The engine's own failure, a signal, or a lost engine CLI: the container may still
+        // be there, with the repo mounted; it goes before the sweep.
+        Ok(code) => {
+            remove_now(engine, &mut cleanup.sandbox);
+            code
+        }
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            remove_now(engine, &mut cleanup.sandbox);
+            125
+        }
+    };
 
-    // The proxy drains its open tunnels on SIGTERM, then goes.
+    // The proxy drains its open tunnels on SIGTERM, then goes. Whatever this says, the sweep
+    // runs: an engine error here must not leave what the sandbox planted in the repo.
     let mut removed = true;
     for step in plan::stop_and_remove(engine.engine(), &proxy_name, PROXY_STOP_GRACE) {
-        removed &= engine.output(&step)?.success;
+        removed &= engine.output(&step).is_ok_and(|o| o.success);
     }
     if removed {
         cleanup.proxy = None;
@@ -295,6 +333,32 @@ fn serve(
         eprintln!("airlock: warning: writing the quarantine manifest: {e}");
     }
     Ok((exit_code, report))
+}
+
+/// `rm -f` of the container `name` holds, if any (a missing one is no error).
+fn remove_now(engine: &dyn EngineCli, name: &mut Option<String>) {
+    if let Some(name) = name.take() {
+        let _ = engine.output(&plan::remove(&name));
+    }
+}
+
+/// Refuses a bind source that is, or passes through, a symlink: the engine would follow it to
+/// wherever it points now.
+fn refuse_symlinks(path: &Path) -> Result<(), ContainerError> {
+    let mut at = PathBuf::new();
+    for part in path.components() {
+        at.push(part);
+        let meta = std::fs::symlink_metadata(&at)
+            .map_err(|e| ContainerError::Setup(format!("{}: {e}", at.display())))?;
+        if meta.file_type().is_symlink() {
+            return Err(ContainerError::Setup(format!(
+                "{} became a symlink since the session's start (mounting {}); nothing was run",
+                at.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The repo's network, made if missing, and judged sealed; returns its

@@ -102,6 +102,12 @@ def tcp(host, port):
     finally:
         s.close()
 print("RESULT direct_gateway=" + tcp("'"$GW"'", '"$PORT"'))
+# The internal network's first address: Docker's internal bridge holds it on the engine host
+# unless inhibit_ipv4 takes it away (the upstream server listens on every host address).
+import ipaddress
+mine = [l.split()[3] for l in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines() if " lo " not in l]
+first = str(next(ipaddress.ip_interface(mine[0]).network.hosts())) if mine else "none"
+print("RESULT internal_first=" + (tcp(first, '"$PORT"') if first != ipaddress.ip_interface(mine[0]).ip.compressed else "self"))
 proxy = socket.gethostbyname("airlock-proxy")
 print("RESULT proxy_other_port=" + tcp(proxy, '"$PORT"'))
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
@@ -125,7 +131,7 @@ print("RESULT engine_socket=" + ("visible" if any(os.path.exists(p) for p in ["/
 print("RESULT daemon_socket=" + ("visible" if os.path.exists("'"$XDG_RUNTIME_DIR"'/airlock/airlock.sock") else "absent"))
 print("RESULT host_home=" + ("visible" if os.path.exists("'"$HOME"'/.airlock") else "absent"))
 PY
-  echo planted > .envrc
+  echo planted > .envrc 2>/dev/null && echo "RESULT envrc_write=written" || echo "RESULT envrc_write=refused"
   echo "#!/bin/sh" > .git/hooks/post-checkout 2>/dev/null && echo "RESULT hook_write=written" || echo "RESULT hook_write=refused"
   exit 7
 '
@@ -192,6 +198,8 @@ except OSError as e:
 result neighbour_uplink_ip "$("$E" run --rm --network "$([ "$E" = podman ] && echo podman || echo bridge)" airlock/base:latest python3 -c "$probe" "$uip" 2>/dev/null)"
 # The page's live view: the proxy container's stdout has an ALLOW line per allowed attempt.
 for _ in $(seq 50); do "$E" logs "$name" 2>/dev/null | grep -q ' ALLOW ' && break; sleep 0.1; done
+# What the proxy container is given: its own directory, never the sandbox's env file.
+result proxy_dir "$(ls "$HOME"/.airlock/run/*/proxy/ | sort | tr '\n' ' ')"
 result live_view "$("$E" logs "$name" 2>/dev/null | grep -c "Z ALLOW allowed.test:$PORT GET ")"
 mkdir -p "$S/other" && git -C "$S/other" init -q
 result other_repo_reach "$(cd "$S/other" && "$AIRLOCK" exec --quiet --backend "$E" -- python3 -c "$probe" "$pip" 2>/dev/null)"

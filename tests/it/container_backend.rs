@@ -99,6 +99,7 @@ fn judge(engine: &str) {
     // Every way around the proxy fails.
     assert_ne!(get("direct_gateway"), "connected", "direct TCP to the host side: {all}");
     assert_ne!(get("proxy_other_port"), "connected", "the proxy container's other ports: {all}");
+    assert_ne!(get("internal_first"), "connected", "the internal network's first address: {all}");
     assert_ne!(get("dns_udp"), "answered", "DNS to the host side: {all}");
     // No resolver inside: Podman writes none; Docker always points at its embedded resolver
     // (127.0.0.11), which is given a loopback upstream and forwards nothing (checked below).
@@ -109,6 +110,10 @@ fn judge(engine: &str) {
     assert_eq!(get("ipv6_addresses"), "0", "no IPv6 link-local to the bridge: {all}");
     assert_eq!(get("route_change"), "refused", "no CAP_NET_ADMIN: {all}");
     assert_eq!(get("secrets_file"), "absent", "the layers file is the proxy's alone: {all}");
+    // The proxy's bind holds its layers and ready files (and the test resolver's log), never
+    // the sandbox's environment file with its credentials.
+    let proxy_dir = get("proxy_dir");
+    assert!(proxy_dir.contains("layers.json") && !proxy_dir.contains("env"), "{all}");
     assert_eq!(get("engine_socket"), "absent", "no engine socket inside: {all}");
     assert_eq!(get("daemon_socket"), "absent", "no airlockd socket inside: {all}");
     assert_eq!(get("host_home"), "absent", "nothing of the host's home inside: {all}");
@@ -116,6 +121,7 @@ fn judge(engine: &str) {
     assert_eq!(get("live_view"), "1", "{all}");
     // Protected paths are read-only inside; nothing planted reaches the host repo.
     assert_eq!(get("hook_write"), "refused", "{all}");
+    assert_eq!(get("envrc_write"), "refused", "{all}");
     assert_eq!(get("hook_after"), "absent", "{all}");
     assert_eq!(get("envrc_after"), "absent", "{all}");
     // The audit trail: the session's lines, attributed, in the repo's log directory.

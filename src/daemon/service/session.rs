@@ -397,6 +397,10 @@ pub(super) async fn start_session(
         repo_key,
         phase_source,
     } = prepared;
+    let listening = match sockets.map(Listening::new).transpose() {
+        Ok(l) => l,
+        Err(resp) => return resp,
+    };
     // The effective policy's digest (mode, entries, review hosts — not display names).
     let policy_digest = built.digest();
     let limits = Limits { drain_grace: daemon.options.shutdown_grace, ..Limits::default() };
@@ -461,9 +465,9 @@ pub(super) async fn start_session(
             }
         }
     }
-    match sockets {
-        Some(sockets) => {
-            if let Err(e) = serve(daemon, &session, proxy, sockets, shutdown_rx, drained_tx) {
+    match listening {
+        Some(listening) => {
+            if let Err(e) = serve(daemon, &session, proxy, listening, shutdown_rx, drained_tx) {
                 lock(&daemon.sessions).remove(&id);
                 return e;
             }
@@ -487,24 +491,37 @@ pub(super) async fn start_session(
 
 /// Serves a native session's proxy, resolver and capture sockets until the session ends or
 /// the daemon stops; `drained_tx` becomes true once every one of them has finished.
+/// A native session's sockets, its proxy listener already registered with the runtime.
+struct Listening {
+    tcp: tokio::net::TcpListener,
+    dns_udp: Option<std::net::UdpSocket>,
+    dns_tcp: Option<std::net::TcpListener>,
+    capture_tcp: Option<std::net::TcpListener>,
+    capture_tcp6: Option<std::net::TcpListener>,
+    capture_udp_log: Option<OwnedFd>,
+}
+
+impl Listening {
+    /// Fails (before the session is recorded anywhere) when the listener cannot be served.
+    fn new(sockets: SessionSockets) -> Result<Self, Response> {
+        let SessionSockets { proxy, dns_udp, dns_tcp, capture_tcp, capture_tcp6, capture_udp_log } =
+            sockets;
+        let tcp = tokio::net::TcpListener::from_std(proxy)
+            .map_err(|e| error(ErrorCode::Listener, format!("cannot serve the listener: {e}")))?;
+        Ok(Self { tcp, dns_udp, dns_tcp, capture_tcp, capture_tcp6, capture_udp_log })
+    }
+}
+
 fn serve(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
     proxy: Arc<SessionProxy>,
-    sockets: SessionSockets,
+    listening: Listening,
     shutdown_rx: watch::Receiver<bool>,
     drained_tx: watch::Sender<bool>,
 ) -> Result<(), Response> {
-    let SessionSockets {
-        proxy: listener,
-        dns_udp,
-        dns_tcp,
-        capture_tcp,
-        capture_tcp6,
-        capture_udp_log,
-    } = sockets;
-    let tcp = tokio::net::TcpListener::from_std(listener)
-        .map_err(|e| error(ErrorCode::Listener, format!("cannot serve the listener: {e}")))?;
+    let Listening { tcp, dns_udp, dns_tcp, capture_tcp, capture_tcp6, capture_udp_log } =
+        listening;
     // Serve the proxy on the validated listener until the session ends or the daemon stops.
     daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
     let d = Arc::clone(daemon);
