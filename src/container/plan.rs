@@ -533,7 +533,9 @@ mod tests {
 
     #[test]
     fn an_image_name_that_an_engine_would_read_as_a_flag_is_refused() {
-        for ok in [BASE_IMAGE, "localhost/airlock-test/agent:latest", "r.example:5000/a/b@sha256:00"] {
+        for ok in
+            [BASE_IMAGE, "localhost/airlock-test/agent:latest", "r.example:5000/a/b@sha256:00"]
+        {
             assert_eq!(check_image_name(ok), Ok(()), "{ok}");
         }
         for bad in ["--privileged", "-v", "", "a b", "img;rm", "/abs"] {

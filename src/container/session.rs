@@ -17,8 +17,8 @@ use crate::sandbox::bridge::{ProxyBridge, SessionEnd};
 use crate::sandbox::mounts::HomeMount;
 use crate::sandbox::protect::{self, Protection, State};
 use crate::sandbox::supervisor::{self, Request};
-use crate::sys::signals::Hold;
 use crate::sandbox::{quarantine, sweep};
+use crate::sys::signals::Hold;
 
 /// The part of the run directory bound into the proxy container (its layers file and ready
 /// file). The sandbox's environment file stays beside it, outside: it may hold `[env] pass`

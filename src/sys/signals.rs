@@ -70,19 +70,17 @@ impl Forwarder {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let pid = Pid::from_raw(child as i32);
-        let thread = std::thread::Builder::new()
-            .name("airlock-signals".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Acquire) {
-                    if let Ok(Some(sig)) = super::exec::sigtimedwait(&set, Duration::from_millis(100))
-                        && !flag.load(Ordering::Acquire)
-                    {
-                        // The child is ours and not yet reaped while `flag` is unset, so its
-                        // pid cannot have been reused.
-                        let _ = kill(pid, sig);
-                    }
+        let thread = std::thread::Builder::new().name("airlock-signals".into()).spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                if let Ok(Some(sig)) = super::exec::sigtimedwait(&set, Duration::from_millis(100))
+                    && !flag.load(Ordering::Acquire)
+                {
+                    // The child is ours and not yet reaped while `flag` is unset, so its
+                    // pid cannot have been reused.
+                    let _ = kill(pid, sig);
                 }
-            });
+            }
+        });
         if let Err(e) = &thread {
             // The signals stay held: the session still ends and is cleaned up, but the
             // engine CLI is not told (it still gets the terminal's own signals).
@@ -113,8 +111,10 @@ impl Drop for Forwarder {
 pub fn wait_exited_unreaped(pid: u32) {
     use nix::sys::wait::{Id, WaitPidFlag, waitid};
     loop {
-        match waitid(Id::Pid(Pid::from_raw(pid as i32)), WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT)
-        {
+        match waitid(
+            Id::Pid(Pid::from_raw(pid as i32)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        ) {
             Err(nix::errno::Errno::EINTR) => continue,
             _ => return,
         }

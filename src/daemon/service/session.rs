@@ -520,8 +520,7 @@ fn serve(
     shutdown_rx: watch::Receiver<bool>,
     drained_tx: watch::Sender<bool>,
 ) -> Result<(), Response> {
-    let Listening { tcp, dns_udp, dns_tcp, capture_tcp, capture_tcp6, capture_udp_log } =
-        listening;
+    let Listening { tcp, dns_udp, dns_tcp, capture_tcp, capture_tcp6, capture_udp_log } = listening;
     // Serve the proxy on the validated listener until the session ends or the daemon stops.
     daemon.running_proxies.fetch_add(1, Ordering::SeqCst);
     let d = Arc::clone(daemon);
