@@ -149,7 +149,9 @@ pub fn network_inspect(engine: Engine, name: &str) -> Vec<OsString> {
             "{{.Internal}} {{.DNSEnabled}} {{.Driver}} {{range .Subnets}}{{.Subnet}} {{end}}"
         }
         Engine::Docker => {
-            "{{.Internal}} {{index .Options \"com.docker.network.bridge.inhibit_ipv4\"}} \
+            // `with … else`: an absent option prints one word, keeping the fields in place.
+            "{{.Internal}} \
+             {{with index .Options \"com.docker.network.bridge.inhibit_ipv4\"}}{{.}}{{else}}unset{{end}} \
              {{.Driver}} {{range .IPAM.Config}}{{.Subnet}} {{end}}"
         }
     };
@@ -552,7 +554,7 @@ mod tests {
         assert!(judge_seal(Engine::Podman, "true false macvlan").unwrap_err().contains("driver"));
         assert!(judge_seal(Engine::Podman, "").is_err());
         assert_eq!(judge_seal(Engine::Docker, "true true bridge 10.128.1.0/24"), Ok(()));
-        let e = judge_seal(Engine::Docker, "true <no value> bridge").unwrap_err();
+        let e = judge_seal(Engine::Docker, "true unset bridge").unwrap_err();
         assert!(e.contains("inhibit"), "{e}");
         assert!(judge_seal(Engine::Docker, "true true ipvlan").unwrap_err().contains("driver"));
     }

@@ -102,8 +102,9 @@ def tcp(host, port):
     finally:
         s.close()
 print("RESULT direct_gateway=" + tcp("'"$GW"'", '"$PORT"'))
-# The internal network's first address: Docker's internal bridge holds it on the engine host
-# unless inhibit_ipv4 takes it away (the upstream server listens on every host address).
+# The first address of the internal network: the internal bridge of Docker holds it on the
+# engine host unless inhibit_ipv4 takes it away (the upstream listens on every host address).
+# (No apostrophe in this block: it is inside a single-quoted sh -c script.)
 import ipaddress
 mine = [l.split()[3] for l in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout.splitlines() if " lo " not in l]
 first = str(next(ipaddress.ip_interface(mine[0]).network.hosts())) if mine else "none"
