@@ -203,6 +203,8 @@ pub struct ProxySpec {
     /// Its address on `network`, where alone it listens: the engine's other networks (the
     /// uplink's other containers) cannot use it as their proxy.
     pub ip: std::net::Ipv4Addr,
+    /// The session's sandbox's address: the only peer it serves.
+    pub sandbox_ip: std::net::Ipv4Addr,
     pub uplink: String,
     pub run_as: RunAs,
     pub repo_name: String,
@@ -270,6 +272,8 @@ pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, Unmount
     a.extend(["--log-dir".into(), PROXY_LOG_DIR.into()]);
     a.extend(["--session".into(), p.session.clone().into()]);
     a.extend(["--ready-file".into(), run.join("ready").into()]);
+    // Its session's sandbox alone: the repo's network also holds its other sessions.
+    a.extend(["--allow-peer".into(), p.sandbox_ip.to_string().into()]);
     if let Some(u) = &p.user_id {
         a.extend(["--user-id".into(), u.clone().into()]);
     }
@@ -291,6 +295,8 @@ pub struct SandboxSpec {
     pub image: String,
     pub network: String,
     pub proxy_ip: String,
+    /// Its own static address on `network`: the only peer its proxy serves.
+    pub ip: std::net::Ipv4Addr,
     pub run_as: RunAs,
     pub hostname: String,
     pub workdir: PathBuf,
@@ -317,7 +323,15 @@ pub fn sandbox_run(engine: Engine, s: &SandboxSpec) -> Result<Vec<OsString>, Unm
         a.push("-t".into());
     }
     a.extend(["--name".into(), s.name.clone().into()]);
-    a.extend(["--network".into(), s.network.clone().into()]);
+    match engine {
+        Engine::Podman => {
+            a.extend(["--network".into(), format!("{}:ip={}", s.network, s.ip).into()])
+        }
+        Engine::Docker => {
+            a.extend(["--network".into(), s.network.clone().into()]);
+            a.extend(["--ip".into(), s.ip.to_string().into()]);
+        }
+    }
     // No resolver: an internal network still forwards names (aardvark-dns; Docker's embedded
     // 127.0.0.11), which is a channel out. Names resolve at the proxy.
     match engine {
@@ -418,6 +432,7 @@ mod tests {
             image: BASE_IMAGE.into(),
             network: "airlock-net-12345678".into(),
             proxy_ip: "10.89.0.2".into(),
+            ip: "10.89.0.9".parse().unwrap(),
             run_as: run_as(),
             hostname: "app".into(),
             workdir: "/app".into(),
@@ -440,7 +455,13 @@ mod tests {
             assert!(has_pair(&a, "--cap-drop", "ALL"));
             assert!(has_pair(&a, "--security-opt", "no-new-privileges"));
             assert!(has_pair(&a, "--add-host", "airlock-proxy:10.89.0.2"));
-            assert!(has_pair(&a, "--network", "airlock-net-12345678"));
+            let net = if engine == Engine::Podman {
+                "airlock-net-12345678:ip=10.89.0.9"
+            } else {
+                assert!(has_pair(&a, "--ip", "10.89.0.9"));
+                "airlock-net-12345678"
+            };
+            assert!(has_pair(&a, "--network", net), "{engine}: {a:?}");
             assert_eq!(a.iter().filter(|x| *x == "--network").count(), 1, "one network only");
             assert!(has_pair(&a, "--user", "1000:1000"));
             assert!(has_pair(&a, "--mount", "type=bind,source=/h/app,target=/app"));
@@ -456,6 +477,7 @@ mod tests {
             image: PROXY_IMAGE.into(),
             network: "airlock-net-12345678".into(),
             ip: "10.89.0.7".parse().unwrap(),
+            sandbox_ip: "10.89.0.9".parse().unwrap(),
             uplink: "podman".into(),
             run_as: RunAs { rootless_podman: true, ..run_as() },
             repo_name: "app".into(),
@@ -484,6 +506,7 @@ mod tests {
         assert_eq!(a.iter().filter(|x| *x == "--network").count(), 2);
         assert!(has_pair(&a, "--network", "airlock-net-12345678:ip=10.89.0.7"));
         assert!(has_pair(&a, "--listen", "10.89.0.7:8888"), "never 0.0.0.0: {a:?}");
+        assert!(has_pair(&a, "--allow-peer", "10.89.0.9"), "its sandbox alone: {a:?}");
         let d = proxy_run(Engine::Docker, &p).unwrap();
         assert!(has_pair(&d, "--network", "airlock-net-12345678"));
         assert_eq!(d.iter().filter(|x| *x == "--network").count(), 1, "docker: connect later");

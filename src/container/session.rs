@@ -213,6 +213,7 @@ fn serve(
         image: p.proxy_image.clone(),
         network: network.clone(),
         ip: std::net::Ipv4Addr::UNSPECIFIED,
+        sandbox_ip: std::net::Ipv4Addr::UNSPECIFIED,
         uplink: engine.engine().uplink_network().into(),
         run_as: p.run_as,
         repo_name: req.repo.name.clone(),
@@ -233,9 +234,13 @@ fn serve(
         let mut random = [0u8; 4];
         getrandom::fill(&mut random)
             .map_err(|e| ContainerError::Setup(format!("no randomness for an address: {e}")))?;
-        proxy.ip = plan::proxy_address(subnet, u32::from_le_bytes(random)).ok_or_else(|| {
+        let small = || {
             ContainerError::Setup(format!("the network {network}'s subnet {subnet} is too small"))
-        })?;
+        };
+        proxy.ip = plan::proxy_address(subnet, u32::from_le_bytes(random)).ok_or_else(small)?;
+        // The sandbox's, another host of the subnet (the next one, wrapping within it).
+        proxy.sandbox_ip = plan::proxy_address(subnet, u32::from_le_bytes(random).wrapping_add(1))
+            .ok_or_else(small)?;
         let args = plan::proxy_run(engine.engine(), &proxy)?;
         let out = engine.output(&args)?;
         if out.success {
@@ -263,6 +268,7 @@ fn serve(
         image: p.base_image.clone(),
         network,
         proxy_ip: proxy.ip.to_string(),
+        ip: proxy.sandbox_ip,
         run_as: p.run_as,
         hostname: req.repo.hostname().to_owned(),
         workdir: req.workdir.clone().unwrap_or_else(|| req.repo.sandbox_path()),

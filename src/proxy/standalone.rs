@@ -50,6 +50,10 @@ pub struct Standalone {
     /// The session id the lines carry (`None`: a new one). The container backend passes the
     /// CLI's, so its session records, refusal report and quarantine agree with the lines.
     pub session: Option<String>,
+    /// The only peers served (empty: any). The container backend names its session's sandbox:
+    /// another session's sandbox on the same repo network must not use this session's proxy
+    /// (its phase, its attribution).
+    pub allowed_peers: Vec<std::net::IpAddr>,
     /// Created (empty) once the listener is bound: how an orchestrator that cannot reach the
     /// listener (the container backend's CLI) knows the proxy is ready.
     pub ready_file: Option<PathBuf>,
@@ -123,6 +127,7 @@ pub async fn serve(
         std::fs::write(ready, b"")
             .map_err(|source| StandaloneError::Ready { path: ready.clone(), source })?;
     }
+    let proxy_peers = proxy.allowed_peers.clone();
     let identity = Identity {
         repo: proxy.repo_name.clone(),
         repo_path: proxy.repo_path.clone(),
@@ -155,11 +160,56 @@ pub async fn serve(
         eprintln!("airlockd proxy: shutting down (draining open tunnels)");
         let _ = tx.send(true);
     });
-    let served = super::serve_session(listener, session, rx).await.map_err(StandaloneError::Serve);
+    let served = if proxy_peers.is_empty() {
+        super::serve_session(listener, session, rx).await
+    } else {
+        let peers = Arc::new(PeerFilter::new(proxy_peers));
+        let handler = move |session, stream: tokio::net::TcpStream| {
+            let admitted = peers.admit(stream.peer_addr().ok());
+            async move {
+                if admitted {
+                    super::handle_connection(session, stream).await;
+                }
+            }
+        };
+        super::serve_with(listener, session, rx, handler, super::OverCap::Http).await
+    }
+    .map_err(StandaloneError::Serve);
     drop(audit);
     // Blocking wait for the writer thread (bounded), off the async workers.
     let _ = tokio::task::spawn_blocking(move || console.finish(CONSOLE_FLUSH_WAIT)).await;
     served
+}
+
+/// `--allow-peer`: whom the proxy serves. A refused peer's connection is closed unanswered and
+/// reported once per address on stderr (it is not this session's attempt, so it has no audit
+/// line here; a flood from one address writes one line).
+#[derive(Debug)]
+struct PeerFilter {
+    allowed: Vec<std::net::IpAddr>,
+    reported: std::sync::Mutex<std::collections::HashSet<std::net::IpAddr>>,
+}
+
+impl PeerFilter {
+    fn new(allowed: Vec<std::net::IpAddr>) -> Self {
+        Self { allowed, reported: Default::default() }
+    }
+
+    fn admit(&self, peer: Option<SocketAddr>) -> bool {
+        let Some(peer) = peer else { return false };
+        let ip = peer.ip().to_canonical();
+        if self.allowed.contains(&ip) {
+            return true;
+        }
+        let first =
+            self.reported.lock().map(|mut r| r.len() < 1024 && r.insert(ip)).unwrap_or(false);
+        if first {
+            eprintln!(
+                "airlockd proxy: refused a connection from {ip}: not an --allow-peer address"
+            );
+        }
+        false
+    }
 }
 
 /// The stdout writer: one thread that owns the writer, fed through a bounded queue.
@@ -294,6 +344,16 @@ impl AuditSink for ConsoleSink {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_allowed_peers_are_served_whatever_their_address_family() {
+        let f = PeerFilter::new(vec!["10.89.0.9".parse().unwrap()]);
+        assert!(f.admit(Some("10.89.0.9:40000".parse().unwrap())));
+        // The same address as an IPv4-mapped IPv6 peer is the same peer.
+        assert!(f.admit(Some("[::ffff:10.89.0.9]:40000".parse().unwrap())));
+        assert!(!f.admit(Some("10.89.0.10:40000".parse().unwrap())));
+        assert!(!f.admit(None), "a peer whose address is unknown is refused");
+    }
     use std::sync::Mutex;
     use std::sync::mpsc::channel;
 

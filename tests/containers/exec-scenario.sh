@@ -181,7 +181,9 @@ result audit_repo_key "$(head -n1 "$logs"/audit-*.jsonl | python3 -c 'import jso
 
 # Phase 2, while a session of this repo runs: a container on the engine's default network
 # (the proxy's uplink) tries to use the proxy, and a second repo's sandbox tries to reach it.
-"$AIRLOCK" exec --quiet --backend "$E" -- sh -c "curl -sS -m 5 -o /dev/null http://allowed.test:$PORT/ok; sleep 8" &
+# (A shell as the container's PID 1 ignores SIGTERM unless it traps it: this one does.)
+"$AIRLOCK" exec --quiet --backend "$E" -- \
+    sh -c "trap 'exit 143' TERM; curl -sS -m 5 -o /dev/null http://allowed.test:$PORT/ok; sleep 120 & wait" &
 long=$!
 for _ in $(seq 100); do
     name=$("$E" ps --format '{{.Names}}' | grep '^airlock-proxy-app-' | head -n1 || true)
@@ -202,10 +204,21 @@ for _ in $(seq 50); do "$E" logs "$name" 2>/dev/null | grep -q ' ALLOW ' && brea
 # What the proxy container is given: its own directory, never the sandbox's env file.
 result proxy_dir "$(ls "$HOME"/.airlock/run/*/proxy/ | sort | tr '\n' ' ')"
 result live_view "$("$E" logs "$name" 2>/dev/null | grep -c "Z ALLOW allowed.test:$PORT GET ")"
+# A second session of the same repo (same network) asks the first session's proxy: refused,
+# so it cannot take that session's phase or be recorded as that session.
+result same_repo_other_proxy "$(cd "$S/app" && "$AIRLOCK" exec --quiet --backend "$E" -- \
+    sh -c "curl -sS -m 5 -x http://$pip:8888 http://allowed.test:$PORT/ok 2>/dev/null || echo refused")"
 mkdir -p "$S/other" && git -C "$S/other" init -q
 result other_repo_reach "$(cd "$S/other" && "$AIRLOCK" exec --quiet --backend "$E" -- python3 -c "$probe" "$pip" 2>/dev/null)"
 result other_repo_net_differs "$([ "$("$E" network ls --format '{{.Name}}' | grep -c '^airlock-net-')" -ge 2 ] && echo yes || echo no)"
-wait "$long" || true
+# SIGTERM to `airlock` alone ends that session cleanly: passed on to the engine CLI, then the
+# proxy stopped and removed, the sweep, the end record.
+kill -TERM "$long"
+set +e
+wait "$long"
+result long_exit "$?"
+set -e
+result long_containers_left "$("$E" ps -a --format '{{.Names}}' | grep -c "$(echo "$name" | cut -d- -f1-4)" || true)"
 # A network of another repo's name made by someone else, not sealed: the session refuses it.
 mkdir -p "$S/planted" && git -C "$S/planted" init -q
 pk=$(printf '%s' "$(realpath "$S/planted")" | sha256sum | cut -c1-8)

@@ -140,6 +140,11 @@ fn judge(engine: &str) {
     // default network (its uplink), not another repo's sandbox (another network).
     assert_ne!(get("neighbour_uplink_ip"), "connected", "{all}");
     assert_ne!(get("other_repo_reach"), "connected", "{all}");
+    assert_eq!(get("same_repo_other_proxy"), "refused", "another session's proxy: {all}");
+    // SIGTERM to `airlock` alone reaches the command (passed on through the engine CLI; its
+    // trap's status comes back) and the session still leaves nothing behind.
+    assert_eq!(get("long_exit"), "143", "{all}");
+    assert_eq!(get("long_containers_left"), "0", "{all}");
     assert_eq!(get("other_repo_net_differs"), "yes", "{all}");
     // A network of a repo's name that someone else made without the seals is refused.
     assert_eq!(get("planted_network"), "125,1", "{all}");

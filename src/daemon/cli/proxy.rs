@@ -50,6 +50,15 @@ pub struct ProxyArgs {
     /// and `_`, at most 64.
     #[arg(long, env = "AIRLOCK_SESSION", value_name = "ID", value_parser = parse_session_id)]
     pub session: Option<String>,
+    /// Serve only connections from this address (repeatable; default: any). The container
+    /// backend names its session's sandbox container.
+    #[arg(
+        long = "allow-peer",
+        env = "AIRLOCK_ALLOW_PEERS",
+        value_delimiter = ',',
+        value_name = "IP"
+    )]
+    pub allow_peers: Vec<std::net::IpAddr>,
     /// Create this (empty) file once the listener is bound: a readiness signal for an
     /// orchestrator that cannot connect to the listener itself.
     #[arg(long, env = "AIRLOCK_READY_FILE", value_name = "FILE")]
@@ -130,6 +139,7 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         policy,
         resolver,
         repo_path: args.repo_path,
+        allowed_peers: args.allow_peers,
         session: args.session,
         ready_file: args.ready_file,
     };
