@@ -15,7 +15,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::{BuiltPolicy, ClientLayers, ConfigError, LayerDoc, ReviewServer, wire as conv};
-use crate::policy::LayerKind;
 use crate::protocol as wire;
 
 /// The format version this build writes and reads.
@@ -130,25 +129,6 @@ impl LayersFile {
             phase,
         )
     }
-
-    /// `name@sha256:<digest>` of each layer in the file, managed first.
-    pub fn layer_names(&self) -> Vec<String> {
-        [&self.managed, &self.user, &self.repo]
-            .into_iter()
-            .flatten()
-            .map(|d| format!("{}@sha256:{}", d.name, d.digest))
-            .collect()
-    }
-
-    /// Whether `kind`'s layer is present.
-    pub fn has(&self, kind: LayerKind) -> bool {
-        match kind {
-            LayerKind::Managed => self.managed.is_some(),
-            LayerKind::User => self.user.is_some(),
-            LayerKind::Repo => self.repo.is_some(),
-            _ => false,
-        }
-    }
 }
 
 /// `doc` with only what the proxy evaluates: no `[env]`, `[mcp]`, `[terminal]`, `[audit]` or
@@ -168,6 +148,7 @@ fn policy_only(doc: wire::LayerDoc) -> wire::LayerDoc {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::policy::LayerKind;
 
     fn parsed(kind: LayerKind, name: &str, text: &str) -> LayerDoc {
         super::super::parse_layer(kind, name, text.as_bytes()).unwrap().doc

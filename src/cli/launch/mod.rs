@@ -180,9 +180,7 @@ pub fn run_with(
         Target::Agent(resolved, args) if backend.engine().is_some() => {
             Target::ImageAgent(resolved.agent.name().to_owned(), args)
         }
-        Target::ImageAgent(..) if backend.engine().is_none() => {
-            return fail("internal error: an image agent for the native backend");
-        }
+        // (An image agent comes only from `--backend docker|podman`, which `choose` keeps.)
         other => other,
     };
     if backend.engine().is_some() {
