@@ -127,7 +127,6 @@ v6 = open("/proc/net/if_inet6").read().strip() if os.path.exists("/proc/net/if_i
 print("RESULT ipv6_addresses=" + str(len(v6.splitlines()) if v6 else 0))
 r = subprocess.run(["ip", "route", "replace", "default", "via", proxy], capture_output=True, text=True)
 print("RESULT route_change=" + ("ok" if r.returncode == 0 else "refused"))
-print("RESULT secrets_file=" + ("visible" if os.path.exists("/airlock/run/layers.json") else "absent"))
 print("RESULT engine_socket=" + ("visible" if any(os.path.exists(p) for p in ["/run/podman/podman.sock", "/var/run/docker.sock", "/run/docker.sock"]) else "absent"))
 print("RESULT daemon_socket=" + ("visible" if os.path.exists("'"$XDG_RUNTIME_DIR"'/airlock/airlock.sock") else "absent"))
 print("RESULT host_home=" + ("visible" if os.path.exists("'"$HOME"'/.airlock") else "absent"))
