@@ -142,7 +142,9 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
                 v.trim(),
                 match engine {
                     crate::container::Engine::Podman => "DNS off",
-                    crate::container::Engine::Docker => "no IPv4 on its bridge",
+                    crate::container::Engine::Docker => {
+                        "no IPv4 on its bridge and a host-side drop rule for it"
+                    }
                 }
             ),
         )),
@@ -155,10 +157,14 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
             return out;
         }
     }
+    let chosen_image = |var: &str, default: &str| {
+        ctx.env.var(var).filter(|v| !v.is_empty()).unwrap_or_else(|| default.into())
+    };
+    let proxy_image = chosen_image("AIRLOCK_PROXY_IMAGE", plan::PROXY_IMAGE);
     for image in [plan::BASE_IMAGE, plan::PROXY_IMAGE] {
         let var =
             if image == plan::BASE_IMAGE { "AIRLOCK_BASE_IMAGE" } else { "AIRLOCK_PROXY_IMAGE" };
-        let image = ctx.env.var(var).filter(|v| !v.is_empty()).unwrap_or_else(|| image.into());
+        let image = chosen_image(var, image);
         match cli.output(&plan::images_exist(&[&image])) {
             Ok(o) if o.success => out.push(Check::ok("backend", format!("image {image}: present"))),
             _ => out.push(Check::fail(
@@ -169,13 +175,17 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
         }
     }
     let listed = cli.check(&["network".into(), "ls".into(), "--format".into(), "{{.Name}}".into()]);
+    let mut bridges = Vec::new();
     for name in listed.unwrap_or_default().lines().filter(|n| n.starts_with("airlock-net-")) {
         let judged = cli
             .check(&plan::network_inspect(engine, name))
             .map_err(|e| e.to_string())
-            .and_then(|o| plan::judge_seal(engine, &o));
+            .and_then(|o| plan::judge_seal(engine, name, &o));
         match judged {
-            Ok(()) => out.push(Check::ok("backend", format!("network {name}: sealed"))),
+            Ok(()) => {
+                out.push(Check::ok("backend", format!("network {name}: sealed")));
+                bridges.extend(crate::container::names::bridge_of_network(name));
+            }
             Err(why) => out.push(Check::fail(
                 "backend",
                 format!("network {name}: not sealed ({why}); sessions of its repo are refused"),
@@ -183,7 +193,51 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
             )),
         }
     }
+    if engine == crate::container::Engine::Docker && !bridges.is_empty() {
+        out.extend(bridge_guards(&cli, &proxy_image, &bridges));
+    }
     out
+}
+
+/// Docker: whether each sealed network's host-side drop rule is in force, by one helper
+/// container (`airlockd bridge-guard --check`, the way a session installs it). A missing rule
+/// is a warning: the next session of that repo puts it back before its sandbox starts.
+fn bridge_guards(
+    cli: &crate::container::engine::Cli,
+    image: &str,
+    bridges: &[String],
+) -> Vec<Check> {
+    use crate::container::{engine::EngineCli, plan};
+    let out = match cli.output(&plan::bridge_guard_run(image, bridges, true)) {
+        // 0: all in force; 1: some missing (each said on stdout).
+        Ok(o) if o.success || o.stdout.lines().count() == bridges.len() => o,
+        Ok(o) => {
+            return vec![Check::fail(
+                "backend",
+                format!("bridge guard: could not be checked: {}", o.stderr.trim()),
+                "the engine must let a container use the host network with NET_ADMIN \
+                 (docs/backends.md, \"Docker's bridge guard\")",
+            )];
+        }
+        Err(e) => {
+            return vec![Check::fail("backend", format!("bridge guard: {e}"), "see above")];
+        }
+    };
+    out.stdout
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(bridge, state)| match state {
+            "in-force" => Check::ok(
+                "backend",
+                format!("bridge {bridge}: the host drops what it receives from it"),
+            ),
+            _ => Check::warn(
+                "backend",
+                format!("bridge {bridge}: no host-side drop rule (its IPv4 is still inhibited)"),
+                "the next session of its repo installs it; or remove the network",
+            ),
+        })
+        .collect()
 }
 
 pub fn run(args: &DoctorArgs, ctx: &Context<'_>) -> i32 {

@@ -35,8 +35,9 @@ pub struct Output {
     pub stderr: String,
 }
 
-/// How a session talks to its engine.
-pub trait EngineCli: std::fmt::Debug {
+/// How a session talks to its engine. `Sync`: a session runs the Docker bridge guard on a
+/// second thread while its proxy starts.
+pub trait EngineCli: std::fmt::Debug + Sync {
     fn engine(&self) -> Engine;
     /// Runs one command to completion with its output captured.
     fn output(&self, args: &[OsString]) -> Result<Output, EngineError>;

@@ -22,6 +22,22 @@ pub fn network(repo: &Repo) -> String {
     format!("airlock-net-{}", key8(repo))
 }
 
+/// The Linux bridge device of the repo's Docker network (`com.docker.network.bridge.name`):
+/// named, so the host-side drop rule can name it (`airlockd bridge-guard`). 15 bytes at most
+/// (IFNAMSIZ).
+pub fn bridge(repo: &Repo) -> String {
+    format!("{BRIDGE_PREFIX}{}", key8(repo))
+}
+
+/// The bridge of the network named `network`, when it is a repo network's name.
+pub fn bridge_of_network(network: &str) -> Option<String> {
+    let key8 = network.strip_prefix("airlock-net-")?;
+    (key8.len() == 8 && key8.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("{BRIDGE_PREFIX}{key8}"))
+}
+
+const BRIDGE_PREFIX: &str = "alk-";
+
 /// This session's proxy container.
 pub fn proxy(repo: &Repo, session: &str) -> String {
     format!("airlock-proxy-{}-{}-{}", short_name(repo), key8(repo), session8(session))
@@ -68,6 +84,16 @@ mod tests {
         assert_eq!(proxy(&a, s), format!("airlock-proxy-app-{}-01234567", key8(&a)));
         assert_eq!(sandbox(&a, s), format!("airlock-sandbox-app-{}-01234567", key8(&a)));
         assert_ne!(proxy(&a, s), proxy(&b, s));
+        assert_eq!(bridge(&a), format!("alk-{}", key8(&a)));
+        assert!(crate::sys::bridge_guard::check_name(&bridge(&a)).is_ok(), "a device name");
+        assert_eq!(bridge_of_network(&network(&a)), Some(bridge(&a)));
+    }
+
+    #[test]
+    fn only_a_repo_network_name_has_a_bridge_name() {
+        for other in ["bridge", "airlock-net-", "airlock-net-0123456", "airlock-net-0123456z"] {
+            assert_eq!(bridge_of_network(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -119,6 +119,12 @@ pub fn network_create(
         Engine::Docker => {
             a.push("-o".into());
             a.push("com.docker.network.bridge.inhibit_ipv4=true".into());
+            // A bridge device of a known name, so `airlockd bridge-guard` can drop what the
+            // host receives from it (the second wall; `session::guard_bridge`).
+            if let Some(bridge) = super::names::bridge_of_network(name) {
+                a.push("-o".into());
+                a.push(format!("{BRIDGE_NAME_OPTION}={bridge}").into());
+            }
         }
     }
     a.push("--label".into());
@@ -140,9 +146,12 @@ pub fn docker_subnet(repo_key: &str, attempt: u32) -> ipnet::Ipv4Net {
     ipnet::Ipv4Net::new(addr, 24).unwrap_or_default()
 }
 
+/// Docker's network option naming the bridge device.
+const BRIDGE_NAME_OPTION: &str = "com.docker.network.bridge.name";
+
 /// `network inspect` printing, in one call, what makes a network sealed (`internal` and, for
-/// Podman, whether DNS is on; for Docker, the bridge's `inhibit_ipv4` option) and then its
-/// subnets. Fails when there is no such network.
+/// Podman, whether DNS is on; for Docker, the bridge's `inhibit_ipv4` option and its device
+/// name) and then its subnets. Fails when there is no such network.
 pub fn network_inspect(engine: Engine, name: &str) -> Vec<OsString> {
     let format = match engine {
         Engine::Podman => {
@@ -152,7 +161,9 @@ pub fn network_inspect(engine: Engine, name: &str) -> Vec<OsString> {
             // `with … else`: an absent option prints one word, keeping the fields in place.
             "{{.Internal}} \
              {{with index .Options \"com.docker.network.bridge.inhibit_ipv4\"}}{{.}}{{else}}unset{{end}} \
-             {{.Driver}} {{range .IPAM.Config}}{{.Subnet}} {{end}}"
+             {{.Driver}} \
+             {{with index .Options \"com.docker.network.bridge.name\"}}{{.}}{{else}}unset{{end}} \
+             {{range .IPAM.Config}}{{.Subnet}} {{end}}"
         }
     };
     vec!["network".into(), "inspect".into(), "--format".into(), format.into(), name.into()]
@@ -160,8 +171,10 @@ pub fn network_inspect(engine: Engine, name: &str) -> Vec<OsString> {
 
 /// Whether [`network_inspect`]'s output shows a sealed network; `Err` says what is missing. A
 /// network of the same name made by someone else (by hand, an older Airlock, another user of
-/// the engine) must not be used as it is.
-pub fn judge_seal(engine: Engine, output: &str) -> Result<(), String> {
+/// the engine) must not be used as it is. A Docker network must also name its bridge device
+/// as Airlock does for `name` ([`super::names::bridge_of_network`]), or the host-side drop
+/// rule would guard another device.
+pub fn judge_seal(engine: Engine, name: &str, output: &str) -> Result<(), String> {
     let mut words = output.split_whitespace();
     let internal = words.next() == Some("true");
     let second = words.next().unwrap_or("");
@@ -181,6 +194,12 @@ pub fn judge_seal(engine: Engine, output: &str) -> Result<(), String> {
             missing.push("its bridge has an IPv4 address (no inhibit_ipv4)")
         }
         _ => {}
+    }
+    if engine == Engine::Docker {
+        let device = words.next().unwrap_or("");
+        if super::names::bridge_of_network(name).as_deref() != Some(device) {
+            missing.push("its bridge device is not named alk-<key8> (no bridge guard)");
+        }
     }
     if missing.is_empty() { Ok(()) } else { Err(missing.join(", ")) }
 }
@@ -281,6 +300,30 @@ pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, Unmount
         a.extend(["--phase".into(), ph.clone().into()]);
     }
     Ok(a)
+}
+
+/// `run --rm` of the Docker backend's helper: `airlockd bridge-guard` on the engine host's
+/// network with CAP_NET_ADMIN alone, as root in the container (a capability is no use to a
+/// non-root user there), installing — or with `check`, looking for — the drop rule of each
+/// bridge ([`crate::sys::bridge_guard`]).
+pub fn bridge_guard_run(image: &str, bridges: &[String], check: bool) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["run".into(), "--rm".into()];
+    a.extend(["--network".into(), "host".into()]);
+    a.extend(["--cap-drop".into(), "ALL".into(), "--cap-add".into(), "NET_ADMIN".into()]);
+    a.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    a.extend(["--user".into(), "0:0".into()]);
+    a.push("--read-only".into());
+    a.push("--pull=never".into());
+    a.extend(["--entrypoint".into(), PROXY_AIRLOCKD.into()]);
+    a.push(image.into());
+    a.push("bridge-guard".into());
+    for b in bridges {
+        a.extend(["--bridge".into(), b.into()]);
+    }
+    if check {
+        a.push("--check".into());
+    }
+    a
 }
 
 /// `network connect`: the proxy container joins its uplink (Docker).
@@ -515,17 +558,18 @@ mod tests {
 
     #[test]
     fn podman_networks_are_internal_without_dns_and_docker_ones_internal() {
-        let a = network_create(Engine::Podman, "airlock-net-1", "app-1", None);
+        let a = network_create(Engine::Podman, "airlock-net-0123abcd", "app-1", None);
         assert!(a.iter().any(|x| x == "--internal") && a.iter().any(|x| x == "--disable-dns"));
         let d = network_create(
             Engine::Docker,
-            "airlock-net-1",
+            "airlock-net-0123abcd",
             "app-1",
             Some(docker_subnet("app-1", 0)),
         );
         assert!(d.iter().any(|x| x == "--internal"));
         assert!(!d.iter().any(|x| x == "--disable-dns"), "docker has no such flag");
         assert!(has_pair(&d, "-o", "com.docker.network.bridge.inhibit_ipv4=true"));
+        assert!(has_pair(&d, "-o", "com.docker.network.bridge.name=alk-0123abcd"));
         assert!(d.iter().any(|x| x == "--subnet"));
         let (s0, s1) = (docker_subnet("app-1", 0), docker_subnet("app-1", 1));
         assert_ne!(s0, s1, "each attempt another subnet");
@@ -570,16 +614,41 @@ mod tests {
 
     #[test]
     fn only_a_network_made_sealed_is_judged_sealed() {
-        assert_eq!(judge_seal(Engine::Podman, "true false bridge 10.89.0.0/24 \n"), Ok(()));
-        assert!(judge_seal(Engine::Podman, "true true bridge").unwrap_err().contains("DNS"));
-        let e = judge_seal(Engine::Podman, "false false bridge").unwrap_err();
+        let (p, n) = (Engine::Podman, "airlock-net-0123abcd");
+        assert_eq!(judge_seal(p, n, "true false bridge 10.89.0.0/24 \n"), Ok(()));
+        assert!(judge_seal(p, n, "true true bridge").unwrap_err().contains("DNS"));
+        let e = judge_seal(p, n, "false false bridge").unwrap_err();
         assert!(e.contains("--internal"), "{e}");
-        assert!(judge_seal(Engine::Podman, "true false macvlan").unwrap_err().contains("driver"));
-        assert!(judge_seal(Engine::Podman, "").is_err());
-        assert_eq!(judge_seal(Engine::Docker, "true true bridge 10.128.1.0/24"), Ok(()));
-        let e = judge_seal(Engine::Docker, "true unset bridge").unwrap_err();
+        assert!(judge_seal(p, n, "true false macvlan").unwrap_err().contains("driver"));
+        assert!(judge_seal(p, n, "").is_err());
+        let d = Engine::Docker;
+        assert_eq!(judge_seal(d, n, "true true bridge alk-0123abcd 10.128.1.0/24"), Ok(()));
+        let e = judge_seal(d, n, "true unset bridge alk-0123abcd").unwrap_err();
         assert!(e.contains("inhibit"), "{e}");
-        assert!(judge_seal(Engine::Docker, "true true ipvlan").unwrap_err().contains("driver"));
+        assert!(judge_seal(d, n, "true true ipvlan alk-0123abcd").unwrap_err().contains("driver"));
+        // Made by an older Airlock or by hand: the guard would not know its device.
+        for device in ["unset", "docker0", "alk-99999999", ""] {
+            let e = judge_seal(d, n, &format!("true true bridge {device} 10.1.0.0/24"));
+            assert!(e.unwrap_err().contains("bridge device"), "{device}");
+        }
+    }
+
+    #[test]
+    fn the_bridge_guard_runs_on_the_host_network_with_net_admin_alone() {
+        let a = bridge_guard_run("airlock/proxy:latest", &["alk-0123abcd".into()], false);
+        assert!(has_pair(&a, "--network", "host"));
+        assert!(has_pair(&a, "--cap-drop", "ALL") && has_pair(&a, "--cap-add", "NET_ADMIN"));
+        assert!(has_pair(&a, "--user", "0:0"), "capabilities need root in the container");
+        assert!(a.iter().any(|x| x == "--rm") && a.iter().any(|x| x == "--pull=never"));
+        let tail: Vec<_> = a
+            .iter()
+            .map(|x| x.to_string_lossy().into_owned())
+            .skip_while(|x| x != "airlock/proxy:latest")
+            .collect();
+        assert_eq!(tail, ["airlock/proxy:latest", "bridge-guard", "--bridge", "alk-0123abcd"]);
+        let c = bridge_guard_run("i", &["alk-1".into(), "alk-2".into()], true);
+        assert_eq!(c.iter().filter(|x| *x == "--bridge").count(), 2);
+        assert!(c.iter().any(|x| x == "--check"));
     }
 
     #[test]

@@ -226,43 +226,23 @@ fn serve(
         env: p.proxy_env.clone(),
         binds: p.proxy_binds.clone(),
     };
-    // A static address, chosen at random: two sessions of one repo share its network, so an
-    // address another proxy holds is tried again with another.
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let mut random = [0u8; 4];
-        getrandom::fill(&mut random)
-            .map_err(|e| ContainerError::Setup(format!("no randomness for an address: {e}")))?;
-        let small = || {
-            ContainerError::Setup(format!("the network {network}'s subnet {subnet} is too small"))
-        };
-        proxy.ip = plan::proxy_address(subnet, u32::from_le_bytes(random)).ok_or_else(small)?;
-        // The sandbox's, another host of the subnet (the next one, wrapping within it).
-        proxy.sandbox_ip = plan::proxy_address(subnet, u32::from_le_bytes(random).wrapping_add(1))
-            .ok_or_else(small)?;
-        let args = plan::proxy_run(engine.engine(), &proxy)?;
-        let out = engine.output(&args)?;
-        if out.success {
-            break;
-        }
-        let taken = ["already", "in use", "allocated"].iter().any(|w| out.stderr.contains(w));
-        if !taken || attempt == 4 {
-            return Err(EngineError::Failed {
-                command: engine.describe(&args),
-                status: "non-zero exit".into(),
-                stderr: out.stderr.trim().to_owned(),
-            }
-            .into());
-        }
-        // A container of that name may exist half-made; the next attempt reuses the name.
-        let _ = engine.output(&plan::remove(&proxy_name));
-    }
-    cleanup.proxy = Some(proxy_name.clone());
-    if engine.engine() == super::Engine::Docker {
-        engine.check(&plan::network_connect(&proxy.uplink, &proxy_name))?;
-    }
-    wait_ready(engine, &proxy_name, &p.run_dir.join(PROXY_DIR).join("ready"))?;
+    // Docker: the host-side drop rule for the repo's bridge, by a helper container, while the
+    // proxy starts; the sandbox starts only once it is in place.
+    let (started_proxy, guarded) = std::thread::scope(|scope| {
+        let guard = (engine.engine() == super::Engine::Docker).then(|| {
+            let bridge = names::bridge(&req.repo);
+            scope.spawn(move || guard_bridge(engine, &p.proxy_image, &bridge))
+        });
+        let started = start_proxy(engine, p, &mut proxy, subnet, &network);
+        let guarded = guard.map(|handle| {
+            handle.join().unwrap_or_else(|_| {
+                Err(ContainerError::Setup("the bridge guard's thread panicked".into()))
+            })
+        });
+        (started, guarded)
+    });
+    started_proxy?;
+    guarded.transpose()?;
     let sandbox = SandboxSpec {
         name: names::sandbox(&req.repo, &req.session),
         image: p.base_image.clone(),
@@ -341,6 +321,72 @@ fn serve(
     Ok((exit_code, report))
 }
 
+/// Starts the proxy container on a static address chosen at random (two sessions of one repo
+/// share its network, so an address another proxy holds is tried again with another), joins
+/// it to its uplink (Docker) and waits until it listens. The caller's cleanup already names
+/// it: a `run -d` that fails may leave a created container.
+fn start_proxy(
+    engine: &dyn EngineCli,
+    p: &Plan<'_>,
+    proxy: &mut ProxySpec,
+    subnet: ipnet::Ipv4Net,
+    network: &str,
+) -> Result<(), ContainerError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut random = [0u8; 4];
+        getrandom::fill(&mut random)
+            .map_err(|e| ContainerError::Setup(format!("no randomness for an address: {e}")))?;
+        let small = || {
+            ContainerError::Setup(format!("the network {network}'s subnet {subnet} is too small"))
+        };
+        proxy.ip = plan::proxy_address(subnet, u32::from_le_bytes(random)).ok_or_else(small)?;
+        // The sandbox's, another host of the subnet (the next one, wrapping within it).
+        proxy.sandbox_ip = plan::proxy_address(subnet, u32::from_le_bytes(random).wrapping_add(1))
+            .ok_or_else(small)?;
+        let args = plan::proxy_run(engine.engine(), proxy)?;
+        let out = engine.output(&args)?;
+        if out.success {
+            break;
+        }
+        let taken = ["already", "in use", "allocated"].iter().any(|w| out.stderr.contains(w));
+        if !taken || attempt == 4 {
+            return Err(EngineError::Failed {
+                command: engine.describe(&args),
+                status: "non-zero exit".into(),
+                stderr: out.stderr.trim().to_owned(),
+            }
+            .into());
+        }
+        // A container of that name may exist half-made; the next attempt reuses the name.
+        let _ = engine.output(&plan::remove(&proxy.name));
+    }
+    if engine.engine() == super::Engine::Docker {
+        engine.check(&plan::network_connect(&proxy.uplink, &proxy.name))?;
+    }
+    wait_ready(engine, &proxy.name, &p.run_dir.join(PROXY_DIR).join("ready"))
+}
+
+/// Docker: puts the drop rule for the repo's bridge in place on the engine host by a helper
+/// container running `airlockd bridge-guard` from the proxy image (a docker-group user has no
+/// root there; the engine does). Run every session: the rule does not outlive a reboot or a
+/// firewall reload, while the network does. Replacing it is atomic and idempotent.
+fn guard_bridge(engine: &dyn EngineCli, image: &str, bridge: &str) -> Result<(), ContainerError> {
+    let args = plan::bridge_guard_run(image, &[bridge.to_owned()], false);
+    let out = engine.output(&args)?;
+    if out.success {
+        return Ok(());
+    }
+    Err(ContainerError::Setup(format!(
+        "could not put the host-side drop rule for the bridge {bridge} in place (`{}`: {}); \
+         the session was not started. The engine must let a container use the host network \
+         with NET_ADMIN (rootful Docker does); see docs/backends.md, \"Docker's bridge guard\"",
+        engine.describe(&args),
+        (out.stderr.trim().to_owned() + out.stdout.trim()).trim()
+    )))
+}
+
 /// `rm -f` of the container `name` holds, if any (a missing one is no error).
 fn remove_now(engine: &dyn EngineCli, name: &mut Option<String>) {
     if let Some(name) = name.take() {
@@ -408,7 +454,7 @@ fn check_sealed(
     name: &str,
     inspected: String,
 ) -> Result<String, ContainerError> {
-    match plan::judge_seal(engine.engine(), &inspected) {
+    match plan::judge_seal(engine.engine(), name, &inspected) {
         Ok(()) => Ok(inspected),
         Err(why) => Err(ContainerError::Setup(format!(
             "the network {name} exists but is not sealed ({why}); Airlock did not make it this \

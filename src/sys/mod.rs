@@ -2,6 +2,7 @@
 //! Every block carries a `// SAFETY:` comment.
 
 pub mod activation;
+pub mod bridge_guard;
 pub mod exec;
 pub mod fdpass;
 pub mod memtrim;

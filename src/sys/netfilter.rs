@@ -227,7 +227,7 @@ fn route_message_for(family: u8, lo_index: u32) -> Msg {
 pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 pub(super) const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 pub(super) const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFT_MSG_NEWTABLE: u16 = 0;
+pub(super) const NFT_MSG_NEWTABLE: u16 = 0;
 pub(super) const NFT_MSG_NEWCHAIN: u16 = 3;
 pub(super) const NFT_MSG_NEWRULE: u16 = 6;
 pub(super) const NFPROTO_UNSPEC: u8 = 0;
@@ -235,7 +235,7 @@ pub(super) const NFPROTO_INET: u8 = 1;
 pub(super) const NFPROTO_IPV4: u8 = 2;
 pub(super) const NFPROTO_IPV6: u8 = 10;
 
-const NFTA_TABLE_NAME: u16 = 1;
+pub(super) const NFTA_TABLE_NAME: u16 = 1;
 pub(super) const NFTA_CHAIN_TABLE: u16 = 1;
 pub(super) const NFTA_CHAIN_NAME: u16 = 3;
 pub(super) const NFTA_CHAIN_HOOK: u16 = 4;
@@ -254,7 +254,7 @@ const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
 const NFTA_DATA_VALUE: u16 = 1;
 
-const NFT_REG_1: u32 = 1;
+pub(super) const NFT_REG_1: u32 = 1;
 const NFTA_META_DREG: u16 = 1;
 const NFTA_META_KEY: u16 = 2;
 pub(super) const NFT_META_NFPROTO: u32 = 15;
@@ -270,8 +270,8 @@ const NFTA_PAYLOAD_OFFSET: u16 = 3;
 const NFTA_PAYLOAD_LEN: u16 = 4;
 pub(super) const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
-const NFTA_IMMEDIATE_DREG: u16 = 1;
-const NFTA_IMMEDIATE_DATA: u16 = 2;
+pub(super) const NFTA_IMMEDIATE_DREG: u16 = 1;
+pub(super) const NFTA_IMMEDIATE_DATA: u16 = 2;
 const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
 
 pub(super) fn nft_begin(m: &mut Msg, msg: u16, flags: u16, seq: u32, family: u8) {

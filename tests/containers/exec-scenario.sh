@@ -178,6 +178,26 @@ print(",".join(str(x) for x in [len(starts), len(ends), same, status, rooted]))
 ' "$logs"/audit-*.jsonl)"
 result audit_repo_key "$(head -n1 "$logs"/audit-*.jsonl | python3 -c 'import json,sys; r=json.loads(sys.stdin.readline()); print(str(r.get("repo_path") is not None)+","+str(r.get("repo_key") is not None))')"
 
+# Docker's second wall, alone: the host-side drop rule for the repo's bridge, which a helper
+# container put in place. An address given to the bridge later (inhibit_ipv4 then no longer
+# holds) is on the sandbox's link, and the upstream listens on every address here: only the
+# rule stands between them.
+tcpprobe='import socket,sys
+s=socket.socket(); s.settimeout(3)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); print("connected")
+except OSError as e:
+    print(type(e).__name__)'
+if [ "$E" = docker ]; then
+    br="alk-$key8"
+    result bridge_guard "$(nft list table inet "airlock-guard-$br" 2>/dev/null | grep -c "iifname \"$br\" drop" || true)"
+    sub=$(docker network inspect --format '{{range .IPAM.Config}}{{.Subnet}}{{end}}' "airlock-net-$key8")
+    first=$(python3 -c 'import ipaddress,sys; print(next(ipaddress.ip_network(sys.argv[1]).hosts()))' "$sub")
+    ip addr add "$first/${sub#*/}" dev "$br"
+    result guard_added_address "$("$AIRLOCK" exec --quiet --backend docker -- python3 -c "$tcpprobe" "$first" "$PORT" 2>/dev/null)"
+    ip addr del "$first/${sub#*/}" dev "$br"
+fi
+
 # Phase 2, while a session of this repo runs: a container on the engine's default network
 # (the proxy's uplink) tries to use the proxy, and a second repo's sandbox tries to reach it.
 # (A shell as the container's PID 1 ignores SIGTERM unless it traps it: this one does.)
@@ -238,6 +258,7 @@ result doctor_engine "$(echo "$doctor" | grep -c "^\[ok  \] backend   $E [0-9]")
 result doctor_images "$(echo "$doctor" | grep -c '^\[ok  \] backend   image airlock/.*: present')"
 result doctor_sealed "$(echo "$doctor" | grep -c "network airlock-net-$key8: sealed")"
 result doctor_planted "$(echo "$doctor" | grep -c "^\[FAIL\] backend   network airlock-net-$pk: not sealed")"
+result doctor_guard "$(echo "$doctor" | grep -c "^\[ok  \] backend   bridge alk-$key8: the host drops" || true)"
 # `airlock run --backend`: an image with a (fake) `claude` made from airlock/base, run twice.
 "$E" rm -f airlock-test-mk >/dev/null 2>&1 || true
 "$E" run --name airlock-test-mk --network none airlock/base:latest sh -c 'mkdir -p /usr/local/bin && cat > /usr/local/bin/claude <<"AGENT"

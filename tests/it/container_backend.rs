@@ -152,6 +152,16 @@ fn judge(engine: &str) {
     assert_eq!(get("doctor_images"), "2", "{all}");
     assert_eq!(get("doctor_sealed"), "1", "{all}");
     assert_eq!(get("doctor_planted"), "1", "{all}");
+    // Docker's host-side drop rule for the repo's bridge: put in place by the helper
+    // container, reported by doctor, and a wall by itself (an address added to the bridge
+    // later is still unreachable from the sandbox).
+    if engine == "docker" {
+        let reached = get("guard_added_address");
+        assert!(!reached.contains("connected") && !reached.is_empty(), "{all}");
+        assert_eq!(get("bridge_guard"), "1", "{all}");
+    }
+    let docker = if engine == "docker" { "1" } else { "0" };
+    assert_eq!(get("doctor_guard"), docker, "{all}");
     // `airlock run --backend`: the image's agent, its per-repo home kept between sessions,
     // the transcripts it wrote hashed into the end record.
     assert_eq!(get("agent_home"), "/home/agent", "{all}");

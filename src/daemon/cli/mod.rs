@@ -1,8 +1,9 @@
 //! The `airlockd` front: argument parsing for the service (no subcommand), `airlockd proxy`
-//! ([`proxy`]) and the review plane (`airlockd review`, `airlockd admin`: [`review`]), and the
+//! ([`proxy`]), `airlockd bridge-guard` ([`bridge_guard`]) and the review plane (`airlockd review`, `airlockd admin`: [`review`]), and the
 //! synchronous start-up of each. The engines they drive ([`super::service`],
 //! [`crate::proxy::standalone`], [`crate::review`]) hold no argument parsing.
 
+pub mod bridge_guard;
 pub mod proxy;
 pub mod review;
 
@@ -49,6 +50,9 @@ pub enum DaemonCommand {
     /// Serve the review plane (or manage it: init-tls, migrate, maintain).
     // Boxed: the review server's flags make it several times the size of the other variants.
     Review(Box<review::ReviewArgs>),
+    /// Drop what the engine host receives from a container network's bridge (the Docker
+    /// backend's helper container runs this; needs CAP_NET_ADMIN on the host's network).
+    BridgeGuard(bridge_guard::BridgeGuardArgs),
     /// Manage review-plane users and tokens.
     #[command(subcommand)]
     Admin(review::AdminCommand),
@@ -61,6 +65,7 @@ pub fn run(cli: DaemonCli) -> i32 {
     match cli.command {
         Some(DaemonCommand::Proxy(args)) => proxy::main(*args, &crate::env::ProcessEnv),
         Some(DaemonCommand::Review(args)) => review::run_review(*args),
+        Some(DaemonCommand::BridgeGuard(args)) => bridge_guard::main(&args),
         Some(DaemonCommand::Admin(cmd)) => review::run_admin(review::AdminArgs { command: cmd }),
         Some(DaemonCommand::Completions(args)) => crate::cli::completions::print_script(
             crate::cli::completions::Binary::Airlockd,
