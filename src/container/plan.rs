@@ -366,6 +366,10 @@ pub fn sandbox_run(engine: Engine, s: &SandboxSpec) -> Result<Vec<OsString>, Unm
         a.push("-t".into());
     }
     a.extend(["--name".into(), s.name.clone().into()]);
+    // A small init as PID 1 (catatonit, docker-init): it passes SIGTERM on to the command and
+    // reaps its orphans. The command as PID 1 would ignore every signal it has no handler for,
+    // so `airlock` passing on a SIGTERM would not stop it.
+    a.push("--init".into());
     match engine {
         Engine::Podman => {
             a.extend(["--network".into(), format!("{}:ip={}", s.network, s.ip).into()])
@@ -498,6 +502,7 @@ mod tests {
             assert!(has_pair(&a, "--cap-drop", "ALL"));
             assert!(has_pair(&a, "--security-opt", "no-new-privileges"));
             assert!(has_pair(&a, "--add-host", "airlock-proxy:10.89.0.2"));
+            assert!(a.iter().any(|x| x == "--init"), "the command is not PID 1");
             let net = if engine == Engine::Podman {
                 "airlock-net-12345678:ip=10.89.0.9"
             } else {

@@ -133,6 +133,10 @@ print("RESULT host_home=" + ("visible" if os.path.exists("'"$HOME"'/.airlock") e
 PY
   echo planted > .envrc 2>/dev/null && echo "RESULT envrc_write=written" || echo "RESULT envrc_write=refused"
   echo "#!/bin/sh" > .git/hooks/post-checkout 2>/dev/null && echo "RESULT hook_write=written" || echo "RESULT hook_write=refused"
+  mkdir -p sub evil/objects evil/refs
+  printf "ref: refs/heads/main\n" > evil/HEAD
+  printf "[core]\n\trepositoryformatversion = 0\n\tfsmonitor = touch '"$S"'/pwned\n" > evil/config
+  printf "gitdir: ../evil\n" > sub/.git && echo "RESULT plant_gitdir=written"
   exit 7
 '
 rc=$?
@@ -140,6 +144,11 @@ set -e
 result exit_code "$rc"
 result envrc_after "$([ -e "$S/app/.envrc" ] && echo present || echo absent)"
 result hook_after "$([ -e "$S/app/.git/hooks/post-checkout" ] && echo present || echo absent)"
+# Step two of the planted git dir: the host's own git, run where the agent left it, must not
+# take the planted `.git` file (whose git dir's fsmonitor would run a command on the host).
+result gitdir_after "$([ -e "$S/app/sub/.git" ] && echo present || echo absent)"
+(cd "$S/app/sub" && git status >/dev/null 2>&1) || true
+result host_git_ran_planted "$([ -e "$S/pwned" ] && echo yes || echo no)"
 # `--rm` removal is the engine's, after the container stopped (Docker's is asynchronous).
 for _ in $(seq 50); do [ "$("$E" ps -aq | wc -l)" = 0 ] && break; sleep 0.1; done
 result containers_left "$("$E" ps -aq | wc -l)"
@@ -200,9 +209,10 @@ fi
 
 # Phase 2, while a session of this repo runs: a container on the engine's default network
 # (the proxy's uplink) tries to use the proxy, and a second repo's sandbox tries to reach it.
-# (A shell as the container's PID 1 ignores SIGTERM unless it traps it: this one does.)
+# (The command handles no signal: as the container's PID 1 it would ignore SIGTERM; the
+# sandbox's init passes it on.)
 "$AIRLOCK" exec --quiet --backend "$E" -- \
-    sh -c "trap 'exit 143' TERM; curl -sS -m 5 -o /dev/null http://allowed.test:$PORT/ok; sleep 120 & wait" &
+    sh -c "curl -sS -m 5 -o /dev/null http://allowed.test:$PORT/ok; exec sleep 120" &
 long=$!
 for _ in $(seq 100); do
     name=$("$E" ps --format '{{.Names}}' | grep '^airlock-proxy-app-' | head -n1 || true)

@@ -123,6 +123,12 @@ fn judge(engine: &str) {
     assert_eq!(get("envrc_write"), "refused", "{all}");
     assert_eq!(get("hook_after"), "absent", "{all}");
     assert_eq!(get("envrc_after"), "absent", "{all}");
+    // Across sessions: a `.git` file planted in a subdirectory, pointing at a git dir whose
+    // config runs a command, is quarantined before `exec` returns; the host's git run there
+    // afterwards runs nothing.
+    assert_eq!(get("plant_gitdir"), "written", "the plant itself worked: {all}");
+    assert_eq!(get("gitdir_after"), "absent", "{all}");
+    assert_eq!(get("host_git_ran_planted"), "no", "{all}");
     // The audit trail: the session's lines, attributed, in the repo's log directory.
     let allow: Vec<&str> = get("audit_allow").split(',').collect();
     assert_eq!(allow.len(), 3, "an ALLOW line for allowed.test: {all}");
@@ -140,8 +146,9 @@ fn judge(engine: &str) {
     assert_ne!(get("neighbour_uplink_ip"), "connected", "{all}");
     assert_ne!(get("other_repo_reach"), "connected", "{all}");
     assert_eq!(get("same_repo_other_proxy"), "refused", "another session's proxy: {all}");
-    // SIGTERM to `airlock` alone reaches the command (passed on through the engine CLI; its
-    // trap's status comes back) and the session still leaves nothing behind.
+    // SIGTERM to `airlock` alone reaches the command (passed on through the engine CLI, then
+    // by the sandbox's init to a command that handles no signal) and the session still leaves
+    // nothing behind.
     assert_eq!(get("long_exit"), "143", "{all}");
     assert_eq!(get("long_containers_left"), "0", "{all}");
     assert_eq!(get("other_repo_net_differs"), "yes", "{all}");
