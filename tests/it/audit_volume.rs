@@ -6,8 +6,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::proxy_support::{ProxyProc, read_head};
@@ -49,9 +48,8 @@ fn a_refusal_flood_is_bounded_and_loses_no_count() {
     }
     let secs = started.elapsed().as_secs() + 1;
     // Graceful shutdown: the drain writes what is still pending.
-    kill(Pid::from_raw(proxy.child.id() as i32), Signal::SIGTERM).unwrap();
     let mut proxy = proxy;
-    let status = proxy.child.wait().unwrap();
+    let status = proxy.signal_and_wait(Signal::SIGTERM);
     assert!(status.success(), "{status:?}\n{}", proxy.stderr.lock().unwrap());
 
     let lines = proxy.audit();

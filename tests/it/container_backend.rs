@@ -181,6 +181,62 @@ fn judge(engine: &str) {
     assert_eq!(get("run_dir_left"), "0", "{all}");
 }
 
+/// The proxy and audit suites (every test built on `proxy_support::ProxyProc`) run again with
+/// the proxy in the proxy image, under `sealed.sh`: this test binary, re-run inside the sealed
+/// namespace with `AIRLOCK_TEST_PROXY_ENGINE`, starts each proxy as a container on that
+/// namespace's network (`--network host`: the namespace the test made, where the loopback
+/// upstreams listen).
+fn proxy_suites_in(engine: &str) {
+    let world = World::new();
+    let work = world.tmp.path().join("engine");
+    let used = world.tmp.path().join("containers-used");
+    let this = std::env::current_exe().unwrap();
+    // (audit_volume's other tests are native sessions and the review plane, not the proxy.)
+    let suites = "proxy:: proxy_adversarial:: proxy_malformed:: \
+                  audit_volume::a_refusal_flood_is_bounded_and_loses_no_count";
+    let inner = format!(
+        "{images} {engine} {airlockd} {work} >&2 && exec {this} --test-threads 2 {suites} \
+         --skip sandbox_proxy",
+        images = script("images.sh").display(),
+        airlockd = bin("airlockd").display(),
+        work = work.display(),
+        this = this.display(),
+    );
+    let out = Command::new(script("sealed.sh"))
+        .arg(&work)
+        .arg(engine)
+        .args(["--", "bash", "-c", &inner])
+        .env("AIRLOCK_TEST_PROXY_ENGINE", engine)
+        .env("AIRLOCK_TEST_PROXY_ENGINE_LOG", &used)
+        .env_remove("AIRLOCK_TEST_RESOLVER")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = format!("{stdout}\n--- stderr ---\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the suites failed against the {engine} proxy container:\n{all}");
+    assert!(stdout.contains(" 0 failed") && !stdout.contains("running 0 tests"), "{all}");
+    // Not vacuous: the proxies were containers (each one the harness started is listed).
+    let started = std::fs::read_to_string(&used).unwrap_or_default().lines().count();
+    assert!(started >= 17, "only {started} proxy containers started:\n{all}");
+}
+
+#[test]
+fn the_proxy_suites_pass_against_the_podman_proxy_container() {
+    if engine_ready("podman") && crate::proxy_support::proxy_engine().is_none() {
+        proxy_suites_in("podman");
+    }
+}
+
+#[test]
+fn the_proxy_suites_pass_against_the_docker_proxy_container() {
+    if engine_ready("dockerd")
+        && engine_ready("docker")
+        && crate::proxy_support::proxy_engine().is_none()
+    {
+        proxy_suites_in("docker");
+    }
+}
+
 #[test]
 fn a_backend_typo_and_a_missing_engine_are_clear_errors() {
     let world = World::new();

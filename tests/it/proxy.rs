@@ -313,9 +313,7 @@ fn sigterm_drains_and_logs_open_tunnels_as_interrupted() {
     t.write_all(b"abc").unwrap();
     let mut e = [0u8; 3];
     t.read_exact(&mut e).unwrap();
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(proxy.child.id()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = proxy.child.wait().unwrap();
+    let status = proxy.signal_and_wait(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(status.code(), Some(0), "{}", proxy.stderr.lock().unwrap());
     let lines = proxy.audit();
     assert_eq!(lines.len(), 1, "{lines:#?}");

@@ -379,8 +379,7 @@ fn kill_9_mid_tunnel_then_restart_settles_exactly_once() {
     t.write_all(b"in flight").unwrap();
     let mut e = [0u8; 9];
     t.read_exact(&mut e).unwrap();
-    first.child.kill().unwrap(); // SIGKILL
-    first.child.wait().unwrap();
+    first.signal_and_wait(nix::sys::signal::Signal::SIGKILL);
     assert!(first.audit().is_empty(), "no final line can exist yet");
     drop(first);
 

@@ -15,9 +15,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::support::World;
 
-/// `airlockd proxy` running in the foreground.
+/// `airlockd proxy` running in the foreground: the binary itself, or — with
+/// `AIRLOCK_TEST_PROXY_ENGINE=podman|docker`, as `container_backend`'s suite run sets it inside
+/// its sealed namespace — the same command in the proxy image (`airlock/proxy`, what a
+/// container session's proxy runs), so every proxy and audit test here also runs against the
+/// proxy container.
 pub struct ProxyProc {
+    /// The proxy, or the engine CLI attached to its container.
     pub child: Child,
+    /// `(engine, container name)` when it runs in a container.
+    pub container: Option<(String, String)>,
     pub addr: SocketAddr,
     pub log_dir: PathBuf,
     pub queries: PathBuf,
@@ -52,6 +59,16 @@ impl ProxyProc {
             .args(args)
             .env("AIRLOCK_TEST_RESOLVER", res)
             .cmd;
+        let container = proxy_engine().map(|engine| {
+            static N: AtomicUsize = AtomicUsize::new(0);
+            let name = format!(
+                "airlock-suite-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            );
+            cmd = in_container(&engine, &name, &cmd, world.tmp.path());
+            (engine, name)
+        });
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().unwrap();
         let stdout = Arc::new(Mutex::new(String::new()));
@@ -88,7 +105,44 @@ impl ProxyProc {
                 panic!("proxy did not start:\n{}", stderr.lock().unwrap());
             }
         };
-        Self { child, addr, log_dir: log_dir.to_path_buf(), queries, stdout, stderr }
+        if let Some((engine, name)) = &container {
+            // It is the container that listens: the engine knows it as running, and the
+            // suite's run counts it (container_backend's check that these tests used it).
+            let state = std::process::Command::new(engine)
+                .args(["inspect", "--format", "{{.State.Running}}", name])
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&state.stdout).trim(), "true", "{name}");
+            if let Some(log) = std::env::var_os("AIRLOCK_TEST_PROXY_ENGINE_LOG") {
+                let mut f =
+                    std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
+                writeln!(f, "{name}").unwrap();
+            }
+        }
+        Self { child, container, addr, log_dir: log_dir.to_path_buf(), queries, stdout, stderr }
+    }
+
+    /// Sends the proxy `signal` (in a container: through the engine, to its PID 1, which is
+    /// `airlockd`) and waits for it to end.
+    pub fn signal_and_wait(
+        &mut self,
+        signal: nix::sys::signal::Signal,
+    ) -> std::process::ExitStatus {
+        match &self.container {
+            None => {
+                let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+                nix::sys::signal::kill(pid, signal).unwrap();
+            }
+            Some((engine, name)) => {
+                let ok = std::process::Command::new(engine)
+                    .args(["kill", "--signal", signal.as_str(), name])
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap();
+                assert!(ok.success(), "{engine} kill --signal {signal} {name}");
+            }
+        }
+        self.child.wait().unwrap()
     }
 
     pub fn url(&self) -> String {
@@ -166,9 +220,57 @@ impl ProxyProc {
 
 impl Drop for ProxyProc {
     fn drop(&mut self) {
+        if let Some((engine, name)) = &self.container {
+            let _ = std::process::Command::new(engine)
+                .args(["rm", "-f", name])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The engine to run the proxy in, when the suite is asked to (`AIRLOCK_TEST_PROXY_ENGINE`).
+pub fn proxy_engine() -> Option<String> {
+    std::env::var("AIRLOCK_TEST_PROXY_ENGINE").ok().filter(|e| !e.is_empty())
+}
+
+/// `cmd` (an `airlockd` command with a cleared environment) as `ENGINE run` of the proxy image:
+/// the engine's network namespace is the test's own (`--network host`: the namespace
+/// `sealed.sh` made, where the loopback upstreams listen), `dir` (every file the test hands
+/// the proxy) bound at its own path, the same environment, the caller's uid, no capabilities.
+fn in_container(
+    engine: &str,
+    name: &str,
+    cmd: &std::process::Command,
+    dir: &Path,
+) -> std::process::Command {
+    let image =
+        std::env::var("AIRLOCK_TEST_PROXY_IMAGE").unwrap_or_else(|_| "airlock/proxy:latest".into());
+    let mut c = std::process::Command::new(engine);
+    c.args(["run", "--rm", "--name", name, "--network", "host", "--pull=never"]);
+    c.args(["--cap-drop", "ALL", "--security-opt", "no-new-privileges"]);
+    let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+    c.arg("--user").arg(format!("{uid}:{gid}"));
+    c.arg("--volume").arg(format!("{}:{}", dir.display(), dir.display()));
+    if let Some(cwd) = cmd.get_current_dir() {
+        c.arg("--workdir").arg(cwd);
+    }
+    for (k, v) in cmd.get_envs() {
+        // The image's own PATH; the rest as the test set it.
+        if let (Some(v), false) = (v, k == "PATH") {
+            let mut kv = k.to_owned();
+            kv.push("=");
+            kv.push(v);
+            c.arg("--env").arg(kv);
+        }
+    }
+    c.args(["--entrypoint", "/usr/local/bin/airlockd", &image]);
+    c.args(cmd.get_args());
+    c.stdin(Stdio::null());
+    c
 }
 
 /// Reads one response head (through the blank line) byte by byte.
