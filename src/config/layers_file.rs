@@ -5,7 +5,8 @@
 //! the CLI hands it the documents themselves.
 //!
 //! Only policy travels: `[network]` (and `[phase.*.network]`), `[review] servers`, `[gate]`,
-//! each layer's kind, name and digest. `[env] pass` and `[mcp.*]` (credential sources) are
+//! the managed and user layers' `[audit]` volume bounds (which the proxy enforces), each
+//! layer's kind, name and digest. `[env] pass` and `[mcp.*]` (credential sources) are
 //! dropped by [`LayersFile::new`] and refused by [`LayersFile::parse`]: the file is bound into
 //! a container, and the proxy has no use for either. The file is JSON, version 1, 0600, written
 //! outside the repo and the agent home.
@@ -41,9 +42,10 @@ impl LayersFile {
     pub fn new(managed: Option<&LayerDoc>, client: &wire::PolicyLayers) -> Self {
         Self {
             version: VERSION,
-            managed: managed.map(|m| policy_only(conv::layer_to_wire(m))),
-            user: client.user.clone().map(policy_only),
-            repo: client.repo.clone().map(policy_only),
+            managed: managed.map(|m| policy_only(conv::layer_to_wire(m), KeepAudit::Yes)),
+            user: client.user.clone().map(|d| policy_only(d, KeepAudit::Yes)),
+            // A repo file cannot set `[audit]` (a configuration error when it tries).
+            repo: client.repo.clone().map(|d| policy_only(d, KeepAudit::No)),
             review_servers: client.review_servers.clone(),
         }
     }
@@ -110,6 +112,17 @@ impl LayersFile {
         Ok(file)
     }
 
+    /// The session's `[audit]` volume bounds, from the managed and user layers as the daemon
+    /// computes them ([`super::audit_volume`]; a repo layer's is never read).
+    pub fn audit_volume(&self) -> Result<crate::audit::volume::Volume, ConfigError> {
+        let docs = [&self.managed, &self.user]
+            .into_iter()
+            .flatten()
+            .map(conv::layer_from_wire)
+            .collect::<Result<Vec<LayerDoc>, _>>()?;
+        Ok(super::audit_volume(&docs.iter().collect::<Vec<_>>()))
+    }
+
     /// The evaluator, built by the same code as the daemon's ([`super::build_client_policy`]),
     /// with phase `phase` in force.
     pub fn build_policy(&self, phase: Option<&str>) -> Result<BuiltPolicy, ConfigError> {
@@ -131,15 +144,23 @@ impl LayersFile {
     }
 }
 
-/// `doc` with only what the proxy evaluates: no `[env]`, `[mcp]`, `[terminal]`, `[audit]` or
-/// `[logs]` (the last three are the host's business: its relay and its log directory).
-fn policy_only(doc: wire::LayerDoc) -> wire::LayerDoc {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeepAudit {
+    Yes,
+    No,
+}
+
+/// `doc` with only what the proxy evaluates and enforces: no `[env]`, `[mcp]`, `[terminal]` or
+/// `[logs]` (the last two are the host's business: its relay and its log directory); `[audit]`
+/// only where `keep` says so (the managed and user layers, as the daemon reads it).
+fn policy_only(doc: wire::LayerDoc, keep: KeepAudit) -> wire::LayerDoc {
+    let audit = if keep == KeepAudit::Yes { doc.audit } else { Default::default() };
     wire::LayerDoc {
         env_pass: Vec::new(),
         mcp: Default::default(),
         terminal: Default::default(),
-        audit: Default::default(),
         logs: Default::default(),
+        audit,
         ..doc
     }
 }
@@ -174,6 +195,26 @@ mod tests {
         );
         let client = ClientLayers { user: Some(user), repo: Some(repo), review_servers: vec![] };
         LayersFile::new(Some(&managed), &wire::PolicyLayers::from(&client))
+    }
+
+    #[test]
+    fn the_audit_bounds_of_the_managed_and_user_layers_reach_the_proxy() {
+        use crate::audit::volume::Volume;
+        let managed =
+            parsed(LayerKind::Managed, "/etc/airlock/policy.toml", "[audit]\nburst = 3\n");
+        let user = parsed(
+            LayerKind::User,
+            "~/.airlock/config.toml",
+            "[audit]\nburst = 9\nsession_budget = \"1MiB\"\n",
+        );
+        let client = ClientLayers { user: Some(user), repo: None, review_servers: vec![] };
+        let file = LayersFile::new(Some(&managed), &wire::PolicyLayers::from(&client));
+        let back = LayersFile::parse("layers.json", &file.to_json()).unwrap();
+        // The managed layer's burst over the user's, the user's budget, the default min_free:
+        // as the daemon computes a native session's.
+        let want = Volume { burst: 3, session_budget: 1 << 20, ..Volume::default() };
+        assert_eq!(back.audit_volume().unwrap(), want);
+        assert_eq!(sample().audit_volume().unwrap(), Volume::default());
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub const PROXY_RUN_DIR: &str = "/airlock/run";
 pub const PROXY_LOG_DIR: &str = "/airlock/logs";
 /// The `airlockd` inside the proxy image (`contrib/docker/`).
 pub const PROXY_AIRLOCKD: &str = "/usr/local/bin/airlockd";
+/// The proxy's stop file in its run directory (`airlockd proxy --stop-file`).
+pub const STOP_FILE: &str = "stopped";
 /// The image names (`airlock/base`, `airlock/proxy`); `[sandbox]`-independent so every
 /// machine's images are found the same way. `AIRLOCK_BASE_IMAGE`/`AIRLOCK_PROXY_IMAGE`
 /// override them.
@@ -291,6 +293,8 @@ pub fn proxy_run(engine: Engine, p: &ProxySpec) -> Result<Vec<OsString>, Unmount
     a.extend(["--log-dir".into(), PROXY_LOG_DIR.into()]);
     a.extend(["--session".into(), p.session.clone().into()]);
     a.extend(["--ready-file".into(), run.join("ready").into()]);
+    // How the session learns that the `[audit]` bounds stopped it (it then ends the sandbox).
+    a.extend(["--stop-file".into(), run.join(STOP_FILE).into()]);
     // Its session's sandbox alone: the repo's network also holds its other sessions.
     a.extend(["--allow-peer".into(), p.sandbox_ip.to_string().into()]);
     if let Some(u) = &p.user_id {
@@ -324,6 +328,11 @@ pub fn bridge_guard_run(image: &str, bridges: &[String], check: bool) -> Vec<OsS
         a.push("--check".into());
     }
     a
+}
+
+/// `kill` (SIGKILL, both engines' default) of the container `name`.
+pub fn kill(name: &str) -> Vec<OsString> {
+    vec!["kill".into(), name.into()]
 }
 
 /// `network connect`: the proxy container joins its uplink (Docker).
@@ -555,6 +564,7 @@ mod tests {
         assert!(has_pair(&a, "--network", "airlock-net-12345678:ip=10.89.0.7"));
         assert!(has_pair(&a, "--listen", "10.89.0.7:8888"), "never 0.0.0.0: {a:?}");
         assert!(has_pair(&a, "--allow-peer", "10.89.0.9"), "its sandbox alone: {a:?}");
+        assert!(has_pair(&a, "--stop-file", "/airlock/run/stopped"));
         let d = proxy_run(Engine::Docker, &p).unwrap();
         assert!(has_pair(&d, "--network", "airlock-net-12345678"));
         assert_eq!(d.iter().filter(|x| *x == "--network").count(), 1, "docker: connect later");

@@ -276,7 +276,21 @@ fn serve(
     }
     sweep::wait_past(threshold.not_before);
     cleanup.sandbox = Some(sandbox.name.clone());
-    let exit_code = match engine.attached(&args, hold) {
+    // While the sandbox runs, the proxy may stop the session (`[audit]` bounds): it writes its
+    // stop file, and the sandbox is killed, as a native session's is.
+    let stop_file = p.run_dir.join(PROXY_DIR).join(plan::STOP_FILE);
+    let ended = std::sync::atomic::AtomicBool::new(false);
+    let (attached, stopped) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| watch_stop_file(engine, &stop_file, &sandbox.name, &ended));
+        let attached = engine.attached(&args, hold);
+        ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        (attached, watcher.join().unwrap_or(false))
+    });
+    let exit_code = match attached {
+        Ok(_) if stopped => {
+            remove_now(engine, &mut cleanup.sandbox);
+            supervisor::STOPPED_EXIT
+        }
         // A normal exit: the engine has removed the container (`--rm`).
         Ok(code) if code < 125 => {
             cleanup.sandbox = None;
@@ -366,6 +380,31 @@ fn start_proxy(
         engine.check(&plan::network_connect(&proxy.uplink, &proxy.name))?;
     }
     wait_ready(engine, &proxy.name, &p.run_dir.join(PROXY_DIR).join("ready"))
+}
+
+/// Until `ended`: polls for the proxy's stop file; once it is there, says why and kills the
+/// sandbox container `name`. Returns whether it did.
+fn watch_stop_file(
+    engine: &dyn EngineCli,
+    stop_file: &Path,
+    name: &str,
+    ended: &std::sync::atomic::AtomicBool,
+) -> bool {
+    // A stat every 50 ms: the proxy keeps refusing meanwhile, so nothing leaves in between.
+    while !ended.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Ok(text) = std::fs::read_to_string(stop_file) {
+            let notice: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            let message = notice["message"].as_str().unwrap_or("the proxy stopped it");
+            eprintln!("airlock: session stopped: {message}");
+            let killed = engine.output(&plan::kill(name));
+            if !killed.as_ref().is_ok_and(|o| o.success) {
+                eprintln!("airlock: warning: could not kill the sandbox container {name}");
+            }
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 /// Docker: puts the drop rule for the repo's bridge in place on the engine host by a helper

@@ -57,6 +57,12 @@ pub struct Standalone {
     /// Created (empty) once the listener is bound: how an orchestrator that cannot reach the
     /// listener (the container backend's CLI) knows the proxy is ready.
     pub ready_file: Option<PathBuf>,
+    /// The session's `[audit]` bounds (burst, budget, free space).
+    pub volume: crate::audit::volume::Volume,
+    /// Written once the bounds stop the session (JSON `{"reason", "message"}`): how the
+    /// container backend's CLI learns it must end the sandbox. The proxy itself keeps running,
+    /// refusing every attempt and counting them, until it is stopped.
+    pub stop_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,10 +115,15 @@ pub async fn serve(
     // Opening the log settles journals left by writers that died (their tunnels become
     // `"interrupted": true` lines) and locks this run's journal; both are file I/O.
     let dir = proxy.log_dir.clone();
-    let sink = tokio::task::spawn_blocking(move || FileAuditSink::open(&dir, &boot, info))
-        .await
-        .map_err(StandaloneError::Task)?
-        .map_err(|source| StandaloneError::AuditLog { dir: proxy.log_dir.clone(), source })?;
+    let volume = proxy.volume;
+    let sink = tokio::task::spawn_blocking(move || {
+        crate::audit::RepoLog::open(&dir, &boot)
+            .map(|log| FileAuditSink::with_volume(log, info, volume))
+    })
+    .await
+    .map_err(StandaloneError::Task)?
+    .map_err(|source| StandaloneError::AuditLog { dir: proxy.log_dir.clone(), source })?;
+    watch_stop(&sink, proxy.stop_file.clone());
     let settled = sink.log().settled().lines_written;
     if settled > 0 {
         eprintln!("airlockd proxy: settled {settled} interrupted tunnel(s) of an earlier run");
@@ -179,6 +190,26 @@ pub async fn serve(
     // Blocking wait for the writer thread (bounded), off the async workers.
     let _ = tokio::task::spawn_blocking(move || console.finish(CONSOLE_FLUSH_WAIT)).await;
     served
+}
+
+/// Once the `[audit]` bounds stop the session: says why on stderr and writes `stop_file`
+/// (atomically: a reader never sees half of it).
+fn watch_stop(sink: &FileAuditSink, stop_file: Option<PathBuf>) {
+    let mut stop = sink.on_stop();
+    tokio::spawn(async move {
+        let Ok(notice) = stop.wait_for(Option::is_some).await else { return };
+        let Some(notice) = notice.clone() else { return };
+        eprintln!("airlockd proxy: session stopped: {}", notice.message);
+        let Some(path) = stop_file else { return };
+        let body =
+            serde_json::json!({ "reason": notice.reason.as_str(), "message": notice.message });
+        let tmp = path.with_extension("tmp");
+        let written =
+            std::fs::write(&tmp, format!("{body}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            eprintln!("airlockd proxy: cannot write the stop file {}: {e}", path.display());
+        }
+    });
 }
 
 /// `--allow-peer`: whom the proxy serves. A refused peer's connection is closed unanswered and

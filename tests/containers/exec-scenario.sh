@@ -261,6 +261,21 @@ planted_err=$(cd "$S/planted" && "$AIRLOCK" exec --quiet --backend "$E" -- true 
 planted_rc=$?
 set -e
 result planted_network "$planted_rc,$(echo "$planted_err" | grep -c 'is not sealed')"
+# The user's `[audit]` bounds reach the proxy container: past session_budget the session is
+# stopped (exit 124, the message on stderr) and its sandbox killed, not left running its
+# `sleep`; the proxy writes the stop line.
+cp "$HOME/.airlock/config.toml" "$S/config.saved"
+printf '[audit]\nsession_budget = "3KiB"\nburst = 0\n' >> "$HOME/.airlock/config.toml"
+set +e
+budget_err=$(cd "$S/app" && "$AIRLOCK" exec --quiet --backend "$E" -- \
+    sh -c "i=0; while [ \$i -lt 200 ]; do curl -s -m 2 -o /dev/null http://denied.test:$PORT/\$i; i=\$((i + 1)); done; sleep 60" 2>&1 >/dev/null)
+budget_rc=$?
+set -e
+cp "$S/config.saved" "$HOME/.airlock/config.toml"
+result budget_stop "$budget_rc,$(echo "$budget_err" | grep -c 'session stopped: .*session_budget')"
+result budget_line "$(cat "$logs"/audit-*.jsonl | python3 -c '
+import json, sys
+print(sum(1 for l in sys.stdin if json.loads(l).get("reason") == "audit_budget" and not json.loads(l).get("seqs")))')"
 set +e
 doctor=$("$AIRLOCK" doctor --backend "$E" 2>&1)
 set -e

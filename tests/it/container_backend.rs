@@ -152,6 +152,10 @@ fn judge(engine: &str) {
     assert_eq!(get("long_exit"), "143", "{all}");
     assert_eq!(get("long_containers_left"), "0", "{all}");
     assert_eq!(get("other_repo_net_differs"), "yes", "{all}");
+    // `[audit] session_budget` of the user layer, enforced in the proxy container: the
+    // session stopped with 124 and why, its sandbox killed, the stop line in the log.
+    assert_eq!(get("budget_stop"), "124,1", "{all}");
+    assert_eq!(get("budget_line"), "1", "{all}");
     // A network of a repo's name that someone else made without the seals is refused.
     assert_eq!(get("planted_network"), "125,1", "{all}");
     // `airlock doctor --backend` says the same: the engine, the images, each network's seal.

@@ -63,6 +63,12 @@ pub struct ProxyArgs {
     /// orchestrator that cannot connect to the listener itself.
     #[arg(long, env = "AIRLOCK_READY_FILE", value_name = "FILE")]
     pub ready_file: Option<PathBuf>,
+    /// Write FILE (JSON: `reason`, `message`) once the `[audit]` bounds stop the session
+    /// (`session_budget` written, or less than `min_free` left); the proxy then refuses every
+    /// attempt until it is stopped. With `--layers`, the bounds are the managed and user
+    /// layers'; otherwise the defaults.
+    #[arg(long, env = "AIRLOCK_STOP_FILE", value_name = "FILE")]
+    pub stop_file: Option<PathBuf>,
     /// Time for a request head to arrive.
     #[arg(long, env = "AIRLOCK_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub header_timeout: Duration,
@@ -123,6 +129,12 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         .with_context(|| format!("--repo-name {:?}", args.repo_name))?;
     raise_nofile();
     let policy = load_policy(&args, env)?;
+    let volume = match &args.layers {
+        Some(path) => crate::config::layers_file::LayersFile::read(path)
+            .and_then(|file| file.audit_volume())
+            .map_err(|e| anyhow::anyhow!("--layers: {e}"))?,
+        None => crate::audit::volume::Volume::default(),
+    };
     let log_dir = match &args.log_dir {
         Some(d) => d.clone(),
         None => crate::paths::Paths::from_env(env)
@@ -142,6 +154,8 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
         allowed_peers: args.allow_peers,
         session: args.session,
         ready_file: args.ready_file,
+        volume,
+        stop_file: args.stop_file,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
