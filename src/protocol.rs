@@ -914,6 +914,11 @@ pub struct SessionEnd {
     pub quarantined: Vec<Quarantined>,
     #[serde(default, flatten)]
     pub leftovers: Leftovers,
+    /// A container session that its proxy container stopped (`audit_budget`, `low_space`):
+    /// the daemon does not serve that proxy, so the CLI says why. Read for container sessions
+    /// only; an older daemon ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 /// `status`.
@@ -1307,11 +1312,18 @@ mod tests {
             r#"{"op":"quit_if_idle"}"#
         );
         let end = Request::SessionEnd(SessionEnd { session: "s".into(), ..Default::default() });
-        assert!(
-            serde_json::to_string(&end)
-                .unwrap()
-                .starts_with(r#"{"op":"session_end","session":"s""#)
-        );
+        let json = serde_json::to_string(&end).unwrap();
+        assert!(json.starts_with(r#"{"op":"session_end","session":"s""#));
+        // A container session's stop reason is optional: absent, the message is as before.
+        assert!(!json.contains("stopped"), "{json}");
+        let stopped_end = Request::SessionEnd(SessionEnd {
+            session: "s".into(),
+            stopped: Some("audit_budget".into()),
+            ..Default::default()
+        });
+        let json = serde_json::to_string(&stopped_end).unwrap();
+        assert!(json.contains(r#""stopped":"audit_budget""#), "{json}");
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), stopped_end);
         let stopped = Response::SessionStopped {
             session: "s".into(),
             reason: "audit_budget".into(),

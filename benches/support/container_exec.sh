@@ -194,7 +194,7 @@ def row_b(i):
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
     step("ready-file wait")
-    args = [PODMAN, "run", "--rm", "-i", "--name", f"bench-sandbox-{i}", "--network", NET,
+    args = [PODMAN, "run", "--rm", "-i", "--init", "--name", f"bench-sandbox-{i}", "--network", NET,
             "--dns", "none", "--add-host", f"airlock-proxy:{ip}",
             "--sysctl", "net.ipv6.conf.all.disable_ipv6=1", "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges", "--user", "0:0", "--hostname", "app",

@@ -22,6 +22,8 @@ pub struct SessionOutcome {
     pub transcripts: Vec<protocol::TranscriptHash>,
     pub quarantined: Vec<protocol::Quarantined>,
     pub leftovers: protocol::Leftovers,
+    /// A container session stopped by its proxy's `[audit]` bounds: the reason code.
+    pub stopped: Option<String>,
 }
 
 struct Shared {
@@ -310,6 +312,7 @@ impl SessionHandle {
             transcripts: outcome.transcripts,
             quarantined: outcome.quarantined,
             leftovers: outcome.leftovers,
+            stopped: outcome.stopped,
         });
         let bytes = protocol::encode(&req)?;
         {

@@ -165,12 +165,13 @@ pub fn run(
     bridge.start_container(&info, container).map_err(|e| ContainerError::Setup(e.0))?;
     let started = Started { network, subnet, proxy_name, home_dir, threshold };
     match serve(req, p, &protection, &mut cleanup, started, &hold) {
-        Ok((exit_code, report)) => {
+        Ok(Served { exit_code, report, stopped }) => {
             bridge.end(&SessionEnd {
                 exit_code,
                 quarantined: report.items.iter().map(supervisor::to_protocol).collect(),
                 leftovers: supervisor::leftovers(&report),
                 transcripts: Vec::new(),
+                stopped,
             });
             drop(cleanup);
             Ok(Outcome { exit_code, sweep: report })
@@ -203,7 +204,7 @@ fn serve(
     cleanup: &mut Cleanup<'_>,
     started: Started,
     hold: &Hold,
-) -> Result<(i32, sweep::Report), ContainerError> {
+) -> Result<Served, ContainerError> {
     let engine = p.engine;
     let Started { network, subnet, proxy_name, home_dir, threshold } = started;
     // Removed however the start goes: a `run -d` that fails may leave a created container.
@@ -279,15 +280,16 @@ fn serve(
     // While the sandbox runs, the proxy may stop the session (`[audit]` bounds): it writes its
     // stop file, and the sandbox is killed, as a native session's is.
     let stop_file = p.run_dir.join(PROXY_DIR).join(plan::STOP_FILE);
-    let ended = std::sync::atomic::AtomicBool::new(false);
+    let (ended, until) = std::sync::mpsc::channel::<()>();
     let (attached, stopped) = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| watch_stop_file(engine, &stop_file, &sandbox.name, &ended));
+        let watcher = scope.spawn(|| watch_stop_file(engine, &stop_file, &sandbox.name, until));
         let attached = engine.attached(&args, hold);
-        ended.store(true, std::sync::atomic::Ordering::Relaxed);
-        (attached, watcher.join().unwrap_or(false))
+        // Wakes the watcher at once (its wait ends when the sender goes).
+        drop(ended);
+        (attached, watcher.join().unwrap_or(None))
     });
     let exit_code = match attached {
-        Ok(_) if stopped => {
+        Ok(_) if stopped.is_some() => {
             remove_now(engine, &mut cleanup.sandbox);
             supervisor::STOPPED_EXIT
         }
@@ -332,7 +334,15 @@ fn serve(
     if let Err(e) = store.save() {
         eprintln!("airlock: warning: writing the quarantine manifest: {e}");
     }
-    Ok((exit_code, report))
+    Ok(Served { exit_code, report, stopped })
+}
+
+/// How [`serve`] ended: the command's exit code, the sweep's report, and the reason code when
+/// the proxy's `[audit]` bounds stopped the session.
+struct Served {
+    exit_code: i32,
+    report: sweep::Report,
+    stopped: Option<String>,
 }
 
 /// Starts the proxy container on a static address chosen at random (two sessions of one repo
@@ -382,16 +392,17 @@ fn start_proxy(
     wait_ready(engine, &proxy.name, &p.run_dir.join(PROXY_DIR).join("ready"))
 }
 
-/// Until `ended`: polls for the proxy's stop file; once it is there, says why and kills the
-/// sandbox container `name`. Returns whether it did.
+/// Until `until`'s sender goes (the sandbox ended): polls for the proxy's stop file; once it
+/// is there, says why and kills the sandbox container `name`. Returns the stop's reason code
+/// when it did.
 fn watch_stop_file(
     engine: &dyn EngineCli,
     stop_file: &Path,
     name: &str,
-    ended: &std::sync::atomic::AtomicBool,
-) -> bool {
+    until: std::sync::mpsc::Receiver<()>,
+) -> Option<String> {
     // A stat every 50 ms: the proxy keeps refusing meanwhile, so nothing leaves in between.
-    while !ended.load(std::sync::atomic::Ordering::Relaxed) {
+    loop {
         if let Ok(text) = std::fs::read_to_string(stop_file) {
             let notice: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
             let message = notice["message"].as_str().unwrap_or("the proxy stopped it");
@@ -400,11 +411,15 @@ fn watch_stop_file(
             if !killed.as_ref().is_ok_and(|o| o.success) {
                 eprintln!("airlock: warning: could not kill the sandbox container {name}");
             }
-            return true;
+            let reason = notice["reason"].as_str().unwrap_or("audit_budget");
+            return Some(reason.to_owned());
         }
-        std::thread::sleep(Duration::from_millis(50));
+        match until.recv_timeout(Duration::from_millis(50)) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            // The sandbox ended (the sender was dropped; nothing is ever sent).
+            _ => return None,
+        }
     }
-    false
 }
 
 /// Docker: puts the drop rule for the repo's bridge in place on the engine host by a helper

@@ -34,6 +34,9 @@ pub struct SessionEnd {
     pub leftovers: crate::protocol::Leftovers,
     /// Transcript files the session created or changed, hashed after it ended (`run`).
     pub transcripts: Vec<crate::protocol::TranscriptHash>,
+    /// A container session its proxy container stopped (`[audit]` bounds): the reason code,
+    /// for the end record (a native session's daemon knows it itself).
+    pub stopped: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -276,6 +276,10 @@ result budget_stop "$budget_rc,$(echo "$budget_err" | grep -c 'session stopped: 
 result budget_line "$(cat "$logs"/audit-*.jsonl | python3 -c '
 import json, sys
 print(sum(1 for l in sys.stdin if json.loads(l).get("reason") == "audit_budget" and not json.loads(l).get("seqs")))')"
+result budget_end_reason "$(cat "$logs"/sessions-*.jsonl | python3 -c '
+import json, sys
+ends = [json.loads(l) for l in sys.stdin if json.loads(l).get("kind") == "end"]
+print(ends[-1].get("end_reason"))')"
 set +e
 doctor=$("$AIRLOCK" doctor --backend "$E" 2>&1)
 set -e

@@ -156,6 +156,7 @@ fn judge(engine: &str) {
     // session stopped with 124 and why, its sandbox killed, the stop line in the log.
     assert_eq!(get("budget_stop"), "124,1", "{all}");
     assert_eq!(get("budget_line"), "1", "{all}");
+    assert_eq!(get("budget_end_reason"), "audit_budget", "the end record says why: {all}");
     // A network of a repo's name that someone else made without the seals is refused.
     assert_eq!(get("planted_network"), "125,1", "{all}");
     // `airlock doctor --backend` says the same: the engine, the images, each network's seal.

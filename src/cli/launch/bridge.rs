@@ -190,6 +190,7 @@ impl ProxyBridge for DaemonBridge {
                 transcripts: end.transcripts.clone(),
                 quarantined: end.quarantined.clone(),
                 leftovers: end.leftovers.clone(),
+                stopped: end.stopped.clone(),
             };
             if let Err(e) = handle.end(outcome) {
                 eprintln!("airlock: warning: recording the session end with airlockd: {e}");

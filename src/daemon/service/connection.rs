@@ -324,7 +324,16 @@ pub(super) async fn handle_request(
         }
         (Some(Some(_)), Request::SessionEnd(end)) => match conn.session.take() {
             Some(s) if s.id == end.session => {
-                end_session(daemon, &s, &end, None).await;
+                // A container session's proxy is not the daemon's: its stop is the CLI's word
+                // (a native session's is the daemon's own, never taken from the client).
+                let stopped = match (&s.spec.container, end.stopped.as_deref()) {
+                    (Some(_), Some("audit_budget")) => {
+                        Some(crate::policy::Reason::AuditBudget.as_str())
+                    }
+                    (Some(_), Some("low_space")) => Some(crate::policy::Reason::LowSpace.as_str()),
+                    _ => None,
+                };
+                end_session(daemon, &s, &end, stopped).await;
                 Response::SessionEnded { session: end.session }
             }
             other => {
