@@ -242,6 +242,64 @@ fn the_proxy_suites_pass_against_the_docker_proxy_container() {
     }
 }
 
+/// Rootless Podman, run by an unprivileged user (`airlock-ci`, as `.ci/unprivileged` makes
+/// it): `--userns=keep-id`, the repo network inside Podman's rootless network namespace, the
+/// proxy's way out through slirp4netns. The root part (user, subordinate ids, images, an
+/// upstream on a veth pair that goes nowhere) is done by the script inside `sealed.sh`.
+#[test]
+fn a_rootless_podman_session_of_an_unprivileged_user_holds_the_contract() {
+    if !engine_ready("podman") {
+        return;
+    }
+    let missing: Vec<&str> = ["setpriv", "slirp4netns", "newuidmap", "useradd"]
+        .into_iter()
+        .filter(|t| {
+            !["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+                .iter()
+                .any(|d| Path::new(d).join(t).exists())
+        })
+        .collect();
+    if !missing.is_empty() {
+        assert!(!in_ci(), "CI needs {missing:?} for rootless Podman (.ci/prereqs installs them)");
+        eprintln!("SKIP: rootless Podman needs {missing:?}");
+        return;
+    }
+    let world = World::new();
+    let work = world.tmp.path().join("engine");
+    let out = Command::new(script("sealed.sh"))
+        .arg(&work)
+        .args(["podman", "--"])
+        .arg(script("rootless-scenario.sh"))
+        .arg(bin("airlock"))
+        .arg(bin("airlockd"))
+        .env_remove("AIRLOCK_TEST_RESOLVER")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let all = format!("{stdout}\n--- stderr ---\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the rootless scenario failed ({}):\n{all}", out.status);
+    let results: HashMap<&str, &str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .filter_map(|l| l.split_once('='))
+        .collect();
+    let get = |k: &str| results.get(k).copied().unwrap_or("<missing>");
+    assert_eq!(get("rootless"), "true", "Podman ran rootless: {all}");
+    let user = get("user");
+    // keep-id: the user's own ids inside, and what the command made is theirs on the host.
+    assert_eq!(get("inside_user"), user, "{all}");
+    assert_eq!(get("made_owner"), user, "{all}");
+    assert_eq!(get("exit_code"), "5", "{all}");
+    assert_eq!(get("fetch_allowed"), "upstream-ok", "{all}");
+    assert_eq!(get("fetch_denied"), "403", "{all}");
+    // Not through the proxy: refused by the network; a plain container reaches the upstream.
+    assert_ne!(get("direct"), "connected", "{all}");
+    assert_eq!(get("control_direct"), "connected", "the control: {all}");
+    assert_eq!(get("audit"), "1,1", "{all}");
+    assert_eq!(get("end_records"), "1", "{all}");
+    assert_eq!(get("containers_left"), "0", "{all}");
+}
+
 #[test]
 fn a_backend_typo_and_a_missing_engine_are_clear_errors() {
     let world = World::new();
