@@ -166,7 +166,12 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
             if image == plan::BASE_IMAGE { "AIRLOCK_BASE_IMAGE" } else { "AIRLOCK_PROXY_IMAGE" };
         let image = chosen_image(var, image);
         match cli.output(&plan::images_exist(&[&image])) {
-            Ok(o) if o.success => out.push(Check::ok("backend", format!("image {image}: present"))),
+            Ok(o) if o.success => {
+                out.push(Check::ok("backend", format!("image {image}: present")));
+                if var == "AIRLOCK_PROXY_IMAGE" {
+                    out.push(proxy_image_version(&cli, &image));
+                }
+            }
             _ => out.push(Check::fail(
                 "backend",
                 format!("image {image}: missing"),
@@ -174,6 +179,7 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
             )),
         }
     }
+    out.push(engine_seccomp(&cli, engine));
     let listed = cli.check(&["network".into(), "ls".into(), "--format".into(), "{{.Name}}".into()]);
     let mut bridges = Vec::new();
     for name in listed.unwrap_or_default().lines().filter(|n| n.starts_with("airlock-net-")) {
@@ -197,6 +203,62 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
         out.extend(bridge_guards(&cli, &proxy_image, &bridges));
     }
     out
+}
+
+/// Whether the engine gives its containers a seccomp profile: the container backend has no
+/// seccomp filter of Airlock's own, so the engine's default profile is the only one.
+fn engine_seccomp(cli: &crate::container::engine::Cli, engine: crate::container::Engine) -> Check {
+    use crate::container::engine::EngineCli;
+    let format = match engine {
+        crate::container::Engine::Podman => "{{.Host.Security.SECCOMPEnabled}}",
+        crate::container::Engine::Docker => "{{.SecurityOptions}}",
+    };
+    match cli.check(&["info".into(), "--format".into(), format.into()]) {
+        Ok(o) if o.trim() == "true" || o.contains("name=seccomp") => {
+            Check::ok("backend", format!("{engine} runs containers with its seccomp profile"))
+        }
+        Ok(o) => Check::warn(
+            "backend",
+            format!("{engine} runs containers without seccomp ({})", o.trim()),
+            "enable seccomp in the engine: the container backend has no seccomp filter of its own",
+        ),
+        Err(e) => {
+            Check::warn("backend", format!("{engine} info: {e}"), "see the engine's own error")
+        }
+    }
+}
+
+/// The proxy image's `airlockd` against this `airlock`: a session hands it a layers file of
+/// this build's format, which another version may refuse or read differently.
+fn proxy_image_version(cli: &crate::container::engine::Cli, image: &str) -> Check {
+    use crate::container::{engine::EngineCli, plan};
+    let args: Vec<std::ffi::OsString> = vec![
+        "run".into(),
+        "--rm".into(),
+        "--network".into(),
+        "none".into(),
+        "--pull=never".into(),
+        "--entrypoint".into(),
+        plan::PROXY_AIRLOCKD.into(),
+        image.into(),
+        "--version".into(),
+    ];
+    let ours = format!("airlockd {}", env!("CARGO_PKG_VERSION"));
+    match cli.check(&args) {
+        Ok(v) if v.trim() == ours => {
+            Check::ok("backend", format!("image {image}: {ours}, as this airlock"))
+        }
+        Ok(v) => Check::warn(
+            "backend",
+            format!("image {image}: {} (this airlock is {})", v.trim(), env!("CARGO_PKG_VERSION")),
+            "rebuild the proxy image from this release (docs/backends.md, \"Images\")",
+        ),
+        Err(e) => Check::fail(
+            "backend",
+            format!("image {image}: its airlockd does not run: {e}"),
+            "rebuild the proxy image (docs/backends.md, \"Images\")",
+        ),
+    }
 }
 
 /// Docker: whether each sealed network's host-side drop rule is in force, by one helper

@@ -287,6 +287,8 @@ result doctor_engine "$(echo "$doctor" | grep -c "^\[ok  \] backend   $E [0-9]")
 result doctor_images "$(echo "$doctor" | grep -c '^\[ok  \] backend   image airlock/.*: present')"
 result doctor_sealed "$(echo "$doctor" | grep -c "network airlock-net-$key8: sealed")"
 result doctor_planted "$(echo "$doctor" | grep -c "^\[FAIL\] backend   network airlock-net-$pk: not sealed")"
+result doctor_seccomp "$(echo "$doctor" | grep -c "^\[ok  \] backend   $E runs containers with its seccomp profile" || true)"
+result doctor_proxy_version "$(echo "$doctor" | grep -c '^\[ok  \] backend   image airlock/proxy:latest: airlockd [0-9.]*, as this airlock' || true)"
 result doctor_guard "$(echo "$doctor" | grep -c "^\[ok  \] backend   bridge alk-$key8: the host drops" || true)"
 # `airlock run --backend`: an image with a (fake) `claude` made from airlock/base, run twice.
 "$E" rm -f airlock-test-mk >/dev/null 2>&1 || true

@@ -162,6 +162,8 @@ fn judge(engine: &str) {
     // `airlock doctor --backend` says the same: the engine, the images, each network's seal.
     assert_eq!(get("doctor_engine"), "1", "{all}");
     assert_eq!(get("doctor_images"), "2", "{all}");
+    assert_eq!(get("doctor_seccomp"), "1", "{all}");
+    assert_eq!(get("doctor_proxy_version"), "1", "{all}");
     assert_eq!(get("doctor_sealed"), "1", "{all}");
     assert_eq!(get("doctor_planted"), "1", "{all}");
     // Docker's host-side drop rule for the repo's bridge: put in place by the helper
