@@ -19,16 +19,7 @@ fn script(name: &str) -> PathBuf {
 /// Root with podman, runc and unshare: what the sealed engine needs. Missing in CI fails.
 fn engine_ready(engine: &str) -> bool {
     let root = nix::unistd::geteuid().is_root();
-    let tools = [engine, "runc", "unshare", "ip", "python3"];
-    let missing: Vec<&str> = tools
-        .iter()
-        .copied()
-        .filter(|t| {
-            !["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
-                .iter()
-                .any(|d| Path::new(d).join(t).exists())
-        })
-        .collect();
+    let missing = missing_tools(&[engine, "runc", "unshare", "ip", "python3"]);
     if root && missing.is_empty() {
         return true;
     }
@@ -42,15 +33,34 @@ fn engine_ready(engine: &str) -> bool {
     false
 }
 
+/// Those of `tools` in none of the system binary directories.
+fn missing_tools<'a>(tools: &[&'a str]) -> Vec<&'a str> {
+    tools
+        .iter()
+        .copied()
+        .filter(|t| {
+            !["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+                .iter()
+                .any(|d| Path::new(d).join(t).exists())
+        })
+        .collect()
+}
+
 /// Runs the exec scenario under `sealed.sh` and returns its `RESULT` lines.
 fn scenario(engine: &str) -> (HashMap<String, String>, String) {
+    sealed_scenario(engine, "exec-scenario.sh")
+}
+
+/// Runs `tests/containers/<name> AIRLOCK AIRLOCKD` under `sealed.sh` with `engine`; returns its
+/// `RESULT` lines and everything it printed (for messages).
+fn sealed_scenario(engine: &str, name: &str) -> (HashMap<String, String>, String) {
     let world = World::new();
     let work = world.tmp.path().join("engine");
     let out = Command::new(script("sealed.sh"))
         .arg(&work)
         .arg(engine)
         .arg("--")
-        .arg(script("exec-scenario.sh"))
+        .arg(script(name))
         .arg(bin("airlock"))
         .arg(bin("airlockd"))
         .env_remove("AIRLOCK_TEST_RESOLVER")
@@ -253,39 +263,14 @@ fn a_rootless_podman_session_of_an_unprivileged_user_holds_the_contract() {
     if !engine_ready("podman") {
         return;
     }
-    let missing: Vec<&str> = ["setpriv", "slirp4netns", "newuidmap", "useradd"]
-        .into_iter()
-        .filter(|t| {
-            !["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
-                .iter()
-                .any(|d| Path::new(d).join(t).exists())
-        })
-        .collect();
+    let missing = missing_tools(&["setpriv", "slirp4netns", "newuidmap", "useradd"]);
     if !missing.is_empty() {
         assert!(!in_ci(), "CI needs {missing:?} for rootless Podman (.ci/prereqs installs them)");
         eprintln!("SKIP: rootless Podman needs {missing:?}");
         return;
     }
-    let world = World::new();
-    let work = world.tmp.path().join("engine");
-    let out = Command::new(script("sealed.sh"))
-        .arg(&work)
-        .args(["podman", "--"])
-        .arg(script("rootless-scenario.sh"))
-        .arg(bin("airlock"))
-        .arg(bin("airlockd"))
-        .env_remove("AIRLOCK_TEST_RESOLVER")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let all = format!("{stdout}\n--- stderr ---\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the rootless scenario failed ({}):\n{all}", out.status);
-    let results: HashMap<&str, &str> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("RESULT "))
-        .filter_map(|l| l.split_once('='))
-        .collect();
-    let get = |k: &str| results.get(k).copied().unwrap_or("<missing>");
+    let (results, all) = sealed_scenario("podman", "rootless-scenario.sh");
+    let get = |k: &str| results.get(k).map(String::as_str).unwrap_or("<missing>");
     assert_eq!(get("rootless"), "true", "Podman ran rootless: {all}");
     let user = get("user");
     // keep-id: the user's own ids inside, and what the command made is theirs on the host.
