@@ -326,17 +326,7 @@ impl LogRegistry {
         info: SessionInfo,
         volume: Volume,
     ) -> Result<FileAuditSink, AuditError> {
-        let log = self.repo_log(dir_name)?;
-        let free = super::volume::free_bytes(log.dir())
-            .map_err(|source| AuditError::Read { path: log.dir().to_owned(), source })?;
-        if free < volume.min_free {
-            return Err(AuditError::LowSpace {
-                path: log.dir().to_owned(),
-                free,
-                min: volume.min_free,
-            });
-        }
-        Ok(FileAuditSink::with_volume(log, info, volume))
+        FileAuditSink::starting(self.repo_log(dir_name)?, info, volume)
     }
 }
 
@@ -398,6 +388,26 @@ impl Drop for FileAuditSink {
 impl FileAuditSink {
     pub fn new(log: Arc<RepoLog>, info: SessionInfo) -> Self {
         Self::with_volume(log, info, Volume::default())
+    }
+
+    /// A new session's sink: refused below `[audit] min_free` ([`AuditError::LowSpace`]), so
+    /// a session never starts without room for its audit lines (the daemon's sessions and the
+    /// standalone proxy alike).
+    pub fn starting(
+        log: Arc<RepoLog>,
+        info: SessionInfo,
+        volume: Volume,
+    ) -> Result<Self, AuditError> {
+        let free = super::volume::free_bytes(log.dir())
+            .map_err(|source| AuditError::Read { path: log.dir().to_owned(), source })?;
+        if free < volume.min_free {
+            return Err(AuditError::LowSpace {
+                path: log.dir().to_owned(),
+                free,
+                min: volume.min_free,
+            });
+        }
+        Ok(Self::with_volume(log, info, volume))
     }
 
     /// A sink with the session's `[audit]` volume settings.

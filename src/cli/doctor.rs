@@ -210,11 +210,16 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
 fn engine_seccomp(cli: &crate::container::engine::Cli, engine: crate::container::Engine) -> Check {
     use crate::container::engine::EngineCli;
     let format = match engine {
-        crate::container::Engine::Podman => "{{.Host.Security.SECCOMPEnabled}}",
+        // Support built in, and the profile containers get (`unconfined` in containers.conf
+        // turns it off while support stays "enabled").
+        crate::container::Engine::Podman => {
+            "{{.Host.Security.SECCOMPEnabled}} {{.Host.Security.SECCOMPProfilePath}}"
+        }
+        // e.g. `[name=seccomp,profile=default name=cgroupns]`; `profile=unconfined` is off.
         crate::container::Engine::Docker => "{{.SecurityOptions}}",
     };
     match cli.check(&["info".into(), "--format".into(), format.into()]) {
-        Ok(o) if o.trim() == "true" || o.contains("name=seccomp") => {
+        Ok(o) if seccomp_applies(engine, &o) => {
             Check::ok("backend", format!("{engine} runs containers with its seccomp profile"))
         }
         Ok(o) => Check::warn(
@@ -228,13 +233,32 @@ fn engine_seccomp(cli: &crate::container::engine::Cli, engine: crate::container:
     }
 }
 
+/// Whether `engine info`'s output (see [`engine_seccomp`]) shows a seccomp profile applied.
+fn seccomp_applies(engine: crate::container::Engine, info: &str) -> bool {
+    let info = info.trim();
+    match engine {
+        crate::container::Engine::Podman => {
+            let mut words = info.split_whitespace();
+            words.next() == Some("true")
+                && words.next().is_some_and(|profile| !profile.contains("unconfined"))
+        }
+        crate::container::Engine::Docker => info
+            .trim_matches(['[', ']'])
+            .split_whitespace()
+            .any(|opt| opt.starts_with("name=seccomp") && !opt.contains("profile=unconfined")),
+    }
+}
+
 /// The proxy image's `airlockd` against this `airlock`: a session hands it a layers file of
-/// this build's format, which another version may refuse or read differently.
+/// this build's format, which another version may refuse or read differently. Run with
+/// `--init`, as sessions run the sandbox: an engine without its init binary (catatonit,
+/// docker-init) fails here rather than at every session.
 fn proxy_image_version(cli: &crate::container::engine::Cli, image: &str) -> Check {
     use crate::container::{engine::EngineCli, plan};
     let args: Vec<std::ffi::OsString> = vec![
         "run".into(),
         "--rm".into(),
+        "--init".into(),
         "--network".into(),
         "none".into(),
         "--pull=never".into(),
@@ -255,8 +279,11 @@ fn proxy_image_version(cli: &crate::container::engine::Cli, image: &str) -> Chec
         ),
         Err(e) => Check::fail(
             "backend",
-            format!("image {image}: its airlockd does not run: {e}"),
-            "rebuild the proxy image (docs/backends.md, \"Images\")",
+            format!(
+                "image {image}: a container of it does not run (with --init, as sessions do): {e}"
+            ),
+            "install the engine's init (catatonit for Podman, tini as docker-init for Docker), or \
+             rebuild the proxy image (docs/backends.md, \"Images\")",
         ),
     }
 }
@@ -633,4 +660,22 @@ pub fn toolchains(ctx: &Context<'_>) -> Vec<Check> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seccomp_applies;
+    use crate::container::Engine;
+
+    #[test]
+    fn an_unconfined_profile_is_no_seccomp() {
+        assert!(seccomp_applies(Engine::Podman, "true /usr/share/containers/seccomp.json\n"));
+        assert!(!seccomp_applies(Engine::Podman, "true unconfined"));
+        assert!(!seccomp_applies(Engine::Podman, "false /usr/share/containers/seccomp.json"));
+        assert!(!seccomp_applies(Engine::Podman, "true "));
+        assert!(seccomp_applies(Engine::Docker, "[name=seccomp,profile=default name=cgroupns]"));
+        assert!(seccomp_applies(Engine::Docker, "[name=apparmor name=seccomp,profile=builtin]"));
+        assert!(!seccomp_applies(Engine::Docker, "[name=seccomp,profile=unconfined]"));
+        assert!(!seccomp_applies(Engine::Docker, "[name=apparmor name=cgroupns]"));
+    }
 }

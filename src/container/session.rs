@@ -276,10 +276,17 @@ fn serve(
         refuse_symlinks(&b.host)?;
     }
     sweep::wait_past(threshold.not_before);
+    // The bounds may have stopped the session already (the free space fell while the proxy
+    // started): then no sandbox starts.
+    let stop_file = p.run_dir.join(PROXY_DIR).join(plan::STOP_FILE);
+    if let Some((_, message)) = read_stop_file(&stop_file) {
+        return Err(ContainerError::Setup(format!(
+            "the session was stopped before it ran: {message}"
+        )));
+    }
     cleanup.sandbox = Some(sandbox.name.clone());
     // While the sandbox runs, the proxy may stop the session (`[audit]` bounds): it writes its
     // stop file, and the sandbox is killed, as a native session's is.
-    let stop_file = p.run_dir.join(PROXY_DIR).join(plan::STOP_FILE);
     let (ended, until) = std::sync::mpsc::channel::<()>();
     let (attached, stopped) = std::thread::scope(|scope| {
         let watcher = scope.spawn(|| watch_stop_file(engine, &stop_file, &sandbox.name, until));
@@ -403,16 +410,24 @@ fn watch_stop_file(
 ) -> Option<String> {
     // A stat every 50 ms: the proxy keeps refusing meanwhile, so nothing leaves in between.
     loop {
-        if let Ok(text) = std::fs::read_to_string(stop_file) {
-            let notice: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-            let message = notice["message"].as_str().unwrap_or("the proxy stopped it");
+        if let Some((reason, message)) = read_stop_file(stop_file) {
             eprintln!("airlock: session stopped: {message}");
-            let killed = engine.output(&plan::kill(name));
-            if !killed.as_ref().is_ok_and(|o| o.success) {
-                eprintln!("airlock: warning: could not kill the sandbox container {name}");
+            // Until the kill lands or the sandbox is gone: the file may appear before the
+            // engine has made the container, and a failed kill must not leave it running.
+            let mut warned = false;
+            loop {
+                if engine.output(&plan::kill(name)).is_ok_and(|o| o.success) {
+                    return Some(reason);
+                }
+                if !warned {
+                    eprintln!("airlock: the sandbox container {name} is not killed yet; retrying");
+                    warned = true;
+                }
+                match until.recv_timeout(Duration::from_millis(100)) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return Some(reason),
+                }
             }
-            let reason = notice["reason"].as_str().unwrap_or("audit_budget");
-            return Some(reason.to_owned());
         }
         match until.recv_timeout(Duration::from_millis(50)) {
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -420,6 +435,15 @@ fn watch_stop_file(
             _ => return None,
         }
     }
+}
+
+/// The proxy's stop file, once it is there: its reason code and message.
+fn read_stop_file(path: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let notice: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let reason = notice["reason"].as_str().unwrap_or("audit_budget").to_owned();
+    let message = notice["message"].as_str().unwrap_or("the proxy stopped it").to_owned();
+    Some((reason, message))
 }
 
 /// Docker: puts the drop rule for the repo's bridge in place on the engine host by a helper

@@ -118,7 +118,7 @@ pub async fn serve(
     let volume = proxy.volume;
     let sink = tokio::task::spawn_blocking(move || {
         crate::audit::RepoLog::open(&dir, &boot)
-            .map(|log| FileAuditSink::with_volume(log, info, volume))
+            .and_then(|log| FileAuditSink::starting(log, info, volume))
     })
     .await
     .map_err(StandaloneError::Task)?
@@ -197,8 +197,10 @@ pub async fn serve(
 fn watch_stop(sink: &FileAuditSink, stop_file: Option<PathBuf>) {
     let mut stop = sink.on_stop();
     tokio::spawn(async move {
-        let Ok(notice) = stop.wait_for(Option::is_some).await else { return };
-        let Some(notice) = notice.clone() else { return };
+        // Cloned out at once: the file I/O below must not hold the channel's read lock.
+        let Some(notice) = stop.wait_for(Option::is_some).await.ok().and_then(|n| n.clone()) else {
+            return;
+        };
         eprintln!("airlockd proxy: session stopped: {}", notice.message);
         let Some(path) = stop_file else { return };
         let body =

@@ -62,6 +62,8 @@ const NFT_META_IIFNAME: u32 = 6;
 const NFT_REG_VERDICT: u32 = 0;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
+/// `NFTA_DATA_VALUE` (nf_tables.h `enum nft_data_attributes`).
+const NFTA_DATA_VALUE: u16 = 1;
 /// `NF_DROP` (include/uapi/linux/netfilter.h).
 const NF_DROP: u32 = 0;
 
@@ -218,14 +220,33 @@ pub fn present(bridge: &str) -> Result<bool, CaptureError> {
                         errno => return Err(CaptureError::Refused { what, errno, hint: HINT }),
                     }
                 }
-                t if t == rule_type => {
-                    found |= contains(body, table.as_bytes()) && contains(body, &padded(bridge));
-                }
+                t if t == rule_type => found |= is_the_drop_rule(body, &table, bridge),
                 _ => {}
             }
             off += len.next_multiple_of(4);
         }
     }
+}
+
+/// Whether a dumped rule (`body`: nfgenmsg and attributes) is the guard's: in `table`, with a
+/// `cmp` whose data is exactly the padded bridge name (the NLA header of a 16-byte
+/// `NFTA_DATA_VALUE` before it, so the table's own name, which ends in the bridge's, cannot
+/// stand in for it) and an `immediate` drop verdict.
+fn is_the_drop_rule(body: &[u8], table: &str, bridge: &str) -> bool {
+    let mut value = Vec::with_capacity(4 + IFNAMSIZ);
+    value.extend_from_slice(&((4 + IFNAMSIZ) as u16).to_ne_bytes());
+    value.extend_from_slice(&NFTA_DATA_VALUE.to_ne_bytes());
+    value.extend_from_slice(&padded(bridge));
+    let mut verdict = Vec::with_capacity(8);
+    verdict.extend_from_slice(&8u16.to_ne_bytes());
+    verdict.extend_from_slice(&NFTA_VERDICT_CODE.to_ne_bytes());
+    verdict.extend_from_slice(&NF_DROP.to_be_bytes());
+    let mut table_attr = table.as_bytes().to_vec();
+    table_attr.push(0);
+    contains(body, &table_attr)
+        && contains(body, &value)
+        && contains(body, b"immediate\0")
+        && contains(body, &verdict)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -273,6 +294,16 @@ mod tests {
         // The name compared over all 16 bytes: "alk-0123abc" (a prefix) must not match.
         assert!(contains(rule, b"alk-0123abcd\0\0\0\0"));
         assert!(contains(rule, b"immediate\0"));
+        // What the dump check looks for is in the batch's rule, and a name that only the
+        // table carries (a longer bridge) is not mistaken for it.
+        assert!(is_the_drop_rule(rule, "airlock-guard-alk-0123abcd", "alk-0123abcd"));
+        assert!(!is_the_drop_rule(rule, "airlock-guard-alk-0123abcd", "alk-0123abc"));
+        let (long, _) = install_batch("alk-0123abcdefg");
+        let long_rule = &messages(&long.buf)[5].1;
+        assert!(is_the_drop_rule(long_rule, "airlock-guard-alk-0123abcdefg", "alk-0123abcdefg"));
+        let mut no_rule = b"airlock-guard-alk-0123abcdefg\0".to_vec();
+        no_rule.extend_from_slice(&padded("alk-0123abcdefg"));
+        assert!(!is_the_drop_rule(&no_rule, "airlock-guard-alk-0123abcdefg", "alk-0123abcdefg"));
         let chain = &msgs[4].1;
         assert!(contains(chain, b"filter\0"));
         assert!(contains(chain, &NF_INET_LOCAL_IN.to_be_bytes()), "the input hook");

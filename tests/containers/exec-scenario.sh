@@ -268,18 +268,20 @@ cp "$HOME/.airlock/config.toml" "$S/config.saved"
 printf '[audit]\nsession_budget = "3KiB"\nburst = 0\n' >> "$HOME/.airlock/config.toml"
 set +e
 budget_err=$(cd "$S/app" && "$AIRLOCK" exec --quiet --backend "$E" -- \
-    sh -c "i=0; while [ \$i -lt 200 ]; do curl -s -m 2 -o /dev/null http://denied.test:$PORT/\$i; i=\$((i + 1)); done; sleep 60" 2>&1 >/dev/null)
+    sh -c "i=0; while [ \$i -lt 200 ]; do curl -s -m 2 -o /dev/null http://denied.test:$PORT/\$i; i=\$((i + 1)); done; sleep 60; echo ran-on > ran-on" 2>&1 >/dev/null)
 budget_rc=$?
 set -e
 cp "$S/config.saved" "$HOME/.airlock/config.toml"
 result budget_stop "$budget_rc,$(echo "$budget_err" | grep -c 'session stopped: .*session_budget')"
+# Killed, not left to finish with its traffic refused: the line after its `sleep` never ran.
+result budget_ran_on "$([ -e "$S/app/ran-on" ] && echo yes || echo no)"
 result budget_line "$(cat "$logs"/audit-*.jsonl | python3 -c '
 import json, sys
 print(sum(1 for l in sys.stdin if json.loads(l).get("reason") == "audit_budget" and not json.loads(l).get("seqs")))')"
 result budget_end_reason "$(cat "$logs"/sessions-*.jsonl | python3 -c '
 import json, sys
 ends = [json.loads(l) for l in sys.stdin if json.loads(l).get("kind") == "end"]
-print(ends[-1].get("end_reason"))')"
+print(",".join(str(e.get("end_reason")) for e in ends if e.get("exit_status") == 124))')"
 set +e
 doctor=$("$AIRLOCK" doctor --backend "$E" 2>&1)
 set -e

@@ -22,12 +22,17 @@ here=$(dirname "$(realpath "$0")")
 result() { echo "RESULT $1=$2"; }
 
 U=airlock-ci
+# (.ci/unprivileged makes the same user: if both race, the loser finds it made.)
 id -u "$U" >/dev/null 2>&1 ||
-    useradd --system --user-group --create-home --home-dir "/var/lib/$U" --shell /bin/bash "$U"
+    useradd --system --user-group --create-home --home-dir "/var/lib/$U" --shell /bin/bash "$U" ||
+    id -u "$U" >/dev/null
 uid=$(id -u "$U") gid=$(id -g "$U")
 printf '%s:200000:65536\n' "$U" > "$W/subids"
-mount --bind "$W/subids" /etc/subuid
-mount --bind "$W/subids" /etc/subgid
+for f in /etc/subuid /etc/subgid; do
+    # A bind needs a file to cover (an empty one is what a machine without them means).
+    [ -e "$f" ] || : > "$f"
+    mount --bind "$W/subids" "$f"
+done
 
 "$here/images.sh" podman "$AIRLOCKD" "$W" >&2
 R=$W/rootless
