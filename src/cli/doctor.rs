@@ -157,19 +157,20 @@ pub fn backend(ctx: &Context<'_>, asked: Option<crate::container::Backend>) -> V
             return out;
         }
     }
-    let chosen_image = |var: &str, default: &str| {
-        ctx.env.var(var).filter(|v| !v.is_empty()).unwrap_or_else(|| default.into())
-    };
-    let proxy_image = chosen_image("AIRLOCK_PROXY_IMAGE", plan::PROXY_IMAGE);
-    for image in [plan::BASE_IMAGE, plan::PROXY_IMAGE] {
-        let var =
-            if image == plan::BASE_IMAGE { "AIRLOCK_BASE_IMAGE" } else { "AIRLOCK_PROXY_IMAGE" };
-        let image = chosen_image(var, image);
-        match cli.output(&plan::images_exist(&[&image])) {
+    let (base_image, proxy_image) = plan::images(ctx.env);
+    for image in [&base_image, &proxy_image] {
+        // Never hand an engine a name it would read as a flag (as a session refuses it).
+        if let Err(e) = plan::check_image_name(image) {
+            out.push(Check::fail("backend", e, "set the variable to an image reference"));
+            return out;
+        }
+    }
+    for image in [&base_image, &proxy_image] {
+        match cli.output(&plan::images_exist(&[image])) {
             Ok(o) if o.success => {
                 out.push(Check::ok("backend", format!("image {image}: present")));
-                if var == "AIRLOCK_PROXY_IMAGE" {
-                    out.push(proxy_image_version(&cli, &image));
+                if image == &proxy_image {
+                    out.push(proxy_image_version(&cli, image));
                 }
             }
             _ => out.push(Check::fail(
@@ -255,20 +256,8 @@ fn seccomp_applies(engine: crate::container::Engine, info: &str) -> bool {
 /// docker-init) fails here rather than at every session.
 fn proxy_image_version(cli: &crate::container::engine::Cli, image: &str) -> Check {
     use crate::container::{engine::EngineCli, plan};
-    let args: Vec<std::ffi::OsString> = vec![
-        "run".into(),
-        "--rm".into(),
-        "--init".into(),
-        "--network".into(),
-        "none".into(),
-        "--pull=never".into(),
-        "--entrypoint".into(),
-        plan::PROXY_AIRLOCKD.into(),
-        image.into(),
-        "--version".into(),
-    ];
     let ours = format!("airlockd {}", env!("CARGO_PKG_VERSION"));
-    match cli.check(&args) {
+    match cli.check(&plan::image_version_run(image)) {
         Ok(v) if v.trim() == ours => {
             Check::ok("backend", format!("image {image}: {ours}, as this airlock"))
         }

@@ -22,6 +22,16 @@ pub const STOP_FILE: &str = "stopped";
 pub const BASE_IMAGE: &str = "airlock/base:latest";
 pub const PROXY_IMAGE: &str = "airlock/proxy:latest";
 
+/// The images this machine's sessions use: `(base, proxy)`, from `AIRLOCK_BASE_IMAGE` and
+/// `AIRLOCK_PROXY_IMAGE` when set, else [`BASE_IMAGE`] and [`PROXY_IMAGE`]. Unchecked: callers
+/// pass each through [`check_image_name`] before an engine sees it.
+pub fn images(env: &dyn crate::env::Env) -> (String, String) {
+    let image = |var: &str, default: &str| {
+        env.var(var).filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_owned())
+    };
+    (image("AIRLOCK_BASE_IMAGE", BASE_IMAGE), image("AIRLOCK_PROXY_IMAGE", PROXY_IMAGE))
+}
+
 /// An image name from the environment (`AIRLOCK_BASE_IMAGE`, `AIRLOCK_PROXY_IMAGE`) is a
 /// positional argument of `run`: one that starts with `-` would be read as a flag
 /// (`--privileged`). Allowed: a reference's characters, starting with a letter or digit.
@@ -327,6 +337,16 @@ pub fn bridge_guard_run(image: &str, bridges: &[String], check: bool) -> Vec<OsS
     if check {
         a.push("--check".into());
     }
+    a
+}
+
+/// `run --rm --init` of the proxy image's `airlockd --version`, with no network: what
+/// `airlock doctor` compares with this build, started as the sandbox is (`--init`), so an
+/// engine without its init binary fails here.
+pub fn image_version_run(image: &str) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["run".into(), "--rm".into(), "--init".into()];
+    a.extend(["--network".into(), "none".into(), "--pull=never".into()]);
+    a.extend(["--entrypoint".into(), PROXY_AIRLOCKD.into(), image.into(), "--version".into()]);
     a
 }
 
@@ -646,6 +666,14 @@ mod tests {
             let e = judge_seal(d, n, &format!("true true bridge {device} 10.1.0.0/24"));
             assert!(e.unwrap_err().contains("bridge device"), "{device}");
         }
+    }
+
+    #[test]
+    fn doctors_version_probe_runs_as_the_sandbox_starts_with_no_network() {
+        let a = image_version_run("airlock/proxy:latest");
+        assert!(a.iter().any(|x| x == "--init") && has_pair(&a, "--network", "none"));
+        assert!(a.iter().any(|x| x == "--pull=never"));
+        assert_eq!(a.last().unwrap(), "--version");
     }
 
     #[test]

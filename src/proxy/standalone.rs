@@ -377,6 +377,8 @@ impl AuditSink for ConsoleSink {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+    use std::sync::mpsc::channel;
 
     #[test]
     fn only_allowed_peers_are_served_whatever_their_address_family() {
@@ -387,8 +389,6 @@ mod tests {
         assert!(!f.admit(Some("10.89.0.10:40000".parse().unwrap())));
         assert!(!f.admit(None), "a peer whose address is unknown is refused");
     }
-    use std::sync::Mutex;
-    use std::sync::mpsc::channel;
 
     /// A writer that blocks until the test lets it go, recording what got through.
     struct Gate {

@@ -41,9 +41,7 @@ pub fn run(
         .map_err(|e| e.to_string())?;
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
-    let image = |var: &str, default: &str| {
-        env.var(var).filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_owned())
-    };
+    let (base_image, proxy_image) = plan::images(env);
     let (proxy_env, proxy_binds) = test_resolver(env);
     let cli = Cli::new(engine, env);
     let plan = Plan {
@@ -52,8 +50,8 @@ pub fn run(
         log_dir,
         layers: &layers,
         phase: prepared.phase.clone(),
-        base_image: image("AIRLOCK_BASE_IMAGE", plan::BASE_IMAGE),
-        proxy_image: image("AIRLOCK_PROXY_IMAGE", plan::PROXY_IMAGE),
+        base_image,
+        proxy_image,
         run_as: RunAs { uid, gid, rootless_podman: engine == Engine::Podman && uid != 0 },
         proxy_env,
         proxy_binds,

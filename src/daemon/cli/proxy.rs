@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use crate::audit::volume::Volume;
 use crate::env::Env;
 use crate::policy::Policy;
 use crate::proxy::standalone::{self, Standalone};
@@ -128,13 +129,7 @@ fn run(args: ProxyArgs, env: &dyn Env) -> anyhow::Result<()> {
     crate::repo::validate_repo_name(&args.repo_name)
         .with_context(|| format!("--repo-name {:?}", args.repo_name))?;
     raise_nofile();
-    let policy = load_policy(&args, env)?;
-    let volume = match &args.layers {
-        Some(path) => crate::config::layers_file::LayersFile::read(path)
-            .and_then(|file| file.audit_volume())
-            .map_err(|e| anyhow::anyhow!("--layers: {e}"))?,
-        None => crate::audit::volume::Volume::default(),
-    };
+    let (policy, volume) = load_policy(&args, env)?;
     let log_dir = match &args.log_dir {
         Some(d) => d.clone(),
         None => crate::paths::Paths::from_env(env)
@@ -201,9 +196,10 @@ async fn wait_for_signal() {
     }
 }
 
-/// The operator file, plus the fleet's managed layer (and its review-plane servers) when the
-/// machine has one: a fleet policy binds the standalone proxy too.
-fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
+/// The policy and the `[audit]` bounds. With `--layers`, both from that file; otherwise the
+/// operator file, plus the fleet's managed layer (and its review-plane servers) when the
+/// machine has one — a fleet policy binds the standalone proxy too — and the default bounds.
+fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<(Policy, Volume)> {
     if let Some(path) = &args.layers {
         // The file carries the managed layer the session's CLI read on the host; this process
         // (a container) reads none of its own.
@@ -213,7 +209,8 @@ fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
         for w in &built.warnings {
             eprintln!("airlockd proxy: warning: {w}");
         }
-        return Ok(built.policy);
+        let volume = file.audit_volume().map_err(|e| anyhow::anyhow!("--layers: {e}"))?;
+        return Ok((built.policy, volume));
     }
     let Some(path) = &args.config else {
         bail!(
@@ -242,7 +239,7 @@ fn load_policy(args: &ProxyArgs, env: &dyn Env) -> anyhow::Result<Policy> {
     for w in &built.warnings {
         eprintln!("airlockd proxy: warning: {w}");
     }
-    Ok(built.policy)
+    Ok((built.policy, Volume::default()))
 }
 
 /// The system resolver, or — only in `test-hooks` builds — the file named by

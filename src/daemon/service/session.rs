@@ -489,8 +489,6 @@ pub(super) async fn start_session(
     }
 }
 
-/// Serves a native session's proxy, resolver and capture sockets until the session ends or
-/// the daemon stops; `drained_tx` becomes true once every one of them has finished.
 /// A native session's sockets, its proxy listener already registered with the runtime.
 struct Listening {
     tcp: tokio::net::TcpListener,
@@ -512,6 +510,8 @@ impl Listening {
     }
 }
 
+/// Serves a native session's proxy, resolver and capture sockets until the session ends or
+/// the daemon stops; `drained_tx` becomes true once every one of them has finished.
 fn serve(
     daemon: &Arc<Daemon>,
     session: &Arc<Session>,
