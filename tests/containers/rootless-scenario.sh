@@ -92,11 +92,24 @@ except OSError as e:
     print(\"RESULT direct=\" + type(e).__name__)
 "
   echo made > made-inside
+  mkdir -p sub evil/objects evil/refs
+  printf "ref: refs/heads/main\n" > evil/HEAD
+  printf "[core]\n\trepositoryformatversion = 0\n\tfsmonitor = touch '"$R"'/pwned\n" > evil/config
+  printf "gitdir: ../evil\n" > sub/.git && echo "RESULT plant_gitdir=written"
   exit 5
 '
 echo "RESULT exit_code=$?"
 set -e
 echo "RESULT made_owner=$(stat -c %u:%g "$R/app/made-inside" 2>/dev/null || echo missing)"
+# Step two, as the same unprivileged user: their own git, run where the sandbox planted a
+# `.git` file whose git dir runs a command, runs nothing; the next session sees no plant.
+echo "RESULT gitdir_after=$([ -e "$R/app/sub/.git" ] && echo present || echo absent)"
+(cd "$R/app/sub" && git status >/dev/null 2>&1) || true
+echo "RESULT host_git_ran_planted=$([ -e "$R/pwned" ] && echo yes || echo no)"
+set +e
+"$R/bin/airlock" exec --quiet --backend podman -- sh -c 'test ! -e sub/.git'
+echo "RESULT next_session=$?"
+set -e
 # The control: a plain container on the rootless default network reaches the upstream, so the
 # sandbox's refusal above is its network's doing, not an upstream nobody could reach.
 echo "RESULT control_direct=$(podman run --rm --network podman airlock/base:latest python3 -c "
@@ -116,7 +129,7 @@ lines = [json.loads(l) for l in sys.stdin]
 ok = [l for l in lines if l.get("host") == "allowed.test" and l.get("allowed")]
 no = [l for l in lines if l.get("host") == "denied.test" and not l.get("allowed")]
 print(f"{len(ok)},{len(no)}")')"
-echo "RESULT end_records=$(cat "$logs"/sessions-*.jsonl | grep -c '"end"' || true)"
+echo "RESULT end_records=$(cat "$logs"/sessions-*.jsonl | grep -c '"kind":"end"' || true)"
 SESSION
 
 setpriv --reuid="$uid" --regid="$gid" --init-groups \

@@ -284,8 +284,14 @@ fn a_rootless_podman_session_of_an_unprivileged_user_holds_the_contract() {
     // Not through the proxy: refused by the network; a plain container reaches the upstream.
     assert_ne!(get("direct"), "connected", "{all}");
     assert_eq!(get("control_direct"), "connected", "the control: {all}");
+    // Across sessions, as the unprivileged user: the planted `.git` file is quarantined, the
+    // user's own git runs nothing there, and the next session starts and sees no plant.
+    assert_eq!(get("plant_gitdir"), "written", "the plant itself worked: {all}");
+    assert_eq!(get("gitdir_after"), "absent", "{all}");
+    assert_eq!(get("host_git_ran_planted"), "no", "{all}");
+    assert_eq!(get("next_session"), "0", "{all}");
     assert_eq!(get("audit"), "1,1", "{all}");
-    assert_eq!(get("end_records"), "1", "{all}");
+    assert_eq!(get("end_records"), "2", "{all}");
     assert_eq!(get("containers_left"), "0", "{all}");
 }
 
