@@ -57,6 +57,20 @@ pub struct Inherited {
     pub ports: Option<OwnedFd>,
 }
 
+impl Inherited {
+    /// New descriptors for the same open files (dup(2)): what one fork hands its child while
+    /// the supervisor keeps the originals, should it have to fork again.
+    pub fn try_clone(&self) -> io::Result<Self> {
+        let dup = |fd: &Option<OwnedFd>| fd.as_ref().map(OwnedFd::try_clone).transpose();
+        Ok(Self {
+            control: self.control.try_clone()?,
+            errpipe: self.errpipe.try_clone()?,
+            stdio: [dup(&self.stdio[0])?, dup(&self.stdio[1])?, dup(&self.stdio[2])?],
+            ports: dup(&self.ports)?,
+        })
+    }
+}
+
 /// Everything the inside needs, prepared by the supervisor before the fork.
 #[derive(Debug)]
 pub struct Spec {
@@ -75,9 +89,6 @@ pub struct Spec {
     /// Init was born in the session's cgroup leaf: make it the root of a new cgroup namespace
     /// (the one made by clone is rooted at the supervisor's cgroup, see copy_cgroup_ns).
     pub cgroup_ns_at_leaf: bool,
-    /// The supervisor's `T0`: the command starts only once the coarse clock is past it, so
-    /// the end sweep tells the agent's changes from the host's by ctime (see `sweep`).
-    pub not_before: super::sweep::Stamp,
     pub seccomp: BpfProgram,
     /// The sandbox ports published with `--port`: the only ones init dials for the host.
     pub ports: Vec<u16>,
@@ -135,6 +146,9 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
         .and_then(|()| crate::sys::netfilter::install_capture_v6(CAPTURE_PORT))
         .map_err(|e| e.to_string());
     let (kinds, sockets, capture6) = handover_sockets(capture6)?;
+    // The supervisor makes the repo's placeholders while the namespaces above are set up; the
+    // plan binds them, so nothing is mounted before it says they exist (and gives T0).
+    let not_before = wait_for_go(fds.control.as_fd())?;
     mounts::execute(&spec.ops)?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
     // Wire order (fdpass::SocketKind::ALL), then the pty master.
@@ -175,7 +189,7 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     // the sandbox may read it through /proc/1 (proc(5), PR_SET_DUMPABLE). Set last: a
     // non-dumpable process cannot write its own uid_map. execve makes the command dumpable.
     sysx::set_not_dumpable()?;
-    super::sweep::wait_past(spec.not_before);
+    super::sweep::wait_past(not_before);
     match namespaces::fork()? {
         Forked::Child => exec_command(spec, fds, slave.as_ref().map(|s| s.as_fd())),
         Forked::Parent(child) => {
@@ -231,6 +245,42 @@ pub(crate) fn write_id_maps(uid: u32, gid: u32) -> io::Result<()> {
     w("/proc/self/setgroups", "deny".into())?;
     w("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
     w("/proc/self/gid_map", format!("{gid} {gid} 1\n"))
+}
+
+/// The supervisor's go-ahead: `go` and the sweep's `T0` as `not_before` (seconds and
+/// nanoseconds, little-endian i64 each). The command starts only once the coarse clock is past
+/// it, so the end sweep tells the agent's changes from the host's by ctime (see `sweep`).
+pub(crate) fn go_message(not_before: super::sweep::Stamp) -> [u8; 18] {
+    let mut msg = [0u8; 18];
+    msg[..2].copy_from_slice(GO);
+    msg[2..10].copy_from_slice(&not_before.0.to_le_bytes());
+    msg[10..].copy_from_slice(&not_before.1.to_le_bytes());
+    msg
+}
+
+const GO: &[u8; 2] = b"go";
+
+/// Parses [`go_message`]; `None` for anything else.
+fn parse_go(msg: &[u8]) -> Option<super::sweep::Stamp> {
+    let rest = msg.strip_prefix(GO.as_slice())?;
+    let secs: [u8; 8] = rest.get(..8)?.try_into().ok()?;
+    let nanos: [u8; 8] = rest.get(8..)?.try_into().ok()?;
+    Some((i64::from_le_bytes(secs), i64::from_le_bytes(nanos)))
+}
+
+/// Blocks until the supervisor's [`go_message`]; an error when it closed the socket instead
+/// (it failed, or killed this child to fork another with a corrected plan).
+fn wait_for_go(control: BorrowedFd<'_>) -> io::Result<super::sweep::Stamp> {
+    let mut buf = [0u8; 64];
+    let n = loop {
+        match nix::sys::socket::recv(control.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break ctx("waiting for the supervisor", other)?,
+        }
+    };
+    buf.get(..n)
+        .and_then(parse_go)
+        .ok_or_else(|| io::Error::other("the supervisor ended the setup before the mounts"))
 }
 
 /// What init tells the supervisor with the fds: the Landlock status, the kinds of the sockets

@@ -581,6 +581,40 @@ pub fn make_placeholders(prot: &mut Protection, repo: &Path) -> Vec<String> {
     warnings
 }
 
+/// `prot` as [`make_placeholders`] will leave it when every placeholder can be made, without
+/// touching the filesystem: each absent [`PLACEHOLDERS`] entry becomes a file or directory, and
+/// `.claude` is pinned when a placeholder under it will create it. The supervisor plans the
+/// sandbox's mounts from this so it can fork before the placeholders exist (issue 22); it then
+/// compares that plan with one made from the real outcome, so a wrong guess costs a second
+/// fork, never a different sandbox.
+pub fn with_predicted_placeholders(prot: &Protection, repo: &Path) -> Protection {
+    let mut predicted = prot.clone();
+    let claude = repo.join(".claude");
+    let mut creates_claude = false;
+    for (name, kind) in PLACEHOLDERS {
+        let rel = Path::new(name);
+        let Some(item) = predicted
+            .listed
+            .iter_mut()
+            .find(|l| l.root == repo && l.rel == rel && l.state == State::Absent)
+        else {
+            continue;
+        };
+        item.state = if *kind == Kind::Dir { State::Dir } else { State::File };
+        item.placeholder = true;
+        // A placeholder below `.claude` makes the directory when the scan did not pin it (it
+        // pins an existing `.claude` directory).
+        if rel.starts_with(".claude") && !prot.pinned.contains(&claude) {
+            creates_claude = true;
+        }
+    }
+    if creates_claude {
+        predicted.created_dirs.push(claude.clone());
+        predicted.pinned.push(claude);
+    }
+    predicted
+}
+
 fn make_one(
     repo_fd: BorrowedFd<'_>,
     rel: &Path,
@@ -785,5 +819,49 @@ mod tests {
         assert!(repo.join(".idea/workspace.xml").is_file());
         assert_eq!(fs::read_to_string(repo.join(".envrc")).unwrap(), "use flake");
         assert_eq!(fs::read_to_string(repo.join(".mcp.json")).unwrap(), "{}");
+    }
+    /// What a plan reads of a protection: each listed path's state and whether it is a
+    /// placeholder, and the pins (ids and created parents only matter at the end).
+    fn planned(p: &Protection) -> (Vec<(PathBuf, State, bool)>, Vec<PathBuf>) {
+        let listed = p.listed.iter().map(|l| (l.host_path(), l.state.clone(), l.placeholder));
+        (listed.collect(), p.pinned.clone())
+    }
+
+    #[test]
+    fn the_predicted_placeholders_are_the_ones_made_with_or_without_a_claude_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let bare = root.join("bare");
+        fs::create_dir_all(bare.join(".git")).unwrap();
+        let claude = root.join("claude");
+        fs::create_dir_all(claude.join(".git")).unwrap();
+        fs::create_dir_all(claude.join(".claude")).unwrap();
+        fs::write(claude.join(".claude/settings.json"), "{}").unwrap();
+        fs::write(claude.join(".envrc"), "use flake").unwrap();
+        for repo in [bare, claude] {
+            let mut p = scan_repo(&repo);
+            let predicted = with_predicted_placeholders(&p, &repo);
+            assert!(make_placeholders(&mut p, &repo).is_empty());
+            assert_eq!(planned(&predicted), planned(&p), "{}", repo.display());
+            remove_placeholders(&p, &repo);
+        }
+    }
+
+    #[test]
+    fn a_placeholder_that_cannot_be_made_leaves_the_prediction_wrong() {
+        let tmp = tempfile::tempdir().unwrap();
+        let repo = fs::canonicalize(tmp.path()).unwrap().join("r");
+        fs::create_dir_all(repo.join(".git")).unwrap();
+        let mut p = scan_repo(&repo);
+        let predicted = with_predicted_placeholders(&p, &repo);
+        // Made on the host between the scan and the placeholders: theirs, not ours.
+        fs::create_dir(repo.join(".vscode")).unwrap();
+        let warnings = make_placeholders(&mut p, &repo);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_ne!(planned(&predicted), planned(&p));
+        let vscode = p.listed.iter().find(|l| l.rel == Path::new(".vscode")).unwrap();
+        assert_eq!((&vscode.state, vscode.placeholder), (&State::Absent, false));
+        remove_placeholders(&p, &repo);
+        assert!(repo.join(".vscode").is_dir());
     }
 }

@@ -6,7 +6,7 @@
 
 use std::ffi::{CString, OsString};
 use std::io::{self, Read};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -267,19 +267,13 @@ pub fn run(
         return Err(SandboxError::Unavailable(problems.join("; ")));
     }
     let mut protection = protect::scan(&req.repo.path, &req.git, &req.host_git_configs)?;
-    for w in protect::make_placeholders(&mut protection, &req.repo.path) {
-        eprintln!("airlock: warning: {w}");
-    }
-    // T0 for the end sweep, after our own writes to the repo (the placeholders).
+    // The placeholders are made after the fork, while the child sets up its namespaces (issue
+    // 22): the plan is made for the protection they are expected to give and checked against
+    // the real one before the child may mount anything.
+    let predicted = protect::with_predicted_placeholders(&protection, &req.repo.path);
     let home_dir = home_path(&req.home);
-    let mut roots: Vec<&Path> = vec![&req.repo.path];
-    roots.extend(protection.external.iter().map(PathBuf::as_path));
-    roots.extend(home_dir.as_deref());
-    let threshold = sweep::threshold(&roots);
-    let since = threshold.since;
-    // Whatever happens from here on, this session's placeholders do not outlive it.
-    let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
-    // Private writable copies of the git configs (removed when this is dropped).
+    // Private writable copies of the git configs (removed when this is dropped). They depend
+    // on the git configs listed, never on the placeholders.
     let (mut git_configs, warnings) =
         gitconfig::prepare(&protection, &req.quarantine_dir.join(gitconfig::WORK_DIR));
     for w in warnings {
@@ -309,23 +303,27 @@ pub fn run(
     }
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
-    let ops = mounts::plan(
-        &PlanInput {
-            repo_host: &req.repo.path,
-            repo_sandbox: &repo_sandbox,
-            hostname: req.repo.hostname(),
-            uid,
-            gid,
-            protection: &protection,
-            home: &req.home,
-            ro_binds: &req.ro_binds,
-            symlinks: &req.symlinks,
-            user_mounts: &req.mounts,
-            git_configs: &git_configs.redirects,
-            etc_files: &req.etc_files,
-        },
-        &HostView::read(),
-    );
+    let host_view = HostView::read();
+    let plan = |protection: &Protection| {
+        mounts::plan(
+            &PlanInput {
+                repo_host: &req.repo.path,
+                repo_sandbox: &repo_sandbox,
+                hostname: req.repo.hostname(),
+                uid,
+                gid,
+                protection,
+                home: &req.home,
+                ro_binds: &req.ro_binds,
+                symlinks: &req.symlinks,
+                user_mounts: &req.mounts,
+                git_configs: &git_configs.redirects,
+                etc_files: &req.etc_files,
+            },
+            &host_view,
+        )
+    };
+    let ops = plan(&predicted);
     if uid != 0 {
         refuse_group_only_binds(&mounts::host_sources(&ops))?;
     }
@@ -355,7 +353,7 @@ pub fn run(
     let (control, child_control) =
         socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
             .map_err(|e| io_ctx("socketpair")(e.into()))?;
-    let (err_r, err_w) = pipe()?;
+    let (mut err_r, err_w) = pipe()?;
     // `--port`: the host listeners exist before the sandbox does, and init gets its end of a
     // channel of its own (non-blocking there: init never waits on the host).
     let published = if req.ports.is_empty() {
@@ -382,7 +380,7 @@ pub fn run(
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| std::env::split_paths(v).collect())
         .unwrap_or_default();
-    let spec = Spec {
+    let mut spec = Spec {
         ops,
         hostname: req.repo.hostname().to_string(),
         uid,
@@ -416,7 +414,6 @@ pub fn run(
         .collect(),
         landlock: kernel.landlock_abi.is_some(),
         cgroup_ns_at_leaf: leaf.is_some(),
-        not_before: threshold.not_before,
         seccomp: super::seccomp::build().map_err(|e| SandboxError::Setup(e.to_string()))?,
         ports: published.as_ref().map(super::ports::Published::sandbox_ports).unwrap_or_default(),
     };
@@ -432,50 +429,60 @@ pub fn run(
     let mask = inside::forwarded_signals();
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None)
         .map_err(|e| io_ctx("sigprocmask")(e.into()))?;
-    let mut forked = match leaf.as_ref().and_then(Leaf::dir_fd) {
-        Some(dir) => namespaces::fork_into_namespaces_in_cgroup(SANDBOX_NAMESPACES, dir),
-        None => namespaces::fork_into_namespaces(SANDBOX_NAMESPACES),
+    let mut inherited = inside::Inherited {
+        control: child_control,
+        errpipe: err_w,
+        stdio: child_ends,
+        ports: ports_init,
     };
-    if leaf.is_some()
-        && let Err(e) = &forked
-        && matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG))
-    {
-        // Kernel before 5.7 (no clone3 / CLONE_INTO_CGROUP): no cgroup rather than no session.
-        let warning = format!("cgroup limits not applied: clone3 CLONE_INTO_CGROUP: {e}");
-        eprintln!("airlock: warning: {warning}");
-        cgroup_warnings.push(warning);
-        leaf = None;
-        forked = namespaces::fork_into_namespaces(SANDBOX_NAMESPACES);
+    let unavailable = |e: io::Error| {
+        let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+        SandboxError::Unavailable(format!(
+            "creating the namespaces failed: {e}{}",
+            if e.raw_os_error() == Some(libc::EPERM) || e.raw_os_error() == Some(libc::ENOSPC) {
+                "; run `airlock doctor` for the kernel settings it needs"
+            } else {
+                ""
+            }
+        ))
+    };
+    let mut child =
+        fork_init(&spec, &inherited, &mut leaf, &mut cgroup_warnings).map_err(unavailable)?;
+    // While the child sets up its namespaces and network, which mount nothing yet.
+    for w in protect::make_placeholders(&mut protection, &req.repo.path) {
+        eprintln!("airlock: warning: {w}");
     }
-    let child = match forked {
-        // The child's copies of these are the inside's own from here on (fork(2)).
-        Ok(Forked::Child) => inside::run(
-            &spec,
-            inside::Inherited {
-                control: child_control,
-                errpipe: err_w,
-                stdio: child_ends,
-                ports: ports_init,
-            },
-        ),
-        Ok(Forked::Parent(pid)) => pid,
-        Err(e) => {
-            let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
-            return Err(SandboxError::Unavailable(format!(
-                "creating the namespaces failed: {e}{}",
-                if e.raw_os_error() == Some(libc::EPERM) || e.raw_os_error() == Some(libc::ENOSPC) {
-                    "; run `airlock doctor` for the kernel settings it needs"
-                } else {
-                    ""
-                }
-            )));
-        }
-    };
+    // Whatever happens from here on, this session's placeholders do not outlive it.
+    let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
+    // T0 for the end sweep, after our own writes to the repo (the placeholders).
+    let mut roots: Vec<&Path> = vec![&req.repo.path];
+    roots.extend(protection.external.iter().map(PathBuf::as_path));
+    roots.extend(home_dir.as_deref());
+    let threshold = sweep::threshold(&roots);
+    let since = threshold.since;
+    let ops = plan(&protection);
+    if ops != spec.ops {
+        // A placeholder could not be made (a read-only repo, a `.claude` that is a file), so
+        // the child's plan is not this session's: it never mounts. A new child gets the plan
+        // the placeholders gave, and a fresh error pipe (the first may have written to its own).
+        let _ = kill(child, Signal::SIGKILL);
+        let _ = waitpid(child, None);
+        spec.ops = ops;
+        let (r, w) = pipe()?;
+        err_r = r;
+        inherited.errpipe = w;
+        child =
+            fork_init(&spec, &inherited, &mut leaf, &mut cgroup_warnings).map_err(unavailable)?;
+    }
     drop(spec);
-    drop(child_control);
-    drop(err_w);
-    drop(child_ends);
-    drop(ports_init);
+    drop(inherited);
+    // The go-ahead: the placeholders exist and T0 is known. A child already gone is reported
+    // by the receive below, from its error pipe.
+    let _ = nix::sys::socket::send(
+        control.as_raw_fd(),
+        &inside::go_message(threshold.not_before),
+        nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+    );
 
     // The listener arrives once init has built the walls up to Landlock; the session is
     // registered while init drops capabilities, installs seccomp and starts the command
@@ -645,8 +652,38 @@ impl Drop for PlaceholderGuard<'_> {
     }
 }
 
-/// The sweep of SECURITY §7, before control returns to the host; its problems are warnings,
-/// never the session's exit status.
+/// Forks init into the sandbox's namespaces, in the session's cgroup leaf when there is one
+/// (without it on a kernel before 5.7, with a warning). The child runs [`inside::run`] with its
+/// own copies of `inherited` (fork(2)) and never returns.
+fn fork_init(
+    spec: &Spec,
+    inherited: &inside::Inherited,
+    leaf: &mut Option<Leaf>,
+    cgroup_warnings: &mut Vec<String>,
+) -> io::Result<Pid> {
+    let copies = inherited.try_clone()?;
+    let mut forked = match leaf.as_ref().and_then(Leaf::dir_fd) {
+        Some(dir) => namespaces::fork_into_namespaces_in_cgroup(SANDBOX_NAMESPACES, dir),
+        None => namespaces::fork_into_namespaces(SANDBOX_NAMESPACES),
+    };
+    if leaf.is_some()
+        && let Err(e) = &forked
+        && matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::E2BIG))
+    {
+        // Kernel before 5.7 (no clone3 / CLONE_INTO_CGROUP): no cgroup rather than no session.
+        let warning = format!("cgroup limits not applied: clone3 CLONE_INTO_CGROUP: {e}");
+        eprintln!("airlock: warning: {warning}");
+        cgroup_warnings.push(warning);
+        *leaf = None;
+        forked = namespaces::fork_into_namespaces(SANDBOX_NAMESPACES);
+    }
+    match forked? {
+        Forked::Child => inside::run(spec, copies),
+        // The parent's copies close here; the caller keeps the originals.
+        Forked::Parent(pid) => Ok(pid),
+    }
+}
+
 /// The agent home's host path (`run`); `exec`'s home is a tmpfs.
 fn home_path(home: &mounts::HomeMount) -> Option<PathBuf> {
     match home {
@@ -655,6 +692,8 @@ fn home_path(home: &mounts::HomeMount) -> Option<PathBuf> {
     }
 }
 
+/// The sweep of SECURITY §7, before control returns to the host; its problems are warnings,
+/// never the session's exit status.
 fn end_of_session(
     req: &Request,
     protection: &Protection,

@@ -276,7 +276,7 @@ pub struct MountRules {
     cache: PathBuf,
     repo: PathBuf,
     repo_sandbox: PathBuf,
-    refused: Vec<Refused>,
+    refused: std::sync::OnceLock<Vec<Refused>>,
 }
 
 fn canonical_or_self(path: &Path) -> PathBuf {
@@ -307,6 +307,34 @@ fn expand(base: &Path, pattern: &str) -> Vec<PathBuf> {
     found
 }
 
+/// Rule 2's trees under the canonical `home` (each also in its canonical form).
+fn refused_trees(home: &Path) -> Vec<Refused> {
+    let mut refused = Vec::new();
+    let mut add = |tree: PathBuf, what: &'static str| {
+        for t in [canonical_or_self(&tree), tree] {
+            if !refused.iter().any(|r: &Refused| r.tree == t) {
+                refused.push(Refused { tree: t, what });
+            }
+        }
+    };
+    for rel in SECRET_TREES {
+        add(home.join(rel), "a credential store");
+    }
+    for pattern in BROWSER_PROFILES {
+        if pattern.contains('*') {
+            for p in expand(home, pattern) {
+                add(p, "a browser profile");
+            }
+        } else {
+            add(home.join(pattern), "a browser profile");
+        }
+    }
+    for tree in SYSTEM_SOCKET_TREES {
+        add(PathBuf::from(tree), "a system socket or container tree");
+    }
+    refused
+}
+
 impl MountRules {
     /// Rules from explicit inputs. `repo` is canonical; `cache` is this repo's cache directory.
     pub fn new(
@@ -318,29 +346,6 @@ impl MountRules {
         repo_sandbox: &Path,
     ) -> Self {
         let home = canonical_or_self(home);
-        let mut refused = Vec::new();
-        let mut add = |tree: PathBuf, what: &'static str| {
-            for t in [canonical_or_self(&tree), tree] {
-                if !refused.iter().any(|r: &Refused| r.tree == t) {
-                    refused.push(Refused { tree: t, what });
-                }
-            }
-        };
-        for rel in SECRET_TREES {
-            add(home.join(rel), "a credential store");
-        }
-        for pattern in BROWSER_PROFILES {
-            if pattern.contains('*') {
-                for p in expand(&home, pattern) {
-                    add(p, "a browser profile");
-                }
-            } else {
-                add(home.join(pattern), "a browser profile");
-            }
-        }
-        for tree in SYSTEM_SOCKET_TREES {
-            add(PathBuf::from(tree), "a system socket or container tree");
-        }
         Self {
             host,
             home,
@@ -348,8 +353,14 @@ impl MountRules {
             cache: canonical_or_self(cache),
             repo: repo.to_path_buf(),
             repo_sandbox: repo_sandbox.to_path_buf(),
-            refused,
+            refused: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Rule 2's trees, resolved on first use: a session that asks for no mount (the common
+    /// `exec`) never pays for resolving ~50 paths under the home (issue 22).
+    fn refused(&self) -> &[Refused] {
+        self.refused.get_or_init(|| refused_trees(&self.home))
     }
 
     /// `~/.airlock/cache/<this repo key>/`.
@@ -431,7 +442,7 @@ impl MountRules {
                 why,
             })?;
         }
-        for r in &self.refused {
+        for r in self.refused() {
             let relation = if canon == r.tree {
                 "is"
             } else if canon.starts_with(&r.tree) {
@@ -797,7 +808,7 @@ mod tests {
     fn system_socket_trees_are_refused() {
         let f = fixture();
         for t in SYSTEM_SOCKET_TREES {
-            assert!(f.rules.refused.iter().any(|r| r.tree == Path::new(t)), "{t}");
+            assert!(f.rules.refused().iter().any(|r| r.tree == Path::new(t)), "{t}");
         }
         if Path::new("/var/lib").exists() {
             assert!(
