@@ -453,7 +453,8 @@ pub fn run(
         eprintln!("airlock: warning: {w}");
     }
     // Whatever happens from here on, this session's placeholders do not outlive it.
-    let _placeholders = PlaceholderGuard { prot: &protection, repo: &req.repo.path };
+    let mut placeholders =
+        PlaceholderGuard { prot: &protection, repo: &req.repo.path, armed: true };
     // T0 for the end sweep, after our own writes to the repo (the placeholders).
     let mut roots: Vec<&Path> = vec![&req.repo.path];
     roots.extend(protection.external.iter().map(PathBuf::as_path));
@@ -603,12 +604,27 @@ pub fn run(
         service.finish(PORTS_GRACE);
     }
     let report = end_of_session(req, &protection, since, &mut git_configs);
-    bridge.end(&SessionEnd {
+    let end = SessionEnd {
         exit_code,
         quarantined: report.items.iter().map(to_protocol).collect(),
         leftovers: leftovers(&report),
         ..SessionEnd::default()
+    };
+    // The walk that reads the repo's ctimes is over, so the placeholders can go while the
+    // daemon writes the end record and replies (issue 22): each directory's removal is an
+    // inode eviction, ~0.1-0.3 ms on ext4. Both finish before `exec` returns.
+    std::thread::scope(|scope| {
+        let remove = || protect::remove_placeholders(&protection, &req.repo.path);
+        let helper = std::thread::Builder::new()
+            .name("airlock-unplace".into())
+            .stack_size(64 * 1024)
+            .spawn_scoped(scope, remove);
+        bridge.end(&end);
+        if helper.is_err() {
+            remove();
+        }
     });
+    placeholders.disarm();
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
     Ok(Outcome { exit_code, sweep: report, landlock, stopped })
 }
@@ -639,16 +655,26 @@ fn start_ports(
         .map_err(io_ctx("starting the port relay"))
 }
 
-/// Removes the session's placeholders on every way out of [`run`] (idempotent: the sweep
-/// removes them first on the normal path).
+/// Removes the session's placeholders on every way out of [`run`] but the normal end, which
+/// removes them itself after the sweep and disarms it.
 struct PlaceholderGuard<'a> {
     prot: &'a Protection,
     repo: &'a Path,
+    armed: bool,
+}
+
+impl PlaceholderGuard<'_> {
+    /// The normal end removed them: a second pass would only look for them again.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for PlaceholderGuard<'_> {
     fn drop(&mut self) {
-        protect::remove_placeholders(self.prot, self.repo);
+        if self.armed {
+            protect::remove_placeholders(self.prot, self.repo);
+        }
     }
 }
 
@@ -703,7 +729,8 @@ fn end_of_session(
     let home = home_path(&req.home);
     let mut store =
         quarantine::Store::new(req.quarantine_dir.clone(), &req.session, &req.repo.path);
-    let mut report = sweep::run(
+    // Without removing the placeholders: the caller does it, overlapping the daemon's reply.
+    let mut report = sweep::inspect(
         &sweep::Sweep { repo: &req.repo.path, prot: protection, home, since },
         &mut store,
     );

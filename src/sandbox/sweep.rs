@@ -189,6 +189,18 @@ pub struct Report {
 
 /// Runs the sweep; never fails (what it cannot do is in the report's warnings and items).
 pub fn run(s: &Sweep<'_>, store: &mut Store) -> Report {
+    let mut report = inspect(s, store);
+    let started = Instant::now();
+    // Last: removing them touches their parents' ctime, which the rules read.
+    protect::remove_placeholders(s.prot, s.repo);
+    report.elapsed += started.elapsed();
+    report
+}
+
+/// [`run`] but for the placeholders' removal, which the caller must do after it (and after
+/// anything else that reads the repo's ctimes): the native supervisor overlaps it with the
+/// daemon's `session_end` round trip (issue 22).
+pub fn inspect(s: &Sweep<'_>, store: &mut Store) -> Report {
     let started = Instant::now();
     let mut report = Report::default();
     listed(s, store, &mut report);
@@ -208,8 +220,6 @@ pub fn run(s: &Sweep<'_>, store: &mut Store) -> Report {
             Err(e) => report.warnings.push(format!("{}: cannot open: {e}", home.display())),
         }
     }
-    // Last: removing them touches their parents' ctime, which the rules above read.
-    protect::remove_placeholders(s.prot, s.repo);
     report.elapsed = started.elapsed();
     report
 }
