@@ -111,8 +111,39 @@ pub enum Command {
 }
 
 /// Entry point of the `airlock` binary; returns the process exit code.
+/// `airlock exec`'s own parser: the same `exec` subcommand under the same root, without the
+/// other ~25 subcommands clap would otherwise build on every `exec` (~0.2-0.4 ms of CPU,
+/// issue 22). Help, version and usage errors render the same (a unit test compares them).
+#[derive(Debug, Parser)]
+#[command(
+    name = "airlock",
+    version,
+    about = "Run coding agents in a sandbox whose only way out is an audited egress proxy",
+    propagate_version = true
+)]
+struct ExecCli {
+    #[command(subcommand)]
+    command: ExecOnly,
+}
+
+#[derive(Debug, Subcommand)]
+enum ExecOnly {
+    /// Run a command in the sandbox: no way out but Airlock's proxy.
+    Exec(exec::ExecArgs),
+}
+
+/// Parses the command line, through [`ExecCli`] when it starts with `exec`.
+fn parse() -> Result<Cli, clap::Error> {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "exec") {
+        return ExecCli::try_parse().map(|c| match c.command {
+            ExecOnly::Exec(args) => Cli { command: Command::Exec(args) },
+        });
+    }
+    Cli::try_parse()
+}
+
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(err) => {
             // clap prints help/version to stdout (exit 0) and usage errors to stderr (exit 2).
@@ -165,5 +196,44 @@ pub fn run(command: Command, ctx: &Context<'_>) -> i32 {
         Command::Verify(args) => verify::run(&args, ctx),
         Command::Gate(cmd) => gate::run(&cmd, ctx),
         Command::Phase(cmd) => phase::run(&cmd, ctx),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn exec_of(mut root: clap::Command) -> clap::Command {
+        root.build();
+        root.find_subcommand("exec").expect("an exec subcommand").clone()
+    }
+
+    #[test]
+    fn exec_parses_and_renders_the_same_through_its_own_parser() {
+        let (mut full, mut own) = (exec_of(Cli::command()), exec_of(ExecCli::command()));
+        assert_eq!(full.render_long_help().to_string(), own.render_long_help().to_string());
+        assert_eq!(full.render_help().to_string(), own.render_help().to_string());
+        assert_eq!(full.render_usage().to_string(), own.render_usage().to_string());
+        for argv in [
+            &["airlock", "exec"][..],
+            &["airlock", "exec", "--repo"],
+            &["airlock", "exec", "--backend", "nope", "--", "true"],
+            &["airlock", "exec", "--port", "--", "true"],
+            &["airlock", "exec", "--version"],
+            &["airlock", "exec", "--help"],
+            &["airlock", "exec", "-h"],
+        ] {
+            let a = Cli::try_parse_from(argv).expect_err("an error or a help/version");
+            let b = ExecCli::try_parse_from(argv).expect_err("an error or a help/version");
+            assert_eq!(a.kind(), b.kind(), "{argv:?}");
+            assert_eq!(a.render().to_string(), b.render().to_string(), "{argv:?}");
+        }
+        let argv = ["airlock", "exec", "--repo", "/r", "--port", "8080:80", "--", "echo", "-n"];
+        let a = Cli::try_parse_from(argv).unwrap();
+        let b = ExecCli::try_parse_from(argv).unwrap();
+        let ExecOnly::Exec(b) = b.command;
+        assert_eq!(format!("{:?}", a.command), format!("{:?}", Command::Exec(b)));
     }
 }
