@@ -110,7 +110,6 @@ pub enum Command {
     Verify(verify::VerifyArgs),
 }
 
-/// Entry point of the `airlock` binary; returns the process exit code.
 /// `airlock exec`'s own parser: the same `exec` subcommand under the same root, without the
 /// other ~25 subcommands clap would otherwise build on every `exec` (~0.2-0.4 ms of CPU,
 /// issue 22). Help, version and usage errors render the same (a unit test compares them).
@@ -142,6 +141,7 @@ fn parse() -> Result<Cli, clap::Error> {
     Cli::try_parse()
 }
 
+/// Entry point of the `airlock` binary; returns the process exit code.
 pub fn main() -> i32 {
     let cli = match parse() {
         Ok(cli) => cli,

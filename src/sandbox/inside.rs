@@ -42,8 +42,9 @@ pub enum Slot {
     Pipe,
 }
 
-/// The supervisor's descriptors the inside takes over at the fork: the child's copies of them
-/// are its own from then on (fork(2)), and init closes them once the command is started.
+/// The supervisor's descriptors the inside takes over at the fork: the child gets duplicates
+/// ([`Inherited::try_clone`]), its own from then on, and closes them once the command is
+/// started; the supervisor keeps the originals until init may mount (it may fork again).
 #[derive(Debug)]
 pub struct Inherited {
     /// Our end of the control socketpair (listener and pty master go out over it).

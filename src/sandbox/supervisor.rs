@@ -468,8 +468,14 @@ pub fn run(
         // the placeholders gave, and a fresh error pipe (the first may have written to its own).
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
+        let unblock = || {
+            let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+        };
+        if uid != 0 {
+            refuse_group_only_binds(&mounts::host_sources(&ops)).inspect_err(|_| unblock())?;
+        }
         spec.ops = ops;
-        let (r, w) = pipe()?;
+        let (r, w) = pipe().inspect_err(|_| unblock())?;
         err_r = r;
         inherited.errpipe = w;
         child =
@@ -603,26 +609,30 @@ pub fn run(
     if let Some(service) = ports {
         service.finish(PORTS_GRACE);
     }
-    let report = end_of_session(req, &protection, since, &mut git_configs);
-    let end = SessionEnd {
-        exit_code,
-        quarantined: report.items.iter().map(to_protocol).collect(),
-        leftovers: leftovers(&report),
-        ..SessionEnd::default()
-    };
-    // The walk that reads the repo's ctimes is over, so the placeholders can go while the
-    // daemon writes the end record and replies (issue 22): each directory's removal is an
-    // inode eviction, ~0.1-0.3 ms on ext4. Both finish before `exec` returns.
-    std::thread::scope(|scope| {
+    // The placeholders go as soon as the walk that reads the repo's ctimes is over, on a
+    // helper thread: during the git-config merge and the daemon's `session_end` round trip
+    // (issue 22; each directory's removal is an inode eviction, ~0.1-0.3 ms on ext4). Both
+    // are over before `exec` returns (the scope joins the helper).
+    let report = std::thread::scope(|scope| {
         let remove = || protect::remove_placeholders(&protection, &req.repo.path);
-        let helper = std::thread::Builder::new()
-            .name("airlock-unplace".into())
-            .stack_size(64 * 1024)
-            .spawn_scoped(scope, remove);
-        bridge.end(&end);
-        if helper.is_err() {
+        let mut helper = None;
+        let report = end_of_session(req, &protection, since, &mut git_configs, || {
+            let spawned = std::thread::Builder::new()
+                .name("airlock-unplace".into())
+                .stack_size(64 * 1024)
+                .spawn_scoped(scope, remove);
+            helper = Some(spawned.is_ok());
+        });
+        bridge.end(&SessionEnd {
+            exit_code,
+            quarantined: report.items.iter().map(to_protocol).collect(),
+            leftovers: leftovers(&report),
+            ..SessionEnd::default()
+        });
+        if helper != Some(true) {
             remove();
         }
+        report
     });
     placeholders.disarm();
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
@@ -720,20 +730,22 @@ fn home_path(home: &mounts::HomeMount) -> Option<PathBuf> {
 
 /// The sweep of SECURITY §7, before control returns to the host; its problems are warnings,
 /// never the session's exit status.
+/// `after_walk` runs once the walk is over (the caller starts removing the placeholders).
 fn end_of_session(
     req: &Request,
     protection: &Protection,
     since: sweep::Stamp,
     git_configs: &mut gitconfig::Session,
+    after_walk: impl FnOnce(),
 ) -> Report {
     let home = home_path(&req.home);
     let mut store =
         quarantine::Store::new(req.quarantine_dir.clone(), &req.session, &req.repo.path);
-    // Without removing the placeholders: the caller does it, overlapping the daemon's reply.
     let mut report = sweep::inspect(
         &sweep::Sweep { repo: &req.repo.path, prot: protection, home, since },
         &mut store,
     );
+    after_walk();
     // After the sweep, which would otherwise judge the merged file as the agent's change.
     let merged = git_configs.finish(&mut store, &req.session, &mut gitconfig::ask_on_terminal);
     report.items.extend(merged.items);
