@@ -45,11 +45,14 @@ impl std::fmt::Debug for Context<'_> {
     }
 }
 
+/// What `airlock --help` says Airlock is.
+const ABOUT: &str = "Run coding agents in a sandbox whose only way out is an audited egress proxy";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "airlock",
     version,
-    about = "Run coding agents in a sandbox whose only way out is an audited egress proxy",
+    about = ABOUT,
     propagate_version = true
 )]
 pub struct Cli {
@@ -117,7 +120,7 @@ pub enum Command {
 #[command(
     name = "airlock",
     version,
-    about = "Run coding agents in a sandbox whose only way out is an audited egress proxy",
+    about = ABOUT,
     propagate_version = true
 )]
 struct ExecCli {

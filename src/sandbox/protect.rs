@@ -559,13 +559,7 @@ pub fn make_placeholders(prot: &mut Protection, repo: &Path) -> Vec<String> {
     };
     for (name, kind) in PLACEHOLDERS {
         let rel = Path::new(name);
-        let Some(item) = prot
-            .listed
-            .iter_mut()
-            .find(|l| l.root == repo && l.rel == rel && l.state == State::Absent)
-        else {
-            continue;
-        };
+        let Some(item) = absent_at(&mut prot.listed, repo, rel) else { continue };
         match make_one(repo_fd.as_fd(), rel, *kind, &mut prot.created_dirs, repo) {
             Ok((state, id)) => {
                 item.state = state;
@@ -584,6 +578,11 @@ pub fn make_placeholders(prot: &mut Protection, repo: &Path) -> Vec<String> {
     warnings
 }
 
+/// The listed entry `rel` of `repo` when it was absent at the start (a placeholder's place).
+fn absent_at<'a>(listed: &'a mut [Listed], repo: &Path, rel: &Path) -> Option<&'a mut Listed> {
+    listed.iter_mut().find(|l| l.root == repo && l.rel == rel && l.state == State::Absent)
+}
+
 /// `prot` as [`make_placeholders`] will leave it when every placeholder can be made, without
 /// touching the filesystem: each absent [`PLACEHOLDERS`] entry becomes a file or directory, and
 /// `.claude` is pinned when a placeholder under it will create it. The supervisor plans the
@@ -596,13 +595,7 @@ pub fn with_predicted_placeholders(prot: &Protection, repo: &Path) -> Protection
     let mut creates_claude = false;
     for (name, kind) in PLACEHOLDERS {
         let rel = Path::new(name);
-        let Some(item) = predicted
-            .listed
-            .iter_mut()
-            .find(|l| l.root == repo && l.rel == rel && l.state == State::Absent)
-        else {
-            continue;
-        };
+        let Some(item) = absent_at(&mut predicted.listed, repo, rel) else { continue };
         item.state = if *kind == Kind::Dir { State::Dir } else { State::File };
         item.placeholder = true;
         // A placeholder below `.claude` makes the directory when the scan did not pin it (it
