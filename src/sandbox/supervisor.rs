@@ -463,9 +463,9 @@ pub fn run(
     let since = threshold.since;
     let ops = plan(&protection);
     if ops != spec.ops {
-        // A placeholder could not be made (a read-only repo, a `.claude` that is a file), so
-        // the child's plan is not this session's: it never mounts. A new child gets the plan
-        // the placeholders gave, and a fresh error pipe (the first may have written to its own).
+        // A placeholder could not be made (a read-only repo, a name taken on the host since the
+        // scan), so the child's plan is not this session's: it never mounts. A new child gets
+        // the plan the placeholders gave, and a fresh error pipe (the first may have written).
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
         let unblock = || {
