@@ -205,9 +205,20 @@ fn watch_stop(sink: &FileAuditSink, stop_file: Option<PathBuf>) {
         let Some(path) = stop_file else { return };
         let body =
             serde_json::json!({ "reason": notice.reason.as_str(), "message": notice.message });
-        let tmp = path.with_extension("tmp");
-        let written =
-            std::fs::write(&tmp, format!("{body}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+        // The project's atomic replace (a temp file beside it, synced, renamed over the name).
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let (dir, name) = (dir.unwrap_or(std::path::Path::new(".")), path.file_name());
+        let written = match name {
+            Some(name) => crate::fsat::open_root(dir).and_then(|dir| {
+                crate::fsat::write_replace(
+                    std::os::fd::AsFd::as_fd(&dir),
+                    name,
+                    format!("{body}\n").as_bytes(),
+                    0o644,
+                )
+            }),
+            None => Err(std::io::Error::other("the path names no file")),
+        };
         if let Err(e) = written {
             eprintln!("airlockd proxy: cannot write the stop file {}: {e}", path.display());
         }

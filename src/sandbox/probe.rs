@@ -30,9 +30,14 @@ pub trait ProbeFs {
     /// Whether the `cgroup.procs` file at `path` lists a process other than `pid` (an
     /// unreadable file lists none).
     fn lists_other_process(&self, path: &str, pid: u32) -> bool {
-        let pid = pid.to_string();
-        self.read(path).is_some_and(|t| t.split_whitespace().any(|p| p != pid))
+        self.read(path).is_some_and(|t| other_pid_listed(t.lines(), pid))
     }
+}
+
+/// Whether `lines` of a `cgroup.procs` name a pid other than `pid`; stops at the first.
+fn other_pid_listed<S: AsRef<str>>(lines: impl IntoIterator<Item = S>, pid: u32) -> bool {
+    let pid = pid.to_string();
+    lines.into_iter().any(|l| l.as_ref().split_whitespace().any(|p| p != pid))
 }
 
 /// The running host, optionally shadowed by a test directory.
@@ -64,20 +69,17 @@ impl ProbeFs for HostFs {
         std::fs::read_to_string(path).ok()
     }
     /// Stops at the first other process: the kernel makes `cgroup.procs` as it is read, and a
-    /// root cgroup (a hybrid host's `unified/`) lists every process of the machine, ~0.3 ms
-    /// of every `exec` to read whole (issue 22).
+    /// root cgroup (a hybrid host's `unified/`) can list every process of the machine (issue 22).
     fn lists_other_process(&self, path: &str, pid: u32) -> bool {
         use std::io::BufRead;
         if self.shadow.is_some() {
-            let pid = pid.to_string();
-            return self.read(path).is_some_and(|t| t.split_whitespace().any(|p| p != pid));
+            return self.read(path).is_some_and(|t| other_pid_listed(t.lines(), pid));
         }
         let Ok(file) = std::fs::File::open(path) else { return false };
-        let pid = pid.to_string();
-        std::io::BufReader::with_capacity(512, file)
-            .lines()
-            .map_while(Result::ok)
-            .any(|line| line.split_whitespace().any(|p| p != pid))
+        other_pid_listed(
+            std::io::BufReader::with_capacity(512, file).lines().map_while(Result::ok),
+            pid,
+        )
     }
     fn uid(&self) -> u32 {
         nix::unistd::geteuid().as_raw()

@@ -251,7 +251,7 @@ pub fn state_beneath(
 struct Scan {
     prot: Protection,
     /// `(root, rel)` of every listed path: a linear search of `listed` (paths compare
-    /// component by component) cost ~0.15 ms of every `exec` (issue 22).
+    /// component by component) was ~0.15 ms of every `exec` in a sampling profile (issue 22).
     seen: std::collections::HashSet<(PathBuf, PathBuf)>,
 }
 

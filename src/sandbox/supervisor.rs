@@ -435,8 +435,11 @@ pub fn run(
         stdio: child_ends,
         ports: ports_init,
     };
-    let unavailable = |e: io::Error| {
+    let unblock = || {
         let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
+    };
+    let unavailable = |e: io::Error| {
+        unblock();
         SandboxError::Unavailable(format!(
             "creating the namespaces failed: {e}{}",
             if e.raw_os_error() == Some(libc::EPERM) || e.raw_os_error() == Some(libc::ENOSPC) {
@@ -468,9 +471,6 @@ pub fn run(
         // the plan the placeholders gave, and a fresh error pipe (the first may have written).
         let _ = kill(child, Signal::SIGKILL);
         let _ = waitpid(child, None);
-        let unblock = || {
-            let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
-        };
         if uid != 0 {
             refuse_group_only_binds(&mounts::host_sources(&ops)).inspect_err(|_| unblock())?;
         }
@@ -615,13 +615,13 @@ pub fn run(
     // are over before `exec` returns (the scope joins the helper).
     let report = std::thread::scope(|scope| {
         let remove = || protect::remove_placeholders(&protection, &req.repo.path);
-        let mut helper = None;
+        let mut helper = false;
         let report = end_of_session(req, &protection, since, &mut git_configs, || {
-            let spawned = std::thread::Builder::new()
+            helper = std::thread::Builder::new()
                 .name("airlock-unplace".into())
                 .stack_size(64 * 1024)
-                .spawn_scoped(scope, remove);
-            helper = Some(spawned.is_ok());
+                .spawn_scoped(scope, remove)
+                .is_ok();
         });
         bridge.end(&SessionEnd {
             exit_code,
@@ -629,7 +629,7 @@ pub fn run(
             leftovers: leftovers(&report),
             ..SessionEnd::default()
         });
-        if helper != Some(true) {
+        if !helper {
             remove();
         }
         report

@@ -672,6 +672,20 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
     assert_eq!(std::fs::read_to_string(repo.join(".claude/settings.json")).unwrap(), "{}");
 }
 
+/// Makes `dir` take no new entries (`on`) or take them again: root ignores directory
+/// permissions, so for root the immutable flag (ext4, chattr(1)); mode 0555 otherwise.
+fn lock_dir(dir: &Path, on: bool) {
+    if nix::unistd::geteuid().is_root() {
+        let flag = if on { "+i" } else { "-i" };
+        let ok = Command::new("chattr").arg(flag).arg(dir).status().unwrap().success();
+        assert!(ok, "chattr {flag} {} (the suite needs ext4 here)", dir.display());
+    } else {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if on { 0o555 } else { 0o755 };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+}
+
 /// Issue 22: the placeholders are made while init sets up its namespaces, from a mount plan
 /// that expects every one of them. In a repo where none can be made (its directory does not
 /// take new entries) that init must never mount its plan, which binds placeholders that do not
@@ -681,22 +695,9 @@ fn protected_paths_cannot_be_planted_and_new_ones_are_quarantined() {
 fn placeholders_that_cannot_be_made_still_start_the_session_with_the_plan_they_gave() {
     let sb = Sandbox::new("locked");
     sb.world.write(sb.repo.join("README"), "hi\n");
-    // Root ignores directory permissions: the immutable flag (ext4, chattr(1)) stops it too.
-    let root = nix::unistd::geteuid().is_root();
-    let lock = |on: bool| {
-        if root {
-            let flag = if on { "+i" } else { "-i" };
-            let ok = Command::new("chattr").arg(flag).arg(&sb.repo).status().unwrap().success();
-            assert!(ok, "chattr {flag} {} (the suite needs ext4 here)", sb.repo.display());
-        } else {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = if on { 0o555 } else { 0o755 };
-            std::fs::set_permissions(&sb.repo, std::fs::Permissions::from_mode(mode)).unwrap();
-        }
-    };
-    lock(true);
+    lock_dir(&sb.repo, true);
     let out = sb.sh("cat README; echo ran");
-    lock(false);
+    lock_dir(&sb.repo, false);
     let out = out.expect_code(0);
     assert_eq!(out.stdout(), "hi\nran\n", "{}", out.stderr());
     assert!(out.stderr().contains(".envrc could not be made unusable"), "{}", out.stderr());

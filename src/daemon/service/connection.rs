@@ -326,13 +326,18 @@ pub(super) async fn handle_request(
             Some(s) if s.id == end.session => {
                 // A container session's proxy is not the daemon's: its stop is the CLI's word
                 // (a native session's is the daemon's own, never taken from the client).
-                let stopped = match (&s.spec.container, end.stopped.as_deref()) {
-                    (Some(_), Some("audit_budget")) => {
-                        Some(crate::policy::Reason::AuditBudget.as_str())
-                    }
-                    (Some(_), Some("low_space")) => Some(crate::policy::Reason::LowSpace.as_str()),
-                    _ => None,
-                };
+                use crate::policy::Reason;
+                let stopped = s
+                    .spec
+                    .container
+                    .as_ref()
+                    .and(end.stopped.as_deref())
+                    .and_then(|code| {
+                        [Reason::AuditBudget, Reason::LowSpace]
+                            .into_iter()
+                            .find(|r| r.as_str() == code)
+                    })
+                    .map(Reason::as_str);
                 end_session(daemon, &s, &end, stopped).await;
                 Response::SessionEnded { session: end.session }
             }
