@@ -709,6 +709,63 @@ fn placeholders_that_cannot_be_made_still_start_the_session_with_the_plan_they_g
     assert_eq!(names, [".git", "README"], "the session left something in the repo");
 }
 
+/// Issue 22, across sessions: a session whose init was forked again (the placeholders under a
+/// `.claude` that takes no new entries could not be made) keeps every wall. It tries to plant
+/// what the host runs; then the host's own `git checkout` runs nothing, and the next session
+/// (every placeholder made this time) starts and finds no plant.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_reforked_session_plants_nothing_the_host_or_the_next_session_runs() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let world = World::new();
+    let repo = world.tmp.path().join("refork");
+    std::fs::create_dir_all(repo.join(".claude")).unwrap();
+    assert!(git(&repo, &["init", "-q"]).status.success());
+    world.write(repo.join("README"), "hi\n");
+    assert!(git(&repo, &["add", "-A"]).status.success());
+    assert!(git(&repo, &["commit", "-qm", "init"]).status.success());
+    let sb = Sandbox::with(world, repo.clone());
+    let marker = sb.world.tmp.path().join("PLANTED-RAN");
+    let m = marker.display();
+    let script = format!(
+        "r=''; \
+         printf '#!/bin/sh\\ntouch {m}\\n' > .git/hooks/post-checkout 2>/dev/null && r=\"$r hook\"; \
+         chmod +x .git/hooks/post-checkout 2>/dev/null; \
+         printf 'touch {m}\\n' > .envrc 2>/dev/null && r=\"$r envrc\"; \
+         mkdir -p .vscode/x 2>/dev/null && r=\"$r vscode\"; \
+         echo '{{}}' > .claude/settings.json 2>/dev/null && r=\"$r claude\"; \
+         mkdir -p sub && printf 'touch {m}\\n' > sub/.envrc && r=\"$r nested\"; \
+         echo result:$r"
+    );
+    lock_dir(&repo.join(".claude"), true);
+    let out = sb.sh(&script);
+    lock_dir(&repo.join(".claude"), false);
+    let out = out.expect_code(0);
+    // The re-fork happened (the placeholders under `.claude` could not be made) and only the
+    // nested file, which the sweep takes away, could be written.
+    assert!(
+        out.stderr().contains(".claude/settings.json could not be made unusable"),
+        "{}",
+        out.stderr()
+    );
+    assert!(out.stdout().contains("result: nested\n"), "{}\n{}", out.stdout(), out.stderr());
+    assert!(out.stderr().contains("quarantined"), "{}", out.stderr());
+    assert!(!repo.join("sub/.envrc").exists(), "the nested plant is still in the repo");
+    // Step two: the host's own git, then the next session.
+    assert!(git(&repo, &["checkout", "-q", "-b", "next"]).status.success());
+    assert!(!marker.exists(), "a planted hook ran on the host");
+    let next = sb.sh("[ -s .envrc ] && echo planted-envrc; ls -A sub 2>/dev/null; echo next-ran");
+    let next = next.expect_code(0);
+    assert_eq!(next.stdout(), "next-ran\n", "{}", next.stderr());
+    assert!(!next.stderr().contains("could not be made unusable"), "{}", next.stderr());
+    assert!(!marker.exists());
+    for path in [".envrc", ".vscode", ".mcp.json", ".claude/settings.json"] {
+        assert!(std::fs::symlink_metadata(repo.join(path)).is_err(), "{path} left in the repo");
+    }
+}
+
 #[cfg(feature = "test-hooks")]
 #[test]
 fn untrusted_repo_config_refuses_without_a_terminal() {
