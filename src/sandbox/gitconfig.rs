@@ -152,7 +152,8 @@ fn copy_in(root: &Path, rel: &Path, private_dir: &Path) -> std::io::Result<Vec<u
         .ok_or_else(|| std::io::Error::other("it is gone"))?;
     crate::config::fsutil::private_dir(private_dir)?;
     let dir = fsat::open_root(private_dir)?;
-    fsat::write_replace(dir.as_fd(), OsStr::new(CONFIG), &bytes, st.st_mode & 0o777)?;
+    // The directory is this session's own and new: the copy is made there once, unsynced.
+    fsat::create_scratch(dir.as_fd(), OsStr::new(CONFIG), &bytes, st.st_mode & 0o777)?;
     Ok(bytes)
 }
 
