@@ -135,22 +135,15 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
     ctx("sethostname", nix::unistd::sethostname(&spec.hostname))?;
     #[cfg(feature = "test-hooks")]
     crate::sys::netfilter::test_hook_disable_ipv6();
-    ctx("bringing up lo", namespaces::loopback_up())?;
-    ctx("transparent capture", crate::sys::netfilter::install_capture(CAPTURE_PORT))?;
-    ctx("refusing UDP", crate::sys::nflog::install_udp_refusal())?;
-    // IPv6 capture is best effort: a namespace without IPv6 keeps the IPv4 capture, and its
-    // IPv6 connections fail inside (nothing to leave through); the status travels with the fds.
-    // The IPv6 UDP refusal comes first and belongs to it: the capture's route takes every IPv6
-    // address to `lo`, where a datagram would vanish unaudited without the rule, so no route
-    // without the rule.
-    let capture6 = crate::sys::nflog::install_udp_refusal_v6()
-        .and_then(|()| crate::sys::netfilter::install_capture_v6(CAPTURE_PORT))
-        .map_err(|e| e.to_string());
-    let (kinds, sockets, capture6) = handover_sockets(capture6)?;
-    // The supervisor makes the repo's placeholders while the namespaces above are set up; the
-    // plan binds them, so nothing is mounted before it says they exist (and gives T0).
-    let not_before = wait_for_go(fds.control.as_fd())?;
-    mounts::execute(&spec.ops)?;
+    let (network, not_before) = beside(build_network, || {
+        // The supervisor makes the repo's placeholders meanwhile; the plan binds them, so
+        // nothing is mounted before it says they exist (and gives T0).
+        let not_before = wait_for_go(fds.control.as_fd())?;
+        mounts::execute(&spec.ops)?;
+        Ok(not_before)
+    });
+    let not_before = not_before?;
+    let (kinds, sockets, capture6) = network?;
     let pty = if spec.stdio.contains(&Slot::Pty) { Some(open_pty(spec.winsize)?) } else { None };
     // Wire order (fdpass::SocketKind::ALL), then the pty master.
     let mut passed: Vec<RawFd> = sockets.iter().map(AsRawFd::as_raw_fd).collect();
@@ -198,6 +191,80 @@ fn setup_and_start(spec: &Spec, fds: &Inherited) -> io::Result<Pid> {
             Ok(child)
         }
     }
+}
+
+/// The sandbox's network: `lo`, the capture and UDP refusal rules, and the sockets handed to
+/// the daemon (with their kinds and the IPv6 capture's status). Touches no path (netlink,
+/// ioctls and sockets only), so it can run beside the mounts.
+fn build_network() -> io::Result<(Vec<SocketKind>, Vec<OwnedFd>, String)> {
+    ctx("bringing up lo", namespaces::loopback_up())?;
+    ctx("transparent capture", crate::sys::netfilter::install_capture(CAPTURE_PORT))?;
+    ctx("refusing UDP", crate::sys::nflog::install_udp_refusal())?;
+    // IPv6 capture is best effort: a namespace without IPv6 keeps the IPv4 capture, and its
+    // IPv6 connections fail inside (nothing to leave through); the status travels with the fds.
+    // The IPv6 UDP refusal comes first and belongs to it: the capture's route takes every IPv6
+    // address to `lo`, where a datagram would vanish unaudited without the rule, so no route
+    // without the rule.
+    let capture6 = crate::sys::nflog::install_udp_refusal_v6()
+        .and_then(|()| crate::sys::netfilter::install_capture_v6(CAPTURE_PORT))
+        .map_err(|e| e.to_string());
+    handover_sockets(capture6)
+}
+
+/// Runs `helper` on a helper thread while `main` runs on this one, and returns both results.
+/// In init, `helper` builds the network while `main` waits for the go and mounts: each takes
+/// about a millisecond and they share nothing (issue 22). The helper is joined, and its task
+/// gone, before this returns, so what acts per thread afterwards (capabilities, no_new_privs,
+/// Landlock, seccomp) and the fork's single-thread check see the threads there were before.
+/// If no thread can be made (the user's RLIMIT_NPROC), `helper` runs first, on this thread.
+fn beside<H: Send, M>(
+    helper: impl FnOnce() -> io::Result<H> + Send,
+    main: impl FnOnce() -> io::Result<M>,
+) -> (io::Result<H>, io::Result<M>) {
+    let threads_before = namespaces::thread_count();
+    // The helper stays here until a thread takes it: a spawn that fails drops only the
+    // closure that borrows it, and the helper then runs inline.
+    let slot = std::sync::Mutex::new(Some(helper));
+    let take_and_run = || match slot.lock().ok().and_then(|mut h| h.take()) {
+        Some(h) => h(),
+        None => Err(io::Error::other("the setup helper ran already")),
+    };
+    let (helped, mained) = std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name("airlock-net".into())
+            .stack_size(HELPER_THREAD_STACK)
+            .spawn_scoped(scope, take_and_run);
+        match spawned {
+            Ok(handle) => {
+                let mained = main();
+                let helped = handle
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a setup thread panicked")));
+                (helped, mained)
+            }
+            Err(_) => (take_and_run(), main()),
+        }
+    });
+    // The joiner is woken when the helper's memory is released, a moment before its task
+    // leaves /proc/self/task (kernel/exit.c: exit_mm, then release_task).
+    match threads_before.and_then(wait_for_thread_count) {
+        Ok(()) => (helped, mained),
+        Err(e) => (Err(e), mained),
+    }
+}
+
+/// Stack of init's helper thread (netlink buffers are on the heap).
+const HELPER_THREAD_STACK: usize = 128 * 1024;
+
+/// Waits (yielding, bounded) until this process has at most `n` threads again.
+fn wait_for_thread_count(n: usize) -> io::Result<()> {
+    for _ in 0..100_000 {
+        if namespaces::thread_count()? <= n {
+            return Ok(());
+        }
+        std::thread::yield_now();
+    }
+    Err(io::Error::other("a setup thread did not exit"))
 }
 
 fn peer_gone(control: BorrowedFd<'_>) -> bool {
@@ -604,5 +671,69 @@ mod tests {
         assert_eq!(exit_code(WaitStatus::Exited(pid, 3)), Some(3));
         assert_eq!(exit_code(WaitStatus::Signaled(pid, Signal::SIGINT, false)), Some(130));
         assert_eq!(exit_code(WaitStatus::Signaled(pid, Signal::SIGKILL, true)), Some(137));
+    }
+
+    /// Set in the inner run of [`beside_overlaps_and_leaves_no_thread_behind`].
+    const BESIDE_INNER: &str = "AIRLOCK_BESIDE_INNER";
+
+    /// `beside` in a process of its own (a test harness has threads coming and going), so the
+    /// thread count it restores is this test's alone.
+    #[test]
+    fn beside_overlaps_and_leaves_no_thread_behind() {
+        let exe = std::env::current_exe().unwrap();
+        let name = "sandbox::inside::tests::beside_inner";
+        let out = std::process::Command::new(exe)
+            .args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"])
+            .env(BESIDE_INNER, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+    }
+
+    #[test]
+    #[ignore = "run in a process of its own by beside_overlaps_and_leaves_no_thread_behind"]
+    fn beside_inner() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::{Duration, Instant};
+        if std::env::var_os(BESIDE_INNER).is_none() {
+            return;
+        }
+        let before = namespaces::thread_count().unwrap();
+        let this = std::thread::current().id();
+        // The helper waits for something only `main` does, so it cannot have run before it:
+        // the two overlap, on two threads.
+        let mounted = AtomicBool::new(false);
+        let (helped, mained) = beside(
+            || {
+                let until = Instant::now() + Duration::from_secs(10);
+                while !mounted.load(Ordering::SeqCst) {
+                    if Instant::now() > until {
+                        return Err(io::Error::other("main never ran beside the helper"));
+                    }
+                    std::thread::yield_now();
+                }
+                Ok(std::thread::current().id())
+            },
+            || {
+                mounted.store(true, Ordering::SeqCst);
+                Ok(std::thread::current().id())
+            },
+        );
+        assert_ne!(helped.unwrap(), this, "the helper ran on a thread of its own");
+        assert_eq!(mained.unwrap(), this, "main ran on the caller's thread");
+        assert_eq!(namespaces::thread_count().unwrap(), before, "the helper's task is gone");
+        // Each side's error comes back on its own side.
+        let (helped, mained) = beside(|| Err::<(), _>(io::Error::other("lo")), || Ok(7));
+        assert_eq!(helped.unwrap_err().to_string(), "lo");
+        assert_eq!(mained.unwrap(), 7);
+        let (helped, mained) = beside(|| Ok(1), || Err::<(), _>(io::Error::other("mount")));
+        assert_eq!(helped.unwrap(), 1);
+        assert_eq!(mained.unwrap_err().to_string(), "mount");
+        assert_eq!(namespaces::thread_count().unwrap(), before);
     }
 }
