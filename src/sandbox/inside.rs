@@ -101,9 +101,11 @@ pub fn run(spec: &Spec, mut fds: Inherited) -> ! {
         Ok(child) => {
             let ports = fds.ports.take().map(|fd| (fd, spec.ports.clone()));
             // The command has its copies: pipes see EOF when it exits, and the supervisor's
-            // error-pipe read ends.
-            drop(fds);
-            init_loop(child, ports)
+            // error-pipe read ends. The control socket stays, for the end report. (Named, not
+            // `..`: fields left in a partly moved struct would live as long as `init_loop`.)
+            let Inherited { control, errpipe, stdio, ports: _ } = fds;
+            drop((errpipe, stdio));
+            init_loop(&Init { child, control }, ports)
         }
         Err(e) => {
             let mut f = std::fs::File::from(fds.errpipe);
@@ -545,11 +547,12 @@ pub fn forwarded_signals() -> SigSet {
 }
 
 /// PID 1: wait for signals (they are blocked, inherited from the supervisor), forward them,
-/// reap everything, and leave with the command's status. With ports published it also answers
-/// the supervisor's `--port` requests ([`super::ports::serve_request`]), waiting for both with
-/// poll(2) on a signalfd(2); without, it holds no descriptor but stdio and waits with
-/// sigtimedwait(2). Half a second in, it drops its setup pages once.
-fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
+/// reap everything, and leave with the command's status ([`finish`]). With ports published it
+/// also answers the supervisor's `--port` requests ([`super::ports::serve_request`]), waiting
+/// for both with poll(2) on a signalfd(2); without, it holds no descriptor but stdio and the
+/// control socket, and waits with sigtimedwait(2). Half a second in, it drops its setup pages
+/// once.
+fn init_loop(init: &Init, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use std::time::Instant;
     // Init only waits from here on: once the command has run for a moment, the setup's code
@@ -584,7 +587,7 @@ fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
                 None => set.wait().ok(),
             };
             if let Some(sig) = sig {
-                on_signal(child, sig);
+                on_signal(init, sig);
             }
         }
     };
@@ -616,7 +619,7 @@ fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
         if signals {
             while let Ok(Some(info)) = sigfd.read_signal() {
                 if let Ok(sig) = Signal::try_from(info.ssi_signo as i32) {
-                    on_signal(child, sig);
+                    on_signal(init, sig);
                 }
             }
         }
@@ -626,25 +629,78 @@ fn init_loop(child: Pid, ports: Option<(OwnedFd, Vec<u16>)>) -> ! {
 /// How long the command runs before init drops its setup pages.
 const INIT_RELEASE_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// One signal as init handles it: SIGCHLD reaps (and ends init with the command's status),
-/// others go to the command.
-fn on_signal(child: Pid, sig: Signal) {
+/// What init's loop holds: the command's pid and its end of the control socket.
+struct Init {
+    child: Pid,
+    control: OwnedFd,
+}
+
+/// One signal as init handles it: SIGCHLD reaps (and ends init with the command's status, see
+/// [`finish`]), others go to the command.
+fn on_signal(init: &Init, sig: Signal) {
     if sig == Signal::SIGCHLD {
         loop {
             match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::StillAlive) | Err(_) => break,
                 Ok(status) => {
-                    if status.pid() == Some(child)
+                    if status.pid() == Some(init.child)
                         && let Some(code) = exit_code(status)
                     {
-                        sysx::exit_now(code);
+                        finish(init, code);
                     }
                 }
             }
         }
     } else if sig != Signal::SIGWINCH {
-        let _ = nix::sys::signal::kill(child, sig);
+        let _ = nix::sys::signal::kill(init.child, sig);
     }
+}
+
+/// The command ended with `code`: every other process of this PID namespace is killed and
+/// reaped, then the supervisor is told `code` ([`exit_message`]) and init exits with it. The
+/// supervisor may start its end-of-session sweep on that message, while the kernel is still
+/// tearing this process down (its mounts, an RCU grace period; issue 22): the session has no
+/// process left but this one, which runs nothing more. `kill(-1)` from a PID namespace's init
+/// reaches every process in it and in namespaces below it (kill(2), pid_namespaces(7)); they
+/// all run as our one mapped uid, with no_new_privs, so none is out of reach, and a fork racing
+/// the kill fails (the kernel re-checks for a fatal signal under the tasklist lock). Orphans
+/// are reparented to init or to a subreaper below it, so `ECHILD` means none is left. Should
+/// the reaping fail, no report is sent, and the supervisor learns the end from init's own
+/// exit, as before.
+fn finish(init: &Init, code: i32) -> ! {
+    let _ = nix::sys::signal::kill(Pid::from_raw(-1), Signal::SIGKILL);
+    let all_reaped = loop {
+        match waitpid(None, None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::ECHILD) => break true,
+            Err(_) => break false,
+        }
+    };
+    if all_reaped {
+        let _ = nix::sys::socket::send(
+            init.control.as_raw_fd(),
+            &exit_message(code),
+            MsgFlags::MSG_NOSIGNAL,
+        );
+    }
+    sysx::exit_now(code)
+}
+
+const EXITED: &[u8; 6] = b"exited";
+
+/// Init's end report: `exited` and the command's exit code (little-endian i32), sent once no
+/// other process of the session is left ([`finish`]).
+pub(crate) fn exit_message(code: i32) -> [u8; 10] {
+    let mut msg = [0u8; 10];
+    msg[..6].copy_from_slice(EXITED);
+    msg[6..].copy_from_slice(&code.to_le_bytes());
+    msg
+}
+
+/// Parses [`exit_message`]; `None` for anything else.
+pub(crate) fn parse_exit(msg: &[u8]) -> Option<i32> {
+    let code: [u8; 4] = msg.strip_prefix(EXITED.as_slice())?.try_into().ok()?;
+    Some(i32::from_le_bytes(code))
 }
 
 #[cfg(test)]
@@ -663,6 +719,16 @@ mod tests {
         assert_eq!(code, 126, "{msg}");
         assert_eq!(resolve("/nonexistent/x", &dirs).unwrap_err().0, 127);
         assert_eq!(resolve("/usr", &dirs).unwrap_err().0, 126);
+    }
+
+    #[test]
+    fn the_exit_report_round_trips_and_nothing_else_parses_as_one() {
+        for code in [0, 1, 125, 137, 255] {
+            assert_eq!(parse_exit(&exit_message(code)), Some(code));
+        }
+        assert_eq!(parse_exit(b"exited"), None);
+        assert_eq!(parse_exit(&exit_message(3)[..9]), None);
+        assert_eq!(parse_exit(&go_message((1, 2))), None);
     }
 
     #[test]

@@ -87,6 +87,12 @@ pub trait Events {
         None
     }
     fn woken(&mut self) {}
+    /// The sandbox's own report that it ended ([`super::inside::exit_message`]), read by
+    /// [`Events::reported`] when readable; `None` once read (or when there is none).
+    fn report_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    fn reported(&mut self) {}
 }
 
 const CHUNK: usize = 64 * 1024;
@@ -113,10 +119,14 @@ pub fn run(pumps: &mut [Pump], signals: &SignalFd, events: &mut dyn Events) -> i
         }
         // Build the poll set: signalfd first, then each pump's src (if room) or dst (if data).
         let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
-        // The wake fd, if any, is second; the pumps' follow.
+        // The wake fd and the report fd, if any, come next; the pumps' follow.
         let wake = events.wake_fd().map(|fd| PollFd::new(fd, PollFlags::POLLIN));
-        let first_pump = 1 + usize::from(wake.is_some());
+        let report = events.report_fd().map(|fd| PollFd::new(fd, PollFlags::POLLIN));
+        let wake_at = wake.is_some().then_some(fds.len());
         fds.extend(wake);
+        let report_at = report.is_some().then_some(fds.len());
+        fds.extend(report);
+        let first_pump = fds.len();
         let mut map: Vec<(usize, bool)> = Vec::new();
         for (i, p) in pumps.iter().enumerate() {
             if !p.buf.is_empty() {
@@ -147,8 +157,14 @@ pub fn run(pumps: &mut [Pump], signals: &SignalFd, events: &mut dyn Events) -> i
             })
             .collect();
         let sig_ready = fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
-        let woken = first_pump == 2 && fds[1].revents().is_some_and(|r| !r.is_empty());
+        let ready_at = |at: Option<usize>| {
+            at.and_then(|i| fds.get(i)).and_then(PollFd::revents).is_some_and(|r| !r.is_empty())
+        };
+        let (woken, reported) = (ready_at(wake_at), ready_at(report_at));
         drop(fds);
+        if reported {
+            events.reported();
+        }
         if woken {
             events.woken();
         }

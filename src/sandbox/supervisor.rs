@@ -197,6 +197,11 @@ struct Watch {
     stop: Option<OwnedFd>,
     /// The sandbox was killed because the session was stopped.
     killed_for_stop: bool,
+    /// Our end of the control socket, on which init reports the command's end once nothing
+    /// else of the session is left (`inside::finish`); dropped once read.
+    control: Option<OwnedFd>,
+    /// The command's exit code as init reported it; init itself may still be exiting.
+    reported: Option<i32>,
 }
 
 impl Events for Watch {
@@ -222,19 +227,47 @@ impl Events for Watch {
         }
     }
     fn finished(&self) -> bool {
-        self.status.is_some()
+        self.status.is_some() || self.reported.is_some()
     }
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.stop.as_ref().map(AsFd::as_fd)
     }
     fn woken(&mut self) {
         self.stop = None;
-        if self.status.is_some() {
+        if self.finished() {
             return; // it ended on its own first
         }
         // SIGKILL to init: when a PID namespace's init dies the kernel kills every other
         // process in it (pid_namespaces(7)), so nothing of the session keeps running.
         self.killed_for_stop = kill(self.child, Signal::SIGKILL).is_ok();
+    }
+    fn report_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.control.as_ref().map(AsFd::as_fd)
+    }
+    fn reported(&mut self) {
+        let mut buf = [0u8; 64];
+        let read = self.control.as_ref().map(|c| {
+            nix::sys::socket::recv(
+                c.as_raw_fd(),
+                &mut buf,
+                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+            )
+        });
+        match read {
+            Some(Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR)) => {}
+            Some(Ok(n)) if n > 0 => {
+                // Anything but the report is ignored; init's own exit tells the end then.
+                self.reported = buf.get(..n).and_then(inside::parse_exit);
+                self.control = None;
+                if self.reported.is_some() {
+                    // Init exits right after its report; this makes sure of it (a report that
+                    // did not come from there cannot keep the session alive past the sweep).
+                    let _ = kill(self.child, Signal::SIGKILL);
+                }
+            }
+            // Closed without a report (init was killed) or unreadable: SIGCHLD tells.
+            _ => self.control = None,
+        }
     }
 }
 
@@ -580,30 +613,39 @@ pub fn run(
     let mut pumps = build_pumps(&tty, our_ends, master.as_ref(), req.terminal)?;
     let _raw = RawMode::enter(tty[0]);
     let stop = bridge.stop_fd();
-    let mut watch =
-        Watch { child, status: None, master, winsize_from, stop, killed_for_stop: false };
+    let mut watch = Watch {
+        child,
+        status: None,
+        master,
+        winsize_from,
+        stop,
+        killed_for_stop: false,
+        control: Some(control),
+        reported: None,
+    };
     // The child may have exited before the signalfd existed.
     watch.signal(Signal::SIGCHLD);
     // Setup is over: what remains is the relay loop, so the setup's code pages can go (a
     // moment in, so short commands never pay for it; issue 22).
     crate::sys::memtrim::release_later(Duration::from_millis(500));
     let relayed = relay::run(&mut pumps, &signals, &mut watch);
-    let status = match watch.status {
-        Some(st) => st,
-        None => waitpid(child, None).map_err(|e| io_ctx("waitpid")(e.into()))?,
+    // Either init is reaped, or it reported the command's code once it had killed and reaped
+    // everything else (`inside::finish`) and is exiting: in both cases no process of the
+    // session but init is left, so the sweep may start. Init is reaped at the very end.
+    // The report wins over init's own status, which our SIGKILL after the report may set.
+    let (code, mut init_reaped) = match (watch.reported, watch.status) {
+        (Some(code), status) => (code, status.is_some()),
+        (None, Some(st)) => (inside::exit_code(st).unwrap_or(125), true),
+        (None, None) => {
+            let st = waitpid(child, None).map_err(|e| io_ctx("waitpid")(e.into()))?;
+            (inside::exit_code(st).unwrap_or(125), true)
+        }
     };
     drop(_raw);
     flush_host_input(&tty, pumps.iter().any(Pump::relayed_a_query));
     relayed.map_err(io_ctx("relaying stdio"))?;
     let stopped = if watch.killed_for_stop { bridge.stopped() } else { None };
-    let exit_code =
-        if stopped.is_some() { STOPPED_EXIT } else { inside::exit_code(status).unwrap_or(125) };
-    // Init is reaped, so every process of its PID namespace is gone: the leaf can go.
-    if let Some(leaf) = leaf.take()
-        && let Err(e) = leaf.remove()
-    {
-        eprintln!("airlock: warning: {e}");
-    }
+    let exit_code = if stopped.is_some() { STOPPED_EXIT } else { code };
     // Every inbound connection's line before the end record (the sandbox is gone, so the
     // relays are ending).
     if let Some(service) = ports {
@@ -635,6 +677,16 @@ pub fn run(
         report
     });
     placeholders.disarm();
+    if !init_reaped {
+        init_reaped = waitpid(child, None).is_ok();
+    }
+    // Init is reaped, so every process of its PID namespace is gone: the leaf can go.
+    if let Some(leaf) = leaf.take()
+        && init_reaped
+        && let Err(e) = leaf.remove()
+    {
+        eprintln!("airlock: warning: {e}");
+    }
     let _ = sigprocmask(SigmaskHow::SIG_UNBLOCK, Some(&mask), None);
     Ok(Outcome { exit_code, sweep: report, landlock, stopped })
 }
