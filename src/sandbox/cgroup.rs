@@ -268,6 +268,15 @@ impl Leaf {
         &self.path
     }
 
+    /// Kills everything in the leaf (`cgroup.kill`, Linux 5.14+; best effort), leaving it in
+    /// place: the backstop before the end-of-session sweep when init reported the command's end
+    /// before its own exit.
+    pub fn kill_all(&self) {
+        if !self.path.as_os_str().is_empty() && self.owner == std::process::id() {
+            let _ = fs::write(self.path.join("cgroup.kill"), "1");
+        }
+    }
+
     /// Kills anything left in the leaf (`cgroup.kill`, Linux 5.14+) and removes it, waiting
     /// briefly for exiting tasks to leave (rmdir fails with `EBUSY` while it is populated).
     pub fn remove(mut self) -> Result<(), CgroupError> {

@@ -44,10 +44,12 @@ pub enum Slot {
 
 /// The supervisor's descriptors the inside takes over at the fork: the child gets duplicates
 /// ([`Inherited::try_clone`]), its own from then on, and closes them once the command is
-/// started; the supervisor keeps the originals until init may mount (it may fork again).
+/// started, but for the control socket, which init keeps for its end report; the supervisor
+/// keeps the originals until init may mount (it may fork again).
 #[derive(Debug)]
 pub struct Inherited {
-    /// Our end of the control socketpair (listener and pty master go out over it).
+    /// Our end of the control socketpair (listener and pty master go out over it, and at the
+    /// end init's report, [`exit_message`]).
     pub control: OwnedFd,
     /// Write end of the error pipe (CLOEXEC; closed once the command is started).
     pub errpipe: OwnedFd,

@@ -259,9 +259,10 @@ impl Events for Watch {
                 // Anything but the report is ignored; init's own exit tells the end then.
                 self.reported = buf.get(..n).and_then(inside::parse_exit);
                 self.control = None;
-                if self.reported.is_some() {
+                if self.reported.is_some() && self.status.is_none() {
                     // Init exits right after its report; this makes sure of it (a report that
                     // did not come from there cannot keep the session alive past the sweep).
+                    // Not once reaped: the pid could be another process's by now.
                     let _ = kill(self.child, Signal::SIGKILL);
                 }
             }
@@ -641,6 +642,10 @@ pub fn run(
             (inside::exit_code(st).unwrap_or(125), true)
         }
     };
+    if !init_reaped && let Some(leaf) = &leaf {
+        // The cgroup's backstop, before the sweep as when init was reaped first.
+        leaf.kill_all();
+    }
     drop(_raw);
     flush_host_input(&tty, pumps.iter().any(Pump::relayed_a_query));
     relayed.map_err(io_ctx("relaying stdio"))?;
@@ -680,7 +685,8 @@ pub fn run(
     if !init_reaped {
         init_reaped = waitpid(child, None).is_ok();
     }
-    // Init is reaped, so every process of its PID namespace is gone: the leaf can go.
+    // Init is reaped, so every process of its PID namespace is gone: the leaf can go. (Were it
+    // not, removing would wait out EBUSY; the leaf's drop then tries once.)
     if let Some(leaf) = leaf.take()
         && init_reaped
         && let Err(e) = leaf.remove()
