@@ -3,9 +3,9 @@
 //! RESOLVE_NO_MAGICLINKS)` below a directory fd, `fstatat(AT_SYMLINK_NOFOLLOW)` for metadata,
 //! files must `fstat` as regular files and are read with a cap, writes are a temp file made
 //! `O_EXCL` in the destination directory and `renameat` over the name (a session's scratch
-//! copies, in a directory made for it: made once, `O_EXCL`, unsynced; [`create_scratch`]). No symlink is followed,
-//! and no absolute path below the tree's root is ever used, so paths longer than `PATH_MAX`
-//! and components swapped for symlinks cannot redirect anything.
+//! copies, in a directory made for it: made once, `O_EXCL`, unsynced; [`create_scratch`]).
+//! No symlink is followed, and no absolute path below the tree's root is ever used, so paths
+//! longer than `PATH_MAX` and components swapped for symlinks cannot redirect anything.
 //!
 //! Owns the primitives and the bounded walk ([`walk`]); callers own the policy.
 

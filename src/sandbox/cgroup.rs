@@ -272,9 +272,15 @@ impl Leaf {
     /// place: the backstop before the end-of-session sweep when init reported the command's end
     /// before its own exit.
     pub fn kill_all(&self) {
-        if !self.path.as_os_str().is_empty() && self.owner == std::process::id() {
+        if self.ours() {
             let _ = fs::write(self.path.join("cgroup.kill"), "1");
         }
+    }
+
+    /// Whether this process made the leaf and it is still there to act on (a fork's copy, or
+    /// a leaf already removed, is not).
+    fn ours(&self) -> bool {
+        !self.path.as_os_str().is_empty() && self.owner == std::process::id()
     }
 
     /// Kills anything left in the leaf (`cgroup.kill`, Linux 5.14+) and removes it, waiting
@@ -285,10 +291,10 @@ impl Leaf {
 
     fn remove_dir(&mut self) -> Result<(), CgroupError> {
         self.dir = None;
-        if self.path.as_os_str().is_empty() || self.owner != std::process::id() {
+        if !self.ours() {
             return Ok(());
         }
-        let _ = fs::write(self.path.join("cgroup.kill"), "1");
+        self.kill_all();
         let mut tries = 0;
         let result = loop {
             match fs::remove_dir(&self.path) {
