@@ -111,6 +111,55 @@ fn planted_git_pointers_never_mount_host_directories() {
     assert!(trust.stderr().contains("commondir"), "{}", trust.stderr());
 }
 
+/// Issue 22's end report, across sessions: init kills and reaps what the command leaves
+/// running before it reports, and the sweep starts only on that report. A job detached from
+/// the command (`setsid`) plants, half a second after the command ended, an embedded repo whose
+/// `core.fsmonitor` the host's `git` would run, and a nested `.envrc`; then the host's own
+/// `git status` in it and the next session act. With an init that let the job finish before
+/// reporting, the plant escaped the sweep and the host's git ran it.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_job_left_running_plants_nothing_the_host_git_or_the_next_session_runs() {
+    if !prereqs(&["git"]) {
+        return;
+    }
+    let sb = git_repo("leftjob");
+    let marker = sb.world.tmp.path().join("FSMONITOR-RAN");
+    let hook = toucher(&marker);
+    // Positive control: the same plant made by the host runs on `git status`.
+    let control = sb.world.tmp.path().join("control");
+    std::fs::create_dir_all(&control).unwrap();
+    assert!(git(&control, &["init", "-q"]).status.success());
+    assert!(git(&control, &["config", "core.fsmonitor", &hook]).status.success());
+    host_git(&control, sb.home(), &["status", "--short"]);
+    assert!(marker.exists(), "the control attack did not run; the test would prove nothing");
+    std::fs::remove_file(&marker).unwrap();
+
+    // Step 1: the command starts the job and ends at once.
+    let job = format!(
+        "sleep 0.5; cd $AIRLOCK_REPO; git init -q emb; git -C emb config core.fsmonitor '{hook}'; \
+         mkdir -p deep; echo 'touch {}' > deep/.envrc",
+        marker.display()
+    );
+    let run = sb
+        .exec(&["sh", "-c", "setsid sh -c \"$0\" </dev/null >/dev/null 2>&1 & echo started", &job])
+        .run();
+    assert_eq!(run.code(), 0, "{}\n{}", run.stdout(), run.stderr());
+    std::thread::sleep(Duration::from_millis(2000));
+    // Step 2: the host's own git, where a prompt in the planted repo would run it.
+    let emb = sb.repo.join("emb");
+    if emb.exists() {
+        host_git(&emb, sb.home(), &["status", "--short"]);
+    }
+    host_git(&sb.repo, sb.home(), &["status", "--short"]);
+    assert!(!marker.exists(), "the host's git ran what a job outliving the command planted");
+    assert!(!emb.exists() && !sb.repo.join("deep").exists(), "the job wrote after the command");
+    // Step 3: the next session starts and finds nothing of it.
+    let next = sb.exec(&["sh", "-c", "ls -A; test ! -e emb && test ! -e deep && echo clean"]).run();
+    assert_eq!(next.code(), 0, "{}\n{}", next.stdout(), next.stderr());
+    assert!(next.stdout().contains("clean"), "{}", next.stdout());
+}
+
 #[cfg(feature = "test-hooks")]
 #[test]
 fn a_planted_gitdir_file_is_quarantined_and_refused_next_time() {
